@@ -1,0 +1,255 @@
+#include "runtime/core/allocator.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "runtime/core/error.h"
+
+#if FSDP_WITH_CUDA
+#include "runtime/core/cuda_check.h"
+#endif
+
+namespace fsdp {
+namespace {
+
+std::string mib(size_t bytes) { return str_cat(bytes / (1024.0 * 1024.0), " MiB"); }
+
+void note_alloc(MemoryStats& s, size_t bytes) {
+  s.in_use += bytes;
+  s.peak_in_use = std::max(s.peak_in_use, s.in_use);
+  s.num_allocs++;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- host
+
+void* HostAllocator::system_alloc(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  FSDP_CHECK(p != nullptr, OutOfMemoryError, "host allocation of ", mib(bytes), " failed");
+  return p;
+}
+
+void HostAllocator::system_free(void* ptr) { std::free(ptr); }
+
+void* HostAllocator::allocate(size_t bytes, const Stream&) {
+  FSDP_CHECK(bytes > 0, ValueError, name(), " allocator: zero-byte allocation");
+  void* p = system_alloc(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  sizes_[p] = bytes;
+  note_alloc(stats_, bytes);
+  stats_.num_system_allocs++;
+  stats_.reserved += bytes;
+  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  return p;
+}
+
+void HostAllocator::deallocate(void* ptr) {
+  if (!ptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(ptr);
+    FSDP_ASSERT(it != sizes_.end(), "freeing a pointer this allocator did not hand out");
+    stats_.in_use -= it->second;
+    stats_.reserved -= it->second;
+    sizes_.erase(it);
+  }
+  system_free(ptr);
+}
+
+MemoryStats HostAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void HostAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_in_use = stats_.in_use;
+  stats_.peak_reserved = stats_.reserved;
+}
+
+#if FSDP_WITH_CUDA
+void* PinnedHostAllocator::system_alloc(size_t bytes) {
+  void* p = nullptr;
+  FSDP_CALL(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+void PinnedHostAllocator::system_free(void* ptr) { cudaFreeHost(ptr); }
+#else
+void* PinnedHostAllocator::system_alloc(size_t) {
+  FSDP_THROW(DeviceError, "pinned host memory needs CUDA; this build has none (--config=cpu)");
+}
+void PinnedHostAllocator::system_free(void*) {}
+#endif
+
+// ---------------------------------------------------------------- CUDA caching
+
+size_t CudaCachingAllocator::round_size(size_t bytes) {
+  size_t pow2 = 1;
+  while (pow2 < bytes) pow2 <<= 1;
+  const size_t granule = std::max<size_t>(512, pow2 / 16);
+  return (bytes + granule - 1) / granule * granule;
+}
+
+CudaCachingAllocator::CudaCachingAllocator(int device) : device_(device) {
+  FSDP_CHECK(cuda_built(), DeviceError,
+             "CUDA allocator requested, but this build has no CUDA support (--config=cpu)");
+  const int n = cuda_device_count();
+  FSDP_CHECK(device >= 0 && device < n, DeviceError, "CUDA device ", device,
+             " requested, but this process sees ", n, " device(s) (check CUDA_VISIBLE_DEVICES)");
+}
+
+CudaCachingAllocator::~CudaCachingAllocator() {
+  // Tensors must not outlive their allocator; whatever is cached goes back now.
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    release_cached_locked();
+  } catch (...) {
+    // Destructors cannot report; the process is tearing this device down anyway.
+  }
+}
+
+#if FSDP_WITH_CUDA
+
+void* CudaCachingAllocator::system_alloc_locked(size_t size) {
+  DeviceGuard guard(Device::cuda(device_));
+  void* p = nullptr;
+  cudaError_t st = cudaMalloc(&p, size);
+  if (st == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    // Give every cached block back and try once more.
+    release_cached_locked();
+    st = cudaMalloc(&p, size);
+    if (st == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      FSDP_THROW(OutOfMemoryError, "CUDA out of memory on cuda:", device_, ": tried to allocate ",
+                 mib(size), "; ", mib(stats_.in_use), " in use by this allocator, ",
+                 mib(stats_.reserved), " reserved, ", mib(free_b), " free of ", mib(total_b));
+    }
+  }
+  FSDP_CALL(st);
+  stats_.num_system_allocs++;
+  stats_.reserved += size;
+  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  return p;
+}
+
+void CudaCachingAllocator::collect_pending_locked() {
+  for (size_t i = 0; i < pending_free_.size();) {
+    Block& b = pending_free_[i];
+    bool done = true;
+    for (const Event& e : b.pending) done = done && e.query();
+    if (!done) {
+      ++i;
+      continue;
+    }
+    b.pending.clear();
+    b.other_streams.clear();
+    free_[{b.stream, b.size}].push_back(b.ptr);
+    cached_[b.ptr] = b;
+    pending_free_[i] = pending_free_.back();
+    pending_free_.pop_back();
+  }
+}
+
+void* CudaCachingAllocator::allocate(size_t bytes, const Stream& stream) {
+  FSDP_CHECK(bytes > 0, ValueError, "CUDA allocator: zero-byte allocation");
+  FSDP_CHECK(stream.device() == device(), DeviceError, "allocation on ", device().str(),
+             " for a stream of ", stream.device().str());
+  const size_t size = round_size(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pending_free_.empty()) collect_pending_locked();
+  Block b;
+  auto it = free_.find({stream.cuda_stream(), size});
+  if (it != free_.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    b = cached_.at(p);
+    cached_.erase(p);
+  } else {
+    b.ptr = system_alloc_locked(size);
+    b.size = size;
+    b.stream = stream.cuda_stream();
+  }
+  live_[b.ptr] = b;
+  note_alloc(stats_, size);
+  return b.ptr;
+}
+
+void CudaCachingAllocator::deallocate(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  FSDP_ASSERT(it != live_.end(), "freeing a pointer this allocator did not hand out");
+  Block b = std::move(it->second);
+  live_.erase(it);
+  stats_.in_use -= b.size;
+  if (b.other_streams.empty()) {
+    free_[{b.stream, b.size}].push_back(b.ptr);
+    cached_[b.ptr] = b;
+    return;
+  }
+  // Used on other streams too: reuse only after their queued work is done.
+  for (const Stream& s : b.other_streams) {
+    Event e = Event::create(device(), false);
+    e.record(s);
+    b.pending.push_back(e);
+  }
+  pending_free_.push_back(std::move(b));
+}
+
+void CudaCachingAllocator::record_stream(void* ptr, const Stream& stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  FSDP_CHECK(it != live_.end(), ValueError, "record_stream on a pointer this allocator does not own");
+  if (stream.cuda_stream() == it->second.stream) return;
+  for (const Stream& s : it->second.other_streams)
+    if (s == stream) return;
+  it->second.other_streams.push_back(stream);
+}
+
+void CudaCachingAllocator::release_cached_locked() {
+  DeviceGuard guard(Device::cuda(device_));
+  // Pending blocks may still be in use on other streams: wait for them first.
+  for (Block& b : pending_free_)
+    for (Event& e : b.pending) e.synchronize();
+  collect_pending_locked();
+  for (auto& [ptr, b] : cached_) {
+    FSDP_CALL(cudaFree(ptr));
+    stats_.reserved -= b.size;
+  }
+  cached_.clear();
+  free_.clear();
+}
+
+#else  // CPU-only build: the constructor already refused.
+
+void* CudaCachingAllocator::system_alloc_locked(size_t) { return nullptr; }
+void CudaCachingAllocator::collect_pending_locked() {}
+void* CudaCachingAllocator::allocate(size_t, const Stream&) { return nullptr; }
+void CudaCachingAllocator::deallocate(void*) {}
+void CudaCachingAllocator::record_stream(void*, const Stream&) {}
+void CudaCachingAllocator::release_cached_locked() {}
+
+#endif
+
+MemoryStats CudaCachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CudaCachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_in_use = stats_.in_use;
+  stats_.peak_reserved = stats_.reserved;
+}
+
+void CudaCachingAllocator::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cached_locked();
+}
+
+}  // namespace fsdp

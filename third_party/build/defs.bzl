@@ -1,0 +1,42 @@
+# Build macros shared by every folder of fsdp.cpp.
+
+# Defines that tell C++ code whether CUDA is compiled in.
+CUDA_DEFINES = select({
+    "//third_party/cuda:cpu_only": ["FSDP_WITH_CUDA=0"],
+    "//conditions:default": ["FSDP_WITH_CUDA=1"],
+})
+
+def if_cuda(deps, otherwise = []):
+    """deps in the CUDA configuration, `otherwise` in the CPU-only one."""
+    return select({
+        "//third_party/cuda:cpu_only": otherwise,
+        "//conditions:default": deps,
+    })
+
+def fsdp_test(name, srcs, deps = [], mpi_ranks = [], data = [], size = "small", tags = [],
+              timeout = None, **kwargs):
+    """A Catch2 test binary, plus one copy of it run under `mpirun -np N` per entry of
+    mpi_ranks (named NAME_npN). Tests tagged [gpu] run only where a GPU is present and
+    report themselves as skipped elsewhere; [mpi] tests need the MPI test main."""
+    main = "//tests:catch_main_mpi" if mpi_ranks else "//tests:catch_main"
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        deps = deps + [main],
+        data = data,
+        size = size,
+        tags = tags,
+        timeout = timeout,
+        **kwargs
+    )
+    for n in mpi_ranks:
+        native.sh_test(
+            name = "%s_np%d" % (name, n),
+            srcs = ["//third_party/build:mpirun_test.sh"],
+            args = [str(n), "$(location :%s)" % name],
+            data = [":" + name] + data,
+            size = size,
+            timeout = timeout,
+            # Several mpirun jobs at once on a 2-core machine only slow each other down.
+            tags = tags + ["exclusive"],
+        )

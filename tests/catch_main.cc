@@ -141,7 +141,9 @@ int main(int argc, char** argv) {
   if (rc == 0) rc = session.run();
 
   std::vector<Record> merged = results().records;
-  const char* suite = argc > 0 ? argv[0] : "tests";
+  // Bazel names the target in TEST_TARGET; outside Bazel the binary's name will do.
+  const char* target = std::getenv("TEST_TARGET");
+  const char* suite = target ? target : (argc > 0 ? argv[0] : "tests");
 #if FSDP_TEST_MPI
   // A test case passes only where it passed on every rank. Ranks run the same cases in
   // the same order; if their counts differ, every case is counted as failed.

@@ -96,7 +96,7 @@ class CudaCachingAllocator : public Allocator {
   void release_cached() override;
 
   // The size class a request of `bytes` is rounded up to: a multiple of 512 bytes and of
-  // 1/16 of the request's power of two, so rounding wastes at most ~6%.
+  // 1/16 of the next power of two, so rounding wastes at most 1/8 of the request.
   static size_t round_size(size_t bytes);
 
  private:

@@ -27,6 +27,9 @@ def fsdp_test(name, srcs, deps = [], mpi_ranks = [], data = [], size = "small", 
         size = size,
         tags = tags,
         timeout = timeout,
+        # One self-contained binary: it can be copied to a GPU machine as is, and cudart
+        # (a static archive) resolves inside it.
+        linkstatic = True,
         **kwargs
     )
     for n in mpi_ranks:

@@ -1,0 +1,248 @@
+#include "kernels/cuda/basic.h"
+
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+
+namespace fsdp::kernels::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+
+template <typename T>
+__global__ void fill_kernel(T* out, StridedLayout layout, int64_t n, T value, bool contiguous) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[contiguous ? i : layout.offset_of(i)] = value;
+}
+
+template <typename D, typename S>
+__global__ void copy_kernel(D* dst, StridedLayout dl, const S* src, StridedLayout sl, int64_t n,
+                            bool dst_contig, bool src_contig) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const S v = src[src_contig ? i : sl.offset_of(i)];
+    dst[dst_contig ? i : dl.offset_of(i)] = from_double_dev<D>(to_double_dev(v));
+  }
+}
+
+// Same-type copies skip the double round trip (and so copy NaN payloads bit for bit).
+template <typename T>
+__global__ void copy_same_kernel(T* dst, StridedLayout dl, const T* src, StridedLayout sl,
+                                 int64_t n, bool dst_contig, bool src_contig) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[dst_contig ? i : dl.offset_of(i)] = src[src_contig ? i : sl.offset_of(i)];
+}
+
+bool is_contiguous(const StridedLayout& l) {
+  int64_t expected = 1;
+  for (int d = l.rank - 1; d >= 0; --d) {
+    if (l.shape[d] != 1 && l.strides[d] != expected) return false;
+    expected *= l.shape[d];
+  }
+  return true;
+}
+
+template <typename T>
+__global__ void binary_kernel(BinaryOp op, T* out, const T* a, const T* b, int64_t n) {
+  using C = typename ComputeOf<T>::type;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const C u = C(to_double_dev(a[i])), v = C(to_double_dev(b[i]));
+    const C r = op == BinaryOp::Add ? u + v : op == BinaryOp::Sub ? u - v : u * v;
+    out[i] = from_double_dev<T>(r);
+  }
+}
+
+template <typename T>
+__global__ void scale_kernel(T* out, const T* a, double s, int64_t n) {
+  using C = typename ComputeOf<T>::type;
+  const C sc = C(s);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_double_dev<T>(sc * C(to_double_dev(a[i])));
+}
+
+template <typename Y, typename X, typename C>
+__global__ void axpby_kernel(Y* y, const X* x, C alpha, C beta, int64_t n, bool beta_zero) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const C xi = C(to_double_dev(x[i]));
+    const C r = beta_zero ? alpha * xi : alpha * xi + beta * C(to_double_dev(y[i]));
+    y[i] = from_double_dev<Y>(r);
+  }
+}
+
+// ---- reductions: each block reduces a grid-strided part into partials[blockIdx.x]; one
+// final block reduces the partials. A = accumulation type (float, or double for f64).
+
+template <typename A>
+__device__ __forceinline__ A combine(ReduceKind k, A acc, A v) {
+  switch (k) {
+    case ReduceKind::Sum: return acc + v;
+    case ReduceKind::SumSquares: return acc + v;  // v is already squared
+    case ReduceKind::Max: return (isnan(acc) || isnan(v)) ? A(NAN) : (v > acc ? v : acc);
+    case ReduceKind::Min: return (isnan(acc) || isnan(v)) ? A(NAN) : (v < acc ? v : acc);
+    case ReduceKind::MaxAbs: return (isnan(acc) || isnan(v)) ? A(NAN) : (v > acc ? v : acc);
+  }
+  return acc;
+}
+
+template <typename A>
+__device__ __forceinline__ A identity(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::Max: return A(-INFINITY);
+    case ReduceKind::Min: return A(INFINITY);
+    default: return A(0);
+  }
+}
+
+template <typename A>
+__device__ A block_reduce(ReduceKind k, A v) {
+  __shared__ A shared[kBlock];
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] = combine(k, shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+template <typename T, typename A>
+__global__ void reduce_partial_kernel(ReduceKind k, const T* x, int64_t n, A* partials) {
+  A acc = identity<A>(k);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    A v = A(to_double_dev(x[i]));
+    if (k == ReduceKind::SumSquares) v = v * v;
+    if (k == ReduceKind::MaxAbs) v = v < A(0) ? -v : v;
+    acc = combine(k, acc, v);
+  }
+  const A r = block_reduce(k, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = r;
+}
+
+template <typename A>
+__global__ void reduce_final_kernel(ReduceKind k, const A* partials, int n, A* result, bool empty) {
+  A acc = identity<A>(k);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc = combine(k, acc, partials[i]);
+  const A r = block_reduce(k, acc);
+  if (threadIdx.x == 0) {
+    const bool extremum = k == ReduceKind::Max || k == ReduceKind::Min || k == ReduceKind::MaxAbs;
+    *result = (empty && extremum) ? A(NAN) : r;  // as on the CPU: no extremum of nothing
+  }
+}
+
+constexpr int kReduceBlocks = 1024;
+
+}  // namespace
+
+void fill(void* out, DType dtype, const StridedLayout& layout, double value, stream_t stream) {
+  const int64_t n = layout.numel();
+  if (n == 0) return;
+  dispatch_device_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T v = [&] {
+      if constexpr (std::is_same_v<T, bf16_t>) return bf16_t(__float2bfloat16_rn(float(value)));
+      else if constexpr (std::is_same_v<T, f16_t>) return f16_t(__float2half_rn(float(value)));
+      else return T(value);
+    }();
+    fill_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(static_cast<T*>(out), layout, n, v,
+                                                              is_contiguous(layout));
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const void* src,
+          DType src_dtype, const StridedLayout& src_layout, stream_t stream) {
+  const int64_t n = dst_layout.numel();
+  FSDP_ASSERT(n == src_layout.numel());
+  if (n == 0) return;
+  const bool dc = is_contiguous(dst_layout), sc = is_contiguous(src_layout);
+  if (dst_dtype == src_dtype) {
+    if (dc && sc) {
+      FSDP_CALL(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_dtype),
+                                cudaMemcpyDeviceToDevice, stream));
+      return;
+    }
+    dispatch_device_dtype(dst_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      copy_same_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
+          static_cast<T*>(dst), dst_layout, static_cast<const T*>(src), src_layout, n, dc, sc);
+      FSDP_CHECK_LAUNCH();
+    });
+    return;
+  }
+  dispatch_device_dtype(dst_dtype, [&](auto dtag) {
+    using D = decltype(dtag);
+    dispatch_device_dtype(src_dtype, [&](auto stag) {
+      using S = decltype(stag);
+      copy_kernel<D, S><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
+          static_cast<D*>(dst), dst_layout, static_cast<const S*>(src), src_layout, n, dc, sc);
+      FSDP_CHECK_LAUNCH();
+    });
+  });
+}
+
+void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype,
+            stream_t stream) {
+  if (n == 0) return;
+  dispatch_device_floating(dtype, "binary", [&](auto tag) {
+    using T = decltype(tag);
+    binary_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
+        op, static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void scale(void* out, const void* a, double s, int64_t n, DType dtype, stream_t stream) {
+  if (n == 0) return;
+  dispatch_device_floating(dtype, "scale", [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(static_cast<T*>(out),
+                                                               static_cast<const T*>(a), s, n);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void axpby(void* y, DType y_dtype, const void* x, DType x_dtype, double alpha, double beta,
+           int64_t n, stream_t stream) {
+  if (n == 0) return;
+  dispatch_device_floating(y_dtype, "axpby", [&](auto ytag) {
+    using Y = decltype(ytag);
+    dispatch_device_floating(x_dtype, "axpby", [&](auto xtag) {
+      using X = decltype(xtag);
+      if constexpr (std::is_same_v<X, double> || std::is_same_v<Y, double>) {
+        axpby_kernel<Y, X, double><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
+            static_cast<Y*>(y), static_cast<const X*>(x), alpha, beta, n, beta == 0.0);
+      } else {
+        axpby_kernel<Y, X, float><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
+            static_cast<Y*>(y), static_cast<const X*>(x), float(alpha), float(beta), n,
+            beta == 0.0);
+      }
+      FSDP_CHECK_LAUNCH();
+    });
+  });
+}
+
+size_t reduce_workspace_bytes(int64_t) { return kReduceBlocks * sizeof(double); }
+
+void reduce(ReduceKind kind, const void* x, DType dtype, int64_t n, void* result, void* workspace,
+            stream_t stream) {
+  dispatch_device_floating(dtype, "reduce", [&](auto tag) {
+    using T = decltype(tag);
+    using A = typename ComputeOf<T>::type;
+    const int blocks = int(grid_for(n, kBlock, kReduceBlocks));
+    A* partials = static_cast<A*>(workspace);
+    reduce_partial_kernel<T, A><<<blocks, kBlock, 0, stream>>>(kind, static_cast<const T*>(x), n,
+                                                               partials);
+    FSDP_CHECK_LAUNCH();
+    reduce_final_kernel<A><<<1, kBlock, 0, stream>>>(kind, partials, blocks,
+                                                      static_cast<A*>(result), n == 0);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace fsdp::kernels::cuda

@@ -1,0 +1,30 @@
+// CUDA kernels for the basic ops (twins of kernels/cpu/basic.h). Raw pointers, sizes and a
+// stream; every launch is checked. Floating math is done in f32 (f64 for f64 data).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/layout.h"
+#include "runtime/core/dtype.h"
+
+struct CUstream_st;
+
+namespace fsdp::kernels::cuda {
+
+using stream_t = CUstream_st*;
+
+void fill(void* out, DType dtype, const StridedLayout& layout, double value, stream_t stream);
+void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const void* src,
+          DType src_dtype, const StridedLayout& src_layout, stream_t stream);
+void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype,
+            stream_t stream);
+void scale(void* out, const void* a, double s, int64_t n, DType dtype, stream_t stream);
+void axpby(void* y, DType y_dtype, const void* x, DType x_dtype, double alpha, double beta,
+           int64_t n, stream_t stream);
+// Writes the reduction of n contiguous elements to *result: a float on the device, or a
+// double for f64 input. `workspace` holds reduce_workspace_bytes(n) bytes.
+size_t reduce_workspace_bytes(int64_t n);
+void reduce(ReduceKind kind, const void* x, DType dtype, int64_t n, void* result,
+            void* workspace, stream_t stream);
+
+}  // namespace fsdp::kernels::cuda

@@ -1,0 +1,68 @@
+// Run metrics: one record per logged step, appended as a JSON line to metrics.jsonl so that
+// tools can parse a run while it trains and a killed run keeps what it logged. Also the
+// FLOP and MFU arithmetic the step line reports.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::train {
+
+struct StepMetrics {
+  int64_t step = 0;                  // optimizer steps completed (1-based)
+  double loss = 0;                   // mean training loss of this step
+  double lr = 0;
+  double grad_norm = 0;              // global norm before clipping
+  double tokens_per_sec = 0;         // over all ranks
+  double step_time_s = 0;
+  int64_t mem_peak_bytes = 0;        // this rank's device memory peak
+  std::optional<double> val_loss;    // when validation ran at this step
+  std::optional<double> tflops;      // achieved model TFLOP/s per device
+  std::optional<double> mfu;         // model FLOPs utilization, a fraction of peak
+};
+
+// The JSON object of one record, on one line (no newline). Non-finite numbers are written
+// as null, since JSON has no NaN.
+std::string metrics_json_line(const StepMetrics& m);
+// Parses one line written by metrics_json_line (null numbers read back as NaN). Throws
+// DataError naming what is missing or malformed.
+StepMetrics parse_metrics_line(const std::string& line);
+
+// Appends records to a metrics.jsonl file, one flushed line per write.
+class MetricsWriter {
+ public:
+  // A fresh run (no resume_step) truncates `path`. A run resumed after step k keeps the lines
+  // of steps <= k, drops later ones (they will be trained again) and a torn last line, and
+  // appends after them. Creates missing parent directories. Throws IoError.
+  explicit MetricsWriter(const std::string& path,
+                         std::optional<int64_t> resume_step = std::nullopt);
+
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const StepMetrics& m);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// Every record of a metrics file, in file order. Throws IoError if it cannot be read and
+// DataError naming the file and line for a malformed line (a torn last line is skipped).
+std::vector<StepMetrics> read_metrics_file(const std::string& path);
+
+// Peak dense bf16 tensor-core throughput of one H200 (and H100 SXM), FLOP/s.
+constexpr double kH200PeakBf16Flops = 989e12;
+
+// Training FLOPs per token of a decoder-only transformer (PaLM's estimate):
+// 6 * n_params for the weight matmuls forward and backward, plus 12 * n_layer * d_model *
+// seq_length for attention scores and values.
+double flops_per_token(int64_t n_params, int n_layer, int d_model, int seq_length);
+// Achieved fraction of `peak_flops` (per device: pass per-device tokens/s).
+double model_flops_utilization(double tokens_per_sec, double flops_per_token, double peak_flops);
+
+}  // namespace fsdp::train

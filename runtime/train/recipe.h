@@ -1,0 +1,172 @@
+// Recipe: the typed, validated configuration of one training run.
+//
+// A recipe is read from a JSON file with Megatron-Bridge's section and key names, then
+// patched by "section.key=VALUE" overrides from the command line. Every key, its type,
+// default, allowed values and help live in one schema table (recipe_schema.cc); that table
+// drives parsing, defaults, range checks, --help and the dry-run print, so they cannot
+// drift apart. The rest of the runtime reads this struct, never raw JSON.
+//
+// Errors are ConfigError (bad keys, types, values, JSON syntax; the message names the file
+// and the full key path) or IoError (a file that cannot be read or written).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::train {
+
+struct ModelSection {
+  std::string family;                // "gpt2" | "llama"
+  int n_layer = 0;
+  int n_head = 0;
+  int n_kv_head = 0;                 // resolved: never 0 after loading (0 in JSON = n_head)
+  int d_model = 0;
+  int d_ff = 0;                      // resolved: never 0 after loading
+  int vocab_size = 0;
+  int padded_vocab_size = 0;         // resolved: never 0 after loading
+  int seq_length = 0;
+  bool tie_embeddings = false;
+  double norm_eps = 0;
+  double rope_theta = 0;
+  double init_std = 0;
+  std::string activation_recompute;  // "none" | "full" | "selective"
+};
+
+struct TokenizerSection {
+  std::string type;                  // "gpt2_bpe"
+  std::string vocab_file;
+  std::string merges_file;
+};
+
+struct DatasetSection {
+  std::string type;                  // "text" | "llmc" | "megatron"
+  std::string train_path;            // a file, a glob, or a Megatron prefix
+  std::optional<std::string> val_path;
+  int64_t seed = 0;
+  double val_fraction = 0;           // text only: the tail of the text held out
+};
+
+struct TrainSection {
+  int64_t train_iters = 0;
+  int micro_batch_size = 0;
+  int64_t global_batch_size = 0;     // sequences per optimizer step; 0 = micro_batch_size × dp
+  int64_t eval_interval = 0;         // 0 = never
+  int64_t eval_iters = 0;
+};
+
+struct OptimizerSection {
+  std::string optimizer;             // "adamw" | "sgd"
+  double lr = 0;
+  double min_lr = 0;
+  double weight_decay = 0;
+  double adam_beta1 = 0;
+  double adam_beta2 = 0;
+  double adam_eps = 0;
+  double clip_grad = 0;              // 0 = no clipping
+  std::string moments_dtype;         // "f32" | "bf16"
+  bool cpu_offload = false;
+};
+
+struct SchedulerSection {
+  std::string lr_decay_style;        // "constant" | "linear" | "cosine" | "WSD"
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_iters = 0;        // resolved: never 0 after loading (0 in JSON = train_iters)
+  int64_t lr_wsd_decay_iters = 0;
+  std::string lr_wsd_decay_style;    // "linear" | "cosine" | "exponential" | "minus_sqrt"
+};
+
+struct MixedPrecisionSection {
+  std::string compute_dtype;         // "auto" until resolve_device(), then "bf16" | "f32" | "f64"
+  std::string main_params_dtype;     // "f32" | "f64"
+  std::string grad_reduce_dtype;     // "auto" until resolve_device(), then "bf16" | "f32" | "f64"
+};
+
+struct DdpSection {
+  std::string data_parallel_sharding_strategy;  // "no_shard" | "optim" | "optim_grads" | "optim_grads_params"
+  bool grad_reduce_in_fp32 = false;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  bool average_in_collective = false;
+  double bucket_size_mb = 0;
+  int prefetch_units = 0;
+  double max_inflight_reduce_mb = 0;
+  std::string unit;                  // "block"
+};
+
+struct DistSection {
+  std::string device;                // "auto" until resolve_device(), then "cpu" | "cuda"
+  int dp_outer = 0;
+  int dp_shard = 0;                  // -1 until resolve_world(): fills the world
+  int tp = 0;
+  double distributed_timeout_minutes = 0;
+};
+
+struct CheckpointSection {
+  std::optional<std::string> save;   // directory, or nullopt: never save
+  std::optional<std::string> load;   // directory, "latest" (the save dir's latest), or nullopt
+  int64_t save_interval = 0;         // 0 = only at the end and on signals
+  int most_recent_k = 0;             // 0 = keep all
+};
+
+struct LoggerSection {
+  int64_t log_interval = 0;
+  std::optional<std::string> metrics_file;  // relative to run.output_dir; nullopt = none
+};
+
+struct RunSection {
+  std::string name;
+  std::string output_dir;
+  int64_t seed = 0;
+};
+
+struct Recipe {
+  ModelSection model;
+  TokenizerSection tokenizer;
+  DatasetSection dataset;
+  TrainSection train;
+  OptimizerSection optimizer;
+  SchedulerSection scheduler;
+  MixedPrecisionSection mixed_precision;
+  DdpSection ddp;
+  DistSection dist;
+  CheckpointSection checkpoint;
+  LoggerSection logger;
+  RunSection run;
+
+  // Every key at its schema default, derived values resolved (the recipe of an empty file).
+  Recipe();
+
+  // The resolved recipe as pretty JSON, sections and keys in schema order. Loading it back
+  // gives an equal recipe.
+  std::string to_json_string() const;
+  // Writes to_json_string() to `path` (the trainer's run_config.json). Throws IoError.
+  void write_resolved(const std::string& path) const;
+  // Every key and its value, aligned and grouped by section, for --dry-run.
+  std::string summary() const;
+
+  // Settles the "auto" choices once the device is known: dist.device, compute_dtype and
+  // grad_reduce_dtype. Throws ConfigError when dist.device is "cuda" but none is available.
+  void resolve_device(bool cuda_available);
+  // Fills dist.dp_shard = -1 from the world size, checks dp_outer × dp_shard × tp ==
+  // world_size and then validate_world(). Throws ConfigError naming the keys.
+  void resolve_world(int world_size);
+  // Checks that global_batch_size is a multiple of micro_batch_size × dp_size.
+  void validate_world(int dp_size) const;
+  // Micro-batches each rank runs per optimizer step at this data-parallel size.
+  int64_t grad_accum_steps(int dp_size) const;
+};
+
+// Reads a JSON recipe file, applies `overrides` ("a.b=VALUE" each), resolves derived values
+// and validates everything. Throws ConfigError (IoError if the file cannot be read).
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from JSON text; `source` names it in error messages (e.g. a file name).
+Recipe parse_recipe(const std::string& json_text, const std::vector<std::string>& overrides = {},
+                    const std::string& source = "<recipe>");
+
+// Every key of the schema with its type, default, allowed values and help, for --help.
+std::string recipe_help_text();
+
+}  // namespace fsdp::train

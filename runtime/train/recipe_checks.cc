@@ -1,0 +1,79 @@
+#include "runtime/train/recipe_checks.h"
+
+#include "runtime/core/error.h"
+
+namespace fsdp::train {
+namespace {
+
+void check_model(const ModelSection& m) {
+  FSDP_CHECK(m.d_model % m.n_head == 0, ConfigError, "'model.d_model' (", m.d_model,
+             ") must be divisible by 'model.n_head' (", m.n_head, ")");
+  FSDP_CHECK(m.n_kv_head <= m.n_head && m.n_head % m.n_kv_head == 0, ConfigError,
+             "'model.n_head' (", m.n_head, ") must be a multiple of 'model.n_kv_head' (",
+             m.n_kv_head, ")");
+  FSDP_CHECK(m.family != "gpt2" || m.n_kv_head == m.n_head, ConfigError,
+             "'model.n_kv_head' (", m.n_kv_head, ") must equal 'model.n_head' (", m.n_head,
+             ") for family \"gpt2\", which has no grouped-query attention");
+  FSDP_CHECK(m.family != "llama" || (m.d_model / m.n_head) % 2 == 0, ConfigError,
+             "llama's rotary embedding needs an even head size, but 'model.d_model' / "
+             "'model.n_head' = ", m.d_model / m.n_head);
+  FSDP_CHECK(m.padded_vocab_size >= m.vocab_size, ConfigError, "'model.padded_vocab_size' (",
+             m.padded_vocab_size, ") must be at least 'model.vocab_size' (", m.vocab_size, ")");
+}
+
+void check_batches(const TrainSection& t) {
+  FSDP_CHECK(t.global_batch_size % t.micro_batch_size == 0, ConfigError,
+             "'train.global_batch_size' (", t.global_batch_size,
+             ") must be a multiple of 'train.micro_batch_size' (", t.micro_batch_size, ")");
+}
+
+void check_schedule(const Recipe& r) {
+  const SchedulerSection& s = r.scheduler;
+  FSDP_CHECK(r.optimizer.min_lr <= r.optimizer.lr, ConfigError, "'optimizer.min_lr' (",
+             r.optimizer.min_lr, ") must not exceed 'optimizer.lr' (", r.optimizer.lr, ")");
+  FSDP_CHECK(s.lr_warmup_iters <= s.lr_decay_iters, ConfigError, "'scheduler.lr_warmup_iters' (",
+             s.lr_warmup_iters, ") must not exceed 'scheduler.lr_decay_iters' (", s.lr_decay_iters,
+             "; 0 means train.train_iters)");
+  if (s.lr_decay_style == "WSD") {
+    FSDP_CHECK(s.lr_wsd_decay_iters >= 1, ConfigError,
+               "'scheduler.lr_decay_style' \"WSD\" needs 'scheduler.lr_wsd_decay_iters' >= 1, "
+               "the length of its final decay phase");
+    FSDP_CHECK(s.lr_wsd_decay_iters <= s.lr_decay_iters - s.lr_warmup_iters, ConfigError,
+               "'scheduler.lr_wsd_decay_iters' (", s.lr_wsd_decay_iters,
+               ") must fit after the warmup: at most 'scheduler.lr_decay_iters' - "
+               "'scheduler.lr_warmup_iters' = ", s.lr_decay_iters - s.lr_warmup_iters);
+  }
+}
+
+void check_precision(const Recipe& r) {
+  const MixedPrecisionSection& mp = r.mixed_precision;
+  bool narrow = mp.grad_reduce_dtype == "bf16";
+  FSDP_CHECK(!(narrow && r.ddp.grad_reduce_in_fp32), ConfigError,
+             "'mixed_precision.grad_reduce_dtype' is \"bf16\" but 'ddp.grad_reduce_in_fp32' is "
+             "true; set one of them");
+}
+
+void check_paths(const Recipe& r) {
+  FSDP_CHECK(!r.dataset.train_path.empty(), ConfigError, "'dataset.train_path' is empty");
+  FSDP_CHECK(!r.run.output_dir.empty(), ConfigError, "'run.output_dir' is empty");
+  FSDP_CHECK(!r.checkpoint.save || !r.checkpoint.save->empty(), ConfigError,
+             "'checkpoint.save' is empty; use null to disable saving");
+  FSDP_CHECK(!r.checkpoint.load || !r.checkpoint.load->empty(), ConfigError,
+             "'checkpoint.load' is empty; use null to start fresh");
+  FSDP_CHECK(!r.logger.metrics_file || !r.logger.metrics_file->empty(), ConfigError,
+             "'logger.metrics_file' is empty; use null for no metrics file");
+}
+
+}  // namespace
+
+void check_consistency(const Recipe& r) {
+  check_model(r.model);
+  check_batches(r.train);
+  check_schedule(r);
+  check_precision(r);
+  FSDP_CHECK(r.dist.dp_shard == -1 || r.dist.dp_shard >= 1, ConfigError,
+             "'dist.dp_shard' must be -1 (fill the world) or >= 1, got ", r.dist.dp_shard);
+  check_paths(r);
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,216 @@
+// The table of every recipe key. Adding a key means adding a member to a section struct in
+// recipe.h and one row here; parsing, defaults, checks, --help and printing follow.
+#include "runtime/train/recipe_schema.h"
+
+namespace fsdp::train {
+namespace {
+
+// KEY(optimizer.lr) names the key "optimizer.lr" and binds it to Recipe::optimizer.lr, so a
+// key's path and the member it fills cannot disagree.
+#define KEY(member) FieldSpec(#member, [](Recipe& r) -> FieldRef { return &r.member; })
+
+std::vector<FieldSpec> build_schema() {
+  const std::vector<std::string> dtypes_auto = {"auto", "bf16", "f32", "f64"};
+  return {
+      // model
+      KEY(model.family).one_of({"gpt2", "llama"}).default_to("gpt2").help_text(
+          "Architecture: gpt2 (LayerNorm, GELU, learned positions) or llama (RMSNorm, SwiGLU, RoPE)."),
+      KEY(model.n_layer).default_to(12).at_least(1).help_text("Transformer blocks."),
+      KEY(model.n_head).default_to(12).at_least(1).help_text("Attention (query) heads."),
+      KEY(model.n_kv_head).default_to(0).at_least(0).help_text(
+          "Key/value heads (llama grouped-query attention); 0 = n_head."),
+      KEY(model.d_model).default_to(768).at_least(1).help_text("Hidden size."),
+      KEY(model.d_ff).default_to(0).at_least(0).help_text(
+          "MLP inner size; 0 = 4*d_model for gpt2, 2/3*4*d_model rounded up to 256 for llama."),
+      KEY(model.vocab_size).default_to(50257).at_least(1).help_text("Tokenizer vocabulary size."),
+      KEY(model.padded_vocab_size).default_to(0).at_least(0).help_text(
+          "Embedding rows; 0 = vocab_size rounded up to a multiple of 128."),
+      KEY(model.seq_length).default_to(1024).at_least(1).help_text("Tokens per sequence."),
+      KEY(model.tie_embeddings).default_to(true).help_text(
+          "Share the token embedding with the output head."),
+      KEY(model.norm_eps).default_to(1e-5).at_least(0).help_text("Epsilon of LayerNorm/RMSNorm."),
+      KEY(model.rope_theta).default_to(10000.0).at_least(0).help_text("RoPE base (llama)."),
+      KEY(model.init_std).default_to(0.02).at_least(0).help_text(
+          "Standard deviation of the normal weight initialization."),
+      KEY(model.activation_recompute).one_of({"none", "full", "selective"}).default_to("none")
+          .help_text("Recompute activations in backward: none, whole blocks, or attention only."),
+
+      // tokenizer
+      KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(
+          "Tokenizer: GPT-2 byte-level BPE."),
+      KEY(tokenizer.vocab_file).default_to("third_party/gpt2_tokenizer/encoder.json").help_text(
+          "BPE vocabulary (encoder.json / vocab.json)."),
+      KEY(tokenizer.merges_file).default_to("third_party/gpt2_tokenizer/vocab.bpe").help_text(
+          "BPE merges (vocab.bpe / merges.txt)."),
+
+      // dataset
+      KEY(dataset.type).one_of({"text", "llmc", "megatron"}).default_to("text").help_text(
+          "Data format: plain text (tokenized at start), llm.c .bin shards, Megatron .bin/.idx."),
+      KEY(dataset.train_path).default_to("third_party/text/austen.txt").help_text(
+          "Training data: a file, a glob of shards, or a Megatron prefix (without .bin/.idx)."),
+      KEY(dataset.val_path).default_to(nullptr).help_text(
+          "Validation data in the same format; null = none (text: the held-out tail)."),
+      KEY(dataset.seed).default_to(1234).help_text("Seed of the sample shuffle."),
+      KEY(dataset.val_fraction).default_to(0.05).at_least(0).less_than(1).help_text(
+          "Text only: fraction of the text held out for validation when val_path is null."),
+
+      // train
+      KEY(train.train_iters).default_to(1000).at_least(1).help_text("Optimizer steps."),
+      KEY(train.micro_batch_size).default_to(4).at_least(1).help_text(
+          "Sequences per rank per forward/backward."),
+      KEY(train.global_batch_size).default_to(0).at_least(0).help_text(
+          "Sequences per optimizer step over all ranks; 0 = micro_batch_size * data-parallel size."),
+      KEY(train.eval_interval).default_to(100).at_least(0).help_text(
+          "Steps between validation runs; 0 = never."),
+      KEY(train.eval_iters).default_to(10).at_least(0).help_text(
+          "Micro-batches per rank in one validation run."),
+
+      // optimizer
+      KEY(optimizer.optimizer).one_of({"adamw", "sgd"}).default_to("adamw").help_text(
+          "Update rule."),
+      KEY(optimizer.lr).default_to(3e-4).at_least(0).help_text("Peak learning rate."),
+      KEY(optimizer.min_lr).default_to(0.0).at_least(0).help_text(
+          "Learning rate at the end of decay."),
+      KEY(optimizer.weight_decay).default_to(0.1).at_least(0).help_text(
+          "Decoupled weight decay, on matrices and embeddings only."),
+      KEY(optimizer.adam_beta1).default_to(0.9).at_least(0).less_than(1).help_text(
+          "Adam first-moment decay."),
+      KEY(optimizer.adam_beta2).default_to(0.95).at_least(0).less_than(1).help_text(
+          "Adam second-moment decay."),
+      KEY(optimizer.adam_eps).default_to(1e-8).at_least(0).help_text("Adam denominator epsilon."),
+      KEY(optimizer.clip_grad).default_to(1.0).at_least(0).help_text(
+          "Clip the global gradient norm to this; 0 = no clipping."),
+      KEY(optimizer.moments_dtype).one_of({"f32", "bf16"}).default_to("f32").help_text(
+          "Element type of the Adam moments."),
+      KEY(optimizer.cpu_offload).default_to(false).help_text(
+          "Keep main weights and optimizer state in host memory and step there."),
+
+      // scheduler
+      KEY(scheduler.lr_decay_style).one_of({"constant", "linear", "cosine", "WSD"})
+          .default_to("cosine").help_text(
+              "After warmup: constant, linear or cosine decay to min_lr, or warmup-stable-decay."),
+      KEY(scheduler.lr_warmup_iters).default_to(0).at_least(0).help_text(
+          "Steps of linear warmup: lr*(step+1)/lr_warmup_iters."),
+      KEY(scheduler.lr_decay_iters).default_to(0).at_least(0).help_text(
+          "Step at which decay reaches min_lr; 0 = train.train_iters."),
+      KEY(scheduler.lr_wsd_decay_iters).default_to(0).at_least(0).help_text(
+          "WSD: length of the final decay phase, ending at lr_decay_iters."),
+      KEY(scheduler.lr_wsd_decay_style).one_of({"linear", "cosine", "exponential", "minus_sqrt"})
+          .default_to("linear").help_text("WSD: shape of the final decay phase."),
+
+      // mixed_precision
+      KEY(mixed_precision.compute_dtype).one_of(dtypes_auto).default_to("auto").help_text(
+          "Element type of weights and activations in compute; auto = bf16 on GPU, f32 on CPU."),
+      KEY(mixed_precision.main_params_dtype).one_of({"f32", "f64"}).default_to("f32").help_text(
+          "Element type of the main weights the optimizer updates."),
+      KEY(mixed_precision.grad_reduce_dtype).one_of(dtypes_auto).default_to("auto").help_text(
+          "Element type gradients are reduced in; auto = f32 if ddp.grad_reduce_in_fp32, "
+          "else compute_dtype."),
+
+      // ddp
+      KEY(ddp.data_parallel_sharding_strategy)
+          .one_of({"no_shard", "optim", "optim_grads", "optim_grads_params"}, /*integer_codes=*/true)
+          .default_to("optim_grads_params").help_text(
+              "What is sharded over data-parallel ranks: nothing (DDP), optimizer state (ZeRO-1), "
+              "+gradients (ZeRO-2), +weights (ZeRO-3); also 0..3."),
+      KEY(ddp.grad_reduce_in_fp32).default_to(true).help_text(
+          "Reduce gradients in fp32 even when computing in bf16."),
+      KEY(ddp.overlap_grad_reduce).default_to(true).help_text(
+          "Reduce-scatter each unit's gradients while backward continues."),
+      KEY(ddp.overlap_param_gather).default_to(true).help_text(
+          "All-gather the next unit's weights while the current one computes."),
+      KEY(ddp.average_in_collective).default_to(false).help_text(
+          "Average inside the collective instead of pre-scaling gradients by 1/dp."),
+      KEY(ddp.bucket_size_mb).default_to(40.0).at_least(0).help_text(
+          "Target size of one gradient-reduction bucket (no_shard)."),
+      KEY(ddp.prefetch_units).default_to(1).at_least(0).help_text(
+          "Units whose all-gather may run ahead of compute."),
+      KEY(ddp.max_inflight_reduce_mb).default_to(512.0).at_least(0).help_text(
+          "Reduce-scatter bytes allowed in flight before backward waits; 0 = no limit."),
+      KEY(ddp.unit).one_of({"block"}).default_to("block").help_text(
+          "Granularity of sharding units: one transformer block each (plus the root unit)."),
+
+      // dist
+      KEY(dist.device).one_of({"auto", "cpu", "cuda"}).default_to("auto").help_text(
+          "Where to compute; auto = cuda when a GPU is visible, else cpu."),
+      KEY(dist.dp_outer).default_to(1).at_least(1).help_text(
+          "Replicas of the sharded model (HSDP outer axis)."),
+      KEY(dist.dp_shard).default_to(-1).at_least(-1).help_text(
+          "Ranks one model is sharded over; -1 = what the world size leaves."),
+      KEY(dist.tp).default_to(1).at_least(1).help_text("Tensor-parallel ranks."),
+      KEY(dist.distributed_timeout_minutes).default_to(10.0).at_least(0).help_text(
+          "A collective that waits longer ends the job on every rank."),
+
+      // checkpoint
+      KEY(checkpoint.save).default_to(nullptr).help_text(
+          "Directory to save checkpoints in; null = never save."),
+      KEY(checkpoint.load).default_to("latest").help_text(
+          "Checkpoint to resume from: a directory, latest (the save directory's newest, if any), "
+          "or null = start fresh."),
+      KEY(checkpoint.save_interval).default_to(1000).at_least(0).help_text(
+          "Steps between saves; 0 = only at the end and on SIGTERM/SIGUSR1."),
+      KEY(checkpoint.most_recent_k).default_to(2).at_least(0).help_text(
+          "Checkpoints to keep; 0 = all."),
+
+      // logger
+      KEY(logger.log_interval).default_to(10).at_least(1).help_text(
+          "Steps between step lines and metrics records."),
+      KEY(logger.metrics_file).default_to("metrics.jsonl").help_text(
+          "JSON-lines metrics file inside run.output_dir; null = none."),
+
+      // run
+      KEY(run.name).default_to("fsdp").help_text("Name of the run, printed and saved."),
+      KEY(run.output_dir).default_to("runs/default").help_text(
+          "Directory for run_config.json, metrics and the loss picture."),
+      KEY(run.seed).default_to(1234).help_text("Seed of weight initialization and dropout."),
+  };
+}
+
+#undef KEY
+
+}  // namespace
+
+const std::vector<FieldSpec>& recipe_schema() {
+  static const std::vector<FieldSpec> schema = build_schema();
+  return schema;
+}
+
+const std::vector<std::pair<std::string, std::string>>& recipe_key_aliases() {
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"learning_rate", "optimizer.lr"},
+      {"max_lr", "optimizer.lr"},
+      {"min_learning_rate", "optimizer.min_lr"},
+      {"beta1", "optimizer.adam_beta1"},
+      {"beta2", "optimizer.adam_beta2"},
+      {"eps", "optimizer.adam_eps"},
+      {"grad_clip", "optimizer.clip_grad"},
+      {"max_grad_norm", "optimizer.clip_grad"},
+      {"gradient_clipping", "optimizer.clip_grad"},
+      {"warmup_iters", "scheduler.lr_warmup_iters"},
+      {"warmup_steps", "scheduler.lr_warmup_iters"},
+      {"max_steps", "train.train_iters"},
+      {"num_iterations", "train.train_iters"},
+      {"batch_size", "train.micro_batch_size"},
+      {"hidden_size", "model.d_model"},
+      {"n_embd", "model.d_model"},
+      {"num_layers", "model.n_layer"},
+      {"num_attention_heads", "model.n_head"},
+      {"num_query_groups", "model.n_kv_head"},
+      {"num_key_value_heads", "model.n_kv_head"},
+      {"ffn_hidden_size", "model.d_ff"},
+      {"intermediate_size", "model.d_ff"},
+      {"max_position_embeddings", "model.seq_length"},
+      {"seq_len", "model.seq_length"},
+      {"sequence_length", "model.seq_length"},
+      {"untie_embeddings_and_output_weights", "model.tie_embeddings"},
+      {"recompute_granularity", "model.activation_recompute"},
+      {"data_path", "dataset.train_path"},
+      {"save_dir", "checkpoint.save"},
+      {"load_dir", "checkpoint.load"},
+      {"sharding_strategy", "ddp.data_parallel_sharding_strategy"},
+      {"zero_stage", "ddp.data_parallel_sharding_strategy"},
+  };
+  return aliases;
+}
+
+}  // namespace fsdp::train

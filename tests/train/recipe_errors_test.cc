@@ -1,0 +1,154 @@
+// Bad recipes fail with a ConfigError that names the file, the full key path, and for unknown
+// keys the nearest valid one.
+#include "runtime/core/error.h"
+#include "runtime/train/recipe.h"
+#include "runtime/train/recipe_suggest.h"
+#include "tests/test_support.h"
+
+using namespace fsdp;
+using namespace fsdp::train;
+
+namespace {
+
+// The message of the ConfigError that loading `json` with `overrides` throws.
+std::string config_error(const std::string& json, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_recipe(json, overrides, "bad.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  FAIL("no ConfigError for " << json);
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("an unknown key suggests the nearest valid key", "[recipe]") {
+  const std::string expected = "unknown key 'optimizer.learning_rate' (did you mean 'optimizer.lr'?)";
+  CHECK_THAT(config_error(R"({"optimizer": {"learning_rate": 1}})"),
+             Catch::StartsWith("bad.json: ") && Catch::Contains(expected));
+  CHECK_THAT(config_error("{}", {"optimizer.learning_rate=1"}), Catch::Contains(expected));
+
+  // Typos, a leaf in the wrong section, a key outside any section, a typo in the section.
+  CHECK_THAT(config_error(R"({"optimizer": {"adam_beta": 0.9}})"),
+             Catch::Contains("(did you mean 'optimizer.adam_beta1'?)"));
+  CHECK_THAT(config_error(R"({"optimizer": {"lr_warmup_iters": 10}})"),
+             Catch::Contains("unknown key 'optimizer.lr_warmup_iters' "
+                             "(did you mean 'scheduler.lr_warmup_iters'?)"));
+  CHECK_THAT(config_error(R"({"lr": 0.1})"),
+             Catch::Contains("unknown key 'lr' (did you mean 'optimizer.lr'?)"));
+  CHECK_THAT(config_error("{}", {"optimzer.lr=1"}),
+             Catch::Contains("unknown key 'optimzer.lr' (did you mean 'optimizer.lr'?)"));
+  CHECK_THAT(config_error("{}", {"model.num_layers=2"}),
+             Catch::Contains("(did you mean 'model.n_layer'?)"));
+  CHECK_THAT(config_error(R"({"train": {"train_iter": 5}})"),
+             Catch::Contains("(did you mean 'train.train_iters'?)"));
+  // Nothing close: no suggestion rather than a silly one.
+  std::string far = config_error(R"({"model": {"zzzzzzzzzzzz": 1}})");
+  CHECK_THAT(far, Catch::Contains("unknown key 'model.zzzzzzzzzzzz'"));
+  CHECK_THAT(far, !Catch::Contains("did you mean"));
+}
+
+TEST_CASE("an unknown section suggests the nearest section", "[recipe]") {
+  CHECK_THAT(config_error(R"({"optimiser": {"lr": 1}})"),
+             Catch::Contains("unknown section 'optimiser' (did you mean 'optimizer'?)"));
+  CHECK_THAT(config_error(R"({"training": {}})"),
+             Catch::Contains("unknown section 'training' (did you mean 'train'?)"));
+  CHECK_THAT(config_error("{}", {"optimizer={}"}),
+             Catch::Contains("'optimizer' is a section; set one of its keys"));
+  CHECK_THAT(config_error(R"({"optimizer": 3})"),
+             Catch::Contains("section 'optimizer' must be an object of keys"));
+  CHECK_THAT(config_error("[1, 2]"), Catch::Contains("a recipe must be a JSON object"));
+}
+
+TEST_CASE("a wrong type names the full key path and what it must be", "[recipe]") {
+  CHECK_THAT(config_error(R"({"optimizer": {"lr": "fast"}})"),
+             Catch::Contains("bad.json: 'optimizer.lr' must be a number, got string \"fast\""));
+  CHECK_THAT(config_error(R"({"model": {"tie_embeddings": 1}})"),
+             Catch::Contains("'model.tie_embeddings' must be true or false, got number 1"));
+  CHECK_THAT(config_error(R"({"model": {"family": "bert"}})"),
+             Catch::Contains("'model.family' must be one of \"gpt2\", \"llama\", got string \"bert\""));
+  CHECK_THAT(config_error(R"({"run": {"name": ["a"]}})"),
+             Catch::Contains("'run.name' must be a string, got array"));
+  CHECK_THAT(config_error(R"({"train": {"micro_batch_size": {"x": 1}}})"),
+             Catch::Contains("'train.micro_batch_size' must be an integer, got object"));
+  CHECK_THAT(config_error("{}", {"optimizer.lr=fast"}),
+             Catch::Contains("override 'optimizer.lr=fast': 'optimizer.lr' must be a number"));
+  CHECK_THAT(config_error("{}", {"model.tie_embeddings=yes"}),
+             Catch::Contains("'model.tie_embeddings' must be true or false"));
+  CHECK_THAT(config_error("{}", {"optimizer.lr"}), Catch::Contains("expected KEY=VALUE"));
+  CHECK_THAT(config_error("{}", {"=1"}), Catch::Contains("expected KEY=VALUE"));
+}
+
+TEST_CASE("JSON syntax errors name the file, line and column", "[recipe]") {
+  // A trailing comma: the parser stops at the '}' on line 4, column 3.
+  std::string text = "{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}\n";
+  CHECK_THAT(config_error(text), Catch::StartsWith("bad.json:4:3: invalid JSON: "));
+  CHECK_THAT(config_error("{\"run\": {\"name\": \"x\"}"), Catch::StartsWith("bad.json:1:"));
+  CHECK_THAT(config_error("{\n\n  \"run\": {\"seed\": 1x}}"), Catch::StartsWith("bad.json:3:"));
+  CHECK_THAT(config_error(""), Catch::StartsWith("bad.json:1:1: invalid JSON"));
+}
+
+TEST_CASE("a key given twice is refused", "[recipe]") {
+  CHECK_THAT(config_error(R"({"optimizer": {"lr": 1, "min_lr": 0, "lr": 2}})"),
+             Catch::Contains("key 'optimizer.lr' appears twice"));
+  CHECK_THAT(config_error(R"({"run": {"seed": 1}, "run": {"name": "x"}})"),
+             Catch::Contains("key 'run' appears twice"));
+}
+
+TEST_CASE("out-of-range values name the key, the range and where they were set", "[recipe]") {
+  CHECK_THAT(config_error(R"({"optimizer": {"adam_beta1": 1.0}})"),
+             Catch::Contains("'optimizer.adam_beta1' = 1.0 is out of range: must be in [0, 1) "
+                             "(set in bad.json)"));
+  CHECK_THAT(config_error("{}", {"optimizer.lr=-1"}),
+             Catch::Contains("'optimizer.lr' = -1.0 is out of range: must be >= 0 "
+                             "(set in override 'optimizer.lr=-1')"));
+  CHECK_THAT(config_error(R"({"model": {"n_layer": 0}})"),
+             Catch::Contains("'model.n_layer' = 0 is out of range: must be >= 1"));
+  CHECK_THAT(config_error(R"({"train": {"micro_batch_size": -4}})"),
+             Catch::Contains("'train.micro_batch_size'"));
+  CHECK_THAT(config_error(R"({"dataset": {"val_fraction": 1}})"),
+             Catch::Contains("'dataset.val_fraction'"));
+  CHECK_THAT(config_error(R"({"dist": {"dp_shard": 0}})"),
+             Catch::Contains("'dist.dp_shard' must be -1 (fill the world) or >= 1"));
+  // An override may repair a bad file value: ranges are checked after overrides.
+  CHECK(parse_recipe(R"({"optimizer": {"lr": -1}})", {"optimizer.lr=0.5"}).optimizer.lr == 0.5);
+}
+
+TEST_CASE("keys that disagree with each other are named", "[recipe]") {
+  CHECK_THAT(config_error(R"({"model": {"d_model": 100, "n_head": 12}})"),
+             Catch::Contains("'model.d_model' (100) must be divisible by 'model.n_head' (12)"));
+  CHECK_THAT(config_error(R"({"model": {"family": "llama", "n_head": 12, "n_kv_head": 5}})"),
+             Catch::Contains("must be a multiple of 'model.n_kv_head' (5)"));
+  CHECK_THAT(config_error(R"({"model": {"n_head": 12, "n_kv_head": 4}})"),
+             Catch::Contains("for family \"gpt2\""));
+  CHECK_THAT(config_error(R"({"model": {"vocab_size": 100, "padded_vocab_size": 64}})"),
+             Catch::Contains("'model.padded_vocab_size' (64) must be at least 'model.vocab_size'"));
+  CHECK_THAT(config_error(R"({"train": {"micro_batch_size": 3, "global_batch_size": 8}})"),
+             Catch::Contains("'train.global_batch_size' (8) must be a multiple of "
+                             "'train.micro_batch_size' (3)"));
+  CHECK_THAT(config_error(R"({"optimizer": {"lr": 1e-4, "min_lr": 1e-3}})"),
+             Catch::Contains("'optimizer.min_lr' (0.001) must not exceed 'optimizer.lr'"));
+  CHECK_THAT(config_error(R"({"train": {"train_iters": 10}, "scheduler": {"lr_warmup_iters": 20}})"),
+             Catch::Contains("'scheduler.lr_warmup_iters' (20) must not exceed"));
+  CHECK_THAT(config_error(R"({"scheduler": {"lr_decay_style": "WSD"}})"),
+             Catch::Contains("needs 'scheduler.lr_wsd_decay_iters' >= 1"));
+  CHECK_THAT(config_error(R"({"train": {"train_iters": 100},
+                              "scheduler": {"lr_decay_style": "WSD", "lr_warmup_iters": 10,
+                                            "lr_wsd_decay_iters": 95}})"),
+             Catch::Contains("'scheduler.lr_wsd_decay_iters' (95) must fit after the warmup"));
+  CHECK_THAT(config_error(R"({"mixed_precision": {"grad_reduce_dtype": "bf16"}})"),
+             Catch::Contains("'ddp.grad_reduce_in_fp32' is true"));
+  CHECK_THAT(config_error(R"({"checkpoint": {"save": ""}})"),
+             Catch::Contains("'checkpoint.save' is empty; use null"));
+}
+
+TEST_CASE("edit distance counts single-character edits", "[recipe]") {
+  CHECK(edit_distance("", "") == 0);
+  CHECK(edit_distance("lr", "") == 2);
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("optimiser", "optimizer") == 1);
+  CHECK(edit_distance("abc", "abc") == 0);
+  CHECK(suggest_key("optimizer.lr") == std::optional<std::string>("optimizer.lr"));
+  CHECK_FALSE(suggest_section("qqqqqqqqqq").has_value());
+}

@@ -146,7 +146,10 @@ void draw_axes(std::ostringstream& os, const Frame& f) {
 
 void draw_legend(std::ostringstream& os, bool with_val) {
   double x = kWidth - kRight - 130, y = kTop + 14;
+  // A white card under the legend keeps it readable where the curve passes behind it.
   os << "<g font-size=\"12\">\n"
+     << "<rect x=\"" << num(x - 8) << "\" y=\"" << num(y - 14) << "\" width=\"126\" height=\""
+     << (with_val ? "40" : "22") << "\" fill=\"#ffffff\" fill-opacity=\"0.85\" stroke=\"#cccccc\"/>\n"
      << "<line x1=\"" << num(x) << "\" y1=\"" << num(y - 4) << "\" x2=\"" << num(x + 24)
      << "\" y2=\"" << num(y - 4) << "\" stroke=\"" << kTrainColor << "\" stroke-width=\"2\"/>\n"
      << "<text x=\"" << num(x + 30) << "\" y=\"" << num(y) << "\">train loss</text>\n";

@@ -295,9 +295,8 @@ void apply_override(const std::string& text, Recipe& r, std::map<std::string, st
   // boolean (run.name=2024) takes the text as written, unless the number is a choice code.
   Json value = Json::parse(raw, nullptr, /*allow_exceptions=*/false);
   bool code = spec->int_codes && exact_integer(value).has_value();
-  if (value.is_discarded() ||
-      (is_string_field(*spec, r) && !value.is_string() && !value.is_null() && !code))
-    value = raw;
+  bool scalar = value.is_number() || value.is_boolean();
+  if (value.is_discarded() || (is_string_field(*spec, r) && scalar && !code)) value = raw;
   assign(*spec, value, r, where);
   origin[path] = where;
 }

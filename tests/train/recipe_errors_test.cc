@@ -76,6 +76,9 @@ TEST_CASE("a wrong type names the full key path and what it must be", "[recipe]"
              Catch::Contains("override 'optimizer.lr=fast': 'optimizer.lr' must be a number"));
   CHECK_THAT(config_error("{}", {"model.tie_embeddings=yes"}),
              Catch::Contains("'model.tie_embeddings' must be true or false"));
+  // Only numbers and booleans fall back to their text for a string key.
+  CHECK_THAT(config_error("{}", {"run.name=[1, 2]"}),
+             Catch::Contains("'run.name' must be a string, got array [1,2]"));
   CHECK_THAT(config_error("{}", {"optimizer.lr"}), Catch::Contains("expected KEY=VALUE"));
   CHECK_THAT(config_error("{}", {"=1"}), Catch::Contains("expected KEY=VALUE"));
 }

@@ -1,0 +1,193 @@
+#include "runtime/fsdp/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "runtime/core/error.h"
+
+namespace fsdp {
+
+const char* strategy_name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::NoShard: return "no_shard";
+    case ShardingStrategy::Optim: return "optim";
+    case ShardingStrategy::OptimGrads: return "optim_grads";
+    case ShardingStrategy::OptimGradsParams: return "optim_grads_params";
+  }
+  return "?";
+}
+
+ShardingStrategy strategy_from_name(const std::string& name) {
+  if (name == "no_shard" || name == "0") return ShardingStrategy::NoShard;
+  if (name == "optim" || name == "1") return ShardingStrategy::Optim;
+  if (name == "optim_grads" || name == "2") return ShardingStrategy::OptimGrads;
+  if (name == "optim_grads_params" || name == "3") return ShardingStrategy::OptimGradsParams;
+  FSDP_THROW(ConfigError, "unknown sharding strategy '", name,
+             "' (expected no_shard, optim, optim_grads, optim_grads_params, or 0-3)");
+}
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+std::vector<ShardSegment> UnitPlan::segments(int rank) const {
+  const int64_t lo = shard_begin(rank), hi = lo + shard_numel;
+  std::vector<ShardSegment> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamPlacement& p = params[i];
+    const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+    if (b >= e) continue;
+    out.push_back({int(i), b - p.offset, b - lo, e - b});
+  }
+  return out;
+}
+
+std::vector<DecayRange> UnitPlan::decay_ranges(int rank) const {
+  // Decayed parameters come first in the buffer, so the shard splits at the first
+  // non-decayed parameter's offset and again where the padding begins.
+  int64_t split = numel, end = numel;
+  for (const ParamPlacement& p : params) {
+    if (!p.weight_decay) {
+      split = p.offset;
+      break;
+    }
+  }
+  const int64_t lo = shard_begin(rank), hi = lo + shard_numel;
+  std::vector<DecayRange> out;
+  auto add = [&](int64_t b, int64_t e, bool decay) {
+    b = std::max(b, lo);
+    e = std::min(e, hi);
+    if (b < e) out.push_back({b - lo, e - b, decay});
+  };
+  add(0, split, true);
+  add(split, end, false);
+  add(end, padded_numel, true);  // padding: zeros with zero gradients stay zero
+  return out;
+}
+
+int UnitPlan::param_index(const std::string& pname) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == pname) return int(i);
+  return -1;
+}
+
+ShardingPlan ShardingPlan::build(
+    const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units,
+    const PlanOptions& options) {
+  FSDP_CHECK(options.dp_size >= 1, ConfigError, "data-parallel size must be >= 1, got ",
+             options.dp_size);
+  FSDP_CHECK(options.block >= kParamAlign && options.block % kParamAlign == 0, ConfigError,
+             "shard block must be a positive multiple of ", kParamAlign, ", got ", options.block);
+  ShardingPlan plan;
+  plan.options_ = options;
+  std::set<std::string> unit_names, param_names;
+  for (const auto& [uname, specs] : units) {
+    FSDP_CHECK(unit_names.insert(uname).second, ValueError, "unit '", uname, "' appears twice");
+    UnitPlan u;
+    u.name = uname;
+    // Decayed parameters first (stable: model order within each group).
+    std::vector<const ParamSpec*> ordered;
+    for (const ParamSpec& s : specs)
+      if (s.weight_decay) ordered.push_back(&s);
+    for (const ParamSpec& s : specs)
+      if (!s.weight_decay) ordered.push_back(&s);
+    int64_t offset = 0;
+    for (const ParamSpec* s : ordered) {
+      FSDP_CHECK(param_names.insert(s->name).second, ValueError, "parameter '", s->name,
+                 "' appears in more than one unit (a shared parameter belongs to one unit)");
+      offset = round_up(offset, kParamAlign);
+      const int64_t n = s->shape.numel();
+      u.params.push_back({s->name, s->shape, s->weight_decay, offset, n});
+      offset += n;
+    }
+    u.numel = offset;
+    u.padded_numel = round_up(std::max<int64_t>(offset, 1), int64_t(options.dp_size) * options.block);
+    u.shard_numel = u.padded_numel / options.dp_size;
+    plan.units_.push_back(std::move(u));
+  }
+  return plan;
+}
+
+int64_t ShardingPlan::total_numel() const {
+  int64_t n = 0;
+  for (const UnitPlan& u : units_)
+    for (const ParamPlacement& p : u.params) n += p.numel;
+  return n;
+}
+
+int64_t ShardingPlan::total_padded_numel() const {
+  int64_t n = 0;
+  for (const UnitPlan& u : units_) n += u.padded_numel;
+  return n;
+}
+
+std::pair<int, int> ShardingPlan::find(const std::string& name) const {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int p = units_[u].param_index(name);
+    if (p >= 0) return {int(u), p};
+  }
+  FSDP_THROW(ValueError, "parameter '", name, "' is not in the sharding plan");
+}
+
+namespace {
+
+// FNV-1a over bytes, for the cross-rank plan check (not for security).
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= c[i];
+      h *= 1099511628211ull;
+    }
+  }
+  void i64(int64_t v) { bytes(&v, sizeof v); }
+  void str(const std::string& s) {
+    i64(int64_t(s.size()));
+    bytes(s.data(), s.size());
+  }
+};
+
+}  // namespace
+
+uint64_t ShardingPlan::hash() const {
+  Fnv f;
+  f.i64(options_.dp_size);
+  f.i64(options_.block);
+  f.i64(int64_t(options_.strategy));
+  for (const UnitPlan& u : units_) {
+    f.str(u.name);
+    f.i64(u.padded_numel);
+    for (const ParamPlacement& p : u.params) {
+      f.str(p.name);
+      f.i64(p.offset);
+      f.i64(p.weight_decay);
+      for (int64_t d : p.shape.dims()) f.i64(d);
+    }
+  }
+  return f.h;
+}
+
+std::string ShardingPlan::describe() const {
+  std::string out = str_cat("sharding plan: ", strategy_name(options_.strategy), ", dp ",
+                            options_.dp_size, ", ", units_.size(), " units\n");
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-16s %7s %14s %14s %14s\n", "unit", "params", "elements",
+                "padded", "shard");
+  out += line;
+  for (const UnitPlan& u : units_) {
+    std::snprintf(line, sizeof line, "  %-16s %7zu %14lld %14lld %14lld\n", u.name.c_str(),
+                  u.params.size(), (long long)u.numel, (long long)u.padded_numel,
+                  (long long)u.shard_numel);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %7s %14lld %14lld\n", "total", "",
+                (long long)total_numel(), (long long)total_padded_numel());
+  out += line;
+  return out;
+}
+
+}  // namespace fsdp

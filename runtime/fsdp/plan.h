@@ -1,0 +1,123 @@
+// The sharding plan: where every parameter element lives, as plain values.
+//
+// A model's parameters are grouped into units (by default one per transformer block, plus
+// the root unit: embeddings, final norm, head). Each unit's parameters are laid out one after
+// another in one flat buffer:
+//
+//   | decayed params (2-D weights, embeddings) | non-decayed params (biases, norms) | pad |
+//   ^ each parameter starts at a multiple of kParamAlign elements
+//
+// padded to a multiple of dp_size * kBlock elements, so that data-parallel rank r owns the
+// contiguous, equal-length shard [r * shard_numel, (r + 1) * shard_numel). Shard boundaries
+// therefore fall on kBlock boundaries: per-block partial sums (the gradient norm) are the
+// same whatever the data-parallel size, which keeps sharded runs bitwise equal to a single
+// process on the CPU.
+//
+// Nothing here allocates or communicates: the plan is computed identically on every rank
+// from the model's parameter specs and checked across ranks through hash().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/core/shape.h"
+
+namespace fsdp {
+
+enum class ShardingStrategy : uint8_t {
+  NoShard,           // DDP: everything replicated; all-reduce gradients
+  Optim,             // ZeRO-1: main weights and optimizer state sharded
+  OptimGrads,        // ZeRO-2: + gradients sharded (reduce-scatter every micro-batch)
+  OptimGradsParams,  // ZeRO-3 / FSDP: + compute weights sharded (gathered per unit)
+};
+const char* strategy_name(ShardingStrategy s);
+// Accepts "no_shard" | "optim" | "optim_grads" | "optim_grads_params" and "0".."3".
+ShardingStrategy strategy_from_name(const std::string& name);
+
+// Elements every parameter's offset in a flat buffer is aligned to (256 bytes of bf16:
+// vectorized loads and cuBLAS both like it).
+constexpr int64_t kParamAlign = 128;
+
+// One parameter as the model declares it.
+struct ParamSpec {
+  std::string name;  // full dotted name, unique in the model
+  Shape shape;
+  bool weight_decay = false;
+};
+
+// Where one parameter sits in its unit's flat buffer.
+struct ParamPlacement {
+  std::string name;
+  Shape shape;
+  bool weight_decay = false;
+  int64_t offset = 0;  // first element in the flat buffer
+  int64_t numel = 0;
+};
+
+// A contiguous piece of one parameter inside one rank's shard.
+struct ShardSegment {
+  int param = 0;              // index into UnitPlan::params
+  int64_t param_offset = 0;   // first element of the parameter covered
+  int64_t shard_offset = 0;   // where it sits in the shard
+  int64_t numel = 0;
+};
+
+// A contiguous range of a rank's shard with one weight-decay setting (the optimizer runs
+// one fused AdamW launch per range).
+struct DecayRange {
+  int64_t shard_offset = 0;
+  int64_t numel = 0;
+  bool weight_decay = false;
+};
+
+struct UnitPlan {
+  std::string name;  // e.g. "root" or the block module's name, "h.3"
+  std::vector<ParamPlacement> params;
+  int64_t numel = 0;         // used elements, alignment gaps included
+  int64_t padded_numel = 0;  // a multiple of dp_size * block
+  int64_t shard_numel = 0;   // padded_numel / dp_size
+
+  int64_t shard_begin(int rank) const { return int64_t(rank) * shard_numel; }
+  // The pieces of parameters that fall into `rank`'s shard, in buffer order.
+  std::vector<ShardSegment> segments(int rank) const;
+  // `rank`'s shard split into weight-decay / no-decay ranges (at most 3: decayed params,
+  // non-decayed params, then padding, which is treated as decayed zeros and never moves).
+  std::vector<DecayRange> decay_ranges(int rank) const;
+  int param_index(const std::string& name) const;  // -1 when absent
+};
+
+struct PlanOptions {
+  int dp_size = 1;
+  int64_t block = 4096;  // shard granularity in elements (see the file comment)
+  ShardingStrategy strategy = ShardingStrategy::OptimGradsParams;
+};
+
+class ShardingPlan {
+ public:
+  // `units[i]` lists the parameters of unit i in the model's order; each parameter must
+  // appear in exactly one unit (a shared parameter, such as a tied embedding, once).
+  static ShardingPlan build(const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units,
+                            const PlanOptions& options);
+
+  const std::vector<UnitPlan>& units() const { return units_; }
+  const PlanOptions& options() const { return options_; }
+  int dp_size() const { return options_.dp_size; }
+  ShardingStrategy strategy() const { return options_.strategy; }
+  int64_t total_numel() const;         // parameters, without padding
+  int64_t total_padded_numel() const;  // with padding
+  // (unit, param) of a parameter by name; throws ValueError when absent.
+  std::pair<int, int> find(const std::string& name) const;
+
+  // A stable 64-bit hash of everything that must agree across ranks (unit names, parameter
+  // names, shapes, offsets, sizes, strategy, dp size).
+  uint64_t hash() const;
+  // Human-readable table: one line per unit (params, numel, padded, shard) plus totals.
+  std::string describe() const;
+
+ private:
+  std::vector<UnitPlan> units_;
+  PlanOptions options_;
+};
+
+}  // namespace fsdp

@@ -2,8 +2,9 @@
 // range and consistency checks. Everything a key may be is read from recipe_schema().
 #include "runtime/train/recipe.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <limits>

@@ -56,6 +56,10 @@ TEST_CASE("configs/tiny.json is a small GPT-2 for CPUs on the embedded text", "[
   CHECK(r.dist.device == "auto");
   CHECK(r.ddp.data_parallel_sharding_strategy == "no_shard");
   CHECK(r.run.output_dir == "runs/tiny");
+  // It needs nothing but what the repository ships.
+  CHECK(std::filesystem::is_regular_file(r.dataset.train_path));
+  CHECK(std::filesystem::is_regular_file(r.tokenizer.vocab_file));
+  CHECK(std::filesystem::is_regular_file(r.tokenizer.merges_file));
   // Its batch splits over the world sizes the parity tests use.
   for (int dp : {1, 2, 4}) CHECK_NOTHROW(parse_recipe(r.to_json_string(), {"train.global_batch_size=8",
                                                                        "train.micro_batch_size=2"})

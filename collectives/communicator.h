@@ -1,0 +1,185 @@
+// Communicator: one group of ranks that run collectives together.
+//
+// Two backends implement it: NcclCommunicator (GPUs; every operation is queued on the given
+// CUDA stream and returns at once) and MpiCommunicator (CPUs; a real multi-process backend,
+// so the sharding scheduler runs unchanged under `mpirun -np N` without a GPU). Both are
+// created by a World (collectives/world.h), which also owns the state they share.
+//
+// The public operations are non-virtual: this class checks the arguments, counts the
+// operation and folds it into the schedule hash, then hands it to the backend's issue_*
+// method. Every rank of the group must issue the same operations in the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "collectives/health.h"
+#include "runtime/core/device.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace fsdp {
+
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
+
+enum class CollectiveKind : uint8_t {
+  all_gather, reduce_scatter, all_reduce, broadcast, send, recv, barrier
+};
+const char* collective_name(CollectiveKind kind);  // "all_gather", ...
+
+// One issued collective, as error messages name it:
+// "all_reduce of 1024 x f32 on group 'dp_shard/rs' (rank 0 of 2) at step 7".
+struct CollectiveInfo {
+  CollectiveKind kind = CollectiveKind::barrier;
+  size_t count = 0;
+  DType dtype = DType::u8;
+  std::string group;
+  int rank = 0;
+  int size = 1;
+  int64_t step = -1;
+  std::string str() const;
+};
+
+// The state behind a Work handle, filled in by the backend that issued the operation.
+struct WorkState {
+  Event done;           // recorded after the operation on its stream (NCCL); empty on MPI
+  bool issued = false;  // false while the operation waits in an open group_start()
+  std::shared_ptr<const CommHealth> health;
+};
+
+// Handle to an issued collective. NCCL: an event recorded on the stream after the
+// operation. MPI: the operation had completed when the call returned (or, inside a group,
+// completes at group_end()).
+class Work {
+ public:
+  Work() = default;  // an operation that has already completed
+  explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+
+  // Later work queued on `stream` waits for the operation (GPU); nothing to do on CPU.
+  void wait(const Stream& stream) const;
+  // Blocks the host until the operation has finished. Raises the job's failure (e.g.
+  // TimeoutError from the watchdog) if one was recorded.
+  void synchronize() const;
+  // True once the operation has finished.
+  bool done() const;
+
+ private:
+  void check_issued(const char* what) const;
+  std::shared_ptr<WorkState> state_;
+};
+
+class Communicator {
+ public:
+  // Operations issued so far, by kind, and the payload bytes they moved: the output size
+  // of all-gathers, the input size of reduce-scatters, the buffer size of the others.
+  struct Counts {
+    uint64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, broadcast = 0, send = 0,
+             recv = 0, barrier = 0;
+    uint64_t bytes = 0;
+  };
+
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }  // e.g. "dp_shard/ag"
+  Device device() const { return device_; }
+  virtual const char* backend() const = 0;  // "nccl" or "mpi"
+
+  // ---- raw forms. Counts are elements; for all_gather and reduce_scatter, per rank.
+  // In place where NCCL allows it: all_gather with send == recv + rank*count,
+  // reduce_scatter with recv == send + rank*count, all_reduce with send == recv.
+  Work all_gather(const void* send, void* recv, size_t count_per_rank, DType dtype,
+                  const Stream& stream);
+  // prescale != 1 multiplies every input by it before the sum (Sum and Avg only).
+  Work reduce_scatter(const void* send, void* recv, size_t count_per_rank, DType dtype,
+                      ReduceOp op, const Stream& stream, double prescale = 1.0);
+  Work all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                  const Stream& stream, double prescale = 1.0);
+  Work broadcast(void* buf, size_t count, DType dtype, int root, const Stream& stream);
+  Work send(const void* buf, size_t count, DType dtype, int peer, const Stream& stream);
+  Work recv(void* buf, size_t count, DType dtype, int peer, const Stream& stream);
+  // Returns when every rank of the group has reached it.
+  void barrier();
+  // Operations between group_start() and group_end() are issued together (ncclGroupStart
+  // / ncclGroupEnd; on MPI they are started together and completed at group_end()). Their
+  // Work handles become usable after group_end(). Groups nest.
+  void group_start();
+  void group_end();
+
+  // ---- tensor forms: contiguous tensors on this communicator's device, of one dtype.
+  // all_gather: out.numel() == in.numel() * size(). reduce_scatter: in.numel() ==
+  // out.numel() * size(). Sizes that do not divide evenly are rejected: pad them.
+  Work all_gather(const Tensor& out, const Tensor& in, const Stream& stream);
+  Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, const Stream& stream,
+                      double prescale = 1.0);
+  Work all_reduce(const Tensor& t, ReduceOp op, const Stream& stream, double prescale = 1.0);
+  Work broadcast(const Tensor& t, int root, const Stream& stream);
+
+  // ---- bookkeeping for tests and messages
+  const Counts& counts() const { return counts_; }
+  void reset_counts() { counts_ = Counts(); }
+  // A running hash of the operations issued (kind, element count, dtype, reduce op,
+  // root): equal on every rank exactly when they issued the same schedule.
+  uint64_t schedule_hash() const { return hash_; }
+  // The step being run, named in timeout messages. Shared by every communicator of the
+  // World (one step counter per job).
+  void set_step(int64_t step) { health_->set_step(step); }
+  int64_t step() const { return health_->step(); }
+  const std::shared_ptr<CommHealth>& health() const { return health_; }
+
+  // Ends this communicator at once: pending operations are abandoned (NCCL: ncclCommAbort)
+  // and `reason` is recorded as the job's failure, so every later call raises it.
+  virtual void abort(const std::string& reason) = 0;
+
+ protected:
+  Communicator(std::string name, int rank, int size, Device device,
+               std::shared_ptr<CommHealth> health);
+
+  // Backends implement these. Arguments have been checked; counts are elements.
+  virtual Work issue_all_gather(const void* send, void* recv, size_t count_per_rank,
+                                DType dtype, const Stream& stream) = 0;
+  virtual Work issue_reduce_scatter(const void* send, void* recv, size_t count_per_rank,
+                                    DType dtype, ReduceOp op, const Stream& stream,
+                                    double prescale) = 0;
+  virtual Work issue_all_reduce(const void* send, void* recv, size_t count, DType dtype,
+                                ReduceOp op, const Stream& stream, double prescale) = 0;
+  virtual Work issue_broadcast(void* buf, size_t count, DType dtype, int root,
+                               const Stream& stream) = 0;
+  virtual Work issue_send(const void* buf, size_t count, DType dtype, int peer,
+                          const Stream& stream) = 0;
+  virtual Work issue_recv(void* buf, size_t count, DType dtype, int peer,
+                          const Stream& stream) = 0;
+  virtual void issue_barrier() = 0;
+  virtual void issue_group_start() = 0;
+  virtual void issue_group_end() = 0;
+
+  // The operation as messages name it (see CollectiveInfo).
+  CollectiveInfo info(CollectiveKind kind, size_t count, DType dtype) const;
+  std::string describe(CollectiveKind kind, size_t count, DType dtype) const {
+    return info(kind, count, dtype).str();
+  }
+
+ private:
+  void check_stream(const Stream& stream, CollectiveKind kind) const;
+  void check_reduction(CollectiveKind kind, DType dtype, ReduceOp op, double prescale) const;
+  void record(CollectiveKind kind, size_t count, DType dtype, ReduceOp op, int root,
+              uint64_t bytes);
+  void check_tensor(const Tensor& t, CollectiveKind kind, const char* role) const;
+
+  std::string name_;
+  int rank_ = 0;
+  int size_ = 1;
+  Device device_;
+  std::shared_ptr<CommHealth> health_;
+  Counts counts_;
+  uint64_t hash_;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,96 @@
+// World: this process's place in the job, and the communicator over all ranks.
+//
+// Constructing a World reads the launcher's environment (bootstrap.h), picks the backend
+// (NCCL when a GPU is usable, MPI otherwise, unless the options say), initializes MPI when
+// the job was launched by MPI or uses the MPI backend (unless the host program already
+// did), picks the GPU from the local rank, creates the world communicator (sharing the
+// NCCL unique id by MPI_Bcast, or by a TCP or file rendezvous for launches without MPI),
+// starts the NCCL watchdog, and prints a one-line topology summary on rank 0:
+//   world: 2 ranks (openmpi), 2 per node, rank 0 -> cuda:0, backend nccl, timeout 600 s
+//
+// Every communicator made from a World (split(), build_mesh_communicators()) must be
+// destroyed before it. The destructor finalizes MPI only if this World initialized it and
+// the job did not fail: after a failure (a collective timed out, an exception is
+// unwinding) MPI is left unfinalized, so that mpirun ends the other ranks instead of
+// waiting for them in MPI_Finalize.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "collectives/bootstrap.h"
+#include "collectives/communicator.h"
+#include "collectives/health.h"
+#include "runtime/core/device.h"
+
+namespace fsdp {
+
+class NcclShared;  // collectives/nccl_communicator.h (CUDA builds only)
+
+enum class Backend { Auto, Nccl, Mpi };
+const char* backend_name(Backend backend);  // "auto", "nccl", "mpi"
+
+struct WorldOptions {
+  Backend backend = Backend::Auto;
+  // A collective that has not finished after this long ends the job with a TimeoutError
+  // (recipes: dist.distributed_timeout_minutes).
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // How long ranks wait for each other while starting up (TCP or file rendezvous).
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
+  // How often the NCCL watchdog looks at in-flight collectives.
+  std::chrono::milliseconds watchdog_poll = std::chrono::milliseconds(100);
+  bool print_summary = true;
+};
+
+class World {
+ public:
+  // The launch described by this process's environment.
+  explicit World(const WorldOptions& options = WorldOptions());
+  World(const LaunchInfo& launch, const WorldOptions& options);
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return launch_.rank; }
+  int size() const { return launch_.size; }
+  int local_rank() const { return launch_.local_rank; }
+  int local_size() const { return launch_.local_size; }
+  const LaunchInfo& launch() const { return launch_; }
+  Device device() const { return device_; }
+  Backend backend() const { return backend_; }  // Nccl or Mpi, never Auto
+
+  // The communicator over every rank (named "world").
+  Communicator& comm() { return *world_; }
+  // Ranks that pass the same `color` form a new communicator named `name`, ordered by
+  // `key`. Collective: every rank of the world calls it, in the same order.
+  std::unique_ptr<Communicator> split(const std::string& name, int color, int key);
+
+  // The step being run, named in timeout messages of every communicator of this World.
+  void set_step(int64_t step) { health_->set_step(step); }
+  // Raises the job's recorded failure (e.g. the watchdog's TimeoutError), if any.
+  void check_health() const { health_->raise_if_failed(); }
+  const std::shared_ptr<CommHealth>& health() const { return health_; }
+  // Records `reason` as the job's failure and aborts every communicator (NCCL).
+  void abort(const std::string& reason);
+
+  // "world: 2 ranks (openmpi), 2 per node, rank 0 -> cuda:0, backend nccl, timeout 600 s"
+  std::string summary() const;
+
+ private:
+  void init_mpi();
+  void create_nccl_world();
+
+  LaunchInfo launch_;
+  WorldOptions options_;
+  Backend backend_ = Backend::Mpi;
+  Device device_;
+  bool mpi_initialized_here_ = false;
+  int uncaught_at_start_ = 0;
+  std::shared_ptr<CommHealth> health_;
+  std::shared_ptr<NcclShared> nccl_;
+  std::unique_ptr<Communicator> world_;
+};
+
+}  // namespace fsdp

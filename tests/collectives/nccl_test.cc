@@ -1,0 +1,296 @@
+// The NCCL backend on GPUs, under mpirun -np 2 on the GPU machine (skipped without a GPU):
+// every collective x dtype with poisoned outputs, in place, prescale and avg, groups,
+// counts and hash, split and mesh communicators, and the watchdog.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "collectives/mesh.h"
+#include "collectives/world.h"
+#include "runtime/core/context.h"
+#include "tests/collectives/collective_checks.h"
+#include "tests/test_support.h"
+
+namespace fsdp {
+namespace {
+
+using Catch::Matchers::Contains;
+using testing::expected_reduction;
+using testing::first_mismatch;
+using testing::HostBuffer;
+using testing::sample;
+using testing::tested_dtypes;
+using namespace std::chrono_literals;
+
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+
+std::unique_ptr<World> nccl_world(std::chrono::milliseconds timeout = 120s) {
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = testing::world_rank() == 0;
+  options.timeout = timeout;
+  return std::make_unique<World>(options);
+}
+
+Tensor host_view(HostBuffer& b) {
+  return Tensor::from_storage(Storage::wrap(b.data(), b.nbytes(), Device::cpu()),
+                              Shape{int64_t(b.size())}, b.dtype());
+}
+
+// A device copy of a host buffer.
+Tensor upload(Context& ctx, HostBuffer& host) {
+  Tensor dev = ctx.empty(Shape{int64_t(host.size())}, host.dtype());
+  copy_bytes(dev, host_view(host), ctx.stream());
+  return dev;
+}
+
+// The device tensor's bytes, on the host, once the stream has finished.
+HostBuffer download(Context& ctx, const Tensor& dev) {
+  HostBuffer host(dev.dtype(), size_t(dev.numel()));
+  ctx.stream().synchronize();
+  copy_bytes(host_view(host), dev, ctx.stream());
+  ctx.stream().synchronize();
+  return host;
+}
+
+bool reducible(DType dt) { return dt != DType::u16; }  // NCCL has no 16-bit integer type
+
+TEST_CASE("NCCL: every collective x dtype, out of place and in place", "[gpu]") {
+  FSDP_REQUIRE_GPU();
+  auto world = nccl_world();
+  Communicator& comm = world->comm();
+  Context ctx(world->device());
+  const Stream& s = ctx.stream();
+  const int n = comm.size(), me = comm.rank();
+  const size_t count = 1000;
+  for (DType dt : tested_dtypes()) {
+    for (bool in_place : {false, true}) {
+      INFO(dtype_name(dt) << (in_place ? " in place" : ""));
+      // all_gather
+      HostBuffer mine(dt, count), gathered(dt, count * n), want(dt, count * n);
+      for (size_t i = 0; i < count; ++i) mine.set(i, sample(dt, me, i));
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < count; ++i) want.set(r * count + i, sample(dt, r, i));
+      }
+      gathered.poison();
+      std::memcpy(gathered.element(me * count), mine.data(), mine.nbytes());
+      Tensor out = upload(ctx, gathered);
+      Tensor in = upload(ctx, mine);
+      const void* send = in_place ? static_cast<char*>(out.data_ptr()) + me * mine.nbytes()
+                                  : in.data_ptr();
+      Work w = comm.all_gather(send, out.data_ptr(), count, dt, s);
+      w.wait(s);
+      REQUIRE(first_mismatch(download(ctx, out), want) == "");
+      CHECK(w.done());
+
+      // broadcast from every root
+      for (int root = 0; root < n; ++root) {
+        HostBuffer buf(dt, count), from_root(dt, count);
+        for (size_t i = 0; i < count; ++i) from_root.set(i, sample(dt, root, i));
+        if (me == root) {
+          std::memcpy(buf.data(), from_root.data(), buf.nbytes());
+        } else {
+          buf.poison();
+        }
+        Tensor b = upload(ctx, buf);
+        comm.broadcast(b, root, s);
+        REQUIRE(first_mismatch(download(ctx, b), from_root) == "");
+      }
+      if (!reducible(dt)) continue;
+      for (ReduceOp op : kOps) {
+        INFO(reduce_op_name(op));
+        // reduce_scatter
+        HostBuffer full(dt, count * n), shard(dt, count), shard_want(dt, count);
+        for (size_t j = 0; j < count * n; ++j) full.set(j, sample(dt, me, j));
+        for (size_t i = 0; i < count; ++i) {
+          std::vector<double> values;
+          for (int r = 0; r < n; ++r) values.push_back(sample(dt, r, me * count + i));
+          shard_want.set(i, expected_reduction(dt, op, 1.0, values));
+        }
+        shard.poison();
+        Tensor dfull = upload(ctx, full), dshard = upload(ctx, shard);
+        char* chunk = static_cast<char*>(dfull.data_ptr()) + me * shard.nbytes();
+        comm.reduce_scatter(dfull.data_ptr(), in_place ? chunk : dshard.data_ptr(), count, dt, op,
+                            s);
+        HostBuffer got_full = download(ctx, dfull);
+        HostBuffer got(dt, count);
+        if (in_place) {
+          std::memcpy(got.data(), got_full.element(me * count), got.nbytes());
+        } else {
+          got = download(ctx, dshard);
+        }
+        REQUIRE(first_mismatch(got, shard_want) == "");
+
+        // all_reduce
+        HostBuffer x(dt, count), y(dt, count), sum_want(dt, count);
+        for (size_t i = 0; i < count; ++i) {
+          x.set(i, sample(dt, me, i));
+          std::vector<double> values;
+          for (int r = 0; r < n; ++r) values.push_back(sample(dt, r, i));
+          sum_want.set(i, expected_reduction(dt, op, 1.0, values));
+        }
+        y.poison();
+        Tensor dx = upload(ctx, x), dy = upload(ctx, y);
+        comm.all_reduce(dx.data_ptr(), in_place ? dx.data_ptr() : dy.data_ptr(), count, dt, op, s);
+        REQUIRE(first_mismatch(download(ctx, in_place ? dx : dy), sum_want) == "");
+      }
+    }
+  }
+  HostBuffer halves(DType::u16, 4);
+  CHECK_THROWS_AS(comm.all_reduce(upload(ctx, halves), ReduceOp::Sum, s), DTypeError);
+}
+
+TEST_CASE("NCCL: prescale (pre-multiplied sum) and avg", "[gpu]") {
+  FSDP_REQUIRE_GPU();
+  auto world = nccl_world();
+  Communicator& comm = world->comm();
+  Context ctx(world->device());
+  const int n = comm.size(), me = comm.rank();
+  const size_t count = 513;
+  for (DType dt : tested_dtypes()) {
+    if (!reducible(dt)) continue;
+    const double prescale = is_floating(dt) ? 0.25 : 3.0;
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      if (op == ReduceOp::Avg && !is_floating(dt)) continue;  // NCCL cannot fold it in
+      INFO(dtype_name(dt) << " " << reduce_op_name(op));
+      HostBuffer x(dt, count), want(dt, count);
+      for (size_t i = 0; i < count; ++i) {
+        x.set(i, sample(dt, me, i));
+        std::vector<double> values;
+        for (int r = 0; r < n; ++r) values.push_back(sample(dt, r, i));
+        want.set(i, expected_reduction(dt, op, prescale, values));
+      }
+      Tensor dx = upload(ctx, x);
+      comm.all_reduce(dx, op, ctx.stream(), prescale);
+      REQUIRE(first_mismatch(download(ctx, dx), want) == "");
+
+      HostBuffer full(dt, count * n), shard(dt, count), shard_want(dt, count);
+      for (size_t j = 0; j < count * n; ++j) full.set(j, sample(dt, me, j));
+      for (size_t i = 0; i < count; ++i) {
+        std::vector<double> values;
+        for (int r = 0; r < n; ++r) values.push_back(sample(dt, r, me * count + i));
+        shard_want.set(i, expected_reduction(dt, op, prescale, values));
+      }
+      shard.poison();
+      Tensor dfull = upload(ctx, full), dshard = upload(ctx, shard);
+      comm.reduce_scatter(dshard, dfull, op, ctx.stream(), prescale);
+      REQUIRE(first_mismatch(download(ctx, dshard), shard_want) == "");
+    }
+  }
+}
+
+TEST_CASE("NCCL: groups of send/recv and collectives; Work after group_end", "[gpu]") {
+  FSDP_REQUIRE_GPU();
+  auto world = nccl_world();
+  Communicator& comm = world->comm();
+  Context ctx(world->device());
+  const Stream& s = ctx.stream();
+  const int n = comm.size(), me = comm.rank();
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  HostBuffer mine(DType::bf16, 4096), theirs(DType::bf16, 4096), want(DType::bf16, 4096);
+  for (size_t i = 0; i < 4096; ++i) {
+    mine.set(i, sample(DType::bf16, me, i));
+    want.set(i, sample(DType::bf16, prev, i));
+  }
+  theirs.poison();
+  Tensor dsend = upload(ctx, mine), drecv = upload(ctx, theirs);
+  HostBuffer ones(DType::f32, 64);
+  for (size_t i = 0; i < 64; ++i) ones.set(i, 1.0);
+  Tensor dones = upload(ctx, ones);
+  comm.group_start();
+  comm.send(dsend.data_ptr(), 4096, DType::bf16, next, s);
+  Work r = comm.recv(drecv.data_ptr(), 4096, DType::bf16, prev, s);
+  Work a = comm.all_reduce(dones, ReduceOp::Sum, s);
+  CHECK_THROWS_AS(r.wait(s), ValueError);
+  CHECK_FALSE(r.done());
+  comm.group_end();
+  r.synchronize();
+  a.synchronize();
+  CHECK(r.done());
+  REQUIRE(first_mismatch(download(ctx, drecv), want) == "");
+  HostBuffer total = download(ctx, dones);
+  for (size_t i = 0; i < 64; ++i) REQUIRE(total.get(i) == double(n));
+}
+
+TEST_CASE("NCCL: counts, hash, barrier, split and mesh communicators", "[gpu]") {
+  FSDP_REQUIRE_GPU();
+  auto world = nccl_world();
+  Context ctx(world->device());
+  const int n = world->size(), me = world->rank();
+  Communicator& comm = world->comm();
+  CHECK(std::string(comm.backend()) == "nccl");
+  CHECK(comm.device() == world->device());
+  HostBuffer x(DType::f32, 256);
+  Tensor dx = upload(ctx, x);
+  comm.reset_counts();
+  comm.all_reduce(dx, ReduceOp::Sum, ctx.stream());
+  comm.broadcast(dx, 0, ctx.stream());
+  comm.barrier();
+  CHECK(comm.counts().all_reduce == 1);
+  CHECK(comm.counts().broadcast == 1);
+  CHECK(comm.counts().barrier == 1);
+  CHECK(comm.counts().bytes == 2 * 256 * 4);
+  uint64_t hash = comm.schedule_hash(), other = 0;
+  MPI_Allreduce(&hash, &other, 1, MPI_UINT64_T, MPI_BXOR, MPI_COMM_WORLD);
+  CHECK(other == (n % 2 == 0 ? 0 : hash));  // equal on every rank
+
+  const Mesh mesh({1, -1, 1, 1, 1}, n);
+  MeshCommunicators comms(*world, mesh);
+  for (Communicator* c : {&comms.all_gather_comm(DpGroup::dp_shard),
+                          &comms.reduce_scatter_comm(DpGroup::dp_shard),
+                          &comms.reduce_scatter_comm(DpGroup::dp), &comms.axis(MeshAxis::tp)}) {
+    INFO(c->name());
+    HostBuffer v(DType::i64, 8), want(DType::i64, 8);
+    int64_t sum = 0;
+    for (int r : (c->size() == 1 ? std::vector<int>{me} : mesh.dp_group(me))) sum += r;
+    for (size_t i = 0; i < 8; ++i) {
+      v.set(i, double(me));
+      want.set(i, double(sum));
+    }
+    Tensor dv = upload(ctx, v);
+    c->all_reduce(dv, ReduceOp::Sum, ctx.stream()).synchronize();
+    REQUIRE(first_mismatch(download(ctx, dv), want) == "");
+  }
+}
+
+TEST_CASE("NCCL: the watchdog turns a collective one rank skips into a TimeoutError", "[gpu]") {
+  FSDP_REQUIRE_GPU();
+  if (testing::world_size() < 2) {
+    testing::mark_skipped("needs at least 2 ranks");
+    return;
+  }
+  auto world = nccl_world(3s);
+  auto comm = world->split("dp_shard/rs", 0, world->rank());
+  world->set_step(3);
+  Context ctx(world->device());
+  HostBuffer x(DType::f32, 1024);
+  Tensor dx = upload(ctx, x);
+  if (world->rank() == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    Work w = comm->all_reduce(dx, ReduceOp::Sum, ctx.stream());
+    std::string message;
+    try {
+      w.synchronize();
+      FAIL("the collective finished without rank 1");
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    CHECK(elapsed >= 3s);
+    CHECK(elapsed < 8s);
+    CHECK_THAT(message, Contains("all_reduce of 1024 x f32") &&
+                            Contains("group 'dp_shard/rs'") && Contains("step 3"));
+    CHECK_THROWS_AS(comm->all_reduce(dx, ReduceOp::Sum, ctx.stream()), TimeoutError);
+    CHECK_THROWS_AS(world->check_health(), TimeoutError);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The other ranks end their communicators too (abort, not a destroy that waits for peers).
+  if (world->rank() != 0) world->abort("the watchdog test is over");
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace
+}  // namespace fsdp

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/checks.h"
 #include "kernels/cpu/basic.h"
 #include "kernels/layout.h"
 
@@ -17,27 +18,9 @@ using kernels::BinaryOp;
 using kernels::ReduceKind;
 using kernels::StridedLayout;
 
-StridedLayout layout_of(const Tensor& t) {
-  FSDP_CHECK(t.dim() <= kernels::kMaxDims, ShapeError, t.str(), " has more than ",
-             kernels::kMaxDims, " dimensions");
-  StridedLayout l;
-  l.rank = int(t.dim());
-  for (int d = 0; d < l.rank; ++d) {
-    l.shape[d] = t.shape()[d];
-    l.strides[d] = t.strides()[size_t(d)];
-  }
-  return l;
-}
-
-void check_on_ctx(const Context& ctx, const Tensor& t, const char* what) {
-  check_defined(t, what);
-  FSDP_CHECK(t.device() == ctx.device(), DeviceError, what, ": ", t.str(), " is not on ",
-             ctx.device().str());
-}
-
-void check_floating(const Tensor& t, const char* what) {
-  FSDP_CHECK(is_floating(t.dtype()), DTypeError, what, ": floating tensor expected, got ", t.str());
-}
+using detail::check_floating;
+using detail::check_on_ctx;
+using detail::layout_of;
 
 }  // namespace
 

@@ -1,0 +1,21 @@
+// CPU fused softmax cross-entropy over padded logits rows. logits (rows, Vp) with the
+// classes in [0, V) and padding in [V, Vp); targets in [0, V) or -1 (ignored row).
+// losses and lse (rows) have the logits' dtype (f32 or f64). Computed in double.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/nn_shapes.h"
+#include "runtime/core/dtype.h"
+
+namespace fsdp::kernels::cpu {
+
+// Throws IndexError for a target outside [0, V) other than -1.
+void cross_entropy_forward(const CrossEntropyDims& d, void* losses, void* lse, const void* logits,
+                           const int32_t* targets);
+// dlogits = (softmax - onehot) * dloss; 0 in padded columns and ignored rows. dlogits may
+// be logits itself.
+void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void* logits,
+                            const void* lse, const int32_t* targets, double dloss);
+
+}  // namespace fsdp::kernels::cpu

@@ -1,0 +1,24 @@
+// CPU token and position embeddings, and rotary position embeddings.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/nn_shapes.h"
+#include "runtime/core/dtype.h"
+
+namespace fsdp::kernels::cpu {
+
+// out (B, T, C) = wte[idx] (+ wpe[t] when wpe is not null). Throws IndexError for an index
+// outside [0, vocab).
+void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, const void* wte,
+                       const void* wpe);
+// dwte[idx[b, t]] += dout[b, t] in (b, t) order; dwpe[t] += sum over b (null: skipped).
+void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const void* dout,
+                        const int32_t* idx);
+
+// Rotates pairs (i, i + D/2) of every head of x (B, T, H, D) in place by t * theta^(-2i/D)
+// (the opposite angle when inverse).
+void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                const HeadStrides& strides, double theta, bool inverse);
+
+}  // namespace fsdp::kernels::cpu

@@ -1,0 +1,151 @@
+// Transformer kernels at the Tensor level: matmul, embeddings, norms, activations, rotary
+// embeddings, attention, fused cross-entropy, AdamW and the counter-based initializer.
+//
+// Conventions (shared by the CPU reference in kernels/cpu/ and the CUDA kernels in
+// kernels/cuda/):
+// - Activations and weights share one compute dtype: f32 or f64 on the CPU, bf16 or f32 on
+//   CUDA. bf16 is computed in f32 and rounded once when stored.
+// - Statistics saved for backward (norm mean/rstd, attention logsumexp, per-token losses)
+//   are f32 (f64 when the compute dtype is f64).
+// - Parameter gradients are written into tensors of their own "grad dtype" (f32 or f64 on
+//   the CPU; bf16 or f32 on CUDA), which may differ from the compute dtype, and are
+//   ACCUMULATED (+=) when `accumulate` is true, overwritten otherwise. Activation gradients
+//   are written in the compute dtype; `accumulate_dx` adds instead of overwriting where the
+//   op's input feeds more than one consumer (the residual stream).
+// - Weights follow PyTorch's layout: a Linear weight is (out_features, in_features).
+// - Shapes in comments: B batch, T sequence, C channels, H heads, Hkv key/value heads,
+//   D head dim, V vocabulary, Vp padded vocabulary, N rows (= B*T), F hidden features.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fsdp::ops {
+
+// ---------------------------------------------------------------- backend options
+// Per-context switches of how the ops run, for tests and benchmarks:
+//   ctx.extension<ops::KernelOptions>().use_cudnn_attention = false;
+struct KernelOptions {
+  explicit KernelOptions(Context&) {}
+  // CUDA attention through cuDNN's fused kernels where they support the shape and dtype;
+  // false forces our own attention kernels everywhere.
+  bool use_cudnn_attention = true;
+};
+
+// ---------------------------------------------------------------- matmul
+enum class Epilogue : uint8_t {
+  None,       // out = alpha * op(a) @ op(b) (+ beta * out) (+ bias)
+  Gelu,       // out = gelu(alpha * op(a) @ op(b) + bias); pre-activation saved in `aux`
+};
+
+// out (M, N) = alpha * op(a) @ op(b) + beta * out [+ bias (N)] [then epilogue].
+// op(a) is (M, K): a is (M, K), or (K, M) with trans_a. op(b) is (K, N): b is (K, N), or
+// (N, K) with trans_b. All 2-D and row-major contiguous (leading dimension = row length).
+// `out` may be a wider dtype than a and b (bf16 inputs, f32 out) for gradient accumulation.
+// With Epilogue::Gelu, `aux` (M, N) receives the pre-activation (for gelu_backward).
+void matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
+            bool trans_b, double alpha = 1.0, double beta = 0.0, const Tensor& bias = Tensor(),
+            Epilogue epilogue = Epilogue::None, const Tensor& aux = Tensor());
+
+// Batched: a (Bt, M, K) etc., same rules per batch (used by the reference attention).
+void batched_matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b,
+                    bool trans_a, bool trans_b, double alpha = 1.0, double beta = 0.0);
+
+// dbias (N) (+)= sum over rows of dout (M, N).
+void bias_backward(Context& ctx, const Tensor& dbias, const Tensor& dout, bool accumulate);
+
+// ---------------------------------------------------------------- embeddings
+// out (B, T, C) = wte[idx] (+ wpe[t] when wpe is defined). idx (B, T) i32, wte (V, C), wpe (T', C).
+void embedding_forward(Context& ctx, const Tensor& out, const Tensor& idx, const Tensor& wte,
+                       const Tensor& wpe = Tensor());
+// dwte (V, C) += scatter of dout rows by idx; dwpe (T', C) += sum over B of dout. Always
+// accumulates (a tied embedding also receives the classifier's gradient). Deterministic.
+void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                        const Tensor& idx);
+
+// ---------------------------------------------------------------- norms
+// LayerNorm over the last dim: x (N, C), weight/bias (C); out (N, C); mean/rstd (N).
+void layernorm_forward(Context& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// dx (N, C) (+= when accumulate_dx); dweight, dbias (C) (+= when accumulate).
+void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                        const Tensor& dout, const Tensor& x, const Tensor& weight,
+                        const Tensor& mean, const Tensor& rstd, bool accumulate_dx,
+                        bool accumulate);
+// RMSNorm: out = x * rstd * weight; rstd (N).
+void rmsnorm_forward(Context& ctx, const Tensor& out, const Tensor& rstd, const Tensor& x,
+                     const Tensor& weight, double eps);
+void rmsnorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                      const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      bool accumulate_dx, bool accumulate);
+
+// ---------------------------------------------------------------- activations
+// GELU, tanh approximation (GPT-2's): out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(Context& ctx, const Tensor& out, const Tensor& x);
+void gelu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x);
+// SwiGLU on a fused projection: x (N, 2F) = [gate | up]; out (N, F) = silu(gate) * up.
+void swiglu_forward(Context& ctx, const Tensor& out, const Tensor& x);
+void swiglu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x);
+
+// ---------------------------------------------------------------- rotary embeddings
+// Rotates q or k in place: x (B, T, H, D) (any strides for B, T, H; D contiguous), by angle
+// t * theta^(-2i/D) for the pair (i, i + D/2) ("rotate half", as Llama in Hugging Face).
+// inverse = true applies the opposite rotation (the backward of the forward rotation).
+void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse);
+
+// ---------------------------------------------------------------- attention
+// Causal scaled-dot-product attention with grouped-query heads. q (B, T, H, D),
+// k and v (B, T, Hkv, D) (H % Hkv == 0), any strides for B, T, H with D contiguous (they
+// are usually views into one fused qkv projection); out (B, T, H, D) contiguous;
+// lse (B, H, T) f32 holds the softmax's log-sum-exp for the backward. scale = 1/sqrt(D)
+// when 0. On CUDA it uses cuDNN's fused attention, or our own kernel when cuDNN cannot.
+void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
+                       const Tensor& k, const Tensor& v, double scale = 0.0);
+// dq (B, T, H, D), dk and dv (B, T, Hkv, D), same stride rules; overwritten.
+void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                        const Tensor& dout, const Tensor& out, const Tensor& lse,
+                        const Tensor& q, const Tensor& k, const Tensor& v, double scale = 0.0);
+
+// ---------------------------------------------------------------- fused cross-entropy
+// logits (N, Vp), targets (N) i32 in [0, V) or -1 (ignored); the padded columns [V, Vp) are
+// excluded from the softmax. losses (N) and lse (N) f32: per-row loss (0 for ignored rows)
+// and log-sum-exp.
+void cross_entropy_forward(Context& ctx, const Tensor& losses, const Tensor& lse,
+                           const Tensor& logits, const Tensor& targets, int64_t vocab_size);
+// dlogits (N, Vp) = (softmax(logits) - onehot(target)) * dloss, with 0 in the padded
+// columns and for ignored rows. dlogits may be the logits tensor itself (in place: the
+// probabilities are never stored separately). dloss is a scalar (every row's weight).
+void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
+                            const Tensor& lse, const Tensor& targets, int64_t vocab_size,
+                            double dloss);
+
+// ---------------------------------------------------------------- optimizer
+struct AdamWParams {
+  double lr = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0;  // decoupled: param -= lr * weight_decay * param
+  int64_t step = 1;         // 1 for the first update (bias correction uses it)
+  double grad_scale = 1;    // gradients are multiplied by this first (clipping, 1/N)
+};
+// One fused AdamW update of n elements: param (f32 master or f64), grad (any floating),
+// exp_avg / exp_avg_sq (f32, or bf16 to save memory). When `param_copy` is defined it
+// receives the updated parameter in its own dtype (the bf16 compute weights).
+void adamw_step(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWParams& p, const Tensor& param_copy = Tensor());
+
+// ---------------------------------------------------------------- initialization
+// Counter-based, slice-invariant random init: element i of the parameter identified by
+// (seed, key) is a function of (seed, key, i) alone, so initializing elements
+// [offset, offset + out.numel()) of a parameter alone gives exactly the same values as the
+// same slice of a full initialization. `key` is a hash of the parameter's name.
+void init_normal(Context& ctx, const Tensor& out, uint64_t seed, uint64_t key, int64_t offset,
+                 double mean, double std);
+void init_uniform(Context& ctx, const Tensor& out, uint64_t seed, uint64_t key, int64_t offset,
+                  double low, double high);
+// Stable 64-bit hash of a parameter name (FNV-1a), the `key` above.
+uint64_t name_key(const std::string& name);
+
+}  // namespace fsdp::ops

@@ -1,0 +1,125 @@
+// Dispatch of causal grouped-query attention (kernels/nn_ops.h): the CPU reference, or on
+// CUDA cuDNN's fused attention when it supports the problem and KernelOptions allow it, and
+// our own kernels otherwise.
+#include <cmath>
+
+#include "kernels/checks.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/nn_ops.h"
+
+#if FSDP_WITH_CUDA
+#include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/nn_kernels.h"
+#endif
+
+namespace fsdp::ops {
+namespace {
+
+using namespace detail;
+
+void check_heads(Context& ctx, const Tensor& t, const Tensor& like, int64_t heads,
+                 const char* what) {
+  check_on_ctx(ctx, t, what);
+  check_dtype(t, like.dtype(), what);
+  head_strides(t, what);
+  FSDP_CHECK(t.size(0) == like.size(0) && t.size(1) == like.size(1) && t.size(2) == heads &&
+                 t.size(3) == like.size(3),
+             ShapeError, what, ": expected (", like.size(0), ", ", like.size(1), ", ", heads, ", ",
+             like.size(3), "), got ", t.str());
+}
+
+// Checks q, k, v, out, lse and fills the forward part of the problem description.
+kernels::AttentionDims check_attention(Context& ctx, const Tensor& out, const Tensor& lse,
+                                       const Tensor& q, const Tensor& k, const Tensor& v,
+                                       double scale, const char* what) {
+  check_on_ctx(ctx, q, what);
+  check_floating(q, what);
+  kernels::AttentionDims d;
+  d.q = head_strides(q, what);
+  d.batch = q.size(0);
+  d.seq = q.size(1);
+  d.heads = q.size(2);
+  d.head_dim = q.size(3);
+  check_on_ctx(ctx, k, what);
+  FSDP_CHECK(k.dim() == 4, ShapeError, what, ": k must be (B, T, Hkv, D), got ", k.str());
+  d.kv_heads = k.size(2);
+  FSDP_CHECK(d.kv_heads > 0 && d.heads % d.kv_heads == 0, ShapeError, what, ": ", d.heads,
+             " query heads cannot share ", d.kv_heads, " key/value heads evenly");
+  check_heads(ctx, k, q, d.kv_heads, what);
+  check_heads(ctx, v, q, d.kv_heads, what);
+  d.k = head_strides(k, what);
+  d.v = head_strides(v, what);
+  check_dense(ctx, out, q.shape(), q.dtype(), what);
+  d.out = head_strides(out, what);
+  check_dense(ctx, lse, Shape{d.batch, d.heads, d.seq}, stats_dtype(q.dtype()), what);
+  d.scale = scale != 0.0 ? scale : 1.0 / std::sqrt(double(d.head_dim));
+  return d;
+}
+
+#if FSDP_WITH_CUDA
+// cuDNN runs the problem when allowed and able; otherwise our own kernels do.
+bool use_cudnn(Context& ctx, const kernels::AttentionDims& d, DType dtype, bool backward) {
+  if (!ctx.extension<KernelOptions>().use_cudnn_attention) return false;
+  return ctx.extension<kernels::cuda::CudnnAttention>().supports(d, dtype, backward);
+}
+#endif
+
+}  // namespace
+
+void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
+                       const Tensor& k, const Tensor& v, double scale) {
+  const kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, "attention_forward");
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::attention_forward(d, out.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
+                                    v.data_ptr(), q.dtype());
+    return;
+  }
+#if FSDP_WITH_CUDA
+  float* lse_f = static_cast<float*>(lse.data_ptr());
+  if (use_cudnn(ctx, d, q.dtype(), false)) {
+    ctx.extension<kernels::cuda::CudnnAttention>().forward(d, out.data_ptr(), lse_f, q.data_ptr(),
+                                                           k.data_ptr(), v.data_ptr());
+    return;
+  }
+  kernels::cuda::attention_forward(d, out.data_ptr(), lse_f, q.data_ptr(), k.data_ptr(),
+                                   v.data_ptr(), q.dtype(), ctx.stream().cuda_stream());
+#endif
+}
+
+void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                        const Tensor& dout, const Tensor& out, const Tensor& lse,
+                        const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  const char* what = "attention_backward";
+  kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, what);
+  check_heads(ctx, dout, q, d.heads, what);
+  check_heads(ctx, dq, q, d.heads, what);
+  check_heads(ctx, dk, q, d.kv_heads, what);
+  check_heads(ctx, dv, q, d.kv_heads, what);
+  d.dout = head_strides(dout, what);
+  d.dq = head_strides(dq, what);
+  d.dk = head_strides(dk, what);
+  d.dv = head_strides(dv, what);
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::attention_backward(d, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                     dout.data_ptr(), out.data_ptr(), lse.data_ptr(), q.data_ptr(),
+                                     k.data_ptr(), v.data_ptr(), q.dtype());
+    return;
+  }
+#if FSDP_WITH_CUDA
+  const float* lse_f = static_cast<const float*>(lse.data_ptr());
+  if (use_cudnn(ctx, d, q.dtype(), true)) {
+    ctx.extension<kernels::cuda::CudnnAttention>().backward(
+        d, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), out.data_ptr(), lse_f,
+        q.data_ptr(), k.data_ptr(), v.data_ptr());
+    return;
+  }
+  Tensor workspace = ctx.empty(
+      Shape{int64_t(kernels::cuda::attention_backward_workspace_bytes(d))}, DType::u8);
+  kernels::cuda::attention_backward(d, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                    dout.data_ptr(), out.data_ptr(), lse_f, q.data_ptr(),
+                                    k.data_ptr(), v.data_ptr(), q.dtype(), workspace.data_ptr(),
+                                    ctx.stream().cuda_stream());
+#endif
+}
+
+}  // namespace fsdp::ops

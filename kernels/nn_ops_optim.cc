@@ -1,0 +1,112 @@
+// Dispatch of the fused AdamW step and the counter-based initializers (kernels/nn_ops.h).
+#include <cmath>
+
+#include "kernels/checks.h"
+#include "kernels/cpu/optim_init.h"
+#include "kernels/nn_ops.h"
+
+#if FSDP_WITH_CUDA
+#include "kernels/cuda/nn_kernels.h"
+#endif
+
+namespace fsdp::ops {
+namespace {
+
+using namespace detail;
+
+void check_flat(Context& ctx, const Tensor& t, int64_t n, const char* what) {
+  check_on_ctx(ctx, t, what);
+  check_floating(t, what);
+  check_contiguous(t, what);
+  FSDP_CHECK(t.numel() == n, ShapeError, what, ": ", t.str(), " should hold ", n, " elements");
+}
+
+}  // namespace
+
+void adamw_step(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWParams& p, const Tensor& param_copy) {
+  const char* what = "adamw_step";
+  const int64_t n = param.numel();
+  check_flat(ctx, param, n, what);
+  FSDP_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64, DTypeError, what,
+             ": the updated parameter must be f32 or f64 (the master copy), got ", param.str());
+  check_flat(ctx, grad, n, what);
+  check_flat(ctx, exp_avg, n, what);
+  check_flat(ctx, exp_avg_sq, n, what);
+  check_same_dtype(exp_avg, exp_avg_sq, what);
+  if (param_copy.defined()) check_flat(ctx, param_copy, n, what);
+  FSDP_CHECK(p.step >= 1, ValueError, what, ": step counts from 1, got ", p.step);
+  FSDP_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1, ValueError, what,
+             ": betas must lie in [0, 1), got ", p.beta1, ", ", p.beta2);
+
+  kernels::AdamWBuffers buf;
+  buf.param = param.data_ptr();
+  buf.param_dtype = param.dtype();
+  buf.grad = grad.data_ptr();
+  buf.grad_dtype = grad.dtype();
+  buf.exp_avg = exp_avg.data_ptr();
+  buf.exp_avg_sq = exp_avg_sq.data_ptr();
+  buf.moment_dtype = exp_avg.dtype();
+  buf.param_copy = data_or_null(param_copy);
+  if (param_copy.defined()) buf.copy_dtype = param_copy.dtype();
+  kernels::AdamWScalars s;
+  s.lr = p.lr;
+  s.beta1 = p.beta1;
+  s.beta2 = p.beta2;
+  s.eps = p.eps;
+  s.weight_decay = p.weight_decay;
+  s.grad_scale = p.grad_scale;
+  s.bias_correction1 = 1.0 - std::pow(p.beta1, double(p.step));
+  s.sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(p.beta2, double(p.step)));
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::adamw_step(buf, n, s);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::adamw_step(buf, n, s, ctx.stream().cuda_stream());
+#endif
+}
+
+void init_normal(Context& ctx, const Tensor& out, uint64_t seed, uint64_t key, int64_t offset,
+                 double mean, double std) {
+  const char* what = "init_normal";
+  check_flat(ctx, out, out.numel(), what);
+  FSDP_CHECK(offset >= 0, IndexError, what, ": negative offset ", offset);
+  FSDP_CHECK(std >= 0, ValueError, what, ": negative standard deviation ", std);
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::init_normal(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, mean, std);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::init_normal(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, mean, std,
+                             ctx.stream().cuda_stream());
+#endif
+}
+
+void init_uniform(Context& ctx, const Tensor& out, uint64_t seed, uint64_t key, int64_t offset,
+                  double low, double high) {
+  const char* what = "init_uniform";
+  check_flat(ctx, out, out.numel(), what);
+  FSDP_CHECK(offset >= 0, IndexError, what, ": negative offset ", offset);
+  FSDP_CHECK(low <= high, ValueError, what, ": empty range [", low, ", ", high, ")");
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::init_uniform(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, low,
+                               high);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::init_uniform(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, low,
+                              high, ctx.stream().cuda_stream());
+#endif
+}
+
+uint64_t name_key(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64-bit offset basis
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;  // FNV prime
+  }
+  return h;
+}
+
+}  // namespace fsdp::ops

@@ -1,0 +1,76 @@
+// Plain descriptions of the transformer ops' problems, passed by value to the raw kernels of
+// both backends (which never see a Tensor). Sizes and strides are in elements. Saved
+// statistics (norm mean/rstd, log-sum-exps, losses) are f32, or f64 when the compute dtype
+// is f64.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/core/dtype.h"
+
+namespace fsdp::kernels {
+
+// out (M, N) = alpha * op(a) @ op(b) + beta * out, for `batch` independent problems.
+// a is (M, K) row-major, or (K, M) when trans_a; b is (K, N), or (N, K) when trans_b; out is
+// (M, N) row-major. Every matrix is dense (leading dimension = its row length).
+struct MatmulDims {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t batch = 1;
+  int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_out = 0;
+
+  int64_t lda() const { return trans_a ? m : k; }
+  int64_t ldb() const { return trans_b ? k : n; }
+};
+
+// Strides of a (B, T, heads, D) tensor whose last dimension is contiguous.
+struct HeadStrides {
+  int64_t b = 0, t = 0, h = 0;
+};
+
+// Causal grouped-query attention: H query heads share Hkv key/value heads (head h reads
+// key/value head h / (H / Hkv)).
+struct AttentionDims {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double scale = 0;  // multiplies q . k before the softmax
+  HeadStrides q, k, v, out;
+  HeadStrides dout, dq, dk, dv;  // backward only
+
+  int64_t group() const { return heads / kv_heads; }
+};
+
+// Norms over the last dimension of contiguous (rows, channels) data.
+struct NormDims {
+  int64_t rows = 0, channels = 0;
+  DType dtype = DType::f32;       // x, out, dx, dout, weight, bias
+  DType grad_dtype = DType::f32;  // dweight, dbias
+};
+
+// Token (and learned position) embeddings of a (B, T) batch of token ids.
+struct EmbeddingDims {
+  int64_t batch = 0, seq = 0, channels = 0, vocab = 0;
+  DType dtype = DType::f32;       // out, dout, wte, wpe
+  DType grad_dtype = DType::f32;  // dwte, dwpe
+};
+
+// Softmax cross-entropy over rows of padded logits: classes [0, vocab), padding up to
+// padded_vocab.
+struct CrossEntropyDims {
+  int64_t rows = 0, padded_vocab = 0, vocab = 0;
+  DType dtype = DType::f32;
+};
+
+// The buffers of one fused AdamW update (n contiguous elements each).
+struct AdamWBuffers {
+  void* param = nullptr;  // f32 or f64
+  DType param_dtype = DType::f32;
+  const void* grad = nullptr;  // any floating
+  DType grad_dtype = DType::f32;
+  void* exp_avg = nullptr;  // both any floating
+  void* exp_avg_sq = nullptr;
+  DType moment_dtype = DType::f32;
+  void* param_copy = nullptr;  // optional, any floating
+  DType copy_dtype = DType::bf16;
+};
+
+}  // namespace fsdp::kernels

@@ -1,0 +1,136 @@
+// CPU causal grouped-query attention against a materialized softmax(QK^T)V, and its backward
+// against f64 finite differences, on q/k/v views into one fused projection.
+#include <cmath>
+
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+#include "tests/kernels/nn_test_util.h"
+#include "tests/test_support.h"
+
+using namespace fsdp;
+using fsdp::testing::max_rel_diff;
+using fsdp::testing::numeric_grad;
+using fsdp::testing::random_tensor;
+using fsdp::testing::values;
+using fsdp::testing::weighted_sum;
+
+namespace {
+
+struct Qkv {
+  Tensor fused, q, k, v;  // fused (B, T, (H + 2 Hkv) * D); q/k/v strided views into it
+};
+
+Qkv fused_qkv(const Tensor& fused, int64_t H, int64_t Hkv, int64_t D) {
+  const Tensor heads = fused.view(Shape{fused.size(0), fused.size(1), H + 2 * Hkv, D});
+  return {fused, heads.slice(2, 0, H), heads.slice(2, H, H + Hkv),
+          heads.slice(2, H + Hkv, H + 2 * Hkv)};
+}
+
+// Materialized reference: out (B, T, H, D) and lse (B, H, T) as value lists.
+void naive_attention(Context& ctx, const Qkv& x, double scale, std::vector<double>& out,
+                     std::vector<double>& lse) {
+  const int64_t B = x.q.size(0), T = x.q.size(1), H = x.q.size(2), Hkv = x.k.size(2),
+                D = x.q.size(3);
+  const auto q = values(ctx, x.q), k = values(ctx, x.k), v = values(ctx, x.v);
+  out.assign(size_t(B * T * H * D), 0.0);
+  lse.assign(size_t(B * H * T), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / Hkv);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> s(size_t(T), -INFINITY);
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += q[size_t(((b * T + t) * H + h) * D + d)] * k[size_t(((b * T + j) * Hkv + g) * D + d)];
+          s[size_t(j)] = scale * dot;
+          m = std::max(m, s[size_t(j)]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= t; ++j) z += std::exp(s[size_t(j)] - m);
+        lse[size_t((b * H + h) * T + t)] = m + std::log(z);
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t d = 0; d < D; ++d)
+            out[size_t(((b * T + t) * H + h) * D + d)] +=
+                std::exp(s[size_t(j)] - m) / z * v[size_t(((b * T + j) * Hkv + g) * D + d)];
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("attention forward matches the materialized softmax, with GQA and strided views",
+          "[kernels][nn]") {
+  Context ctx;
+  const int64_t B = 2, T = 7, H = 6, Hkv = 2, D = 8;
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(dtype_name(dt));
+    const Qkv x = fused_qkv(random_tensor(ctx, Shape{B, T, (H + 2 * Hkv) * D}, dt, 1, -2, 2), H,
+                            Hkv, D);
+    Tensor out = ops::empty(ctx, Shape{B, T, H, D}, dt);
+    Tensor lse = ops::empty(ctx, Shape{B, H, T}, dt);
+    ops::attention_forward(ctx, out, lse, x.q, x.k, x.v);
+    std::vector<double> want_out, want_lse;
+    naive_attention(ctx, x, 1 / std::sqrt(double(D)), want_out, want_lse);
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-13;
+    CHECK(max_rel_diff(values(ctx, out), want_out, 1.0) < tol);
+    CHECK(max_rel_diff(values(ctx, lse), want_lse, 1.0) < tol);
+    // The first query attends only to the first key: its output is v[0].
+    const auto o = values(ctx, out), vv = values(ctx, x.v);
+    CHECK(o[size_t(5 * D + 3)] == Approx(vv[size_t(1 * D + 3)]).epsilon(tol));  // head 5 -> kv 1
+    // An explicit scale is honoured.
+    ops::attention_forward(ctx, out, lse, x.q, x.k, x.v, 0.3);
+    naive_attention(ctx, x, 0.3, want_out, want_lse);
+    CHECK(max_rel_diff(values(ctx, out), want_out, 1.0) < tol);
+  }
+  Tensor q = ops::zeros(ctx, Shape{1, 2, 3, 4}, DType::f32);
+  Tensor kv = ops::zeros(ctx, Shape{1, 2, 2, 4}, DType::f32);
+  CHECK_THROWS_AS(ops::attention_forward(ctx, ops::zeros(ctx, q.shape(), DType::f32),
+                                         ops::zeros(ctx, Shape{1, 3, 2}, DType::f32), q, kv, kv),
+                  ShapeError);  // 3 heads cannot share 2 kv heads
+  Tensor strided_d = ops::zeros(ctx, Shape{1, 2, 3, 8}, DType::f32).slice(3, 0, 8, 2);
+  CHECK_THROWS_AS(ops::attention_forward(ctx, ops::zeros(ctx, Shape{1, 2, 3, 4}, DType::f32),
+                                         ops::zeros(ctx, Shape{1, 3, 2}, DType::f32), strided_d,
+                                         strided_d, strided_d),
+                  ShapeError);  // D must be contiguous
+}
+
+TEST_CASE("attention backward matches finite differences and overwrites strided grads",
+          "[kernels][nn]") {
+  Context ctx;
+  const int64_t B = 2, T = 5, H = 4, Hkv = 2, D = 4;
+  const DType dt = DType::f64;
+  const Qkv x = fused_qkv(random_tensor(ctx, Shape{B, T, (H + 2 * Hkv) * D}, dt, 3, -1.5, 1.5), H,
+                          Hkv, D);
+  Tensor dout = random_tensor(ctx, Shape{B, T, H, D}, dt, 4);
+  Tensor out = ops::empty(ctx, Shape{B, T, H, D}, dt);
+  Tensor lse = ops::empty(ctx, Shape{B, H, T}, dt);
+  auto loss = [&] {
+    ops::attention_forward(ctx, out, lse, x.q, x.k, x.v);
+    return weighted_sum(ctx, out, dout);
+  };
+  const auto gq = numeric_grad(x.q, loss), gk = numeric_grad(x.k, loss), gv = numeric_grad(x.v, loss);
+  loss();
+  // Gradients land in views of one fused buffer that holds garbage beforehand.
+  const Qkv d = fused_qkv(ops::full(ctx, x.fused.shape(), dt, 1e3), H, Hkv, D);
+  ops::attention_backward(ctx, d.q, d.k, d.v, dout, out, lse, x.q, x.k, x.v);
+  const double tol = 1e-7;  // f64 central differences (see nn_layers_test.cc)
+  CHECK(max_rel_diff(values(ctx, d.q), gq, 1.0) < tol);
+  CHECK(max_rel_diff(values(ctx, d.k), gk, 1.0) < tol);
+  CHECK(max_rel_diff(values(ctx, d.v), gv, 1.0) < tol);
+
+  // f32 agrees with f64 to f32 rounding, on a strided dout too.
+  const Qkv xf = fused_qkv(ops::cast(ctx, x.fused, DType::f32), H, Hkv, D);
+  Tensor dout_wide = ops::zeros(ctx, Shape{B, T, H, 2 * D}, DType::f32);
+  Tensor doutf = dout_wide.slice(3, 0, D);
+  ops::copy(ctx, doutf, dout);
+  Tensor outf = ops::empty(ctx, out.shape(), DType::f32);
+  Tensor lsef = ops::empty(ctx, lse.shape(), DType::f32);
+  ops::attention_forward(ctx, outf, lsef, xf.q, xf.k, xf.v);
+  const Qkv df = fused_qkv(ops::zeros(ctx, x.fused.shape(), DType::f32), H, Hkv, D);
+  ops::attention_backward(ctx, df.q, df.k, df.v, doutf, outf, lsef, xf.q, xf.k, xf.v);
+  CHECK(max_rel_diff(values(ctx, df.q), gq, 1.0) < 1e-5);
+  CHECK(max_rel_diff(values(ctx, df.k), gk, 1.0) < 1e-5);
+  CHECK(max_rel_diff(values(ctx, df.v), gv, 1.0) < 1e-5);
+}

@@ -1,0 +1,189 @@
+// CPU fused cross-entropy, fused AdamW and the counter-based initializers.
+#include <cmath>
+
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+#include "tests/kernels/nn_test_util.h"
+#include "tests/test_support.h"
+
+using namespace fsdp;
+using fsdp::testing::max_rel_diff;
+using fsdp::testing::numeric_grad;
+using fsdp::testing::random_tensor;
+using fsdp::testing::values;
+
+TEST_CASE("cross-entropy: padded columns excluded, ignored rows, in-place backward",
+          "[kernels][nn]") {
+  Context ctx;
+  const int64_t N = 4, V = 6, Vp = 8;
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(dtype_name(dt));
+    Tensor logits = random_tensor(ctx, Shape{N, Vp}, dt, 1, -3, 3);
+    // Huge values in the padding: they would dominate the softmax if they were included.
+    ops::fill(ctx, logits.slice(1, V, Vp), 50.0);
+    Tensor targets = ops::from_host<int32_t>(ctx, {2, -1, 5, 0}, Shape{N});
+    Tensor losses = ops::empty(ctx, Shape{N}, dt), lse = ops::empty(ctx, Shape{N}, dt);
+    ops::cross_entropy_forward(ctx, losses, lse, logits, targets, V);
+    const auto x = values(ctx, logits);
+    const std::vector<int> t = {2, -1, 5, 0};
+    std::vector<double> want_lse(size_t(N), 0.0), want_loss(size_t(N), 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      double z = 0;
+      for (int64_t c = 0; c < V; ++c) z += std::exp(x[size_t(n * Vp + c)]);
+      want_lse[size_t(n)] = std::log(z);
+      want_loss[size_t(n)] = t[size_t(n)] < 0 ? 0.0 : std::log(z) - x[size_t(n * Vp + t[size_t(n)])];
+    }
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-14;
+    CHECK(max_rel_diff(values(ctx, lse), want_lse, 1.0) < tol);
+    CHECK(max_rel_diff(values(ctx, losses), want_loss, 1.0) < tol);
+    CHECK(values(ctx, losses)[1] == 0.0);
+
+    // Backward in place: dlogits is the logits tensor.
+    const double dloss = 1.0 / 3;  // the mean over the 3 counted rows
+    ops::cross_entropy_backward(ctx, logits, logits, lse, targets, V, dloss);
+    const auto g = values(ctx, logits);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < Vp; ++c) {
+        double want = 0;
+        if (t[size_t(n)] >= 0 && c < V)
+          want = (std::exp(x[size_t(n * Vp + c)] - want_lse[size_t(n)]) - (c == t[size_t(n)])) * dloss;
+        CHECK(g[size_t(n * Vp + c)] == Approx(want).margin(tol));
+      }
+  }
+  // The backward is the gradient of dloss * sum(losses): finite differences in f64.
+  Tensor logits = random_tensor(ctx, Shape{3, 5}, DType::f64, 2, -2, 2);
+  Tensor targets = ops::from_host<int32_t>(ctx, {3, 1, -1}, Shape{3});
+  Tensor losses = ops::empty(ctx, Shape{3}, DType::f64), lse = ops::empty(ctx, Shape{3}, DType::f64);
+  auto loss = [&] {
+    ops::cross_entropy_forward(ctx, losses, lse, logits, targets, 4);
+    const auto l = values(ctx, losses);
+    return 0.7 * (l[0] + l[1] + l[2]);
+  };
+  const auto fd = numeric_grad(logits, loss);
+  loss();
+  Tensor dlogits = ops::empty(ctx, logits.shape(), DType::f64);
+  ops::cross_entropy_backward(ctx, dlogits, logits, lse, targets, 4, 0.7);
+  CHECK(max_rel_diff(values(ctx, dlogits), fd, 1.0) < 1e-7);
+
+  Tensor bad = ops::from_host<int32_t>(ctx, {4, 1, 5}, Shape{3});
+  CHECK_THROWS_AS(ops::cross_entropy_forward(ctx, losses, lse, logits, bad, 4), IndexError);
+  CHECK_THROWS_AS(ops::cross_entropy_forward(ctx, losses, lse, logits, targets, 6), ValueError);
+}
+
+namespace {
+
+// PyTorch's AdamW, written out step by step.
+struct RefAdamW {
+  std::vector<double> p, m, v;
+  void step(const std::vector<double>& grad, const ops::AdamWParams& a) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double g = grad[i] * a.grad_scale;
+      p[i] *= 1 - a.lr * a.weight_decay;
+      m[i] = a.beta1 * m[i] + (1 - a.beta1) * g;
+      v[i] = a.beta2 * v[i] + (1 - a.beta2) * g * g;
+      const double mhat = m[i] / (1 - std::pow(a.beta1, a.step));
+      const double vhat = v[i] / (1 - std::pow(a.beta2, a.step));
+      p[i] -= a.lr * mhat / (std::sqrt(vhat) + a.eps);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("adamw_step follows PyTorch's AdamW, with bias correction from step 1",
+          "[kernels][nn]") {
+  Context ctx;
+  const int64_t n = 50;
+  ops::AdamWParams a;
+  a.lr = 1e-2;
+  a.weight_decay = 0.1;
+  a.grad_scale = 0.5;
+  for (DType pd : {DType::f32, DType::f64}) {
+    INFO(dtype_name(pd));
+    Tensor p = random_tensor(ctx, Shape{n}, pd, 1);
+    Tensor m = ops::zeros(ctx, Shape{n}, pd), v = ops::zeros(ctx, Shape{n}, pd);
+    Tensor copy = ops::empty(ctx, Shape{n}, DType::bf16);
+    RefAdamW ref{values(ctx, p), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
+    for (int64_t s = 1; s <= 3; ++s) {
+      a.step = s;
+      Tensor g = random_tensor(ctx, Shape{n}, DType::f32, uint32_t(10 + s), -2, 2);
+      ops::adamw_step(ctx, p, g, m, v, a, copy);
+      ref.step(values(ctx, g), a);
+    }
+    const double tol = pd == DType::f32 ? 1e-6 : 1e-14;
+    CHECK(max_rel_diff(values(ctx, p), ref.p, 1.0) < tol);
+    CHECK(max_rel_diff(values(ctx, m), ref.m, 1.0) < tol);
+    CHECK(max_rel_diff(values(ctx, v), ref.v, 1e-3) < tol);
+    // The copy is the updated parameter rounded to bf16.
+    const auto pv = values(ctx, p), cv = values(ctx, copy);
+    for (int64_t i = 0; i < n; ++i) CHECK(cv[size_t(i)] == double(float(bf16(float(pv[size_t(i)])))));
+  }
+  // Step-1 magnitude, explicitly: no decay, zero moments, gradient 3 -> update of exactly lr.
+  Tensor p = ops::zeros(ctx, Shape{4}, DType::f32);
+  Tensor m = ops::zeros(ctx, Shape{4}, DType::f32), v = ops::zeros(ctx, Shape{4}, DType::f32);
+  ops::AdamWParams b;
+  b.lr = 0.1;
+  b.eps = 0;
+  b.step = 1;
+  ops::adamw_step(ctx, p, ops::full(ctx, Shape{4}, DType::f32, 3.0), m, v, b);
+  CHECK(values(ctx, p)[0] == Approx(-0.1).epsilon(1e-6));
+  // bf16 moments.
+  Tensor mb = ops::zeros(ctx, Shape{4}, DType::bf16), vb = ops::zeros(ctx, Shape{4}, DType::bf16);
+  ops::adamw_step(ctx, p, ops::full(ctx, Shape{4}, DType::bf16, 3.0), mb, vb, b);
+  CHECK(values(ctx, mb)[0] == Approx(0.3).epsilon(1e-2));
+  CHECK(values(ctx, p)[0] == Approx(-0.2).epsilon(1e-2));
+  b.step = 0;
+  CHECK_THROWS_AS(ops::adamw_step(ctx, p, p, m, v, b), ValueError);
+}
+
+TEST_CASE("init_normal / init_uniform are slice-invariant and have the right moments",
+          "[kernels][nn]") {
+  Context ctx;
+  const uint64_t seed = 1234, key = ops::name_key("h.0.attn.c_attn.weight");
+  const int64_t n = 200001;  // odd: the last normal is the first half of a Box-Muller pair
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor full = ops::empty(ctx, Shape{n}, dt);
+    ops::init_normal(ctx, full, seed, key, 0, 0.5, 0.02);
+    // Any slice, odd or even offset, alone equals the same slice of the full init.
+    for (int64_t off : {int64_t(0), int64_t(1), int64_t(777), n - 5}) {
+      const int64_t len = std::min<int64_t>(1001, n - off);
+      Tensor part = ops::empty(ctx, Shape{len}, dt);
+      ops::init_normal(ctx, part, seed, key, off, 0.5, 0.02);
+      CHECK(values(ctx, part) == values(ctx, full.narrow(0, off, len)));
+    }
+    const auto v = values(ctx, full);
+    double mean = 0, var = 0;
+    for (double x : v) mean += x / double(n);
+    for (double x : v) var += (x - mean) * (x - mean) / double(n);
+    // Sampling error of the mean: 0.02 / sqrt(n) = 4.5e-5; of the std: 0.02 / sqrt(2n) = 3e-5.
+    CHECK(std::fabs(mean - 0.5) < 5 * 4.5e-5);
+    CHECK(std::fabs(std::sqrt(var) - 0.02) < 5 * 3.2e-5);
+    // Other keys and seeds give other streams; repeated calls the same one.
+    Tensor other = ops::empty(ctx, Shape{16}, dt), same = ops::empty(ctx, Shape{16}, dt);
+    ops::init_normal(ctx, other, seed, key + 1, 0, 0.5, 0.02);
+    ops::init_normal(ctx, same, seed, key, 0, 0.5, 0.02);
+    CHECK(values(ctx, other) != values(ctx, full.narrow(0, 0, 16)));
+    CHECK(values(ctx, same) == values(ctx, full.narrow(0, 0, 16)));
+    ops::init_normal(ctx, other, seed + 1, key, 0, 0.5, 0.02);
+    CHECK(values(ctx, other) != values(ctx, same));
+
+    Tensor u = ops::empty(ctx, Shape{n}, dt);
+    ops::init_uniform(ctx, u, seed, key, 0, -0.1, 0.3);
+    const auto uv = values(ctx, u);
+    double umean = 0, lo = 1, hi = -1;
+    for (double x : uv) {
+      umean += x / double(n);
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    CHECK(lo >= -0.1);
+    CHECK(hi <= 0.3);
+    CHECK(hi - lo > 0.399);
+    CHECK(std::fabs(umean - 0.1) < 5 * 0.4 / std::sqrt(12.0 * n));
+    Tensor upart = ops::empty(ctx, Shape{10}, dt);
+    ops::init_uniform(ctx, upart, seed, key, 12345, -0.1, 0.3);
+    CHECK(values(ctx, upart) == values(ctx, u.narrow(0, 12345, 10)));
+  }
+  CHECK(ops::name_key("a") == 0xaf63dc4c8601ec8cull);  // FNV-1a test vector
+  CHECK(ops::name_key("wte") != ops::name_key("wpe"));
+}

@@ -1,0 +1,86 @@
+// Helpers of the transformer-kernel tests: random tensors, host values, element access and
+// central finite differences (in f64) for checking backward formulas.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+#include "runtime/core/tensor.h"
+
+namespace fsdp::testing {
+
+inline std::vector<double> uniform_values(int64_t n, uint32_t seed, double lo = -1, double hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+inline Tensor random_tensor(Context& ctx, const Shape& shape, DType dtype, uint32_t seed,
+                            double lo = -1, double hi = 1) {
+  return ops::from_vector(ctx, uniform_values(shape.numel(), seed, lo, hi), shape, dtype);
+}
+
+// Every element of t (any device, layout, floating dtype) as doubles, in logical order.
+inline std::vector<double> values(Context& ctx, const Tensor& t) {
+  return ops::to_vector<double>(ctx, ops::cast(ctx, ops::to_host(ctx, t), DType::f64));
+}
+
+// Largest |a - b| / max(|b|, floor) over two equally long value lists.
+inline double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b,
+                           double floor) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), floor);
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+  }
+  return a.size() == b.size() ? worst : INFINITY;
+}
+
+inline double max_abs(const std::vector<double>& a) {
+  double m = 0;
+  for (double x : a) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// The i-th logical element of a strided f64 CPU tensor.
+inline double& element(const Tensor& t, int64_t i) {
+  int64_t off = 0;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    off += (i % t.size(d)) * t.stride(d);
+    i /= t.size(d);
+  }
+  return t.data<double>()[off];
+}
+
+// d loss / d x by central differences, perturbing x (f64, CPU, any layout) in place.
+inline std::vector<double> numeric_grad(const Tensor& x, const std::function<double()>& loss,
+                                        double h = 1e-6) {
+  std::vector<double> g(static_cast<size_t>(x.numel()));
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double& xi = element(x, i);
+    const double saved = xi;
+    xi = saved + h;
+    const double up = loss();
+    xi = saved - h;
+    const double down = loss();
+    xi = saved;
+    g[size_t(i)] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+// sum(w * y) over two equally shaped tensors: the scalar whose gradient in y is w.
+inline double weighted_sum(Context& ctx, const Tensor& y, const Tensor& w) {
+  const std::vector<double> a = values(ctx, y), b = values(ctx, w);
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace fsdp::testing

@@ -4,10 +4,19 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 namespace fsdp::data {
+
+// A little-endian value at p; files give no alignment guarantee, so it is copied out.
+template <typename T>
+T load_le(const unsigned char* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return value;
+}
 
 // The whole file as bytes. DataError if it cannot be opened or read.
 std::string read_file(const std::string& path);

@@ -10,13 +10,6 @@ namespace {
 
 constexpr uint64_t kMegatronVersion = 1;
 
-template <typename T>
-T load(const unsigned char* p) {
-  T value;
-  std::memcpy(&value, p, sizeof(T));
-  return value;
-}
-
 // Megatron's dtype codes. Codes 6 (float64) and 7 (float32) exist but hold no tokens.
 bool token_type_from_code(uint8_t code, TokenType& type) {
   switch (code) {
@@ -66,7 +59,7 @@ MegatronIndex read_megatron_index(const std::string& path) {
              kMegatronHeaderBytes, " bytes");
   FSDP_CHECK(std::memcmp(p, kMegatronMagic, kMegatronMagicBytes) == 0, DataError, "'", path,
              "' byte offset 0: bad magic, expected \"MMIDIDX\\0\\0\" (not a Megatron .idx file)");
-  const uint64_t version = load<uint64_t>(p + 9);
+  const uint64_t version = load_le<uint64_t>(p + 9);
   FSDP_CHECK(version == kMegatronVersion, DataError, "'", path,
              "' byte offset 9: unsupported Megatron index version ", version, " (expected 1)");
   MegatronIndex index;
@@ -75,8 +68,8 @@ MegatronIndex read_megatron_index(const std::string& path) {
              "' byte offset 17: dtype code ", int(code),
              " is not an integer token type (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, "
              "8 uint16)");
-  const uint64_t num_seqs = load<uint64_t>(p + 18);
-  const uint64_t num_doc_indices = load<uint64_t>(p + 26);
+  const uint64_t num_seqs = load_le<uint64_t>(p + 18);
+  const uint64_t num_doc_indices = load_le<uint64_t>(p + 26);
 
   // Sizes from the header, checked against the file before anything is multiplied.
   const uint64_t body = size - kMegatronHeaderBytes;

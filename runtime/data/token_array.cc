@@ -1,18 +1,10 @@
 #include "runtime/data/token_array.h"
 
-#include <cstring>
-
 #include "runtime/core/error.h"
+#include "runtime/data/files.h"
 
 namespace fsdp::data {
 namespace {
-
-template <typename T>
-T load(const unsigned char* p) {
-  T value;
-  std::memcpy(&value, p, sizeof(T));  // files give no alignment guarantee
-  return value;
-}
 
 // Calls f(T{}) with the C++ type stored for `type`.
 template <typename F>
@@ -55,7 +47,7 @@ int64_t TokenArray::at(uint64_t i) const {
   int64_t value = 0;
   with_type(type, [&](auto t) {
     using T = decltype(t);
-    value = static_cast<int64_t>(load<T>(bytes + i * sizeof(T)));
+    value = static_cast<int64_t>(load_le<T>(bytes + i * sizeof(T)));
   });
   return value;
 }
@@ -65,7 +57,7 @@ void TokenArray::copy_to(uint64_t first, uint64_t n, int32_t* out) const {
   with_type(type, [&](auto t) {
     using T = decltype(t);
     const unsigned char* p = bytes + first * sizeof(T);
-    for (uint64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(load<T>(p + i * sizeof(T)));
+    for (uint64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(load_le<T>(p + i * sizeof(T)));
   });
 }
 
@@ -74,7 +66,7 @@ void TokenArray::check_vocab(int64_t vocab_size) const {
   with_type(type, [&](auto t) {
     using T = decltype(t);
     for (uint64_t i = 0; i < count; ++i) {
-      const int64_t token = static_cast<int64_t>(load<T>(bytes + i * sizeof(T)));
+      const int64_t token = static_cast<int64_t>(load_le<T>(bytes + i * sizeof(T)));
       FSDP_CHECK(token >= 0 && token < vocab_size, DataError, "'", file, "' byte offset ",
                  byte_offset(i), ": token ", token, " (token #", i,
                  ") is outside the model's vocabulary [0, ", vocab_size, ")");

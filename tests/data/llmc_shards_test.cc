@@ -14,18 +14,13 @@ using fsdp::DataError;
 using fsdp::data::open_llmc_shard;
 using fsdp::data::TokenType;
 using fsdp::data::write_llmc_shard;
+using fsdp::testing::all_tokens;
 using fsdp::testing::poke;
 using fsdp::testing::read_bytes;
 using fsdp::testing::scratch_path;
 using fsdp::testing::write_bytes;
 
 namespace {
-
-std::vector<int32_t> read_all(const fsdp::data::TokenArray& a) {
-  std::vector<int32_t> out(a.count);
-  a.copy_to(0, a.count, out.data());
-  return out;
-}
 
 // A valid version-1 shard holding 0, 1, ..., n-1, as bytes.
 std::string valid_shard_bytes(int n) {
@@ -58,7 +53,7 @@ TEST_CASE("llm.c shards round-trip, with llm.c's exact layout", "[data][llmc]") 
   CHECK(shard.count == tokens.size());
   CHECK(shard.type == TokenType::u16);
   CHECK(shard.file == path);
-  CHECK(read_all(shard) == tokens);
+  CHECK(all_tokens(shard) == tokens);
 }
 
 TEST_CASE("version 2 shards hold 32-bit tokens", "[data][llmc]") {
@@ -67,7 +62,7 @@ TEST_CASE("version 2 shards hold 32-bit tokens", "[data][llmc]") {
   write_llmc_shard(path, tokens.data(), tokens.size(), /*version=*/2);
   const auto shard = open_llmc_shard(path);
   CHECK(shard.type == TokenType::u32);
-  CHECK(read_all(shard) == tokens);
+  CHECK(all_tokens(shard) == tokens);
   // A version-1 shard cannot hold them.
   CHECK_THROWS_AS(write_llmc_shard(scratch_path("v1_too_big.bin"), tokens.data(), 3),
                   fsdp::ValueError);

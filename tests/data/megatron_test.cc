@@ -17,6 +17,7 @@ using fsdp::data::MegatronSource;
 using fsdp::data::MegatronWriter;
 using fsdp::data::read_megatron_index;
 using fsdp::data::TokenType;
+using fsdp::testing::all_tokens;
 using fsdp::testing::poke;
 using fsdp::testing::read_bytes;
 using fsdp::testing::scratch_path;
@@ -43,13 +44,6 @@ std::string write_dataset(const std::string& name, const std::vector<Tokens>& do
   for (const Tokens& doc : docs) writer.add_document(doc);
   writer.finish();
   return prefix;
-}
-
-Tokens read_sequence(const MegatronDataset& data, uint64_t i) {
-  const auto seq = data.sequence(i);
-  Tokens out(seq.count);
-  seq.copy_to(0, seq.count, out.data());
-  return out;
 }
 
 template <typename T>
@@ -87,7 +81,7 @@ TEST_CASE("Megatron .bin/.idx round-trip with Megatron-LM's exact layout", "[dat
   const MegatronDataset data(prefix);
   CHECK(data.num_documents() == 4);
   CHECK(data.num_tokens() == 15);
-  for (uint64_t i = 0; i < 4; ++i) CHECK(read_sequence(data, i) == docs[i]);
+  for (uint64_t i = 0; i < 4; ++i) CHECK(all_tokens(data.sequence(i)) == docs[i]);
 }
 
 TEST_CASE("Megatron data sets store any integer token width", "[data][megatron]") {
@@ -95,8 +89,8 @@ TEST_CASE("Megatron data sets store any integer token width", "[data][megatron]"
   const std::string prefix = write_dataset("int32", docs, TokenType::i32);
   const MegatronDataset data(prefix);
   CHECK(data.index().token_type == TokenType::i32);
-  CHECK(read_sequence(data, 0) == docs[0]);
-  CHECK(read_sequence(data, 1) == docs[1]);
+  CHECK(all_tokens(data.sequence(0)) == docs[0]);
+  CHECK(all_tokens(data.sequence(1)) == docs[1]);
   MegatronWriter narrow(scratch_path("narrow"), TokenType::u8);
   CHECK_THROWS_AS(narrow.add_document(Tokens{255, 256}), fsdp::ValueError);
 }

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/data/assets.h"
+#include "runtime/data/token_array.h"
+#include "runtime/data/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace fsdp::testing {
@@ -39,6 +42,20 @@ void put(std::string& bytes, T value) {
 template <typename T>
 void poke(std::string& bytes, std::size_t offset, T value) {
   bytes.replace(offset, sizeof(T), reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// All tokens of an array, as int32.
+inline std::vector<int32_t> all_tokens(const data::TokenArray& a) {
+  std::vector<int32_t> out(a.count);
+  a.copy_to(0, a.count, out.data());
+  return out;
+}
+
+// The shipped GPT-2 tokenizer, loaded once per test binary.
+inline data::Gpt2Tokenizer& shipped_gpt2() {
+  static data::Gpt2Tokenizer tokenizer(data::locate_asset(data::kGpt2VocabAsset),
+                                       data::locate_asset(data::kGpt2MergesAsset));
+  return tokenizer;
 }
 
 }  // namespace fsdp::testing

@@ -13,15 +13,9 @@
 
 using fsdp::data::Gpt2Tokenizer;
 using Ids = std::vector<int32_t>;
+using fsdp::testing::shipped_gpt2;
 
 namespace {
-
-// Loading takes a moment; tests share one tokenizer.
-Gpt2Tokenizer& gpt2() {
-  static Gpt2Tokenizer tokenizer(fsdp::data::locate_asset(fsdp::data::kGpt2VocabAsset),
-                                 fsdp::data::locate_asset(fsdp::data::kGpt2MergesAsset));
-  return tokenizer;
-}
 
 // FNV-1a over the ids' little-endian 4-byte encodings.
 uint64_t fnv1a(const Ids& ids) {
@@ -38,15 +32,15 @@ uint64_t fnv1a(const Ids& ids) {
 }  // namespace
 
 TEST_CASE("the GPT-2 vocabulary loads", "[data][tokenizer]") {
-  CHECK(gpt2().vocab_size() == 50257);
-  CHECK(gpt2().eot_token() == 50256);
-  CHECK(gpt2().num_merges() == 50000);
+  CHECK(shipped_gpt2().vocab_size() == 50257);
+  CHECK(shipped_gpt2().eot_token() == 50256);
+  CHECK(shipped_gpt2().num_merges() == 50000);
 }
 
 // Golden ids were computed with two independent implementations of OpenAI's GPT-2 encoder
 // (the npm packages gpt-3-encoder 1.1.4 and gpt-tokenizer's r50k_base), which agree.
 TEST_CASE("encode matches GPT-2's golden ids", "[data][tokenizer]") {
-  auto& tok = gpt2();
+  auto& tok = shipped_gpt2();
   CHECK(tok.encode("Hello world") == Ids{15496, 995});
   CHECK(tok.encode(" The quick brown fox") == Ids{383, 2068, 7586, 21831});
   CHECK(tok.encode("I'm sure it's fine, they'll say; we've, you're, she'd, can't.") ==
@@ -76,7 +70,7 @@ TEST_CASE("encode matches GPT-2's golden ids", "[data][tokenizer]") {
 }
 
 TEST_CASE("<|endoftext|> is special only when allowed", "[data][tokenizer]") {
-  auto& tok = gpt2();
+  auto& tok = shipped_gpt2();
   CHECK(tok.encode("<|endoftext|>") == Ids{27, 91, 437, 1659, 5239, 91, 29});
   CHECK(tok.encode("<|endoftext|>", /*allow_special=*/true) == Ids{50256});
   CHECK(tok.encode("Hello<|endoftext|> world<|endoftext|>", true) ==
@@ -85,7 +79,7 @@ TEST_CASE("<|endoftext|> is special only when allowed", "[data][tokenizer]") {
 }
 
 TEST_CASE("decode inverts encode on arbitrary bytes", "[data][tokenizer]") {
-  auto& tok = gpt2();
+  auto& tok = shipped_gpt2();
   for (const std::string s :
        {"Hello world", "caf\xC3\xA9 \xF0\x9F\x99\x82", "  \n\t \r\n x", "\xFF\xFE\x80 ok",
         "\xE6\x97\xA5\xE6\x9C\xAC"}) {
@@ -102,8 +96,8 @@ TEST_CASE("decode inverts encode on arbitrary bytes", "[data][tokenizer]") {
 }
 
 TEST_CASE("decode rejects ids outside the vocabulary", "[data][tokenizer]") {
-  CHECK_THROWS_AS(gpt2().decode(Ids{15496, 50257}), fsdp::ValueError);
-  CHECK_THROWS_WITH(gpt2().decode(Ids{15496, -1}), Catch::Contains("position 1"));
+  CHECK_THROWS_AS(shipped_gpt2().decode(Ids{15496, 50257}), fsdp::ValueError);
+  CHECK_THROWS_WITH(shipped_gpt2().decode(Ids{15496, -1}), Catch::Contains("position 1"));
 }
 
 // The whole default corpus against the reference encoders: 993,338 tokens with this checksum.

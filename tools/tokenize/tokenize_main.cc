@@ -1,0 +1,230 @@
+// tokenize: turns UTF-8 text files into training data with the GPT-2 tokenizer.
+//
+//   tokenize [options] --out PREFIX FILES...
+//
+// llm.c format: PREFIX_train_000000.bin, ... (and PREFIX_val_000000.bin with --val-fraction);
+// every document's tokens are preceded by <|endoftext|>, as llm.c's own scripts do.
+// Megatron format: PREFIX.bin/.idx (or PREFIX_train.* and PREFIX_val.*), one sequence per
+// document with <|endoftext|> appended, as Megatron-LM's preprocess_data.py --append-eod does.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.h"
+#include "runtime/data/assets.h"
+#include "runtime/data/llmc_shards.h"
+#include "runtime/data/megatron_indexed.h"
+#include "runtime/data/text_documents.h"
+#include "runtime/data/tokenizer.h"
+
+namespace {
+
+using fsdp::ConfigError;
+namespace data = fsdp::data;
+
+constexpr const char* kUsage = R"(usage: tokenize [options] --out PREFIX FILES...
+
+Tokenizes UTF-8 text files with the GPT-2 byte-level BPE tokenizer and writes them as
+training data. Each file is one document (or, with --split-blank-lines, each group of
+lines between blank lines).
+
+options:
+  --out PREFIX           output path prefix (required)
+  --format llmc|megatron output format (default llmc)
+                           llmc:     PREFIX_train_NNNNNN.bin [PREFIX_val_NNNNNN.bin]
+                                     llm.c shards, <|endoftext|> before every document
+                           megatron: PREFIX.bin/.idx, or PREFIX_train.* and PREFIX_val.*
+                                     with --val-fraction; <|endoftext|> after every document
+  --val-fraction F       hold out a fraction F in [0, 1) for validation (default 0):
+                         the last F of the tokens (llmc) or of the documents (megatron)
+  --split-blank-lines    a blank line ends a document
+  --shard-tokens N       llmc: at most N tokens per shard (default 100000000)
+  --vocab FILE           vocabulary, encoder.json / vocab.json
+                         (default third_party/gpt2_tokenizer/encoder.json)
+  --merges FILE          merge rules, vocab.bpe / merges.txt
+                         (default third_party/gpt2_tokenizer/vocab.bpe)
+  -h, --help             show this help
+
+Relative paths are taken from the directory `bazel run` was started in, if any.
+Exit status: 0 success, 2 bad arguments, 1 failure while reading or writing.
+)";
+
+struct Options {
+  std::string out;
+  std::string format = "llmc";
+  double val_fraction = 0;
+  bool split_blank_lines = false;
+  uint64_t shard_tokens = 100'000'000;
+  std::string vocab, merges;
+  std::vector<std::string> files;
+};
+
+// Paths given on the command line are relative to where the user typed it.
+std::string from_user(const std::string& path) {
+  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (dir == nullptr || path.empty() || path.front() == '/') return path;
+  return std::string(dir) + "/" + path;
+}
+
+double parse_number(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FSDP_CHECK(used == text.size() && !text.empty(), ConfigError, flag, ": '", text,
+             "' is not a number");
+  return value;
+}
+
+// Returns false when --help was asked for.
+bool parse_args(int argc, char** argv, Options& opt) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") return false;
+    if (arg.rfind("--", 0) != 0) {
+      opt.files.push_back(from_user(arg));
+      continue;
+    }
+    if (arg == "--split-blank-lines") {
+      opt.split_blank_lines = true;
+      continue;
+    }
+    // --flag VALUE or --flag=VALUE
+    std::string value;
+    if (const auto eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else {
+      FSDP_CHECK(i + 1 < argc, ConfigError, arg, " needs a value (see --help)");
+      value = argv[++i];
+    }
+    if (arg == "--out") {
+      opt.out = from_user(value);
+    } else if (arg == "--format") {
+      opt.format = value;
+    } else if (arg == "--val-fraction") {
+      opt.val_fraction = parse_number(arg, value);
+    } else if (arg == "--shard-tokens") {
+      const double n = parse_number(arg, value);
+      FSDP_CHECK(n >= 1 && n <= 2147483647 && n == static_cast<double>(uint64_t(n)), ConfigError,
+                 "--shard-tokens must be a whole number in [1, 2^31 - 1], got ", value);
+      opt.shard_tokens = static_cast<uint64_t>(n);
+    } else if (arg == "--vocab") {
+      opt.vocab = from_user(value);
+    } else if (arg == "--merges") {
+      opt.merges = from_user(value);
+    } else {
+      FSDP_THROW(ConfigError, "unknown option '", arg, "' (see --help)");
+    }
+  }
+  FSDP_CHECK(!opt.out.empty(), ConfigError, "--out PREFIX is required (see --help)");
+  FSDP_CHECK(!opt.files.empty(), ConfigError, "no input files (see --help)");
+  FSDP_CHECK(opt.format == "llmc" || opt.format == "megatron", ConfigError, "--format '",
+             opt.format, "': expected llmc or megatron");
+  FSDP_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, ConfigError,
+             "--val-fraction must be in [0, 1), got ", opt.val_fraction);
+  return true;
+}
+
+// Writes tokens [begin, end) of the stream as PREFIX_split_000000.bin, ...
+void write_llmc_split(const Options& opt, const std::vector<int32_t>& stream, uint64_t begin,
+                      uint64_t end, const char* split) {
+  int shard = 0;
+  for (uint64_t first = begin; first < end || shard == 0; first += opt.shard_tokens, ++shard) {
+    const uint64_t n = std::min(opt.shard_tokens, end - first);
+    char suffix[32];
+    std::snprintf(suffix, sizeof(suffix), "_%s_%06d.bin", split, shard);
+    const std::string path = opt.out + suffix;
+    data::write_llmc_shard(path, stream.data() + first, n);
+    std::printf("wrote %s (%llu tokens)\n", path.c_str(), static_cast<unsigned long long>(n));
+  }
+}
+
+void write_llmc(const Options& opt, data::Gpt2Tokenizer& tokenizer,
+                const std::vector<std::string>& docs) {
+  const std::vector<int32_t> stream = data::tokenize_documents(tokenizer, docs);
+  const uint64_t val = static_cast<uint64_t>(opt.val_fraction * double(stream.size()));
+  const uint64_t cut = stream.size() - val;
+  write_llmc_split(opt, stream, 0, cut, "train");
+  if (val > 0) write_llmc_split(opt, stream, cut, stream.size(), "val");
+}
+
+void write_megatron_docs(const std::string& prefix, data::Gpt2Tokenizer& tokenizer,
+                         const std::vector<std::string>& docs, std::size_t begin,
+                         std::size_t end) {
+  const auto type = tokenizer.vocab_size() <= 65536 ? data::TokenType::u16 : data::TokenType::i32;
+  data::MegatronWriter writer(prefix, type);
+  uint64_t tokens = 0;
+  for (std::size_t d = begin; d < end; ++d) {
+    std::vector<int32_t> ids = tokenizer.encode(docs[d]);
+    ids.push_back(tokenizer.eot_token());
+    tokens += ids.size();
+    writer.add_document(ids);
+  }
+  writer.finish();
+  std::printf("wrote %s.bin/.idx (%zu documents, %llu tokens)\n", prefix.c_str(), end - begin,
+              static_cast<unsigned long long>(tokens));
+}
+
+void write_megatron(const Options& opt, data::Gpt2Tokenizer& tokenizer,
+                    const std::vector<std::string>& docs) {
+  if (opt.val_fraction == 0) {
+    write_megatron_docs(opt.out, tokenizer, docs, 0, docs.size());
+    return;
+  }
+  // Whole documents go to validation: at least one, and at least one stays for training.
+  FSDP_CHECK(docs.size() >= 2, ConfigError, "--val-fraction with the megatron format needs at "
+             "least 2 documents, got ", docs.size(), " (try --split-blank-lines)");
+  std::size_t val = static_cast<std::size_t>(opt.val_fraction * double(docs.size()) + 0.5);
+  val = std::min(std::max<std::size_t>(val, 1), docs.size() - 1);
+  write_megatron_docs(opt.out + "_train", tokenizer, docs, 0, docs.size() - val);
+  write_megatron_docs(opt.out + "_val", tokenizer, docs, docs.size() - val, docs.size());
+}
+
+int run(int argc, char** argv) {
+  Options opt;
+  if (!parse_args(argc, argv, opt)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const std::string argv0 = argc > 0 ? argv[0] : "";
+  data::Gpt2Tokenizer tokenizer(
+      data::locate_asset(opt.vocab.empty() ? data::kGpt2VocabAsset : opt.vocab, argv0),
+      data::locate_asset(opt.merges.empty() ? data::kGpt2MergesAsset : opt.merges, argv0));
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::string> docs = data::read_text_documents(opt.files, opt.split_blank_lines);
+  FSDP_CHECK(!docs.empty(), fsdp::DataError, "the input files hold no text");
+  uint64_t bytes = 0;
+  for (const auto& d : docs) bytes += d.size();
+  std::printf("%zu file(s), %zu document(s), %llu bytes\n", opt.files.size(), docs.size(),
+              static_cast<unsigned long long>(bytes));
+  if (opt.format == "llmc") {
+    write_llmc(opt, tokenizer, docs);
+  } else {
+    write_megatron(opt, tokenizer, docs);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("done in %.2f s\n", seconds);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const fsdp::ConfigError& e) {
+    std::fprintf(stderr, "tokenize: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tokenize: %s\n", e.what());
+    return 1;
+  }
+}

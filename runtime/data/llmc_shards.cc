@@ -1,5 +1,6 @@
 #include "runtime/data/llmc_shards.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <memory>

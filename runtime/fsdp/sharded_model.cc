@@ -1,0 +1,319 @@
+// ShardedModel: construction, buffers, initialization, optimizer views, reports.
+// The per-step schedule (hooks, gathers, reductions) is in schedule.cc.
+#include "runtime/fsdp/sharded_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "kernels/ops.h"
+#include "runtime/fsdp/unit.h"
+#include "runtime/nn/init.h"
+
+namespace fsdp {
+
+ShardedModel::ShardedModel(Context& ctx, nn::Module& model, const DataParallelGroups& groups,
+                           const FsdpOptions& options)
+    : ctx_(ctx), model_(model), groups_(groups), options_(options) {
+  FSDP_CHECK(bool(groups.shard_gather) == bool(groups.shard_reduce), ValueError,
+             "fully_shard: give both the gather and the reduce communicator of the shard "
+             "group, or neither");
+  if (groups.shard_gather)
+    FSDP_CHECK(groups.shard_gather->size() == groups.shard_reduce->size() &&
+                   groups.shard_gather->rank() == groups.shard_reduce->rank(),
+               ValueError, "fully_shard: gather and reduce communicators of different groups");
+  FSDP_CHECK(options.strategy != ShardingStrategy::NoShard || groups.shard_size() == 1,
+             ConfigError, "no_shard replicates everything: its data-parallel group is the "
+             "replicate group, not a shard group");
+  FSDP_CHECK(options.prefetch_units >= 0, ConfigError, "ddp.prefetch_units must be >= 0");
+  if (ctx.is_cuda() && options.overlap) {
+    // Collectives on their own streams, scheduled ahead of compute when both are ready.
+    gather_stream_ = Stream::create_cuda(ctx.device().index, -1);
+    reduce_stream_ = Stream::create_cuda(ctx.device().index, -1);
+  } else {
+    gather_stream_ = ctx.compute_stream();
+    reduce_stream_ = ctx.compute_stream();
+  }
+  build_plan();
+  allocate();
+  initialize_weights();
+  attach_hooks();
+}
+
+ShardedModel::~ShardedModel() {
+  for (auto& [module, id] : hooks_) module->remove_hook(id);
+  for (auto& u : units_) {
+    for (nn::Parameter* p : u->params) {
+      p->data = Tensor();
+      p->grad = Tensor();
+    }
+  }
+}
+
+std::unique_ptr<ShardedModel> fully_shard(Context& ctx, nn::Module& model,
+                                          const DataParallelGroups& groups,
+                                          const FsdpOptions& options) {
+  return std::make_unique<ShardedModel>(ctx, model, groups, options);
+}
+
+DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrategy strategy) {
+  const Mesh& mesh = comms.mesh();
+  DataParallelGroups g;
+  if (strategy == ShardingStrategy::NoShard) {
+    if (mesh.dp_size() > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp);
+    return g;
+  }
+  if (mesh.size(MeshAxis::dp_shard) > 1) {
+    g.shard_gather = &comms.all_gather_comm(DpGroup::dp_shard);
+    g.shard_reduce = &comms.reduce_scatter_comm(DpGroup::dp_shard);
+  }
+  if (mesh.size(MeshAxis::dp_outer) > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp_outer);
+  return g;
+}
+
+// ---------------------------------------------------------------- plan
+
+void ShardedModel::build_plan() {
+  std::vector<std::pair<std::string, std::vector<ParamSpec>>> specs;
+  std::set<nn::Parameter*> in_blocks;
+  std::vector<nn::Module*> block_modules = model_.modules_of_kind(options_.unit_kind);
+  for (nn::Module* m : block_modules) {
+    FSDP_CHECK(m != &model_, ConfigError, "the root module cannot be a unit of kind '",
+               options_.unit_kind, "'");
+    auto u = std::make_unique<Unit>();
+    u->name = m->name();
+    u->module = m;
+    std::vector<ParamSpec> ps;
+    for (nn::Parameter* p : m->named_parameters()) {
+      FSDP_CHECK(in_blocks.insert(p).second, ConfigError, "parameter '", p->name(),
+                 "' is shared between two units; shared parameters must live in the root unit");
+      ps.push_back({p->name(), p->shape(), p->weight_decay()});
+      u->params.push_back(p);
+    }
+    specs.emplace_back(u->name, std::move(ps));
+    blocks_.push_back(int(units_.size()));
+    units_.push_back(std::move(u));
+  }
+  auto root = std::make_unique<Unit>();
+  root->name = "root";
+  root->module = &model_;
+  std::vector<ParamSpec> rs;
+  for (nn::Parameter* p : model_.named_parameters()) {
+    if (in_blocks.count(p)) continue;
+    rs.push_back({p->name(), p->shape(), p->weight_decay()});
+    root->params.push_back(p);
+  }
+  specs.emplace_back("root", std::move(rs));
+  root_ = int(units_.size());
+  units_.push_back(std::move(root));
+
+  PlanOptions po;
+  po.dp_size = groups_.shard_size();
+  po.block = options_.shard_block;
+  po.strategy = options_.strategy;
+  plan_ = ShardingPlan::build(specs, po);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = *units_[i];
+    u.index = int(i);
+    u.plan = &plan_.units()[i];
+    // The plan orders parameters (decayed first); keep u.params aligned with it.
+    std::vector<nn::Parameter*> ordered;
+    for (const ParamPlacement& pp : u.plan->params)
+      for (nn::Parameter* p : u.params)
+        if (p->name() == pp.name) ordered.push_back(p);
+    u.params = ordered;
+  }
+
+  // Every rank must run the same plan: compare hashes over both groups.
+  const uint64_t h = plan_.hash();
+  for (Communicator* c : {groups_.shard_gather, groups_.replicate}) {
+    if (!c || c->size() == 1) continue;
+    Tensor mine = ctx_.empty_host(Shape{1}, DType::i64);
+    mine.data<int64_t>()[0] = int64_t(h);
+    Tensor dev = ops::to_device(ctx_, mine, ctx_.device());
+    Tensor all = ctx_.empty(Shape{c->size()}, DType::i64);
+    c->all_gather(all, dev, ctx_.stream()).synchronize();
+    for (int64_t v : ops::to_vector<int64_t>(ctx_, all))
+      FSDP_CHECK(uint64_t(v) == h, LaunchError, "sharding plans differ across the ranks of group '",
+                 c->name(), "' (rank ", c->rank(), " has hash ", h, ", another has ", uint64_t(v),
+                 "): every rank must build the same model with the same recipe");
+  }
+}
+
+// ---------------------------------------------------------------- buffers
+
+namespace {
+
+Tensor zeros_on(Context& ctx, int64_t n, DType dtype) {
+  return ops::zeros(ctx, Shape{std::max<int64_t>(n, 1)}, dtype).narrow(0, 0, n);
+}
+
+size_t bytes_of(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
+
+}  // namespace
+
+void ShardedModel::allocate() {
+  const int rank = groups_.shard_rank();
+  const bool separate_full_grads = options_.grad_dtype != options_.reduce_dtype;
+  int64_t max_block_numel = 0;
+  for (int b : blocks_) max_block_numel = std::max(max_block_numel, units_[size_t(b)]->plan->padded_numel);
+
+  for (auto& up : units_) {
+    Unit& u = *up;
+    const UnitPlan& p = *u.plan;
+    u.main = zeros_on(ctx_, p.shard_numel, options_.main_dtype);
+    memory_.main_weights += bytes_of(u.main);
+    if (zero3()) {
+      u.compute_shard = zeros_on(ctx_, p.shard_numel, options_.compute_dtype);
+      memory_.compute_weights += bytes_of(u.compute_shard);
+      if (is_root(u.index)) {
+        // The root stays gathered from its forward to the end of its backward: its own buffer.
+        u.root_gathered = zeros_on(ctx_, p.padded_numel, options_.compute_dtype);
+        memory_.gather_pool += bytes_of(u.root_gathered);
+      }
+    } else {
+      u.compute_full = zeros_on(ctx_, p.padded_numel, options_.compute_dtype);
+      u.compute_shard = u.compute_full.narrow(0, p.shard_begin(rank), p.shard_numel);
+      memory_.compute_weights += bytes_of(u.compute_full);
+      bind_weights(u, u.compute_full);
+      u.gather_issued = true;  // full weights are always present (install_weights refreshes)
+      u.bound = true;
+    }
+    if (grads_sharded()) {
+      u.grad_accum = zeros_on(ctx_, p.shard_numel, options_.reduce_dtype);
+      u.grad_shard = u.grad_accum;
+      memory_.grad_accumulation += bytes_of(u.grad_accum);
+      if (is_root(u.index)) {
+        u.root_grad = zeros_on(ctx_, p.padded_numel, options_.grad_dtype);
+        memory_.grad_pool += bytes_of(u.root_grad);
+      }
+    } else {
+      // no_shard and optim accumulate full gradients over the micro-batches.
+      u.grad_accum = zeros_on(ctx_, p.padded_numel, options_.reduce_dtype);
+      memory_.full_grads += bytes_of(u.grad_accum);
+      if (separate_full_grads) {
+        u.grad_full = zeros_on(ctx_, p.padded_numel, options_.grad_dtype);
+        memory_.full_grads += bytes_of(u.grad_full);
+      } else {
+        u.grad_full = u.grad_accum;
+      }
+      bind_grads(u, u.grad_full);
+      if (options_.strategy == ShardingStrategy::Optim) {
+        u.grad_shard = zeros_on(ctx_, p.shard_numel, options_.reduce_dtype);
+        memory_.grad_accumulation += bytes_of(u.grad_shard);
+      } else {
+        u.grad_shard = u.grad_accum;  // no_shard: the plan has one shard, the whole buffer
+      }
+    }
+    // Optimizer views: one per weight-decay range of this rank's shard.
+    for (const DecayRange& r : p.decay_ranges(rank)) {
+      OptimizerRange s;
+      s.name = str_cat(u.name, "[", p.shard_begin(rank) + r.shard_offset, ":",
+                       p.shard_begin(rank) + r.shard_offset + r.numel, "]");
+      s.main = u.main.narrow(0, r.shard_offset, r.numel);
+      s.grad = u.grad_shard.narrow(0, r.shard_offset, r.numel);
+      s.param_copy = u.compute_shard.narrow(0, r.shard_offset, r.numel);
+      s.weight_decay = r.weight_decay;
+      optimizer_ranges_.push_back(s);
+    }
+  }
+  if (zero3() && !blocks_.empty()) {
+    const int slots = options_.prefetch_units + 2;
+    gather_pool_ = std::make_unique<BufferPool>(ctx_, "gathered weights", slots, max_block_numel,
+                                                options_.compute_dtype);
+    memory_.gather_pool += gather_pool_->bytes();
+  }
+  if (grads_sharded() && !blocks_.empty()) {
+    const size_t slot_bytes = size_t(max_block_numel) * dtype_size(options_.grad_dtype);
+    const int slots = int(std::max<size_t>(2, options_.max_inflight_reduce_bytes / std::max<size_t>(slot_bytes, 1)));
+    grad_pool_ = std::make_unique<BufferPool>(ctx_, "full gradients", std::min(slots, 8),
+                                              max_block_numel, options_.grad_dtype);
+    memory_.grad_pool += grad_pool_->bytes();
+  }
+}
+
+void ShardedModel::bind_weights(Unit& u, const Tensor& full) {
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const ParamPlacement& pp = u.plan->params[i];
+    u.params[i]->data = full.narrow(0, pp.offset, pp.numel).view(pp.shape);
+  }
+}
+
+void ShardedModel::unbind_weights(Unit& u) {
+  for (nn::Parameter* p : u.params) p->data = Tensor();
+}
+
+void ShardedModel::bind_grads(Unit& u, const Tensor& full) {
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const ParamPlacement& pp = u.plan->params[i];
+    u.params[i]->grad = full.narrow(0, pp.offset, pp.numel).view(pp.shape);
+  }
+}
+
+void ShardedModel::unbind_grads(Unit& u) {
+  for (nn::Parameter* p : u.params) p->grad = Tensor();
+}
+
+// ---------------------------------------------------------------- initialization
+
+void ShardedModel::initialize_weights() {
+  const int rank = groups_.shard_rank();
+  for (auto& up : units_) {
+    Unit& u = *up;
+    // Only this rank's shard is ever initialized: each element from (seed, name, index).
+    for (const ShardSegment& s : u.plan->segments(rank)) {
+      nn::init_parameter_range(ctx_, *u.params[size_t(s.param)], options_.seed, s.param_offset,
+                               u.main.narrow(0, s.shard_offset, s.numel));
+    }
+  }
+  for (OptimizerRange& s : optimizer_ranges_) ops::copy(ctx_, s.param_copy, s.main);
+  install_weights();
+}
+
+// ---------------------------------------------------------------- state access
+
+Tensor ShardedModel::main_shard(int unit) const { return units_.at(size_t(unit))->main; }
+Tensor ShardedModel::compute_shard(int unit) const { return units_.at(size_t(unit))->compute_shard; }
+int64_t ShardedModel::main_offset(int unit) const {
+  return units_.at(size_t(unit))->plan->shard_begin(groups_.shard_rank());
+}
+
+void ShardedModel::gather_full_weights(int unit, const Tensor& out) {
+  Unit& u = *units_.at(size_t(unit));
+  FSDP_CHECK(out.numel() == u.plan->padded_numel && out.dtype() == options_.compute_dtype,
+             ShapeError, "gather_full_weights(", u.name, "): output must be ",
+             u.plan->padded_numel, " x ", dtype_name(options_.compute_dtype), ", got ", out.str());
+  if (!zero3() || groups_.shard_size() == 1) {
+    ops::copy(ctx_, out, zero3() ? u.compute_shard : u.compute_full);
+    return;
+  }
+  groups_.shard_gather->all_gather(out, u.compute_shard, ctx_.stream()).wait(ctx_.stream());
+  issued_.all_gathers++;
+}
+
+// ---------------------------------------------------------------- reports
+
+std::string ShardedModel::memory_report() const {
+  auto gib = [](size_t b) { return double(b) / (1024.0 * 1024.0 * 1024.0); };
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "fsdp memory per rank (%s, shard %d of %d, replicas %d):\n"
+                "  compute weights  %9.3f GiB  (%s)\n"
+                "  main weights     %9.3f GiB  (%s)\n"
+                "  grad accumulation%9.3f GiB  (%s)\n"
+                "  full gradients   %9.3f GiB\n"
+                "  gather buffers   %9.3f GiB  (%d slots + root)\n"
+                "  gradient buffers %9.3f GiB  (%d slots + root)\n"
+                "  total            %9.3f GiB",
+                strategy_name(options_.strategy), groups_.shard_rank(), groups_.shard_size(),
+                groups_.replicate_size(), gib(memory_.compute_weights),
+                dtype_name(options_.compute_dtype), gib(memory_.main_weights),
+                dtype_name(options_.main_dtype), gib(memory_.grad_accumulation),
+                dtype_name(options_.reduce_dtype), gib(memory_.full_grads),
+                gib(memory_.gather_pool), gather_pool_ ? gather_pool_->slots() : 0,
+                gib(memory_.grad_pool), grad_pool_ ? grad_pool_->slots() : 0,
+                gib(memory_.total()));
+  return buf;
+}
+
+}  // namespace fsdp

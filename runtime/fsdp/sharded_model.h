@@ -1,0 +1,208 @@
+// ShardedModel: a model with Fully Sharded Data Parallel applied from outside, per unit.
+//
+//   auto sharded = fully_shard(ctx, model, groups, options);   // plans, allocates shards,
+//                                                               // initializes them, hooks in
+//   for each step:
+//     sharded->start_step();
+//     for each micro-batch m:
+//       sharded->start_micro_batch(m == last);
+//       loss = model.forward(graph, x, y);  graph.backward(loss);   // hooks gather/reduce
+//     sharded->finish_grad_sync();
+//     double norm = sharded->grad_norm();
+//     optimizer.step(lr, sharded->grad_multiplier() * clip);  // over optimizer_ranges()
+//     sharded->install_weights();
+//
+// The model never mentions sharding. Units are the modules of kind options.unit_kind
+// ("block": the transformer blocks), in forward order; every other parameter belongs to the
+// root unit (embeddings, final norm, head), which stays gathered for the whole step. Each
+// unit's parameters live in flat buffers laid out by the ShardingPlan; Parameter::data and
+// Parameter::grad are views into them, so nothing is copied around the collectives.
+//
+// Which buffers are sharded depends on the strategy:
+//                        compute weights   gradients              main weights + Adam
+//   no_shard (DDP)       full              full, all-reduced      full (every rank updates all)
+//   optim (ZeRO-1)       full              full, reduce-scattered sharded
+//                                          on the last micro-batch
+//   optim_grads (ZeRO-2) full              sharded, reduce-scattered every micro-batch
+//   optim_grads_params   sharded; each unit gathered before its forward and again before
+//   (ZeRO-3)             its backward, freed after use
+//
+// Streams (CUDA): all-gathers run on their own stream and communicator, reduce-scatters on
+// another; the compute stream waits for a gather only when it needs the weights. In forward
+// each unit's pre-forward hook issues the gathers of the next `prefetch_units` units; in
+// backward, of the previous ones; the last forward unit is not resharded before backward.
+// On the CPU the same code runs with inline streams.
+//
+// Exactness on the CPU: with f32 compute, each micro-batch's gradients are computed in f32
+// and accumulated and reduced in f64 (reduce_dtype), in which these sums are exact, and the
+// gradient norm is summed per fixed-size block; so the loss sequence of any strategy and
+// data-parallel size equals a single process's, bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/mesh.h"
+#include "runtime/autograd/graph.h"
+#include "runtime/core/context.h"
+#include "runtime/fsdp/buffer_pool.h"
+#include "runtime/fsdp/plan.h"
+#include "runtime/nn/module.h"
+#include "runtime/optim/optimizer.h"
+
+namespace fsdp {
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::OptimGradsParams;
+  DType compute_dtype = DType::f32;  // the weights ops read (bf16 on GPU)
+  DType main_dtype = DType::f32;     // master weights the optimizer updates
+  DType grad_dtype = DType::f32;     // what backward accumulates into
+  DType reduce_dtype = DType::f32;   // reductions and the persistent gradient accumulation
+  // Divide by the data-parallel size inside the collective (Avg) rather than pre-multiplying
+  // the inputs by 1/dp.
+  bool average_in_collective = false;
+  int prefetch_units = 1;                          // all-gathers issued ahead of use
+  int64_t max_inflight_reduce_bytes = 256 << 20;  // full-gradient buffers awaiting reduction
+  std::string unit_kind = "block";
+  int64_t shard_block = 4096;  // shard granularity in elements (see plan.h)
+  uint64_t seed = 1234;        // parameter initialization
+  bool overlap = true;         // side streams for collectives (CUDA); false: all on compute
+};
+
+// The groups a sharded model communicates over. shard_gather / shard_reduce: the group the
+// state is sharded across (two communicators of one group; null when it has one rank).
+// replicate: the group the sharded state is replicated across and whose gradients are
+// all-reduced (HSDP's dp_outer; every data-parallel rank for no_shard; null when none).
+struct DataParallelGroups {
+  Communicator* shard_gather = nullptr;
+  Communicator* shard_reduce = nullptr;
+  Communicator* replicate = nullptr;
+  int shard_size() const { return shard_gather ? shard_gather->size() : 1; }
+  int shard_rank() const { return shard_gather ? shard_gather->rank() : 0; }
+  int replicate_size() const { return replicate ? replicate->size() : 1; }
+};
+
+// The groups a strategy uses on a mesh: the ZeRO strategies shard over dp_shard and
+// replicate over dp_outer (HSDP when dp_outer > 1); no_shard replicates over all of dp.
+DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrategy strategy);
+
+// Bytes per buffer class on this rank (see memory_report()).
+struct MemoryBreakdown {
+  size_t compute_weights = 0;   // persistent compute weights (shards, or full copies)
+  size_t main_weights = 0;
+  size_t grad_accumulation = 0; // persistent gradients (shards, or full copies)
+  size_t full_grads = 0;        // persistent full-size gradient buffers (no_shard, optim)
+  size_t gather_pool = 0;       // gathered-weight slots + the root's gathered buffer
+  size_t grad_pool = 0;         // full-gradient slots awaiting reduction
+  size_t total() const {
+    return compute_weights + main_weights + grad_accumulation + full_grads + gather_pool +
+           grad_pool;
+  }
+};
+
+class ShardedModel {
+ public:
+  ShardedModel(Context& ctx, nn::Module& model, const DataParallelGroups& groups,
+               const FsdpOptions& options);
+  ~ShardedModel();
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+
+  const ShardingPlan& plan() const { return plan_; }
+  const FsdpOptions& options() const { return options_; }
+  nn::Module& model() { return model_; }
+
+  // ---- one optimizer step
+  void start_step();                        // zeroes gradient accumulation
+  void start_micro_batch(bool last);        // last: reduce what is accumulated
+  void finish_grad_sync();                  // compute stream waits for every reduction
+  // True gradient = accumulated gradient * grad_multiplier(): 1 / (micro-batches over all
+  // data-parallel ranks), folded with the collectives' scaling.
+  double grad_multiplier() const;
+  // The global L2 norm of the true gradient (synchronizes with the device).
+  double grad_norm();
+  // This rank's optimizer ranges: one per weight-decay range of each unit's shard (master
+  // weights, reduced gradient, compute weights to refresh).
+  const std::vector<OptimizerRange>& optimizer_ranges() const { return optimizer_ranges_; }
+  // After the optimizer wrote the new compute weights (OptimizerRange::param_copy): makes
+  // them visible to the next forward (ZeRO-1/2: all-gather the updated shards).
+  void install_weights();
+
+  // ---- state access (checkpoints, tests)
+  // This rank's shard of unit u's master weights / compute weights (views).
+  Tensor main_shard(int unit) const;
+  Tensor compute_shard(int unit) const;
+  int64_t main_offset(int unit) const;  // first element of the flat buffer main_shard covers
+  // Writes unit u's full compute weights into `out` (padded_numel; gathers if sharded).
+  void gather_full_weights(int unit, const Tensor& out);
+  int num_units() const { return int(units_.size()); }
+  int shard_rank() const { return groups_.shard_rank(); }
+  int shard_size() const { return groups_.shard_size(); }
+
+  // ---- reports
+  MemoryBreakdown memory() const { return memory_; }
+  std::string memory_report() const;
+
+  // Collectives issued since start_step() (for tests of the schedule).
+  struct Issued {
+    int64_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0;
+  };
+  const Issued& issued() const { return issued_; }
+
+ private:
+  struct Unit;
+  void build_plan();
+  void allocate();
+  void initialize_weights();
+  void attach_hooks();
+  void bind_weights(Unit& u, const Tensor& full);
+  void unbind_weights(Unit& u);
+  void bind_grads(Unit& u, const Tensor& full);
+  void unbind_grads(Unit& u);
+
+  // ZeRO-3 gathering.
+  void issue_gather(int unit);
+  void wait_gathered(int unit);
+  void release_gathered(int unit);
+  void prefetch_from(int unit, int direction);
+  // Hooks.
+  void on_pre_forward(int unit, autograd::Graph& g);
+  void on_post_forward(int unit, autograd::Graph& g);
+  void on_pre_backward(int unit, autograd::Graph& g);
+  void on_post_backward(int unit, autograd::Graph& g);
+  void reduce_unit(int unit);
+
+  bool zero3() const { return options_.strategy == ShardingStrategy::OptimGradsParams; }
+  bool grads_sharded() const {
+    return options_.strategy == ShardingStrategy::OptimGrads || zero3();
+  }
+  bool is_root(int unit) const { return unit == root_; }
+
+  Context& ctx_;
+  nn::Module& model_;
+  DataParallelGroups groups_;
+  FsdpOptions options_;
+  ShardingPlan plan_;
+  std::vector<std::unique_ptr<Unit>> units_;  // blocks in forward order, then the root
+  int root_ = -1;
+  std::vector<int> blocks_;  // unit indices of the blocks, in forward order
+  Stream gather_stream_, reduce_stream_;
+  Event params_updated_;  // compute stream, after the latest write of the compute shards
+  std::unique_ptr<BufferPool> gather_pool_, grad_pool_;
+  std::vector<OptimizerRange> optimizer_ranges_;
+  MemoryBreakdown memory_;
+  bool last_micro_batch_ = true;
+  int micro_batches_ = 0;
+  Issued issued_;
+  std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
+};
+
+// Builds a ShardedModel (the public entry point, in the manner of PyTorch's fully_shard).
+std::unique_ptr<ShardedModel> fully_shard(Context& ctx, nn::Module& model,
+                                          const DataParallelGroups& groups,
+                                          const FsdpOptions& options);
+
+}  // namespace fsdp

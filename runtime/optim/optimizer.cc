@@ -1,0 +1,62 @@
+#include "runtime/optim/optimizer.h"
+
+#include <cmath>
+
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+
+namespace fsdp {
+
+Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const OptimizerConfig& config)
+    : ctx_(ctx), ranges_(std::move(ranges)), config_(config) {
+  FSDP_CHECK(config.kind == "adamw" || config.kind == "sgd", ConfigError,
+             "optimizer.optimizer: unknown optimizer '", config.kind, "' (adamw or sgd)");
+  FSDP_CHECK(config.moments_dtype == DType::f32 || config.moments_dtype == DType::bf16,
+             ConfigError, "optimizer.moments_dtype must be f32 or bf16");
+  for (const OptimizerRange& r : ranges_) {
+    FSDP_CHECK(r.main.numel() == r.grad.numel(), ShapeError, "optimizer range ", r.name,
+               ": ", r.main.numel(), " weights but ", r.grad.numel(), " gradients");
+    if (config.kind == "adamw") {
+      exp_avg_.push_back(ops::zeros(ctx, r.main.shape(), config.moments_dtype));
+      exp_avg_sq_.push_back(ops::zeros(ctx, r.main.shape(), config.moments_dtype));
+    }
+  }
+}
+
+void Optimizer::step(double lr, double grad_scale) {
+  ++step_;
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    const OptimizerRange& r = ranges_[i];
+    if (r.main.numel() == 0) continue;
+    const double wd = r.weight_decay ? config_.weight_decay : 0.0;
+    if (config_.kind == "adamw") {
+      ops::AdamWParams p;
+      p.lr = lr;
+      p.beta1 = config_.beta1;
+      p.beta2 = config_.beta2;
+      p.eps = config_.eps;
+      p.weight_decay = wd;
+      p.step = step_;
+      p.grad_scale = grad_scale;
+      ops::adamw_step(ctx_, r.main, r.grad, exp_avg_[i], exp_avg_sq_[i], p, r.param_copy);
+    } else {
+      // SGD with decoupled decay: w <- (1 - lr wd) w - lr * scale * g.
+      ops::axpby(ctx_, r.main, -lr * grad_scale, r.grad, 1.0 - lr * wd);
+      if (r.param_copy.defined()) ops::copy(ctx_, r.param_copy, r.main);
+    }
+  }
+}
+
+size_t Optimizer::state_bytes() const {
+  size_t n = 0;
+  for (const Tensor& t : exp_avg_) n += t.nbytes();
+  for (const Tensor& t : exp_avg_sq_) n += t.nbytes();
+  return n;
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0 || norm <= max_norm) return 1.0;
+  return max_norm / (norm + 1e-6);
+}
+
+}  // namespace fsdp

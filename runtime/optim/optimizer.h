@@ -1,0 +1,64 @@
+// Optimizers over flat shards: AdamW (decoupled weight decay) and SGD.
+//
+// An optimizer is given, once, the list of ranges it owns (OptimizerRange: master weights,
+// the gradient to read, the compute weights to refresh, and whether to decay), typically the
+// shards a ShardedModel hands out. It allocates its state beside them (Adam's moments, f32
+// or bf16) and updates only those ranges: a sharded optimizer is the same code given
+// shards. State is created at construction with zeros and the step count 0; the first step
+// is step 1 (no fake step: bias correction starts right, so the first update has full size).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fsdp {
+
+struct OptimizerRange {
+  std::string name;
+  Tensor main;        // master weights, updated in place
+  Tensor grad;        // gradient (any floating dtype), scaled by grad_scale at the step
+  Tensor param_copy;  // compute weights rewritten from main after the update (may be undefined)
+  bool weight_decay = false;
+};
+
+struct OptimizerConfig {
+  std::string kind = "adamw";  // "adamw" | "sgd"
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.0;
+  DType moments_dtype = DType::f32;
+};
+
+class Optimizer {
+ public:
+  Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const OptimizerConfig& config);
+
+  // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
+  // (the mean over micro-batches and the clipping factor, folded into one number).
+  void step(double lr, double grad_scale);
+
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t step) { step_ = step; }  // restoring from a checkpoint
+  const OptimizerConfig& config() const { return config_; }
+  const std::vector<OptimizerRange>& ranges() const { return ranges_; }
+  // Adam's first and second moments of range i (undefined for SGD).
+  const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
+  const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
+  size_t state_bytes() const;
+
+ private:
+  Context& ctx_;
+  std::vector<OptimizerRange> ranges_;
+  OptimizerConfig config_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+// Scale that brings a gradient of norm `norm` down to `max_norm` (1 when already within it,
+// or when max_norm <= 0 disables clipping). The caller handles a non-finite norm.
+double clip_coefficient(double norm, double max_norm);
+
+}  // namespace fsdp

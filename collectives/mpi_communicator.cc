@@ -16,6 +16,10 @@ namespace {
 // order, which is exactly the order of the schedule.
 constexpr int kTag = 0;
 
+// How long a wait polls without sleeping, and the longest sleep between polls after that.
+constexpr auto kBusyPolling = std::chrono::milliseconds(10);
+constexpr auto kMaxPause = std::chrono::microseconds(50);
+
 MPI_Comm returning_errors(MPI_Comm comm) {
   FSDP_CHECK(comm != MPI_COMM_NULL, ValueError, "MpiCommunicator needs a communicator, got MPI_COMM_NULL");
   FSDP_CALL(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
@@ -124,17 +128,21 @@ void MpiCommunicator::complete(std::vector<PendingOp> ops) {
   std::vector<MPI_Request> requests;
   for (const auto& op : ops) requests.insert(requests.end(), op.requests.begin(), op.requests.end());
 
-  // Poll with growing sleeps: the first polls catch operations that are about to finish,
-  // later ones leave the CPU to other ranks (several ranks may share one core).
+  // Poll: first by yielding the core between polls, which keeps the transfer progressing at
+  // full speed when the other ranks are ready; after a while by sleeping (growing pauses),
+  // which leaves the CPU to ranks that are still computing (several may share one core).
   using Clock = std::chrono::steady_clock;
   const auto timeout = health()->timeout();
-  const auto deadline = Clock::now() + timeout;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  const auto busy_until = start + kBusyPolling;
   auto pause = std::chrono::microseconds(0);
   for (;;) {
     int done = 0;
     FSDP_CALL(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) break;
-    if (Clock::now() >= deadline) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
       abandoned_requests_.insert(abandoned_requests_.end(), requests.begin(), requests.end());
       for (auto& op : ops) {
         if (op.staging) abandoned_buffers_.push_back(std::move(op.staging));
@@ -151,9 +159,12 @@ void MpiCommunicator::complete(std::vector<PendingOp> ops) {
       health()->record_failure(FailureKind::Timeout, message);
       throw TimeoutError(message);
     }
+    if (now < busy_until) {
+      std::this_thread::yield();
+      continue;
+    }
     std::this_thread::sleep_for(pause);
-    pause = std::min(std::max(pause * 2, std::chrono::microseconds(5)),
-                     std::chrono::microseconds(200));
+    pause = std::min(std::max(pause * 2, std::chrono::microseconds(10)), kMaxPause);
   }
   for (auto& op : ops) {
     if (op.finish) op.finish();

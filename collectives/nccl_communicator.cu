@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "collectives/nccl_check.h"
+#include "collectives/nccl_types.h"
 #include "runtime/core/cuda_check.h"
 
 namespace fsdp {
@@ -15,39 +16,9 @@ namespace {
 // How long the watchdog waits for a thread inside NCCL before aborting under it.
 constexpr auto kAbortLockWait = std::chrono::seconds(2);
 
-// NCCL's type for moving `dtype` data. u16 has none: it moves as twice as many bytes.
-struct NcclBuffer {
-  size_t count;
-  ncclDataType_t type;
-};
-
-NcclBuffer movement(DType dtype, size_t count) {
-  switch (dtype) {
-    case DType::f32: return {count, ncclFloat32};
-    case DType::bf16: return {count, ncclBfloat16};
-    case DType::f16: return {count, ncclFloat16};
-    case DType::f64: return {count, ncclFloat64};
-    case DType::i64: return {count, ncclInt64};
-    case DType::i32: return {count, ncclInt32};
-    case DType::u8: return {count, ncclUint8};
-    case DType::u16: return {count * 2, ncclUint8};
-  }
-  FSDP_THROW(DTypeError, "no NCCL type for ", dtype_name(dtype));
-}
-
 ncclDataType_t reduction_type(DType dtype, const std::string& group) {
   FSDP_CHECK(dtype != DType::u16, DTypeError, "group '", group, "': NCCL cannot reduce u16 data");
-  return movement(dtype, 0).type;
-}
-
-ncclRedOp_t builtin_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
-  }
-  return ncclSum;
+  return nccl_data_type(dtype);
 }
 
 // A scalar in the data's own type, as ncclRedOpCreatePreMulSum reads it (so for bf16 data
@@ -236,7 +207,7 @@ Work NcclCommunicator::issue_all_gather(const void* send, void* recv, size_t cou
                                         DType dtype, const Stream& stream) {
   {
     std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer buf = movement(dtype, count_per_rank);
+    const NcclBuffer buf = nccl_movement(dtype, count_per_rank);
     FSDP_CALL(ncclAllGather(send, recv, buf.count, buf.type, live_comm(), stream.cuda_stream()));
   }
   return after_issue(CollectiveKind::all_gather, count_per_rank, dtype, stream);
@@ -248,7 +219,7 @@ void NcclCommunicator::issue_reduction(bool all, const void* send, void* recv, s
   std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
   ncclComm_t comm = live_comm();
   const ncclDataType_t type = reduction_type(dtype, name());
-  ncclRedOp_t nccl_op = builtin_op(op);
+  ncclRedOp_t nccl_op = nccl_reduce_op(op);
   const bool custom = prescale != 1.0;
   if (custom) {
     // A pre-multiplied sum; for Avg the division by the group size is folded into it.
@@ -293,7 +264,7 @@ Work NcclCommunicator::issue_broadcast(void* buf, size_t count, DType dtype, int
                                        const Stream& stream) {
   {
     std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer b = movement(dtype, count);
+    const NcclBuffer b = nccl_movement(dtype, count);
     FSDP_CALL(ncclBroadcast(buf, buf, b.count, b.type, root, live_comm(), stream.cuda_stream()));
   }
   return after_issue(CollectiveKind::broadcast, count, dtype, stream);
@@ -303,7 +274,7 @@ Work NcclCommunicator::issue_send(const void* buf, size_t count, DType dtype, in
                                   const Stream& stream) {
   {
     std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer b = movement(dtype, count);
+    const NcclBuffer b = nccl_movement(dtype, count);
     FSDP_CALL(ncclSend(buf, b.count, b.type, peer, live_comm(), stream.cuda_stream()));
   }
   return after_issue(CollectiveKind::send, count, dtype, stream);
@@ -313,7 +284,7 @@ Work NcclCommunicator::issue_recv(void* buf, size_t count, DType dtype, int peer
                                   const Stream& stream) {
   {
     std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer b = movement(dtype, count);
+    const NcclBuffer b = nccl_movement(dtype, count);
     FSDP_CALL(ncclRecv(buf, b.count, b.type, peer, live_comm(), stream.cuda_stream()));
   }
   return after_issue(CollectiveKind::recv, count, dtype, stream);

@@ -1,0 +1,51 @@
+// bench: benchmarks of fsdp.cpp's parts, one subcommand each.
+//
+//   bench collectives [flags]   bus bandwidth of our collectives against raw NCCL / MPI
+//
+// This file only dispatches; each subcommand lives in its own file.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "tools/bench/collectives_bench.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  int (*run)(const std::vector<std::string>& args);
+  const char* summary;
+};
+
+const Subcommand kSubcommands[] = {
+    {"collectives", fsdp::bench::run_collectives_bench,
+     "all-gather / reduce-scatter / all-reduce bus bandwidth, ours vs raw"},
+};
+
+void usage(std::FILE* out) {
+  std::fprintf(out, "usage: bench <subcommand> [flags]   (bench <subcommand> --help)\n");
+  for (const Subcommand& s : kSubcommands) std::fprintf(out, "  %-14s %s\n", s.name, s.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Subcommand& s : kSubcommands) {
+    if (s.name != std::string(argv[1])) continue;
+    try {
+      return s.run(std::vector<std::string>(argv + 2, argv + argc));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench %s: %s\n", s.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "bench: unknown subcommand '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <set>
+#include <map>
+
+#include "runtime/fsdp/memory.h"
 
 #include "kernels/ops.h"
 #include "runtime/fsdp/unit.h"
@@ -74,38 +76,24 @@ DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrate
 // ---------------------------------------------------------------- plan
 
 void ShardedModel::build_plan() {
-  std::vector<std::pair<std::string, std::vector<ParamSpec>>> specs;
-  std::set<nn::Parameter*> in_blocks;
-  std::vector<nn::Module*> block_modules = model_.modules_of_kind(options_.unit_kind);
-  for (nn::Module* m : block_modules) {
-    FSDP_CHECK(m != &model_, ConfigError, "the root module cannot be a unit of kind '",
-               options_.unit_kind, "'");
+  const auto specs = unit_specs(model_, options_.unit_kind);
+  // Units in the order of the specs: the blocks in forward order, then the root.
+  std::map<std::string, nn::Parameter*> by_name;
+  for (nn::Parameter* p : model_.named_parameters()) by_name[p->name()] = p;
+  std::map<std::string, nn::Module*> modules;
+  for (nn::Module* m : model_.modules_of_kind(options_.unit_kind)) modules[m->name()] = m;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string& uname = specs[i].first;
     auto u = std::make_unique<Unit>();
-    u->name = m->name();
-    u->module = m;
-    std::vector<ParamSpec> ps;
-    for (nn::Parameter* p : m->named_parameters()) {
-      FSDP_CHECK(in_blocks.insert(p).second, ConfigError, "parameter '", p->name(),
-                 "' is shared between two units; shared parameters must live in the root unit");
-      ps.push_back({p->name(), p->shape(), p->weight_decay()});
-      u->params.push_back(p);
-    }
-    specs.emplace_back(u->name, std::move(ps));
-    blocks_.push_back(int(units_.size()));
+    u->name = uname;
+    const bool root = i + 1 == specs.size();
+    u->module = root ? &model_ : modules.at(uname);
+    if (root)
+      root_ = int(units_.size());
+    else
+      blocks_.push_back(int(units_.size()));
     units_.push_back(std::move(u));
   }
-  auto root = std::make_unique<Unit>();
-  root->name = "root";
-  root->module = &model_;
-  std::vector<ParamSpec> rs;
-  for (nn::Parameter* p : model_.named_parameters()) {
-    if (in_blocks.count(p)) continue;
-    rs.push_back({p->name(), p->shape(), p->weight_decay()});
-    root->params.push_back(p);
-  }
-  specs.emplace_back("root", std::move(rs));
-  root_ = int(units_.size());
-  units_.push_back(std::move(root));
 
   PlanOptions po;
   po.dp_size = groups_.shard_size();
@@ -116,12 +104,8 @@ void ShardedModel::build_plan() {
     Unit& u = *units_[i];
     u.index = int(i);
     u.plan = &plan_.units()[i];
-    // The plan orders parameters (decayed first); keep u.params aligned with it.
-    std::vector<nn::Parameter*> ordered;
-    for (const ParamPlacement& pp : u.plan->params)
-      for (nn::Parameter* p : u.params)
-        if (p->name() == pp.name) ordered.push_back(p);
-    u.params = ordered;
+    // Parameters in the plan's order (decayed first).
+    for (const ParamPlacement& pp : u.plan->params) u.params.push_back(by_name.at(pp.name));
   }
 
   // Every rank must run the same plan: compare hashes over both groups.
@@ -218,15 +202,14 @@ void ShardedModel::allocate() {
     }
   }
   if (zero3() && !blocks_.empty()) {
-    const int slots = options_.prefetch_units + 2;
-    gather_pool_ = std::make_unique<BufferPool>(ctx_, "gathered weights", slots, max_block_numel,
+    gather_pool_ = std::make_unique<BufferPool>(ctx_, "gathered weights",
+                                                gather_pool_slots(options_), max_block_numel,
                                                 options_.compute_dtype);
     memory_.gather_pool += gather_pool_->bytes();
   }
   if (grads_sharded() && !blocks_.empty()) {
-    const size_t slot_bytes = size_t(max_block_numel) * dtype_size(options_.grad_dtype);
-    const int slots = int(std::max<size_t>(2, options_.max_inflight_reduce_bytes / std::max<size_t>(slot_bytes, 1)));
-    grad_pool_ = std::make_unique<BufferPool>(ctx_, "full gradients", std::min(slots, 8),
+    grad_pool_ = std::make_unique<BufferPool>(ctx_, "full gradients",
+                                              grad_pool_slots(options_, max_block_numel),
                                               max_block_numel, options_.grad_dtype);
     memory_.grad_pool += grad_pool_->bytes();
   }

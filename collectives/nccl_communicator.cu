@@ -187,126 +187,141 @@ void NcclCommunicator::abort(const std::string& reason) {
   shared_->abort_all();
 }
 
-Work NcclCommunicator::after_issue(CollectiveKind kind, size_t count, DType dtype,
-                                   const Stream& stream) {
-  auto state = std::make_shared<WorkState>();
-  state->health = health();
-  if (shared_->group_depth > 0) {
-    shared_->deferred.push_back({state, stream, info(kind, count, dtype)});
-    return Work(state);
+bool NcclLaunch::finished() const {
+  const int s = state.load(std::memory_order_acquire);
+  return s == Cancelled || (s == Recorded && done.query());
+}
+
+void NcclCommunicator::record_end(WorkState& work, NcclLaunch& launch, const Stream& stream) {
+  launch.done = Event::create(device());
+  launch.done.record(stream);
+  launch.state.store(NcclLaunch::Recorded, std::memory_order_release);
+  work.done = launch.done;
+  work.issued = true;
+}
+
+template <typename Call>
+Work NcclCommunicator::issue_watched(CollectiveKind kind, size_t count, DType dtype,
+                                     const Stream& stream, Call&& call) {
+  auto launch = std::make_shared<NcclLaunch>();
+  shared_->watchdog().watch([launch] { return launch->finished(); }, info(kind, count, dtype));
+  try {
+    std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
+    call(live_comm());
+  } catch (...) {
+    launch->state.store(NcclLaunch::Cancelled, std::memory_order_release);
+    // A call the watchdog interrupted fails with NCCL's own error; the cause is the
+    // watchdog's (e.g. a TimeoutError naming the operation).
+    health()->raise_if_failed();
+    throw;
   }
-  state->done = Event::create(device());
-  state->done.record(stream);
-  state->issued = true;
-  shared_->watchdog().watch([done = state->done] { return done.query(); },
-                            info(kind, count, dtype));
-  return Work(state);
+  auto work = std::make_shared<WorkState>();
+  work->health = health();
+  if (shared_->group_depth > 0) {
+    shared_->deferred.push_back({work, launch, stream});
+  } else {
+    record_end(*work, *launch, stream);
+  }
+  return Work(work);
 }
 
 Work NcclCommunicator::issue_all_gather(const void* send, void* recv, size_t count_per_rank,
                                         DType dtype, const Stream& stream) {
-  {
-    std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer buf = nccl_movement(dtype, count_per_rank);
-    FSDP_CALL(ncclAllGather(send, recv, buf.count, buf.type, live_comm(), stream.cuda_stream()));
-  }
-  return after_issue(CollectiveKind::all_gather, count_per_rank, dtype, stream);
+  const NcclBuffer b = nccl_movement(dtype, count_per_rank);
+  return issue_watched(CollectiveKind::all_gather, count_per_rank, dtype, stream,
+                       [&](ncclComm_t comm) {
+                         FSDP_CALL(ncclAllGather(send, recv, b.count, b.type, comm,
+                                                 stream.cuda_stream()));
+                       });
 }
 
-void NcclCommunicator::issue_reduction(bool all, const void* send, void* recv, size_t count,
+Work NcclCommunicator::issue_reduction(bool all, const void* send, void* recv, size_t count,
                                        DType dtype, ReduceOp op, const Stream& stream,
                                        double prescale) {
-  std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-  ncclComm_t comm = live_comm();
   const ncclDataType_t type = reduction_type(dtype, name());
-  ncclRedOp_t nccl_op = nccl_reduce_op(op);
   const bool custom = prescale != 1.0;
-  if (custom) {
+  double scale = prescale;
+  if (custom && op == ReduceOp::Avg) {
     // A pre-multiplied sum; for Avg the division by the group size is folded into it.
-    double scale = prescale;
-    if (op == ReduceOp::Avg) {
-      FSDP_CHECK(is_floating(dtype), ValueError, "group '", name(),
-                 "': NCCL cannot combine avg with a prescale on ", dtype_name(dtype), " data");
-      scale = prescale / double(size());
+    FSDP_CHECK(is_floating(dtype), ValueError, "group '", name(),
+               "': NCCL cannot combine avg with a prescale on ", dtype_name(dtype), " data");
+    scale = prescale / double(size());
+  }
+  const CollectiveKind kind = all ? CollectiveKind::all_reduce : CollectiveKind::reduce_scatter;
+  return issue_watched(kind, count, dtype, stream, [&](ncclComm_t comm) {
+    ncclRedOp_t nccl_op = nccl_reduce_op(op);
+    if (custom) {
+      ScalarBytes scalar = scalar_bytes(dtype, scale);
+      FSDP_CALL(ncclRedOpCreatePreMulSum(&nccl_op, scalar.bytes, type, ncclScalarHostImmediate,
+                                         comm));
     }
-    ScalarBytes scalar = scalar_bytes(dtype, scale);
-    FSDP_CALL(ncclRedOpCreatePreMulSum(&nccl_op, scalar.bytes, type, ncclScalarHostImmediate,
-                                       comm));
-  }
-  if (all) {
-    FSDP_CALL(ncclAllReduce(send, recv, count, type, nccl_op, comm, stream.cuda_stream()));
-  } else {
-    FSDP_CALL(ncclReduceScatter(send, recv, count, type, nccl_op, comm, stream.cuda_stream()));
-  }
-  if (!custom) return;
-  // Inside a group the operation is launched only at group_end(): keep the op until then.
-  if (shared_->group_depth > 0) {
-    shared_->after_group.push_back([nccl_op, comm] { FSDP_CALL(ncclRedOpDestroy(nccl_op, comm)); });
-  } else {
-    FSDP_CALL(ncclRedOpDestroy(nccl_op, comm));
-  }
+    if (all) {
+      FSDP_CALL(ncclAllReduce(send, recv, count, type, nccl_op, comm, stream.cuda_stream()));
+    } else {
+      FSDP_CALL(ncclReduceScatter(send, recv, count, type, nccl_op, comm, stream.cuda_stream()));
+    }
+    if (!custom) return;
+    // Inside a group the operation is launched only at group_end(): keep the op until then.
+    if (shared_->group_depth > 0) {
+      shared_->after_group.push_back(
+          [nccl_op, comm] { FSDP_CALL(ncclRedOpDestroy(nccl_op, comm)); });
+    } else {
+      FSDP_CALL(ncclRedOpDestroy(nccl_op, comm));
+    }
+  });
 }
 
 Work NcclCommunicator::issue_reduce_scatter(const void* send, void* recv, size_t count_per_rank,
                                             DType dtype, ReduceOp op, const Stream& stream,
                                             double prescale) {
-  issue_reduction(false, send, recv, count_per_rank, dtype, op, stream, prescale);
-  return after_issue(CollectiveKind::reduce_scatter, count_per_rank, dtype, stream);
+  return issue_reduction(false, send, recv, count_per_rank, dtype, op, stream, prescale);
 }
 
 Work NcclCommunicator::issue_all_reduce(const void* send, void* recv, size_t count, DType dtype,
                                         ReduceOp op, const Stream& stream, double prescale) {
-  issue_reduction(true, send, recv, count, dtype, op, stream, prescale);
-  return after_issue(CollectiveKind::all_reduce, count, dtype, stream);
+  return issue_reduction(true, send, recv, count, dtype, op, stream, prescale);
 }
 
 Work NcclCommunicator::issue_broadcast(void* buf, size_t count, DType dtype, int root,
                                        const Stream& stream) {
-  {
-    std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer b = nccl_movement(dtype, count);
-    FSDP_CALL(ncclBroadcast(buf, buf, b.count, b.type, root, live_comm(), stream.cuda_stream()));
-  }
-  return after_issue(CollectiveKind::broadcast, count, dtype, stream);
+  const NcclBuffer b = nccl_movement(dtype, count);
+  return issue_watched(CollectiveKind::broadcast, count, dtype, stream, [&](ncclComm_t comm) {
+    FSDP_CALL(ncclBroadcast(buf, buf, b.count, b.type, root, comm, stream.cuda_stream()));
+  });
 }
 
 Work NcclCommunicator::issue_send(const void* buf, size_t count, DType dtype, int peer,
                                   const Stream& stream) {
-  {
-    std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer b = nccl_movement(dtype, count);
-    FSDP_CALL(ncclSend(buf, b.count, b.type, peer, live_comm(), stream.cuda_stream()));
-  }
-  return after_issue(CollectiveKind::send, count, dtype, stream);
+  const NcclBuffer b = nccl_movement(dtype, count);
+  return issue_watched(CollectiveKind::send, count, dtype, stream, [&](ncclComm_t comm) {
+    FSDP_CALL(ncclSend(buf, b.count, b.type, peer, comm, stream.cuda_stream()));
+  });
 }
 
 Work NcclCommunicator::issue_recv(void* buf, size_t count, DType dtype, int peer,
                                   const Stream& stream) {
-  {
-    std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    const NcclBuffer b = nccl_movement(dtype, count);
-    FSDP_CALL(ncclRecv(buf, b.count, b.type, peer, live_comm(), stream.cuda_stream()));
-  }
-  return after_issue(CollectiveKind::recv, count, dtype, stream);
+  const NcclBuffer b = nccl_movement(dtype, count);
+  return issue_watched(CollectiveKind::recv, count, dtype, stream, [&](ncclComm_t comm) {
+    FSDP_CALL(ncclRecv(buf, b.count, b.type, peer, comm, stream.cuda_stream()));
+  });
 }
 
 void NcclCommunicator::issue_barrier() {
   // NCCL has no barrier: an all-reduce of one float that the host waits for.
-  Work done;
-  {
-    std::lock_guard<std::timed_mutex> lock(shared_->issue_mutex);
-    FSDP_CHECK(shared_->group_depth == 0, ValueError, "barrier on group '", name(),
-               "' inside group_start()/group_end()");
-    if (!barrier_scratch_) {
-      DeviceGuard guard(device());
-      barrier_stream_ = Stream::create_cuda(device().index);
-      FSDP_CALL(cudaMalloc(&barrier_scratch_, sizeof(float)));
-      FSDP_CALL(cudaMemsetAsync(barrier_scratch_, 0, sizeof(float), barrier_stream_.cuda_stream()));
-    }
-    FSDP_CALL(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum,
-                            live_comm(), barrier_stream_.cuda_stream()));
+  FSDP_CHECK(shared_->group_depth == 0, ValueError, "barrier on group '", name(),
+             "' inside group_start()/group_end()");
+  if (!barrier_scratch_) {
+    DeviceGuard guard(device());
+    barrier_stream_ = Stream::create_cuda(device().index);
+    FSDP_CALL(cudaMalloc(&barrier_scratch_, sizeof(float)));
+    FSDP_CALL(cudaMemsetAsync(barrier_scratch_, 0, sizeof(float), barrier_stream_.cuda_stream()));
   }
-  done = after_issue(CollectiveKind::barrier, 0, DType::u8, barrier_stream_);
+  Work done = issue_watched(CollectiveKind::barrier, 0, DType::u8, barrier_stream_,
+                            [&](ncclComm_t comm) {
+                              FSDP_CALL(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1,
+                                                      ncclFloat32, ncclSum, comm,
+                                                      barrier_stream_.cuda_stream()));
+                            });
   done.synchronize();
 }
 
@@ -330,16 +345,17 @@ void NcclCommunicator::issue_group_end() {
     deferred.swap(shared_->deferred);
     std::vector<std::function<void()>> cleanups;
     cleanups.swap(shared_->after_group);
-    FSDP_CALL(ncclGroupEnd());
+    try {
+      FSDP_CALL(ncclGroupEnd());
+    } catch (...) {
+      for (auto& d : deferred) d.launch->state.store(NcclLaunch::Cancelled);
+      health()->raise_if_failed();  // the watchdog's cause, if it interrupted the launch
+      throw;
+    }
     for (auto& cleanup : cleanups) cleanup();
   }
-  // The group's operations are on their streams now: mark each Work's end.
-  for (auto& d : deferred) {
-    d.work->done = Event::create(device());
-    d.work->done.record(d.stream);
-    d.work->issued = true;
-    shared_->watchdog().watch([done = d.work->done] { return done.query(); }, d.info);
-  }
+  // The group's operations are on their streams now: mark each one's end.
+  for (auto& d : deferred) record_end(*d.work, *d.launch, d.stream);
 }
 
 }  // namespace fsdp

@@ -6,6 +6,7 @@
 // nccl_check.h for why); this header does not include nccl.h, so any C++ file may use it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -29,6 +30,16 @@ struct NcclCommHandle {
   ncclComm_t comm = nullptr;
   std::string name;
   bool aborted = false;
+};
+
+// One issued operation as the watchdog sees it. It is watched from before the NCCL call,
+// since the call itself may block (e.g. connecting to a peer that never comes), until the
+// event recorded after it completes.
+struct NcclLaunch {
+  enum State : int { Pending = 0, Recorded = 1, Cancelled = 2 };
+  std::atomic<int> state{Pending};
+  Event done;  // written before `state` becomes Recorded, never after
+  bool finished() const;
 };
 
 // What the NCCL communicators of one World share: the job's health, the lock held while
@@ -60,8 +71,8 @@ class NcclShared {
   // An operation issued inside an open group: its event is recorded at group_end().
   struct Deferred {
     std::shared_ptr<WorkState> work;
+    std::shared_ptr<NcclLaunch> launch;
     Stream stream;
-    CollectiveInfo info;
   };
   int group_depth = 0;
   std::vector<Deferred> deferred;
@@ -116,12 +127,17 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::shared_ptr<NcclCommHandle> handle, int rank, int size,
                    std::shared_ptr<NcclShared> shared);
   ncclComm_t live_comm() const;  // throws CommError once aborted; issue_mutex held
+  // Issues one operation: watches it, runs `call(comm)` (the NCCL call) under the issue
+  // lock, then records the Work's event after it (at group_end() inside a group).
+  template <typename Call>
+  Work issue_watched(CollectiveKind kind, size_t count, DType dtype, const Stream& stream,
+                     Call&& call);
   // Issues a reduce-scatter (all == false) or all-reduce (all == true) with NCCL's
   // reduction for `op`, creating a pre-multiplied sum for prescale != 1.
-  void issue_reduction(bool all, const void* send, void* recv, size_t count, DType dtype,
+  Work issue_reduction(bool all, const void* send, void* recv, size_t count, DType dtype,
                        ReduceOp op, const Stream& stream, double prescale);
-  // Records the Work's event after an operation (or defers it inside a group).
-  Work after_issue(CollectiveKind kind, size_t count, DType dtype, const Stream& stream);
+  // Marks the end of an issued operation on `stream`.
+  void record_end(WorkState& work, NcclLaunch& launch, const Stream& stream);
 
   std::shared_ptr<NcclCommHandle> handle_;
   std::shared_ptr<NcclShared> shared_;

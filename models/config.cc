@@ -1,0 +1,108 @@
+#include "models/config.h"
+
+#include "runtime/core/error.h"
+
+namespace fsdp::models {
+
+const char* family_name(Family f) { return f == Family::GPT2 ? "gpt2" : "llama"; }
+
+Family family_from_name(const std::string& name) {
+  if (name == "gpt2") return Family::GPT2;
+  if (name == "llama") return Family::Llama;
+  FSDP_THROW(ConfigError, "model family '", name, "' is not one of: gpt2, llama");
+}
+
+ModelConfig ModelConfig::resolved() const {
+  ModelConfig c = *this;
+  auto positive = [](int64_t v, const char* key) {
+    FSDP_CHECK(v > 0, ConfigError, "model.", key, " must be positive, got ", v);
+  };
+  positive(c.n_layer, "n_layer");
+  positive(c.d_model, "d_model");
+  positive(c.n_head, "n_head");
+  positive(c.vocab_size, "vocab_size");
+  positive(c.seq_len, "seq_len");
+  if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
+  if (c.d_ff == 0) {
+    if (c.family == Family::GPT2) {
+      c.d_ff = 4 * c.d_model;
+    } else {
+      const int64_t f = (8 * c.d_model + 2) / 3;
+      c.d_ff = (f + 255) / 256 * 256;
+    }
+  }
+  if (c.padded_vocab_size == 0) c.padded_vocab_size = (c.vocab_size + 127) / 128 * 128;
+  FSDP_CHECK(c.d_model % c.n_head == 0, ConfigError, "model.d_model (", c.d_model,
+             ") must be divisible by model.n_head (", c.n_head, ")");
+  FSDP_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, ConfigError, "model.n_head (",
+             c.n_head, ") must be a multiple of model.n_kv_head (", c.n_kv_head, ")");
+  FSDP_CHECK(c.padded_vocab_size >= c.vocab_size, ConfigError, "model.padded_vocab_size (",
+             c.padded_vocab_size, ") is smaller than model.vocab_size (", c.vocab_size, ")");
+  FSDP_CHECK(c.norm_eps > 0, ConfigError, "model.norm_eps must be positive, got ", c.norm_eps);
+  FSDP_CHECK(c.init_std > 0, ConfigError, "model.init_std must be positive, got ", c.init_std);
+  if (c.family == Family::GPT2) {
+    FSDP_CHECK(c.n_kv_head == c.n_head, ConfigError,
+               "model.n_kv_head: GPT-2 has no grouped-query attention (n_kv_head must equal n_head)");
+    FSDP_CHECK(c.tie_embeddings, ConfigError, "model.tie_embeddings: GPT-2's head is always tied");
+  } else {
+    FSDP_CHECK(c.head_dim() % 2 == 0, ConfigError, "model: rotary embeddings need an even head "
+               "dimension, got ", c.head_dim());
+    FSDP_CHECK(c.rope_theta > 0, ConfigError, "model.rope_theta must be positive, got ",
+               c.rope_theta);
+  }
+  return c;
+}
+
+std::string ModelConfig::str() const {
+  return str_cat(family_name(family), " layers=", n_layer, " d_model=", d_model, " heads=", n_head,
+                 " kv_heads=", n_kv_head, " d_ff=", d_ff, " vocab=", vocab_size, "/",
+                 padded_vocab_size, " seq_len=", seq_len, " eps=", norm_eps,
+                 family == Family::Llama ? str_cat(" rope_theta=", rope_theta) : std::string(),
+                 " init_std=", init_std, " tied=", tie_embeddings ? "yes" : "no");
+}
+
+ModelConfig gpt2_config(int depth) {
+  ModelConfig c;
+  c.family = Family::GPT2;
+  c.n_layer = depth;
+  switch (depth) {
+    case 12: c.d_model = 768; c.n_head = 12; break;
+    case 24: c.d_model = 1024; c.n_head = 16; break;
+    case 36: c.d_model = 1280; c.n_head = 20; break;
+    case 48: c.d_model = 1600; c.n_head = 25; break;
+    default: FSDP_THROW(ConfigError, "GPT-2 depth ", depth, " is not one of 12, 24, 36, 48");
+  }
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  c.seq_len = 1024;
+  c.tie_embeddings = true;
+  return c.resolved();
+}
+
+ModelConfig llama_small_config() {
+  ModelConfig c;
+  c.family = Family::Llama;
+  c.n_layer = 4;
+  c.d_model = 256;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.d_ff = 768;
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  c.seq_len = 256;
+  c.rope_theta = 10000.0;
+  c.tie_embeddings = false;
+  return c.resolved();
+}
+
+ModelConfig model_config(const std::string& name) {
+  if (name == "gpt2-d12") return gpt2_config(12);
+  if (name == "gpt2-d24") return gpt2_config(24);
+  if (name == "gpt2-d36") return gpt2_config(36);
+  if (name == "gpt2-d48") return gpt2_config(48);
+  if (name == "llama-small") return llama_small_config();
+  FSDP_THROW(ConfigError, "unknown model preset '", name,
+             "' (known: gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-small)");
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,48 @@
+// Model configurations: one struct for both families (a recipe's "model" section maps onto
+// it key for key), presets, and validation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp::models {
+
+enum class Family : uint8_t {
+  GPT2,   // learned positions, LayerNorm, GELU MLP, biases, tied embeddings (llm.c's shapes)
+  Llama,  // RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no biases, untied head
+};
+const char* family_name(Family f);       // "gpt2", "llama"
+Family family_from_name(const std::string& name);  // throws ConfigError
+
+struct ModelConfig {
+  Family family = Family::GPT2;
+  int64_t n_layer = 0;
+  int64_t d_model = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_head = 0;          // 0: n_head (multi-head attention)
+  int64_t d_ff = 0;               // 0: 4 d_model (GPT-2), 8/3 d_model rounded up to 256 (Llama)
+  int64_t vocab_size = 0;         // real tokens
+  int64_t padded_vocab_size = 0;  // 0: vocab_size rounded up to a multiple of 128
+  int64_t seq_len = 0;            // GPT-2: number of learned positions
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;    // Llama only
+  double init_std = 0.02;
+  bool tie_embeddings = true;     // the head reuses the token embedding (GPT-2: always)
+
+  // The same config with every 0 default filled in, checked: throws ConfigError naming the
+  // offending field.
+  ModelConfig resolved() const;
+  int64_t head_dim() const { return d_model / n_head; }
+  std::string str() const;  // one line, for logs
+};
+
+// llm.c's GPT-2 sizes by depth: d12 (124M), d24 (350M), d36 (774M), d48 (1558M); vocabulary
+// 50257 padded to 50304, 1024 positions.
+ModelConfig gpt2_config(int depth);
+// A small Llama-style config for tests and parity runs (GQA: 4 query heads share 2 kv heads).
+ModelConfig llama_small_config();
+// Presets by name: "gpt2-d12", "gpt2-d24", "gpt2-d36", "gpt2-d48", "llama-small". Throws
+// ConfigError listing the names otherwise.
+ModelConfig model_config(const std::string& name);
+
+}  // namespace fsdp::models

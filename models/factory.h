@@ -1,0 +1,25 @@
+// Building models from configs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "models/config.h"
+#include "models/language_model.h"
+
+namespace fsdp::models {
+
+// The model of config.family, as specs (no memory allocated).
+std::unique_ptr<LanguageModel> build_model(const ModelConfig& config);
+
+// Total parameter elements of the model a config describes (each shared parameter once).
+// GPT-2 d12: 124,475,904.
+int64_t count_parameters(const ModelConfig& config);
+
+// Activation recompute by recipe name: "none"; "full" recomputes every block; "selective"
+// recomputes every block's MLP (its hidden activations are the largest a block saves).
+// Throws ConfigError for other names.
+void set_activation_recompute(LanguageModel& model, const std::string& mode);
+
+}  // namespace fsdp::models

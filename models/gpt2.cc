@@ -1,0 +1,68 @@
+#include "models/gpt2.h"
+
+#include <cmath>
+
+#include "runtime/nn/functional.h"
+
+namespace fsdp::models {
+namespace {
+
+nn::AttentionConfig attention_config(const ModelConfig& c) {
+  nn::AttentionConfig a;
+  a.dim = c.d_model;
+  a.n_head = c.n_head;
+  a.n_kv_head = c.n_head;
+  a.bias = true;
+  return a;
+}
+
+nn::InitRule weight_init(const ModelConfig& c) { return nn::InitRule::normal(0.0, c.init_std); }
+
+// The residual projections are scaled by 1/sqrt(2 L): each block adds two of them to the stream.
+nn::InitRule residual_init(const ModelConfig& c) {
+  return nn::InitRule::normal(0.0, c.init_std / std::sqrt(2.0 * double(c.n_layer)));
+}
+
+}  // namespace
+
+GPT2Block::GPT2Block(const ModelConfig& c)
+    : ln_1(c.d_model, c.norm_eps),
+      attn(attention_config(c), weight_init(c), residual_init(c)),
+      ln_2(c.d_model, c.norm_eps),
+      mlp(c.d_model, c.d_ff, true, weight_init(c), residual_init(c)) {
+  add_module("ln_1", ln_1);
+  add_module("attn", attn);
+  add_module("ln_2", ln_2);
+  add_module("mlp", mlp);
+}
+
+Tensor GPT2Block::compute(Graph& g, const Tensor& x) {
+  const Tensor h = nn::add(g, x, attn(g, ln_1(g, x)));  // (B, T, C)
+  return nn::add(g, h, mlp(g, ln_2(g, h)));            // (B, T, C)
+}
+
+GPT2::GPT2(const ModelConfig& config)
+    : LanguageModel(config),
+      wte(config_.padded_vocab_size, config_.d_model, weight_init(config_)),
+      wpe(config_.seq_len, config_.d_model, weight_init(config_)),
+      ln_f(config_.d_model, config_.norm_eps) {
+  FSDP_CHECK(config_.family == Family::GPT2, ConfigError, "GPT2 built from a ",
+             family_name(config_.family), " config");
+  add_module("wte", wte);
+  add_module("wpe", wpe);
+  add_module("h", h);
+  for (int64_t i = 0; i < config_.n_layer; ++i) h.append(std::make_unique<GPT2Block>(config_));
+  add_module("ln_f", ln_f);
+}
+
+Tensor GPT2::compute_logits(Graph& g, const Tensor& idx) {
+  FSDP_CHECK(idx.dim() == 2 && idx.size(1) <= config_.seq_len, ShapeError, "GPT-2: idx ",
+             idx.str(), " must be (B, T) with T <= ", config_.seq_len);
+  // Token and position embeddings in one kernel (wte and wpe belong to the root unit).
+  Tensor x = nn::embedding(g, idx, wte.weight(), &wpe.weight());  // (B, T, C)
+  for (size_t i = 0; i < h.size(); ++i) x = static_cast<GPT2Block&>(h[i])(g, x);
+  x = ln_f(g, x);
+  return nn::linear(g, x, wte.weight());  // (B, T, Vp), tied head
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,42 @@
+// GPT-2 in llm.c's shapes: learned positions, pre-LN blocks, fused qkv, GELU MLP, biases,
+// final LayerNorm, head tied to the token embedding.
+//
+// Parameter names: wte.weight (Vp, C), wpe.weight (seq_len, C), h.<i>.ln_1.{weight,bias},
+// h.<i>.attn.qkv.{weight,bias}, h.<i>.attn.proj.{weight,bias}, h.<i>.ln_2.{weight,bias},
+// h.<i>.mlp.fc.{weight,bias}, h.<i>.mlp.proj.{weight,bias}, ln_f.{weight,bias}.
+// Init: weights N(0, init_std), attn.proj and mlp.proj weights N(0, init_std / sqrt(2 L)),
+// biases 0, LayerNorm weights 1.
+#pragma once
+
+#include "models/language_model.h"
+#include "runtime/nn/layers.h"
+
+namespace fsdp::models {
+
+class GPT2Block : public nn::UnaryModule {
+ public:
+  explicit GPT2Block(const ModelConfig& c);
+  std::string kind() const override { return "block"; }
+  nn::LayerNorm ln_1;
+  nn::CausalSelfAttention attn;
+  nn::LayerNorm ln_2;
+  nn::GeluMLP mlp;
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+};
+
+class GPT2 : public LanguageModel {
+ public:
+  explicit GPT2(const ModelConfig& config);
+  std::string kind() const override { return "gpt2"; }
+  nn::Embedding wte;  // (Vp, C), also the head
+  nn::Embedding wpe;  // (seq_len, C)
+  nn::ModuleList h;
+  nn::LayerNorm ln_f;
+
+ protected:
+  Tensor compute_logits(Graph& g, const Tensor& idx) override;
+};
+
+}  // namespace fsdp::models

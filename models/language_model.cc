@@ -1,0 +1,22 @@
+#include "models/language_model.h"
+
+#include "runtime/nn/functional.h"
+
+namespace fsdp::models {
+
+Tensor LanguageModel::forward(Graph& g, const Tensor& idx, const Tensor& targets, int64_t n_valid,
+                              Tensor* logits) {
+  FSDP_CHECK(targets.shape() == idx.shape(), ShapeError, "forward: targets ", targets.str(),
+             " do not match idx ", idx.str());
+  return run_forward(g, [&] {
+    const Tensor lg = compute_logits(g, idx);  // (B, T, Vp)
+    if (logits) *logits = lg.view(lg.shape());  // a view: no autograd record
+    return nn::cross_entropy(g, lg, targets, config_.vocab_size, n_valid);
+  });
+}
+
+Tensor LanguageModel::logits(Graph& g, const Tensor& idx) {
+  return run_forward(g, [&] { return compute_logits(g, idx); });
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,45 @@
+// LanguageModel: what the trainer, FSDP and the tools see of a model.
+//
+// A model is built as specs (no memory); nn::materialize() or FSDP then gives its
+// parameters data. Its units are found by kind: blocks() are the modules of kind "block",
+// in forward order; everything else (embeddings, final norm, head) belongs to the root.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "models/config.h"
+#include "runtime/nn/module.h"
+
+namespace fsdp::models {
+
+using autograd::Graph;
+
+class LanguageModel : public nn::Module {
+ public:
+  const ModelConfig& config() const { return config_; }
+
+  // Mean cross-entropy over the targets that are not -1: idx and targets (B, T) i32 on the
+  // graph's device, T <= seq_len for GPT-2. Returns a one-element f32 tensor (f64 for f64
+  // parameters). `n_valid` is the number of targets != -1 when the caller knows it (the
+  // trainer does: it avoids reading targets back from the device); -1 counts them.
+  // If `logits` is given it receives the (B, T, Vp) logits; NOTE that backward overwrites
+  // that buffer with the logits' gradient (the fused loss works in place), so copy it first
+  // if it is needed after backward.
+  Tensor forward(Graph& g, const Tensor& idx, const Tensor& targets, int64_t n_valid = -1,
+                 Tensor* logits = nullptr);
+  // Logits only: (B, T, Vp), for generation and parity checks.
+  Tensor logits(Graph& g, const Tensor& idx);
+
+  // The transformer blocks, in forward order (FSDP's default units).
+  std::vector<nn::Module*> blocks() { return modules_of_kind("block"); }
+
+ protected:
+  explicit LanguageModel(const ModelConfig& config) : config_(config.resolved()) {}
+  // idx (B, T) -> logits (B, T, Vp), without the root's hooks (forward/logits add them).
+  virtual Tensor compute_logits(Graph& g, const Tensor& idx) = 0;
+
+  ModelConfig config_;
+};
+
+}  // namespace fsdp::models

@@ -1,0 +1,65 @@
+#include "models/llama.h"
+
+#include "runtime/nn/functional.h"
+
+namespace fsdp::models {
+namespace {
+
+nn::AttentionConfig attention_config(const ModelConfig& c) {
+  nn::AttentionConfig a;
+  a.dim = c.d_model;
+  a.n_head = c.n_head;
+  a.n_kv_head = c.n_kv_head;
+  a.bias = false;
+  a.rope_theta = c.rope_theta;
+  return a;
+}
+
+nn::InitRule weight_init(const ModelConfig& c) { return nn::InitRule::normal(0.0, c.init_std); }
+
+}  // namespace
+
+LlamaBlock::LlamaBlock(const ModelConfig& c)
+    : attn_norm(c.d_model, c.norm_eps),
+      attn(attention_config(c), weight_init(c), weight_init(c)),
+      mlp_norm(c.d_model, c.norm_eps),
+      mlp(c.d_model, c.d_ff, false, weight_init(c), weight_init(c)) {
+  add_module("attn_norm", attn_norm);
+  add_module("attn", attn);
+  add_module("mlp_norm", mlp_norm);
+  add_module("mlp", mlp);
+}
+
+Tensor LlamaBlock::compute(Graph& g, const Tensor& x) {
+  const Tensor h = nn::add(g, x, attn(g, attn_norm(g, x)));  // (B, T, C)
+  return nn::add(g, h, mlp(g, mlp_norm(g, h)));              // (B, T, C)
+}
+
+Llama::Llama(const ModelConfig& config)
+    : LanguageModel(config),
+      embed(config_.padded_vocab_size, config_.d_model, weight_init(config_)),
+      norm(config_.d_model, config_.norm_eps) {
+  FSDP_CHECK(config_.family == Family::Llama, ConfigError, "Llama built from a ",
+             family_name(config_.family), " config");
+  add_module("embed", embed);
+  add_module("layers", layers);
+  for (int64_t i = 0; i < config_.n_layer; ++i)
+    layers.append(std::make_unique<LlamaBlock>(config_));
+  add_module("norm", norm);
+  if (!config_.tie_embeddings) {
+    lm_head = std::make_unique<nn::Linear>(config_.d_model, config_.padded_vocab_size, false,
+                                           weight_init(config_));
+    add_module("lm_head", *lm_head);
+  }
+}
+
+Tensor Llama::compute_logits(Graph& g, const Tensor& idx) {
+  FSDP_CHECK(idx.dim() == 2, ShapeError, "Llama: idx ", idx.str(), " must be (B, T)");
+  Tensor x = embed(g, idx);  // (B, T, C)
+  for (size_t i = 0; i < layers.size(); ++i) x = static_cast<LlamaBlock&>(layers[i])(g, x);
+  x = norm(g, x);
+  // (B, T, Vp)
+  return lm_head ? (*lm_head)(g, x) : nn::linear(g, x, embed.weight());
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,45 @@
+// A Llama-style decoder: RMSNorm, rotary embeddings ("rotate half", as Hugging Face), fused
+// qkv with grouped-query attention, SwiGLU MLP with a fused gate|up projection, no biases,
+// untied head (unless config.tie_embeddings).
+//
+// Parameter names: embed.weight (Vp, C), layers.<i>.attn_norm.weight,
+// layers.<i>.attn.qkv.weight ((H + 2 Hkv) D, C), layers.<i>.attn.proj.weight (C, H D),
+// layers.<i>.mlp_norm.weight, layers.<i>.mlp.gate_up.weight (2F, C) = [gate; up],
+// layers.<i>.mlp.proj.weight (C, F), norm.weight, lm_head.weight (Vp, C).
+// Init: every weight N(0, init_std) (Hugging Face's rule), norm weights 1.
+#pragma once
+
+#include <memory>
+
+#include "models/language_model.h"
+#include "runtime/nn/layers.h"
+
+namespace fsdp::models {
+
+class LlamaBlock : public nn::UnaryModule {
+ public:
+  explicit LlamaBlock(const ModelConfig& c);
+  std::string kind() const override { return "block"; }
+  nn::RMSNorm attn_norm;
+  nn::CausalSelfAttention attn;
+  nn::RMSNorm mlp_norm;
+  nn::SwiGLUMLP mlp;
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+};
+
+class Llama : public LanguageModel {
+ public:
+  explicit Llama(const ModelConfig& config);
+  std::string kind() const override { return "llama"; }
+  nn::Embedding embed;  // (Vp, C)
+  nn::ModuleList layers;
+  nn::RMSNorm norm;
+  std::unique_ptr<nn::Linear> lm_head;  // (Vp, C); null when tied to embed
+
+ protected:
+  Tensor compute_logits(Graph& g, const Tensor& idx) override;
+};
+
+}  // namespace fsdp::models

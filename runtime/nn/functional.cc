@@ -1,0 +1,222 @@
+// Dense differentiable ops: linear, embedding, norms, activations, the residual add.
+#include "runtime/nn/functional.h"
+
+#include "kernels/ops.h"
+#include "runtime/nn/op_support.h"
+
+namespace fsdp::nn {
+
+using detail::overwrite_grad;
+using detail::rows;
+using detail::with_last;
+
+DType stat_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DType::f32; }
+
+// ---------------------------------------------------------------- linear
+
+Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
+              ops::Epilogue epilogue) {
+  Context& ctx = g.ctx();
+  const Tensor& w = weight.checked_data();  // (out, in)
+  const int64_t out_f = w.size(0), in_f = w.size(1);
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, ShapeError, "linear ", weight.name(), ": input ",
+             x.str(), " does not end in ", in_f, " features");
+  detail::check_compute_dtype(x, weight, "linear");
+  const Tensor x2 = rows(ctx, x, in_f);  // (N, in)
+  const int64_t n = x2.size(0);
+  Tensor y = ctx.empty(with_last(x.shape(), out_f), w.dtype());  // (..., out)
+  const bool gelu = epilogue == ops::Epilogue::Gelu;
+  const Tensor pre = gelu ? ctx.empty(Shape{n, out_f}, w.dtype()) : Tensor();  // (N, out)
+  ops::matmul(ctx, y.view(Shape{n, out_f}), x2, w, false, true, 1.0, 0.0,
+              bias ? bias->checked_data() : Tensor(), epilogue, pre);
+  if (!g.should_record({&x}, true)) return y;
+
+  y = Graph::track(y);
+  Parameter* wp = &weight;
+  g.record("linear:" + weight.name(), {y.autograd_meta()},
+           [tx = Graph::target(x), x2, pre, ym = y.autograd_meta(), wp, bias, gelu, n, out_f, in_f](Graph& g) {
+             Tensor dy = Graph::grad_of(ym);
+             if (!dy.defined()) return;
+             Context& ctx = g.ctx();
+             dy = rows(ctx, dy, out_f);  // (N, out)
+             if (gelu) {
+               Tensor dpre = ctx.empty(Shape{n, out_f}, dy.dtype());  // (N, out)
+               ops::gelu_backward(ctx, dpre, dy, pre);
+               dy = dpre;
+             }
+             const autograd::GradSink sx = g.grad_sink(tx);
+             if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
+               ops::matmul(ctx, sx.buffer.view(Shape{n, in_f}), dy, wp->checked_data(), false,
+                           false, 1.0, sx.accumulate ? 1.0 : 0.0);
+             // dW (out, in) += dy^T (out, N) @ x (N, in)
+             ops::matmul(ctx, wp->grad_for_accumulation(ctx), dy, x2, true, false, 1.0, 1.0);
+             if (bias) ops::bias_backward(ctx, bias->grad_for_accumulation(ctx), dy, true);
+           });
+  return y;
+}
+
+// ---------------------------------------------------------------- embedding
+
+Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe) {
+  Context& ctx = g.ctx();
+  const Tensor& w = wte.checked_data();  // (V, C)
+  FSDP_CHECK(idx.dim() == 2 && idx.dtype() == DType::i32, ShapeError, "embedding ", wte.name(),
+             ": indices must be (B, T) i32, got ", idx.str());
+  const int64_t b = idx.size(0), t = idx.size(1), c = w.size(1);
+  if (wpe) {
+    const Tensor& p = wpe->checked_data();  // (T', C)
+    FSDP_CHECK(p.size(1) == c && p.dtype() == w.dtype(), ShapeError, "embedding: positions ",
+               p.str(), " do not match the token table ", w.str());
+    FSDP_CHECK(t <= p.size(0), ShapeError, "embedding: sequence of ", t, " tokens is longer than ",
+               wpe->name(), "'s ", p.size(0), " positions");
+  }
+  const Tensor ids = ops::contiguous(ctx, idx);
+  Tensor out = ctx.empty(Shape{b, t, c}, w.dtype());  // (B, T, C)
+  ops::embedding_forward(ctx, out, ids, w, wpe ? wpe->data : Tensor());
+  if (!g.should_record({}, true)) return out;
+
+  out = Graph::track(out);
+  Parameter* wtep = &wte;
+  g.record("embedding:" + wte.name(), {out.autograd_meta()},
+           [ids, om = out.autograd_meta(), wtep, wpe](Graph& g) {
+             Tensor dout = Graph::grad_of(om);
+             if (!dout.defined()) return;
+             Context& ctx = g.ctx();
+             ops::embedding_backward(ctx, wtep->grad_for_accumulation(ctx),
+                                     wpe ? wpe->grad_for_accumulation(ctx) : Tensor(),
+                                     ops::contiguous(ctx, dout), ids);
+           });
+  return out;
+}
+
+// ---------------------------------------------------------------- norms
+
+Tensor layer_norm(Graph& g, const Tensor& x, Parameter& weight, Parameter& bias, double eps) {
+  Context& ctx = g.ctx();
+  const Tensor& w = weight.checked_data();  // (C)
+  const int64_t c = w.numel();
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "layer_norm ", weight.name(),
+             ": input ", x.str(), " does not end in ", c, " channels");
+  detail::check_compute_dtype(x, weight, "layer_norm");
+  const Tensor x2 = rows(ctx, x, c);  // (N, C)
+  const int64_t n = x2.size(0);
+  Tensor out = ctx.empty(x.shape(), x.dtype());
+  const Tensor mean = ctx.empty(Shape{n}, stat_dtype(x.dtype()));  // (N)
+  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(x.dtype()));  // (N)
+  ops::layernorm_forward(ctx, out.view(Shape{n, c}), mean, rstd, x2, w, bias.checked_data(), eps);
+  if (!g.should_record({&x}, true)) return out;
+
+  out = Graph::track(out);
+  Parameter* wp = &weight;
+  Parameter* bp = &bias;
+  g.record("layer_norm:" + weight.name(), {out.autograd_meta()},
+           [tx = Graph::target(x), x2, mean, rstd, om = out.autograd_meta(), wp, bp, n, c](Graph& g) {
+             Tensor dout = Graph::grad_of(om);
+             if (!dout.defined()) return;
+             Context& ctx = g.ctx();
+             autograd::GradSink sx = g.grad_sink(tx);
+             // The kernel writes dx and the parameter gradients together; an input that takes
+             // no gradient gets a scratch buffer.
+             const Tensor dx = sx.defined() ? sx.buffer.view(Shape{n, c})
+                                            : ctx.empty(Shape{n, c}, tx.dtype);
+             ops::layernorm_backward(ctx, dx, wp->grad_for_accumulation(ctx),
+                                     bp->grad_for_accumulation(ctx), rows(ctx, dout, c), x2,
+                                     wp->checked_data(), mean, rstd, sx.accumulate, true);
+           });
+  return out;
+}
+
+Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps) {
+  Context& ctx = g.ctx();
+  const Tensor& w = weight.checked_data();  // (C)
+  const int64_t c = w.numel();
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "rms_norm ", weight.name(), ": input ",
+             x.str(), " does not end in ", c, " channels");
+  detail::check_compute_dtype(x, weight, "rms_norm");
+  const Tensor x2 = rows(ctx, x, c);  // (N, C)
+  const int64_t n = x2.size(0);
+  Tensor out = ctx.empty(x.shape(), x.dtype());
+  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(x.dtype()));  // (N)
+  ops::rmsnorm_forward(ctx, out.view(Shape{n, c}), rstd, x2, w, eps);
+  if (!g.should_record({&x}, true)) return out;
+
+  out = Graph::track(out);
+  Parameter* wp = &weight;
+  g.record("rms_norm:" + weight.name(), {out.autograd_meta()},
+           [tx = Graph::target(x), x2, rstd, om = out.autograd_meta(), wp, n, c](Graph& g) {
+             Tensor dout = Graph::grad_of(om);
+             if (!dout.defined()) return;
+             Context& ctx = g.ctx();
+             autograd::GradSink sx = g.grad_sink(tx);
+             const Tensor dx = sx.defined() ? sx.buffer.view(Shape{n, c})
+                                            : ctx.empty(Shape{n, c}, tx.dtype);
+             ops::rmsnorm_backward(ctx, dx, wp->grad_for_accumulation(ctx), rows(ctx, dout, c),
+                                   x2, wp->checked_data(), rstd, sx.accumulate, true);
+           });
+  return out;
+}
+
+// ---------------------------------------------------------------- activations
+
+Tensor gelu(Graph& g, const Tensor& x) {
+  Context& ctx = g.ctx();
+  const Tensor xc = ops::contiguous(ctx, x);
+  Tensor out = ctx.empty(x.shape(), x.dtype());
+  ops::gelu_forward(ctx, out, xc);
+  if (!g.should_record({&x}, false)) return out;
+
+  out = Graph::track(out);
+  g.record("gelu", {out.autograd_meta()}, [tx = Graph::target(x), xc, om = out.autograd_meta()](Graph& g) {
+    Tensor dout = Graph::grad_of(om);
+    if (!dout.defined()) return;
+    Context& ctx = g.ctx();
+    dout = ops::contiguous(ctx, dout);
+    overwrite_grad(g, tx, [&](const Tensor& dx) { ops::gelu_backward(ctx, dx, dout, xc); });
+  });
+  return out;
+}
+
+Tensor swiglu(Graph& g, const Tensor& x) {
+  Context& ctx = g.ctx();
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, ShapeError, "swiglu: input ", x.str(),
+             " must end in an even number (2F) of features");
+  const int64_t f = x.size(-1) / 2;
+  const Tensor x2 = rows(ctx, x, 2 * f);  // (N, 2F)
+  const int64_t n = x2.size(0);
+  Tensor out = ctx.empty(with_last(x.shape(), f), x.dtype());  // (..., F)
+  ops::swiglu_forward(ctx, out.view(Shape{n, f}), x2);
+  if (!g.should_record({&x}, false)) return out;
+
+  out = Graph::track(out);
+  g.record("swiglu", {out.autograd_meta()}, [tx = Graph::target(x), x2, om = out.autograd_meta(), n, f](Graph& g) {
+    Tensor dout = Graph::grad_of(om);
+    if (!dout.defined()) return;
+    Context& ctx = g.ctx();
+    const Tensor dout2 = rows(ctx, dout, f);  // (N, F)
+    overwrite_grad(g, tx, [&](const Tensor& dx) {
+      ops::swiglu_backward(ctx, dx.view(Shape{n, 2 * f}), dout2, x2);
+    });
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- residual add
+
+Tensor add(Graph& g, const Tensor& a, const Tensor& b) {
+  Context& ctx = g.ctx();
+  check_same_shape(a, b, "add");
+  Tensor out = ctx.empty(a.shape(), a.dtype());
+  ops::add(ctx, out, a, b);
+  if (!g.should_record({&a, &b}, false)) return out;
+
+  out = Graph::track(out);
+  g.record("add", {out.autograd_meta()}, [ta = Graph::target(a), tb = Graph::target(b), om = out.autograd_meta()](Graph& g) {
+    const Tensor dout = Graph::grad_of(om);
+    // Both inputs adopt the same gradient tensor; Graph copies it before anyone adds to it.
+    g.accumulate(ta, dout);
+    g.accumulate(tb, dout);
+  });
+  return out;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,70 @@
+// Differentiable ops: each runs its forward kernel (kernels/nn_ops.h) and, when the graph is
+// recording, records one node whose backward adds into its inputs' and parameters' gradients.
+//
+// Rules every op here follows:
+// - Inputs are whole tensors produced by earlier ops (or leaves); views are taken inside the
+//   ops, since a view carries no autograd record.
+// - Parameters are passed as Parameter&, and backward reads parameter.data and
+//   parameter.grad when it runs (FSDP may have re-gathered the weights into other buffers in
+//   between); parameter gradients are ACCUMULATED, allocated zeroed if undefined.
+// - Activations and their gradients have the parameters' compute dtype; statistics saved for
+//   backward (norm rstd, attention log-sum-exp, losses) are f32, f64 for f64 compute.
+// Shapes: B batch, T time, C channels, H heads, Hkv key/value heads, D head dim, Vp padded
+// vocabulary, F hidden features; "..." any leading dimensions.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/nn_ops.h"
+#include "runtime/autograd/graph.h"
+#include "runtime/nn/parameter.h"
+
+namespace fsdp::nn {
+
+using autograd::Graph;
+
+// y (..., out) = x (..., in) @ weight (out, in)^T [+ bias (out)], then GELU (tanh) when
+// epilogue is Gelu (fused into the matmul; the pre-activation is saved for backward).
+Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias = nullptr,
+              ops::Epilogue epilogue = ops::Epilogue::None);
+
+// out (B, T, C) = wte[idx] (+ wpe[t]): idx (B, T) i32, wte (V, C), wpe (T', C), T <= T'.
+Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe = nullptr);
+
+// LayerNorm / RMSNorm over the last dimension of x (..., C).
+Tensor layer_norm(Graph& g, const Tensor& x, Parameter& weight, Parameter& bias, double eps);
+Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps);
+
+// GELU (tanh form), elementwise.
+Tensor gelu(Graph& g, const Tensor& x);
+// x (..., 2F) = [gate | up] -> (..., F) = silu(gate) * up.
+Tensor swiglu(Graph& g, const Tensor& x);
+// a + b, same shapes (the residual stream).
+Tensor add(Graph& g, const Tensor& a, const Tensor& b);
+
+// x (B, T, H, D) rotated by position ("rotate half", Hugging Face Llama's convention).
+Tensor rope(Graph& g, const Tensor& x, double theta);
+
+// Causal self-attention on a fused projection: qkv (B, T, (H + 2 Hkv) D) holds
+// [q (H heads) | k (Hkv heads) | v (Hkv heads)] per token; returns (B, T, H D). With
+// rope_theta > 0, q and k are rotated first (on copies: qkv is left as it is).
+Tensor causal_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
+                        double rope_theta = 0.0);
+
+// Mean softmax cross-entropy over the non-ignored targets: logits (..., Vp), targets (...)
+// i32 in [0, vocab_size) or -1 (ignored); the padded columns [vocab_size, Vp) take no part.
+// Returns a one-element tensor (f32; f64 for f64 logits). `n_valid` is the number of
+// targets != -1 if the caller knows it; -1 counts them (reading targets back to the host,
+// which synchronizes with the device). All targets ignored gives a loss of 0.
+//
+// Memory: forward keeps only the logits and one log-sum-exp per row; backward writes the
+// logit gradients IN PLACE into the logits buffer when the logits are an op's output that
+// nothing else has sent a gradient to (the lm_head's): the probabilities are never stored.
+// The caller must not read `logits` after backward expecting logits.
+Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                     int64_t n_valid = -1);
+
+// The statistics dtype for a compute dtype: f64 for f64, f32 otherwise.
+DType stat_dtype(DType compute);
+
+}  // namespace fsdp::nn

@@ -1,0 +1,107 @@
+#include "runtime/nn/layers.h"
+
+#include "runtime/nn/functional.h"
+
+namespace fsdp::nn {
+
+// ---------------------------------------------------------------- Linear
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, InitRule weight_init,
+               ops::Epilogue epilogue)
+    : epilogue_(epilogue) {
+  weight_ = &add_parameter("weight", Shape{out_features, in_features}, weight_init, true);
+  if (bias) bias_ = &add_parameter("bias", Shape{out_features}, InitRule::zeros(), false);
+}
+
+Tensor Linear::compute(Graph& g, const Tensor& x) {
+  return linear(g, x, *weight_, bias_, epilogue_);
+}
+
+// ---------------------------------------------------------------- Embedding
+
+Embedding::Embedding(int64_t rows, int64_t dim, InitRule init) {
+  weight_ = &add_parameter("weight", Shape{rows, dim}, init, true);
+}
+
+Tensor Embedding::compute(Graph& g, const Tensor& idx) { return embedding(g, idx, *weight_); }
+
+// ---------------------------------------------------------------- norms
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : eps_(eps) {
+  weight_ = &add_parameter("weight", Shape{dim}, InitRule::ones(), false);
+  bias_ = &add_parameter("bias", Shape{dim}, InitRule::zeros(), false);
+}
+
+Tensor LayerNorm::compute(Graph& g, const Tensor& x) {
+  return layer_norm(g, x, *weight_, *bias_, eps_);
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) {
+  weight_ = &add_parameter("weight", Shape{dim}, InitRule::ones(), false);
+}
+
+Tensor RMSNorm::compute(Graph& g, const Tensor& x) { return rms_norm(g, x, *weight_, eps_); }
+
+// ---------------------------------------------------------------- MLPs
+
+GeluMLP::GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init)
+    : fc(dim, hidden, bias, init, ops::Epilogue::Gelu), proj(hidden, dim, bias, proj_init) {
+  add_module("fc", fc);
+  add_module("proj", proj);
+}
+
+Tensor GeluMLP::compute(Graph& g, const Tensor& x) {
+  return proj(g, fc(g, x));  // (..., C) -> (..., F) -> (..., C)
+}
+
+SwiGLUMLP::SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init)
+    : gate_up(dim, 2 * hidden, bias, init), proj(hidden, dim, bias, proj_init) {
+  add_module("gate_up", gate_up);
+  add_module("proj", proj);
+}
+
+Tensor SwiGLUMLP::compute(Graph& g, const Tensor& x) {
+  const Tensor h = swiglu(g, gate_up(g, x));  // (..., 2F) -> (..., F)
+  return proj(g, h);                           // (..., C)
+}
+
+// ---------------------------------------------------------------- attention
+
+namespace {
+
+AttentionConfig resolved(AttentionConfig c) {
+  FSDP_CHECK(c.dim > 0 && c.n_head > 0, ShapeError, "attention: dim ", c.dim, " and heads ",
+             c.n_head, " must be positive");
+  if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
+  if (c.head_dim == 0) {
+    FSDP_CHECK(c.dim % c.n_head == 0, ShapeError, "attention: dim ", c.dim,
+               " is not divisible by ", c.n_head, " heads");
+    c.head_dim = c.dim / c.n_head;
+  }
+  FSDP_CHECK(c.n_head % c.n_kv_head == 0, ShapeError, "attention: ", c.n_head,
+             " query heads are not a multiple of ", c.n_kv_head, " key/value heads");
+  return c;
+}
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config, InitRule init,
+                                         InitRule proj_init)
+    : qkv(config.dim,
+          (resolved(config).n_head + 2 * resolved(config).n_kv_head) * resolved(config).head_dim,
+          config.bias, init),
+      proj(resolved(config).n_head * resolved(config).head_dim, config.dim, config.bias,
+           proj_init),
+      config_(resolved(config)) {
+  add_module("qkv", qkv);
+  add_module("proj", proj);
+}
+
+Tensor CausalSelfAttention::compute(Graph& g, const Tensor& x) {
+  const Tensor fused = qkv(g, x);  // (B, T, (H + 2 Hkv) D)
+  const Tensor y = causal_attention(g, fused, config_.n_head, config_.n_kv_head,
+                                    config_.rope_theta);  // (B, T, H D)
+  return proj(g, y);  // (B, T, C)
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,154 @@
+// The layers models are built from. Each is a spec until materialized (see init.h): its
+// constructor registers parameter shapes and init rules and allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/nn_ops.h"
+#include "runtime/nn/module.h"
+
+namespace fsdp::nn {
+
+// An ordered list of child modules named "0", "1", ... (a model's "h" or "layers"), owning
+// them. It has no forward of its own: the parent iterates it.
+class ModuleList : public Module {
+ public:
+  std::string kind() const override { return "list"; }
+  template <typename M>
+  M& append(std::unique_ptr<M> module) {
+    M& ref = *module;
+    add_module(std::to_string(owned_.size()), ref);
+    owned_.push_back(std::move(module));
+    return ref;
+  }
+  size_t size() const { return owned_.size(); }
+  Module& operator[](size_t i) const { return *owned_.at(i); }
+
+ private:
+  std::vector<std::unique_ptr<Module>> owned_;
+};
+
+// y (..., out) = x (..., in) @ weight^T (+ bias), with an optional fused GELU.
+// weight (out, in) is decayed; bias (out) starts at zero and is not decayed.
+class Linear : public UnaryModule {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, InitRule weight_init,
+         ops::Epilogue epilogue = ops::Epilogue::None);
+  std::string kind() const override { return "linear"; }
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  ops::Epilogue epilogue_;
+};
+
+// An embedding table weight (rows, C), decayed (as in llm.c's GPT-2 recipe). forward()
+// looks up token ids: idx (B, T) i32 -> (B, T, C). GPT-2 keeps its learned positions in a
+// second table and calls nn::embedding(g, idx, wte.weight(), &wpe.weight()), which adds
+// both in one kernel.
+class Embedding : public UnaryModule {
+ public:
+  Embedding(int64_t rows, int64_t dim, InitRule init);
+  std::string kind() const override { return "embedding"; }
+  Parameter& weight() { return *weight_; }
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& idx) override;
+
+ private:
+  Parameter* weight_;
+};
+
+// LayerNorm over the last dimension: weight (C) ones, bias (C) zeros, neither decayed.
+class LayerNorm : public UnaryModule {
+ public:
+  LayerNorm(int64_t dim, double eps);
+  std::string kind() const override { return "layernorm"; }
+  Parameter& weight() { return *weight_; }
+  Parameter& bias() { return *bias_; }
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_;
+  double eps_;
+};
+
+// RMSNorm over the last dimension: weight (C) ones, not decayed.
+class RMSNorm : public UnaryModule {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  std::string kind() const override { return "rmsnorm"; }
+  Parameter& weight() { return *weight_; }
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;
+
+ private:
+  Parameter* weight_;
+  double eps_;
+};
+
+// GPT-2's MLP: fc (C -> F) with fused GELU, then proj (F -> C).
+class GeluMLP : public UnaryModule {
+ public:
+  GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init);
+  std::string kind() const override { return "mlp"; }
+  Linear fc;
+  Linear proj;
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;
+};
+
+// Llama's MLP: one fused projection gate_up (C -> 2F) = [gate | up], silu(gate) * up,
+// then proj (F -> C).
+class SwiGLUMLP : public UnaryModule {
+ public:
+  SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init);
+  std::string kind() const override { return "mlp"; }
+  Linear gate_up;
+  Linear proj;
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;
+};
+
+// Causal self-attention with a fused qkv projection (C -> (H + 2 Hkv) D, rows ordered
+// [q heads | k heads | v heads]), multi-head (Hkv == H) or grouped-query (H % Hkv == 0),
+// optional rotary embeddings (rope_theta > 0), and an output projection proj (H D -> C).
+struct AttentionConfig {
+  int64_t dim = 0;         // C
+  int64_t n_head = 0;      // H
+  int64_t n_kv_head = 0;   // Hkv
+  int64_t head_dim = 0;    // D (C / H when 0)
+  bool bias = false;
+  double rope_theta = 0;   // 0: no rotary embeddings
+};
+
+class CausalSelfAttention : public UnaryModule {
+ public:
+  CausalSelfAttention(const AttentionConfig& config, InitRule init, InitRule proj_init);
+  std::string kind() const override { return "attention"; }
+  const AttentionConfig& config() const { return config_; }
+  Linear qkv;
+  Linear proj;
+
+ protected:
+  Tensor compute(Graph& g, const Tensor& x) override;
+
+ private:
+  AttentionConfig config_;
+};
+
+}  // namespace fsdp::nn

@@ -1,0 +1,49 @@
+// Helpers shared by the differentiable ops' implementations (not a public header).
+#pragma once
+
+#include <functional>
+
+#include "kernels/ops.h"
+#include "runtime/autograd/graph.h"
+#include "runtime/nn/parameter.h"
+
+namespace fsdp::nn::detail {
+
+using autograd::Graph;
+
+// t (..., cols) as a contiguous (rows, cols) matrix: a view when t is contiguous.
+inline Tensor rows(Context& ctx, const Tensor& t, int64_t cols) {
+  const Tensor c = ops::contiguous(ctx, t);
+  return c.view(Shape{c.numel() / cols, cols});
+}
+
+// `shape` with its last dimension replaced by `last`.
+inline Shape with_last(const Shape& shape, int64_t last) {
+  std::vector<int64_t> dims = shape.dims();
+  dims.back() = last;
+  return Shape(dims);
+}
+
+// For kernels that can only OVERWRITE a gradient: calls write(dst) with x's gradient buffer
+// when x has none yet, or with a temporary that is then added into it. No-op when x takes no
+// gradient.
+inline void overwrite_grad(Graph& g, const autograd::GradTarget& x,
+                           const std::function<void(const Tensor&)>& write) {
+  const autograd::GradSink sink = g.grad_sink(x);
+  if (!sink.defined()) return;
+  if (!sink.accumulate) {
+    write(sink.buffer);
+    return;
+  }
+  const Tensor tmp = g.ctx().empty(x.shape, x.dtype);
+  write(tmp);
+  g.add_into(sink, tmp);
+}
+
+// Throws unless x has the compute dtype of `p` (activations and weights share one dtype).
+inline void check_compute_dtype(const Tensor& x, const Parameter& p, const char* op) {
+  FSDP_CHECK(x.dtype() == p.checked_data().dtype(), DTypeError, op, " ", p.name(), ": input ",
+             x.str(), " does not have the weight's dtype ", dtype_name(p.data.dtype()));
+}
+
+}  // namespace fsdp::nn::detail

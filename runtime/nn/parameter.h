@@ -1,0 +1,81 @@
+// Parameter: one trainable tensor of a model, first as a spec (name, shape, init rule), then
+// materialized (data and grad tensors on a device).
+//
+// `data` holds the compute weights that ops read; `grad` is where backward ACCUMULATES the
+// parameter's gradient. Both are plain Tensors that their owner may replace at any time
+// between ops: FSDP points `data` at views into its gathered unit buffers and `grad` at views
+// into its gradient buffers. Backward functions therefore read `data` and `grad` when they
+// run, never a copy taken during forward.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+
+namespace fsdp::nn {
+
+// How a parameter's elements are initialized. Random rules draw element i from the
+// counter-based generator keyed by (seed, hash of the parameter's full name, i).
+struct InitRule {
+  enum class Kind : uint8_t { Normal, Uniform, Zeros, Ones };
+  Kind kind = Kind::Zeros;
+  double a = 0;  // Normal: mean; Uniform: low
+  double b = 0;  // Normal: std;  Uniform: high
+
+  static InitRule normal(double mean, double std) { return {Kind::Normal, mean, std}; }
+  static InitRule uniform(double low, double high) { return {Kind::Uniform, low, high}; }
+  static InitRule zeros() { return {Kind::Zeros, 0, 0}; }
+  static InitRule ones() { return {Kind::Ones, 0, 0}; }
+  std::string str() const;  // "normal(0, 0.02)"
+};
+
+class Parameter {
+ public:
+  // A spec: no memory yet. `weight_decay` says whether AdamW decays it (2-D weights and
+  // embeddings: yes; biases and norm gains: no).
+  Parameter(std::string local_name, Shape shape, InitRule init, bool weight_decay);
+
+  // Full dotted name within the model ("h.3.attn.qkv.weight"); set when the owning module
+  // is registered under its parent.
+  const std::string& name() const { return name_; }
+  const std::string& local_name() const { return local_name_; }
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return shape_.numel(); }
+  const InitRule& init() const { return init_; }
+  bool weight_decay() const { return weight_decay_; }
+
+  // The compute weights (undefined until materialized or installed by FSDP).
+  Tensor data;
+  // The gradient accumulation target (undefined until the first gradient arrives, or until
+  // FSDP installs its views). Backward adds into it; only its owner zeroes it.
+  Tensor grad;
+
+  // The dtype of the gradient that backward allocates when `grad` is undefined. Unless set,
+  // f32 for 16-bit data (bf16/f16) and the data's own dtype otherwise.
+  DType grad_dtype() const;
+  void set_grad_dtype(DType dtype) { grad_dtype_ = dtype; }
+
+  // The gradient buffer backward accumulates into: `grad`, allocated zeroed (shape of the
+  // spec, grad_dtype(), on ctx's device) if undefined.
+  Tensor& grad_for_accumulation(Context& ctx);
+  // Zeroes `grad` in place if defined (for owners of dense gradients).
+  void zero_grad(Context& ctx);
+
+  // Checks that `data` is materialized with the spec's shape; throws ValueError naming the
+  // parameter otherwise.
+  const Tensor& checked_data() const;
+
+ private:
+  friend class Module;
+  std::string local_name_;
+  std::string name_;
+  Shape shape_;
+  InitRule init_;
+  bool weight_decay_;
+  std::optional<DType> grad_dtype_;
+};
+
+}  // namespace fsdp::nn

@@ -1,0 +1,237 @@
+// The model families: llm.c's GPT-2 sizes, configs, the loss at initialization, the logits
+// path, recompute modes (which must not change any number), and the sampler.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "models/factory.h"
+#include "models/generate.h"
+#include "runtime/nn/init.h"
+#include "tests/test_support.h"
+
+namespace fsdp::models {
+namespace {
+
+ModelConfig tiny(Family family) {
+  ModelConfig c;
+  c.family = family;
+  c.n_layer = 2;
+  c.d_model = 16;
+  c.n_head = 4;
+  c.n_kv_head = family == Family::Llama ? 2 : 0;
+  c.vocab_size = 30;
+  c.padded_vocab_size = 32;
+  c.seq_len = 8;
+  c.tie_embeddings = family == Family::GPT2;
+  return c;
+}
+
+Tensor ids(Context& ctx, const std::vector<int32_t>& v, int64_t b, int64_t t) {
+  return ops::from_host<int32_t>(ctx, v, Shape{b, t});
+}
+
+std::vector<int32_t> pattern(int64_t n, int32_t mul, int32_t add, int32_t vocab) {
+  std::vector<int32_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(int32_t((i * mul + add) % vocab));
+  return v;
+}
+
+TEST_CASE("GPT-2 d12 has llm.c's 124,475,904 parameters and shapes", "[models]") {
+  const ModelConfig c = gpt2_config(12);
+  CHECK(c.padded_vocab_size == 50304);
+  CHECK(c.d_ff == 3072);
+  auto model = build_model(c);  // specs only: no memory
+  CHECK(model->num_parameters() == 124475904);
+  CHECK(count_parameters(c) == 124475904);
+  CHECK(model->find_parameter("wte.weight")->shape() == Shape{50304, 768});
+  CHECK(model->find_parameter("wpe.weight")->shape() == Shape{1024, 768});
+  CHECK(model->find_parameter("h.3.attn.qkv.weight")->shape() == Shape{2304, 768});
+  CHECK(model->find_parameter("h.11.mlp.proj.weight")->shape() == Shape{768, 3072});
+  CHECK(model->blocks().size() == 12);
+  CHECK(model->named_parameters().size() == 2 + 12 * 12 + 2);
+  CHECK(model_config("gpt2-d12").n_layer == 12);
+  CHECK(count_parameters(gpt2_config(24)) > count_parameters(gpt2_config(12)));
+}
+
+TEST_CASE("Llama parameter count follows its shapes", "[models]") {
+  const ModelConfig c = llama_small_config();
+  const int64_t C = c.d_model, F = c.d_ff, Vp = c.padded_vocab_size, D = c.head_dim();
+  const int64_t per_layer = 2 * C + (c.n_head + 2 * c.n_kv_head) * D * C + c.n_head * D * C +
+                            2 * F * C + F * C;
+  CHECK(count_parameters(c) == 2 * Vp * C + c.n_layer * per_layer + C);
+}
+
+TEST_CASE("configs fill defaults and reject inconsistent values", "[models]") {
+  ModelConfig c;
+  c.family = Family::Llama;
+  c.n_layer = 1;
+  c.d_model = 64;
+  c.n_head = 4;
+  c.vocab_size = 1000;
+  c.seq_len = 32;
+  const ModelConfig r = c.resolved();
+  CHECK(r.n_kv_head == 4);
+  CHECK(r.d_ff == 256);  // 8/3 * 64 = 171 -> multiple of 256
+  CHECK(r.padded_vocab_size == 1024);
+  ModelConfig bad = c;
+  bad.n_head = 5;
+  CHECK_THROWS_AS(bad.resolved(), ConfigError);
+  bad = c;
+  bad.n_kv_head = 3;
+  CHECK_THROWS_AS(bad.resolved(), ConfigError);
+  bad = c;
+  bad.padded_vocab_size = 999;
+  CHECK_THROWS_AS(bad.resolved(), ConfigError);
+  bad = c;
+  bad.family = Family::GPT2;
+  bad.n_kv_head = 2;
+  CHECK_THROWS_AS(bad.resolved(), ConfigError);
+  CHECK_THROWS_AS(model_config("gpt3"), ConfigError);
+  CHECK_THROWS_AS(family_from_name("bert"), ConfigError);
+  CHECK(family_from_name("llama") == Family::Llama);
+}
+
+TEST_CASE("the loss at initialization is about ln(vocab)", "[models]") {
+  Context ctx;
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    INFO(family_name(f));
+    auto model = build_model(tiny(f));
+    nn::materialize(ctx, *model, DType::f32, 11);
+    Graph g(ctx);
+    autograd::NoGradGuard no_grad(g);
+    const double loss = ops::item(ctx, model->forward(g, ids(ctx, pattern(16, 7, 3, 30), 2, 8),
+                                                      ids(ctx, pattern(16, 5, 1, 30), 2, 8)));
+    // Weights of std 0.02 give logits near 0: a near-uniform softmax over the 30 real tokens.
+    CHECK(std::fabs(loss - std::log(30.0)) < 0.05);
+  }
+}
+
+TEST_CASE("forward's logits equal the logits path; ignored targets and counts", "[models]") {
+  Context ctx;
+  auto model = build_model(tiny(Family::Llama));
+  nn::materialize(ctx, *model, DType::f32, 12);
+  const Tensor idx = ids(ctx, pattern(16, 3, 2, 30), 2, 8);
+  std::vector<int32_t> t = pattern(16, 11, 4, 30);
+  t[3] = t[9] = t[15] = -1;
+  const Tensor targets = ids(ctx, t, 2, 8);
+  Graph g(ctx);
+  autograd::NoGradGuard no_grad(g);
+  Tensor logits;
+  const double counted = ops::item(ctx, model->forward(g, idx, targets, -1, &logits));
+  const double given = ops::item(ctx, model->forward(g, idx, targets, 13));
+  CHECK(counted == given);
+  CHECK(logits.shape() == Shape{2, 8, 32});
+  CHECK(ops::to_vector<float>(ctx, logits) == ops::to_vector<float>(ctx, model->logits(g, idx)));
+  // The loss by hand from the logits: mean over the 13 kept rows of lse(real) - logit[target].
+  const std::vector<float> l = ops::to_vector<float>(ctx, logits);
+  double sum = 0;
+  for (int r = 0; r < 16; ++r) {
+    if (t[size_t(r)] < 0) continue;
+    double m = -1e30, s = 0;
+    for (int v = 0; v < 30; ++v) m = std::max(m, double(l[size_t(r * 32 + v)]));
+    for (int v = 0; v < 30; ++v) s += std::exp(double(l[size_t(r * 32 + v)]) - m);
+    sum += m + std::log(s) - double(l[size_t(r * 32 + t[size_t(r)])]);
+  }
+  CHECK(counted == Approx(sum / 13).epsilon(1e-5));
+}
+
+TEST_CASE("GPT-2 rejects sequences longer than its positions", "[models]") {
+  Context ctx;
+  auto model = build_model(tiny(Family::GPT2));
+  nn::materialize(ctx, *model, DType::f32, 1);
+  Graph g(ctx);
+  const std::vector<int32_t> v = pattern(9, 1, 0, 30);
+  CHECK_THROWS_AS(model->logits(g, ids(ctx, v, 1, 9)), ShapeError);
+  CHECK_THROWS_AS(model->forward(g, ids(ctx, pattern(8, 1, 0, 30), 1, 8),
+                                 ids(ctx, pattern(4, 1, 0, 30), 1, 4)),
+                  ShapeError);
+}
+
+TEST_CASE("activation recompute changes no loss and no gradient (bitwise, CPU f32)",
+          "[models][recompute]") {
+  Context ctx;
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    std::vector<std::vector<float>> reference;
+    double reference_loss = 0;
+    for (const char* mode : {"none", "full", "selective"}) {
+      INFO(family_name(f) << " " << mode);
+      auto model = build_model(tiny(f));
+      nn::materialize(ctx, *model, DType::f32, 21);
+      set_activation_recompute(*model, mode);
+      Graph g(ctx);
+      const Tensor loss = model->forward(g, ids(ctx, pattern(16, 7, 1, 30), 2, 8),
+                                         ids(ctx, pattern(16, 3, 5, 30), 2, 8));
+      const double value = ops::item(ctx, loss);
+      const size_t nodes = g.num_nodes();
+      g.backward(loss, 1.0);
+      std::vector<std::vector<float>> gr;
+      for (nn::Parameter* p : model->named_parameters())
+        gr.push_back(ops::to_vector<float>(ctx, p->grad));
+      if (std::string(mode) == "none") {
+        reference = gr;
+        reference_loss = value;
+        CHECK(nodes > 20);
+      } else {
+        CHECK(value == reference_loss);
+        CHECK(gr == reference);
+      }
+      if (std::string(mode) == "full") {
+        CHECK(model->blocks()[0]->recompute());
+        CHECK(nodes < 12);  // embedding, 2 recompute nodes, norm, head, loss
+      }
+    }
+  }
+  auto model = build_model(tiny(Family::GPT2));
+  CHECK_THROWS_AS(set_activation_recompute(*model, "some"), ConfigError);
+}
+
+TEST_CASE("sample_token: greedy, top-k and temperature", "[models][generate]") {
+  const std::vector<double> logits{0.5, 3.0, -1.0, 2.9};
+  CHECK(sample_token(logits, 0.0, 0, 0.99) == 1);  // greedy ignores the draw
+  CHECK(sample_token(logits, 1.0, 1, 0.99) == 1);
+  // top-2 = {1, 3}: a draw below p(1) picks 1, above it picks 3; never 0 or 2.
+  const double p1 = 1.0 / (1.0 + std::exp(2.9 - 3.0));
+  CHECK(sample_token(logits, 1.0, 2, p1 - 1e-9) == 1);
+  CHECK(sample_token(logits, 1.0, 2, p1 + 1e-9) == 3);
+  CHECK(sample_token(logits, 1.0, 2, 0.999999) == 3);
+  // Full softmax: the last bucket is id 2 (the least likely, sorted last).
+  CHECK(sample_token(logits, 1.0, 0, 0.9999999) == 2);
+  // A very low temperature is greedy in effect.
+  CHECK(sample_token(logits, 1e-3, 0, 0.5) == 1);
+}
+
+TEST_CASE("generate is deterministic for a seed and stays in the vocabulary", "[models][generate]") {
+  Context ctx;
+  auto model = build_model(tiny(Family::GPT2));
+  nn::materialize(ctx, *model, DType::f32, 5);
+  SampleOptions o;
+  o.n_tokens = 12;  // past seq_len = 8: the window slides
+  o.top_k = 5;
+  o.seed = 42;
+  const std::vector<int32_t> a = generate(ctx, *model, {1, 2, 3}, o);
+  const std::vector<int32_t> b = generate(ctx, *model, {1, 2, 3}, o);
+  CHECK(a == b);
+  REQUIRE(a.size() == 12);
+  for (int32_t t : a) CHECK((t >= 0 && t < 30));
+  o.seed = 43;
+  o.temperature = 5.0;
+  CHECK(generate(ctx, *model, {1, 2, 3}, o) != a);
+  // Greedy: each token is the argmax of the logits for the sequence so far.
+  o.temperature = 0;
+  const std::vector<int32_t> greedy = generate(ctx, *model, {4}, o);
+  Graph g(ctx);
+  autograd::NoGradGuard no_grad(g);
+  std::vector<int32_t> seq{4, greedy[0], greedy[1]};
+  const Tensor lg = model->logits(g, ids(ctx, seq, 1, 3));
+  const std::vector<float> last = ops::to_vector<float>(ctx, lg.select(0, 0).select(0, 2));
+  int32_t best = 0;
+  for (int32_t v = 1; v < 30; ++v)
+    if (last[size_t(v)] > last[size_t(best)]) best = v;
+  CHECK(greedy[2] == best);
+  CHECK_THROWS_AS(generate(ctx, *model, {}, o), ValueError);
+  CHECK_THROWS_AS(generate(ctx, *model, {30}, o), ValueError);
+}
+
+}  // namespace
+}  // namespace fsdp::models

@@ -113,10 +113,10 @@ void bias_backward(Context& ctx, const Tensor& dbias, const Tensor& dout, bool a
     return;
   }
 #if FSDP_WITH_CUDA
-  Tensor partials = ctx.empty(Shape{int64_t(kernels::cuda::column_sum_workspace(m, n))}, DType::f32);
+  Tensor workspace =
+      ctx.empty(Shape{int64_t(kernels::cuda::column_sum_workspace_bytes(m, n))}, DType::u8);
   kernels::cuda::bias_backward(dbias.data_ptr(), dbias.dtype(), dout.data_ptr(), dout.dtype(), m,
-                               n, accumulate, static_cast<float*>(partials.data_ptr()),
-                               ctx.stream().cuda_stream());
+                               n, accumulate, workspace.data_ptr(), ctx.stream().cuda_stream());
 #endif
 }
 

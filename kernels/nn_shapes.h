@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/host_device.h"
 #include "runtime/core/dtype.h"
 
 namespace fsdp::kernels {
@@ -19,8 +20,8 @@ struct MatmulDims {
   int64_t batch = 1;
   int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_out = 0;
 
-  int64_t lda() const { return trans_a ? m : k; }
-  int64_t ldb() const { return trans_b ? k : n; }
+  FSDP_HD int64_t lda() const { return trans_a ? m : k; }
+  FSDP_HD int64_t ldb() const { return trans_b ? k : n; }
 };
 
 // Strides of a (B, T, heads, D) tensor whose last dimension is contiguous.
@@ -36,7 +37,7 @@ struct AttentionDims {
   HeadStrides q, k, v, out;
   HeadStrides dout, dq, dk, dv;  // backward only
 
-  int64_t group() const { return heads / kv_heads; }
+  FSDP_HD int64_t group() const { return heads / kv_heads; }
 };
 
 // Norms over the last dimension of contiguous (rows, channels) data.

@@ -1,0 +1,231 @@
+#include "kernels/cuda/blas.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/library_check.h"
+#include "kernels/cuda/nn_kernels.h"
+
+namespace fsdp::kernels::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(64) << 20;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: FSDP_THROW(DTypeError, "matmul (cuBLASLt): unsupported dtype ", dtype_name(t));
+  }
+}
+
+// Largest power of two (up to 16) dividing the address: cuBLASLt picks kernels by it.
+int alignment(const void* p) {
+  if (!p) return 16;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int r = 1;
+  while (r < 16 && a % (2 * r) == 0) r *= 2;
+  return r;
+}
+
+// Everything that decides the descriptors and the algorithm of a matmul.
+struct PlanKey {
+  MatmulDims d;
+  DType in, out;
+  bool bias, gelu, aux;
+  int align_a, align_b, align_out, align_bias, align_aux;
+
+  auto tie() const {
+    return std::make_tuple(d.m, d.n, d.k, d.trans_a, d.trans_b, d.batch, d.batch_stride_a,
+                           d.batch_stride_b, d.batch_stride_out, int(in), int(out), bias, gelu,
+                           aux, align_a, align_b, align_out, align_bias, align_aux);
+  }
+  bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
+};
+
+// A column-major matrix layout, optionally batched.
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t batch_stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  FSDP_CALL(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    FSDP_CALL(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                               sizeof(count)));
+    FSDP_CALL(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
+  }
+  return layout;
+}
+
+// One planned problem: the operation and layout descriptors and the chosen algorithm.
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_out = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    // Destruction cannot report errors; the statuses are ignored on purpose.
+    if (lt_out) cublasLtMatrixLayoutDestroy(lt_out);
+    if (lt_b) cublasLtMatrixLayoutDestroy(lt_b);
+    if (lt_a) cublasLtMatrixLayoutDestroy(lt_a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+struct Blas::Impl {
+  Context& ctx;
+  cublasLtHandle_t handle = nullptr;
+  std::map<CUstream_st*, Tensor> workspaces;  // one per stream: concurrent matmuls never share
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+
+  explicit Impl(Context& c) : ctx(c) {
+    DeviceGuard guard(ctx.device());
+    FSDP_CALL(cublasLtCreate(&handle));
+  }
+  ~Impl() {
+    plans.clear();
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  void* workspace(CUstream_st* stream) {
+    auto it = workspaces.find(stream);
+    if (it == workspaces.end())
+      it = workspaces.emplace(stream, ctx.empty(Shape{int64_t(kWorkspaceBytes)}, DType::u8)).first;
+    return it->second.data_ptr();
+  }
+
+  // Builds the descriptors of `key` and asks the heuristic for its best algorithm.
+  std::unique_ptr<Plan> plan(const PlanKey& key, const void* bias, void* aux) {
+    const MatmulDims& d = key.d;
+    auto p = std::make_unique<Plan>();
+    FSDP_CALL(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // Row-major out (M, N) = op(a) op(b) is column-major out^T (N, M) = op(b)^T op(a)^T:
+    // cuBLASLt's A is our b, its B is our a (see blas.h).
+    const cublasOperation_t ta = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (key.gelu && key.aux)
+      epilogue = key.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (key.gelu)
+      epilogue = key.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    else if (key.bias)
+      epilogue = CUBLASLT_EPILOGUE_BIAS;
+    FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                             sizeof(epilogue)));
+    if (key.aux) {
+      const int64_t ld = d.n;
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                               sizeof(ld)));
+    }
+    set_pointers(*p, bias, aux);
+    const cudaDataType_t in = cuda_type(key.in), out = cuda_type(key.out);
+    // Our b: (K, N) row-major = (N, K) column-major, ld N; transposed: stored (N, K), ld K.
+    p->lt_a = d.trans_b ? make_layout(in, d.k, d.n, d.k, d.batch, d.batch_stride_b)
+                        : make_layout(in, d.n, d.k, d.n, d.batch, d.batch_stride_b);
+    p->lt_b = d.trans_a ? make_layout(in, d.m, d.k, d.m, d.batch, d.batch_stride_a)
+                        : make_layout(in, d.k, d.m, d.k, d.batch, d.batch_stride_a);
+    p->lt_out = make_layout(out, d.n, d.m, d.n, d.batch, d.batch_stride_out);
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    FSDP_CALL(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws_bytes = kWorkspaceBytes;
+    const uint32_t al_a = uint32_t(key.align_b), al_b = uint32_t(key.align_a),
+                   al_c = uint32_t(key.align_out);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                    &al_a, sizeof(al_a));
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                    &al_b, sizeof(al_b));
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                    &al_c, sizeof(al_c));
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                    &al_c, sizeof(al_c));
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->lt_a, p->lt_b, p->lt_out,
+                                              p->lt_out, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, ValueError,
+               "matmul (cuBLASLt): no algorithm for (", d.m, " x ", d.k, ") @ (", d.k, " x ", d.n,
+               ") batch ", d.batch, ", ", dtype_name(key.in), " -> ", dtype_name(key.out),
+               key.gelu ? ", GELU" : "", key.bias ? ", bias" : "", ": ",
+               cublasLtGetStatusString(status));
+    p->algo = result.algo;
+    return p;
+  }
+
+  static void set_pointers(Plan& p, const void* bias, void* aux) {
+    if (bias)
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof(bias)));
+    if (aux)
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                               &aux, sizeof(aux)));
+  }
+};
+
+Blas::Blas(Context& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
+Blas::~Blas() = default;
+
+size_t Blas::cached_plans() const { return impl_->plans.size(); }
+
+void Blas::matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a, const void* b,
+                  DType in_dtype, double alpha, double beta, const void* bias, void* aux,
+                  bool gelu) {
+  if (d.m == 0 || d.n == 0 || d.batch == 0) return;
+  FSDP_CHECK(in_dtype == DType::bf16 || in_dtype == DType::f32, DTypeError,
+             "matmul: CUDA inputs must be bf16 or f32, got ", dtype_name(in_dtype));
+  CUstream_st* stream = impl_->ctx.stream().cuda_stream();
+  if (gelu && aux && d.n % 8 != 0) {
+    // cuBLASLt stores the GELU input only with a leading dimension divisible by 8: run the
+    // bias epilogue into aux, then our GELU kernel.
+    matmul(d, aux, out_dtype, a, b, in_dtype, alpha, beta, bias, nullptr, false);
+    gelu_forward(out, aux, d.m * d.n, out_dtype, stream);
+    return;
+  }
+  if (d.k == 0) {
+    // cuBLASLt rejects K = 0; the product is empty, so out = beta * out (+ bias, GELU).
+    FSDP_CHECK(beta == 0.0 && !bias && !gelu, ValueError,
+               "matmul: K = 0 with beta, bias or GELU is not supported on CUDA");
+    FSDP_CALL(cudaMemsetAsync(out, 0, size_t(d.batch * d.m * d.n) * dtype_size(out_dtype), stream));
+    return;
+  }
+  PlanKey key{d,
+              in_dtype,
+              out_dtype,
+              bias != nullptr,
+              gelu,
+              aux != nullptr,
+              alignment(a),
+              alignment(b),
+              alignment(out),
+              alignment(bias),
+              alignment(aux)};
+  void* ws = impl_->workspace(stream);
+  auto it = impl_->plans.find(key);
+  if (it == impl_->plans.end()) it = impl_->plans.emplace(key, impl_->plan(key, bias, aux)).first;
+  Plan& p = *it->second;
+  Impl::set_pointers(p, bias, aux);
+  const float alpha_f = float(alpha), beta_f = float(beta);
+  FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
+                           p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
+}
+
+}  // namespace fsdp::kernels::cuda

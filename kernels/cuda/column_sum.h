@@ -1,0 +1,24 @@
+// Deterministic column sums on CUDA, shared by bias_backward, the position-embedding
+// gradient and the norms' weight gradients: fixed blocks of rows write partial sums
+// (blocks, n) in f32, then one pass adds each column's partials in block order.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/basic.h"
+
+namespace fsdp::kernels::cuda {
+
+// How many row blocks column_partials() uses for m rows (a function of m alone).
+int64_t column_row_blocks(int64_t m);
+
+// partials (column_row_blocks(m), n) f32 = per-block column sums of x (m, n) (bf16 or f32).
+void column_partials(const void* x, DType dtype, int64_t m, int64_t n, float* partials,
+                     stream_t stream);
+
+// out (n) (+)= sum over the `blocks` rows of partials (blocks, n), in block order. out is
+// bf16 or f32.
+void finish_column_sums(const float* partials, int64_t blocks, int64_t n, void* out,
+                        DType out_dtype, bool accumulate, stream_t stream);
+
+}  // namespace fsdp::kernels::cuda

@@ -1,0 +1,122 @@
+// Fused softmax cross-entropy on CUDA (kernels/cuda/nn_kernels.h): one block per row.
+// Forward: a single pass with an online max / sum of exponentials per thread, merged across
+// the block. Backward: one pass writing (softmax - onehot) * dloss, in place if asked.
+#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/vec.cuh"
+
+namespace fsdp::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+// Running (max, sum of exp(x - max)) of a stream of logits.
+struct OnlineSoftmax {
+  float m = -INFINITY, s = 0.f;
+  __device__ void add(float x) {
+    if (x == -INFINITY) return;  // contributes nothing (and exp(-inf - -inf) would be NaN)
+    if (x > m) {
+      s = s * __expf(m - x) + 1.f;
+      m = x;
+    } else {
+      s += __expf(x - m);
+    }
+  }
+  __device__ void merge(float om, float os) {
+    if (om == -INFINITY) return;
+    const float nm = fmaxf(m, om);
+    s = s * __expf(m - nm) + os * __expf(om - nm);
+    m = nm;
+  }
+};
+
+template <int W, typename T>
+__global__ void cross_entropy_forward_kernel(float* losses, float* lse, const T* logits,
+                                             const int32_t* targets, int64_t Vp, int64_t V) {
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * Vp;  // (Vp)
+  OnlineSoftmax acc;
+  for (int64_t c = int64_t(threadIdx.x) * W; c < V; c += int64_t(blockDim.x) * W) {
+    float v[W];
+    load_floats<W>(x + c, v);  // rows are Vp long: a pack never crosses into the next row
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (c + j < V) acc.add(v[j]);
+  }
+  // Merge across the warp, then across warps.
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, acc.m, o);
+    const float os = __shfl_xor_sync(0xffffffffu, acc.s, o);
+    acc.merge(om, os);
+  }
+  __shared__ float wm[kThreads / kWarp], ws[kThreads / kWarp];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    wm[warp] = acc.m;
+    ws[warp] = acc.s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    OnlineSoftmax total;
+    for (int w = 0; w < int(blockDim.x / kWarp); ++w) total.merge(wm[w], ws[w]);
+    const float log_sum = total.m + logf(total.s);
+    lse[row] = log_sum;
+    const int32_t t = targets[row];
+    losses[row] = t < 0 ? 0.f : log_sum - to_float(x[t]);
+  }
+}
+
+template <int W, typename T>
+__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const float* lse,
+                                              const int32_t* targets, int64_t Vp, int64_t V,
+                                              float dloss) {
+  const int64_t row = blockIdx.x;
+  const int32_t t = targets[row];
+  const float log_sum = lse[row];
+  const T* x = logits + row * Vp;
+  T* dx = dlogits + row * Vp;  // may be x itself: each element is read before it is written
+  for (int64_t c = int64_t(threadIdx.x) * W; c < Vp; c += int64_t(blockDim.x) * W) {
+    float v[W], d[W];
+    load_floats<W>(x + c, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const int64_t col = c + j;
+      const bool live = t >= 0 && col < V;
+      d[j] = live ? (__expf(v[j] - log_sum) - (col == t ? 1.f : 0.f)) * dloss : 0.f;
+    }
+    store_floats<W>(dx + c, d);
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(const CrossEntropyDims& d, float* losses, float* lse,
+                           const void* logits, const int32_t* targets, stream_t stream) {
+  if (d.rows == 0) return;
+  dispatch_compute(d.dtype, "cross_entropy_forward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_width<T>(d.padded_vocab, {logits}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      cross_entropy_forward_kernel<W, T><<<unsigned(d.rows), kThreads, 0, stream>>>(
+          losses, lse, static_cast<const T*>(logits), targets, d.padded_vocab, d.vocab);
+      FSDP_CHECK_LAUNCH();
+    });
+  });
+}
+
+void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void* logits,
+                            const float* lse, const int32_t* targets, double dloss,
+                            stream_t stream) {
+  if (d.rows == 0) return;
+  dispatch_compute(d.dtype, "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_width<T>(d.padded_vocab, {dlogits, logits}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      cross_entropy_backward_kernel<W, T><<<unsigned(d.rows), kThreads, 0, stream>>>(
+          static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, d.padded_vocab,
+          d.vocab, float(dloss));
+      FSDP_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace fsdp::kernels::cuda

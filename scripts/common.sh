@@ -35,6 +35,8 @@ export CUDA_HOME
 CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/fsdp.cpp"
 mkdir -p "$CACHE_DIR"
 BAZEL_FLAGS=(--disk_cache="$CACHE_DIR/bazel-disk")
+# The git revision `train --version` reports (Bazel needs the script's absolute path).
+BAZEL_FLAGS+=(--workspace_status_command="$REPO_ROOT/scripts/workspace_status.sh")
 if [ -x "$CUDA_HOME/bin/nvcc" ]; then
   BAZEL_CONFIG="cuda"
   BAZEL_FLAGS+=(--config=cuda)

@@ -437,8 +437,14 @@ void Recipe::resolve_device(bool cuda_available) {
   MixedPrecisionSection& mp = mixed_precision;
   if (mp.compute_dtype == "auto") mp.compute_dtype = dist.device == "cuda" ? "bf16" : "f32";
   if (mp.grad_reduce_dtype == "auto") {
-    bool wide = ddp.grad_reduce_in_fp32 && mp.compute_dtype != "f64";
-    mp.grad_reduce_dtype = wide ? "f32" : mp.compute_dtype;
+    if (dist.device == "cpu" && mp.compute_dtype == "f32") {
+      // f32 gradients summed in f64 are exact: any sharding and data-parallel size then
+      // gives a single process's results bit for bit (see runtime/fsdp/sharded_model.h).
+      mp.grad_reduce_dtype = "f64";
+    } else {
+      bool wide = ddp.grad_reduce_in_fp32 && mp.compute_dtype != "f64";
+      mp.grad_reduce_dtype = wide ? "f32" : mp.compute_dtype;
+    }
   }
 }
 

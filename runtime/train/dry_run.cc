@@ -1,0 +1,56 @@
+#include "runtime/train/dry_run.h"
+
+#include "models/factory.h"
+#include "runtime/fsdp/memory.h"
+#include "runtime/train/metrics.h"
+#include "runtime/train/metrics_line.h"
+#include "runtime/train/trainer_setup.h"
+
+namespace fsdp::train {
+
+std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
+  recipe.resolve_device(assume_cuda);
+  recipe.resolve_world(world_size);
+  const MeshSizes sizes = mesh_sizes_of(recipe);
+  const Mesh mesh(sizes, world_size);
+  const models::ModelConfig mc = model_config_of(recipe);
+  auto model = models::build_model(mc);  // specs only: no memory
+  const FsdpOptions fo = fsdp_options_of(recipe);
+  PlanOptions po;
+  po.dp_size = fo.strategy == ShardingStrategy::NoShard ? 1 : mesh.size(MeshAxis::dp_shard);
+  po.block = fo.shard_block;
+  po.strategy = fo.strategy;
+  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, fo.unit_kind), po);
+  const MemoryBreakdown mem = estimate_memory(plan, fo);
+  const size_t opt = optimizer_state_bytes(plan, recipe.optimizer.optimizer,
+                                           dtype_from_name(recipe.optimizer.moments_dtype));
+  const int64_t act = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
+                                                recipe.model.seq_length, fo.compute_dtype,
+                                                recipe.model.activation_recompute);
+  const int64_t n_params = model->num_parameters();
+  const int64_t tokens = recipe.train.global_batch_size * recipe.model.seq_length;
+  std::string out = recipe.summary();
+  out += str_cat("\nmodel: ", mc.str(), "\nparameters: ", n_params, " (",
+                 format_count(double(n_params)), ")\ntokens per step: ", tokens, " (",
+                 recipe.train.global_batch_size, " sequences of ", recipe.model.seq_length,
+                 "; ", recipe.grad_accum_steps(mesh.dp_size()), " micro-batches of ",
+                 recipe.train.micro_batch_size, " per rank)\nmesh: ", mesh.str(), " on ",
+                 world_size, " rank(s), ", recipe.dist.device, "\n",
+                 "training FLOPs per token: ",
+                 format_count(flops_per_token(n_params, int(mc.n_layer), int(mc.d_model),
+                                              int(mc.seq_len))),
+                 "\n", plan.describe());
+  out += str_cat("memory per rank (", strategy_name(fo.strategy), "):\n",
+                 "  compute weights   ", format_bytes(int64_t(mem.compute_weights)), "\n",
+                 "  main weights      ", format_bytes(int64_t(mem.main_weights)), "\n",
+                 "  grad accumulation ", format_bytes(int64_t(mem.grad_accumulation)), "\n",
+                 "  full gradients    ", format_bytes(int64_t(mem.full_grads)), "\n",
+                 "  gather buffers    ", format_bytes(int64_t(mem.gather_pool)), "\n",
+                 "  gradient buffers  ", format_bytes(int64_t(mem.grad_pool)), "\n",
+                 "  optimizer state   ", format_bytes(int64_t(opt)), "\n",
+                 "  activations       ", format_bytes(act), " (estimate)\n",
+                 "  predicted peak    ", format_bytes(int64_t(mem.total() + opt) + act), "\n");
+  return out;
+}
+
+}  // namespace fsdp::train

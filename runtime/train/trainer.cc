@@ -1,0 +1,295 @@
+// Trainer: set-up (world, model, sharding, optimizer, data, output) and the training loop.
+#include "runtime/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "collectives/world.h"
+#include "kernels/ops.h"
+#include "models/factory.h"
+#include "models/generate.h"
+#include "runtime/autograd/graph.h"
+#include "runtime/core/nvtx.h"
+#include "runtime/data/assets.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/fsdp/memory.h"
+#include "runtime/train/metrics.h"
+#include "runtime/train/metrics_line.h"
+#include "runtime/train/plot.h"
+#include "runtime/train/schedule.h"
+#include "runtime/train/trainer_setup.h"
+
+namespace fsdp::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+// Members are destroyed in reverse order: the sharded model (its hooks) before the model,
+// tensors before their context, communicators before the world.
+struct Trainer::State {
+  Recipe recipe;
+  TrainerOptions options;
+  std::unique_ptr<World> world;
+  std::unique_ptr<Mesh> mesh;
+  std::unique_ptr<MeshCommunicators> comms;
+  std::unique_ptr<Context> ctx;
+  models::ModelConfig model_config;
+  std::unique_ptr<models::LanguageModel> model;
+  FsdpOptions fsdp_options;
+  std::unique_ptr<ShardedModel> sharded;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<data::DataLoader> train_data, val_data;
+  std::unique_ptr<MetricsWriter> metrics;
+  std::vector<StepMetrics> history;
+  LrSchedule schedule;
+  int dp_rank = 0, dp_size = 1;
+  int64_t accum = 1;  // micro-batches per rank per step
+  int64_t step = 0;   // optimizer steps completed
+  int64_t n_params = 0;
+  double flops_per_token = 0;
+
+  void setup();
+  void print(const std::string& line) const {
+    if (world->rank() == 0 && options.out) {
+      std::fprintf(options.out, "%s\n", line.c_str());
+      std::fflush(options.out);
+    }
+  }
+  // Sums `values` over every rank (tiny host vectors: losses, flags).
+  std::vector<double> sum_over_ranks(const std::vector<double>& values);
+  double train_step(double lr, double* grad_norm);
+  double evaluate();
+  std::string sample_text();
+};
+
+Trainer::Trainer(const Recipe& recipe, const TrainerOptions& options) : s_(std::make_unique<State>()) {
+  s_->recipe = recipe;
+  s_->options = options;
+  s_->setup();
+}
+
+Trainer::~Trainer() = default;
+
+const Recipe& Trainer::recipe() const { return s_->recipe; }
+int Trainer::rank() const { return s_->world->rank(); }
+int Trainer::world_size() const { return s_->world->size(); }
+
+void Trainer::State::setup() {
+  // Device and world: the recipe's "auto" choices settle on what this process can use.
+  recipe.resolve_device(cuda_device_count() > 0);
+  WorldOptions wo;
+  wo.backend = recipe.dist.device == "cuda" ? Backend::Nccl : Backend::Mpi;
+  wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
+  wo.print_summary = options.out != nullptr;
+  world = std::make_unique<World>(wo);
+  recipe.resolve_world(world->size());
+  mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
+  comms = std::make_unique<MeshCommunicators>(*world, *mesh);
+  ctx = std::make_unique<Context>(world->device());
+  const std::vector<int> dp_group = mesh->dp_group(world->rank());
+  dp_size = int(dp_group.size());
+  dp_rank = int(std::find(dp_group.begin(), dp_group.end(), world->rank()) - dp_group.begin());
+  accum = recipe.grad_accum_steps(dp_size);
+
+  // Model (specs), sharding (only this rank's shards are allocated and initialized).
+  model_config = model_config_of(recipe);
+  model = models::build_model(model_config);
+  models::set_activation_recompute(*model, recipe.model.activation_recompute);
+  n_params = model->num_parameters();
+  flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
+                                           int(model_config.d_model), int(model_config.seq_len));
+  fsdp_options = fsdp_options_of(recipe);
+  const ShardingStrategy strategy = fsdp_options.strategy;
+  sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, strategy), fsdp_options);
+  optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config_of(recipe));
+  schedule = LrSchedule::from_recipe(recipe);
+
+  // Data: this rank's part of every global batch.
+  const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
+  const uint64_t data_seed = uint64_t(recipe.dataset.seed);
+  train_data = std::make_unique<data::DataLoader>(train_data_of(recipe), B, T, dp_rank, dp_size, data_seed);
+  train_data->vocab_check(recipe.model.vocab_size);
+  bool has_val = false;
+  const data::DataSpec val_spec = val_data_of(recipe, &has_val);
+  if (has_val && recipe.train.eval_iters > 0) {
+    val_data = std::make_unique<data::DataLoader>(val_spec, B, T, dp_rank, dp_size, data_seed);
+    val_data->vocab_check(recipe.model.vocab_size);
+  }
+
+  // Output: the resolved recipe, and the metrics file.
+  if (world->rank() == 0) {
+    std::filesystem::create_directories(recipe.run.output_dir);
+    recipe.write_resolved(recipe.run.output_dir + "/run_config.json");
+    if (recipe.logger.metrics_file)
+      metrics = std::make_unique<MetricsWriter>(recipe.run.output_dir + "/" + *recipe.logger.metrics_file);
+  }
+
+  print(str_cat("model: ", model_config.str(), ", ", n_params, " parameters"));
+  print(str_cat("training: ", recipe.train.train_iters, " steps of ", recipe.train.global_batch_size,
+                " x ", T, " tokens (", accum, " micro-batches of ", B, " per rank, ", dp_size,
+                " data-parallel ranks), ", strategy_name(strategy), ", ",
+                recipe.mixed_precision.compute_dtype, " compute"));
+  const MemoryBreakdown mem = sharded->memory();
+  const size_t opt_bytes = optimizer->state_bytes();
+  const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
+                                                recipe.model.activation_recompute);
+  print(sharded->memory_report());
+  print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)), "\n  activations      ",
+                format_bytes(act), " (estimate)\n  predicted peak   ",
+                format_bytes(int64_t(mem.total() + opt_bytes) + act)));
+}
+
+std::vector<double> Trainer::State::sum_over_ranks(const std::vector<double>& values) {
+  Tensor t = ops::from_host<double>(*ctx, values, Shape{int64_t(values.size())});
+  if (world->size() > 1) world->comm().all_reduce(t, ReduceOp::Sum, ctx->stream());
+  return ops::to_vector<double>(*ctx, t);
+}
+
+double Trainer::State::train_step(double lr, double* grad_norm) {
+  const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
+  sharded->start_step();
+  for (int64_t m = 0; m < accum; ++m) {
+    sharded->start_micro_batch(m == accum - 1);
+    train_data->next(x.data(), y.data());
+    Tensor idx = ops::from_host<int32_t>(*ctx, x, Shape{B, T});
+    Tensor tgt = ops::from_host<int32_t>(*ctx, y, Shape{B, T});
+    autograd::Graph g(*ctx);
+    Tensor loss;
+    {
+      NvtxRange r("forward");
+      loss = model->forward(g, idx, tgt, B * T);
+    }
+    ops::axpby(*ctx, loss_sum, 1.0, loss, 1.0);
+    NvtxRange r("backward");
+    g.backward(loss);
+  }
+  NvtxRange r("optimizer");
+  sharded->finish_grad_sync();
+  const double norm = sharded->grad_norm();
+  FSDP_CHECK(std::isfinite(norm), Error, "training diverged at step ", step + 1,
+             ": the gradient norm is ", norm, " (lower optimizer.lr or check the data)");
+  const double clip = clip_coefficient(norm, recipe.optimizer.clip_grad);
+  optimizer->step(lr, sharded->grad_multiplier() * clip);
+  sharded->install_weights();
+  *grad_norm = norm;
+  return ops::item(*ctx, loss_sum);
+}
+
+double Trainer::State::evaluate() {
+  NvtxRange r("evaluate");
+  const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  val_data->seek(0);  // the same batches at every evaluation
+  double sum = 0;
+  for (int64_t i = 0; i < recipe.train.eval_iters; ++i) {
+    val_data->next(x.data(), y.data());
+    autograd::Graph g(*ctx);
+    autograd::NoGradGuard no_grad(g);
+    Tensor loss = model->forward(g, ops::from_host<int32_t>(*ctx, x, Shape{B, T}),
+                                 ops::from_host<int32_t>(*ctx, y, Shape{B, T}), B * T);
+    sum += ops::item(*ctx, loss);
+  }
+  return sum_over_ranks({sum})[0] / double(recipe.train.eval_iters * dp_size);
+}
+
+std::string Trainer::State::sample_text() {
+  // Every rank generates (a sharded model gathers its weights collectively); rank 0 prints.
+  data::Gpt2Tokenizer tok(data::locate_asset(recipe.tokenizer.vocab_file),
+                          data::locate_asset(recipe.tokenizer.merges_file));
+  std::vector<int32_t> prompt = tok.encode(options.sample_prompt);
+  models::SampleOptions so;
+  so.n_tokens = options.sample_tokens;
+  so.temperature = 0.8;
+  so.top_k = 40;
+  so.seed = uint64_t(recipe.run.seed);
+  std::vector<int32_t> out = models::generate(*ctx, *model, prompt, so);
+  return options.sample_prompt + tok.decode(out);
+}
+
+TrainResult Trainer::run() {
+  State& s = *s_;
+  TrainResult result;
+  result.first_step = s.step;
+  const bool terminal = stdout_is_terminal() && s.options.out == stdout;
+  const int64_t total = s.recipe.train.train_iters;
+  const int64_t tokens_per_step = s.recipe.train.global_batch_size * s.recipe.model.seq_length;
+  double timed_seconds = 0;
+  int64_t timed_steps = 0;
+  s.ctx->allocator()->reset_peak();
+
+  while (s.step < total) {
+    s.world->set_step(s.step + 1);
+    const auto t0 = Clock::now();
+    const double lr = s.schedule.lr_at(s.step);
+    double norm = 0;
+    const double local_loss = s.train_step(lr, &norm);
+    // One small all-reduce carries the losses and any rank's stop request.
+    const bool stop_here = s.options.stop_requested && s.options.stop_requested();
+    const std::vector<double> summed = s.sum_over_ranks({local_loss, stop_here ? 1.0 : 0.0});
+    const double loss = summed[0] / double(s.accum * s.dp_size);
+    const double dt = seconds_since(t0);
+    s.step++;
+    result.losses.push_back(loss);
+    if (s.step > 1) {
+      timed_seconds += dt;
+      timed_steps++;
+    }
+
+    StepMetrics m;
+    m.step = s.step;
+    m.loss = loss;
+    m.lr = lr;
+    m.grad_norm = norm;
+    m.step_time_s = dt;
+    m.tokens_per_sec = double(tokens_per_step) / dt;
+    m.mem_peak_bytes = int64_t(s.ctx->allocator()->stats().peak_in_use);
+    if (s.ctx->is_cuda()) {
+      const double per_gpu = m.tokens_per_sec / s.world->size();
+      m.tflops = per_gpu * s.flops_per_token / 1e12;
+      m.mfu = model_flops_utilization(per_gpu, s.flops_per_token, kH200PeakBf16Flops);
+    }
+    const bool eval_now = s.val_data && s.recipe.train.eval_interval > 0 &&
+                          (s.step % s.recipe.train.eval_interval == 0 || s.step == total);
+    if (eval_now) {
+      m.val_loss = s.evaluate();
+      result.val_losses.push_back(*m.val_loss);
+    }
+    const int64_t every = std::max<int64_t>(1, s.recipe.logger.log_interval);
+    if (s.step % every == 0 || s.step == 1 || s.step == total || eval_now) {
+      s.print(format_step_line(m, total, terminal));
+      s.history.push_back(m);
+      if (s.metrics) s.metrics->write(m);
+    }
+    if (summed[1] > 0) {
+      s.print(str_cat("stop requested: ending after step ", s.step));
+      result.stopped = true;
+      break;
+    }
+  }
+
+  result.steps = s.step;
+  result.tokens_per_sec = timed_steps ? double(tokens_per_step) * timed_steps / timed_seconds : 0;
+  if (s.world->rank() == 0 && !s.history.empty()) {
+    const std::string chart = s.recipe.run.output_dir + "/loss.svg";
+    write_loss_chart(chart, loss_series(s.history), s.recipe.run.name);
+    s.print(str_cat("loss picture: ", chart));
+  }
+  if (s.options.print_sample && !result.stopped) {
+    result.sample = s.sample_text();
+    s.print(str_cat("sample: ", result.sample));
+  }
+  return result;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,74 @@
+// Trainer: one training run from a resolved recipe, as a library call.
+//
+//   Recipe recipe = load_recipe("configs/tiny.json", {"optimizer.lr=3e-4"});
+//   Trainer trainer(recipe, TrainerOptions{});
+//   TrainResult result = trainer.run();
+//
+// Construction sets everything up on this process: the world (rank, device, backend) and
+// its mesh communicators, the model as specs, its sharding (fully_shard: only this rank's
+// shards are materialized and initialized), the optimizer over those shards, the data
+// loaders for this data-parallel rank, the output directory (run_config.json) and, when
+// asked, the checkpoint to resume from. run() trains until train.train_iters, printing
+// rank-0 step lines and writing metrics.jsonl, evaluates at intervals, saves checkpoints at
+// intervals and when a stop is requested (SIGTERM / SIGUSR1 in tools/train), and at the end
+// writes the loss picture and prints a short generated sample.
+//
+// Every rank runs the same calls in the same order; the Trainer never calls exit(). Errors
+// are fsdp::Error exceptions (ConfigError for a recipe that cannot run here).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/train/recipe.h"
+
+namespace fsdp::train {
+
+struct TrainerOptions {
+  // Resume from recipe.checkpoint.load when it names a checkpoint (false: start fresh).
+  bool resume = true;
+  // Polled at every step boundary; when it returns true on any rank, every rank saves a
+  // checkpoint (if saving is configured) and run() returns early with `stopped` set.
+  std::function<bool()> stop_requested;
+  // Where rank 0 prints; nullptr silences the run (tests).
+  std::FILE* out = stdout;
+  // Print a generated sample at the end of the run (from this prompt).
+  bool print_sample = true;
+  std::string sample_prompt = "It is a truth universally acknowledged";
+  int64_t sample_tokens = 48;
+};
+
+struct TrainResult {
+  int64_t first_step = 0;            // steps completed before this run (resume), 0 if fresh
+  int64_t steps = 0;                 // steps completed at the end
+  std::vector<double> losses;        // mean loss of each step this run trained
+  std::vector<double> val_losses;    // each evaluation's mean validation loss
+  bool stopped = false;              // ended early on a stop request
+  std::string sample;                // the generated text, if any
+  double tokens_per_sec = 0;         // mean over the run's steps after the first
+};
+
+class Trainer {
+ public:
+  Trainer(const Recipe& recipe, const TrainerOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  TrainResult run();
+
+  const Recipe& recipe() const;
+  int rank() const;
+  int world_size() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace fsdp::train

@@ -1,0 +1,113 @@
+#include "runtime/train/trainer_setup.h"
+
+#include <algorithm>
+
+#include "runtime/core/error.h"
+
+namespace fsdp::train {
+
+models::ModelConfig model_config_of(const Recipe& r) {
+  models::ModelConfig c;
+  c.family = models::family_from_name(r.model.family);
+  c.n_layer = r.model.n_layer;
+  c.d_model = r.model.d_model;
+  c.n_head = r.model.n_head;
+  c.n_kv_head = r.model.n_kv_head;
+  c.d_ff = r.model.d_ff;
+  c.vocab_size = r.model.vocab_size;
+  c.padded_vocab_size = r.model.padded_vocab_size;
+  c.seq_len = r.model.seq_length;
+  c.norm_eps = r.model.norm_eps;
+  c.rope_theta = r.model.rope_theta;
+  c.init_std = r.model.init_std;
+  c.tie_embeddings = r.model.tie_embeddings;
+  return c.resolved();
+}
+
+FsdpOptions fsdp_options_of(const Recipe& r) {
+  FsdpOptions o;
+  o.strategy = strategy_from_name(r.ddp.data_parallel_sharding_strategy);
+  o.compute_dtype = dtype_from_name(r.mixed_precision.compute_dtype);
+  o.main_dtype = dtype_from_name(r.mixed_precision.main_params_dtype);
+  // Backward accumulates in f32 when asked (and always on the CPU, where f32 is the compute
+  // dtype); the reductions run in the resolved grad_reduce_dtype.
+  const bool gpu = r.dist.device == "cuda";
+  o.grad_dtype = gpu && !r.ddp.grad_reduce_in_fp32 ? o.compute_dtype
+                 : o.compute_dtype == DType::f64  ? DType::f64
+                                                  : DType::f32;
+  o.reduce_dtype = dtype_from_name(r.mixed_precision.grad_reduce_dtype);
+  o.average_in_collective = r.ddp.average_in_collective;
+  o.prefetch_units = r.ddp.prefetch_units;
+  o.max_inflight_reduce_bytes = int64_t(r.ddp.max_inflight_reduce_mb * 1024 * 1024);
+  o.unit_kind = r.ddp.unit;
+  o.seed = uint64_t(r.run.seed);
+  o.overlap = r.ddp.overlap_grad_reduce || r.ddp.overlap_param_gather;
+  return o;
+}
+
+OptimizerConfig optimizer_config_of(const Recipe& r) {
+  OptimizerConfig c;
+  c.kind = r.optimizer.optimizer;
+  c.beta1 = r.optimizer.adam_beta1;
+  c.beta2 = r.optimizer.adam_beta2;
+  c.eps = r.optimizer.adam_eps;
+  c.weight_decay = r.optimizer.weight_decay;
+  c.moments_dtype = dtype_from_name(r.optimizer.moments_dtype);
+  return c;
+}
+
+MeshSizes mesh_sizes_of(const Recipe& r) {
+  FSDP_CHECK(r.dist.tp == 1, ConfigError, "dist.tp = ", r.dist.tp,
+             ": tensor parallelism is not implemented; use dist.tp = 1");
+  return {r.dist.dp_outer, r.dist.dp_shard, 1, 1, r.dist.tp};
+}
+
+data::DataSpec train_data_of(const Recipe& r) {
+  data::DataSpec s;
+  s.format = data::parse_data_format(r.dataset.type);
+  s.path = r.dataset.train_path;
+  s.vocab_file = r.tokenizer.vocab_file;
+  s.merges_file = r.tokenizer.merges_file;
+  if (!r.dataset.val_path && r.dataset.val_fraction > 0) {
+    s.split = data::DataSplit::head;
+    s.holdout_fraction = r.dataset.val_fraction;
+  }
+  return s;
+}
+
+data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
+  data::DataSpec s = train_data_of(r);
+  *has_val = true;
+  if (r.dataset.val_path) {
+    s.path = *r.dataset.val_path;
+    s.split = data::DataSplit::all;
+    s.holdout_fraction = 0;
+  } else if (r.dataset.val_fraction > 0) {
+    s.split = data::DataSplit::tail;
+  } else {
+    *has_val = false;
+  }
+  return s;
+}
+
+int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
+                                  int64_t seq_len, DType compute, const std::string& recompute) {
+  const int64_t n = micro_batch * seq_len;  // tokens
+  const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
+  const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
+  const size_t e = dtype_size(compute);
+  // Saved per token and layer: the block input (residual), two norm outputs, the qkv
+  // projection, the attention output, the attention input of the output projection, the MLP
+  // hidden pre- and post-activation (SwiGLU: the fused 2F projection and the F product).
+  const int64_t mlp = c.family == models::Family::Llama ? 3 * F : 2 * F;
+  const int64_t per_layer = 4 * C + qkv + C + mlp;
+  int64_t layer_bytes = n * per_layer * int64_t(e);
+  if (recompute == "full") layer_bytes = n * C * int64_t(e);  // only the block input
+  if (recompute == "selective") layer_bytes = n * (4 * C + qkv + C) * int64_t(e);
+  // Logits (kept for the fused loss, whose backward overwrites them in place) and the
+  // embedding output.
+  const int64_t head = n * (c.padded_vocab_size + C) * int64_t(e);
+  return L * layer_bytes + head;
+}
+
+}  // namespace fsdp::train

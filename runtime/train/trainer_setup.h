@@ -1,0 +1,33 @@
+// The pieces a Trainer is built from, derived from a resolved recipe. Shared by the trainer,
+// the dry run and tools/bench (private to runtime/train and tools).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "collectives/mesh.h"
+#include "models/config.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/fsdp/sharded_model.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/train/recipe.h"
+
+namespace fsdp::train {
+
+models::ModelConfig model_config_of(const Recipe& r);
+// FSDP options for a recipe whose device has been resolved.
+FsdpOptions fsdp_options_of(const Recipe& r);
+OptimizerConfig optimizer_config_of(const Recipe& r);
+MeshSizes mesh_sizes_of(const Recipe& r);
+// The train and validation data of a recipe (validation: val_path, or the held-out tail
+// of the training data when dataset.val_fraction > 0; `has_val` false when neither).
+data::DataSpec train_data_of(const Recipe& r);
+data::DataSpec val_data_of(const Recipe& r, bool* has_val);
+
+// Bytes of activations one micro-batch keeps for backward on one rank (an estimate from the
+// tensors the model's ops save; the logits dominate small models).
+int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
+                                  int64_t seq_len, DType compute, const std::string& recompute);
+
+}  // namespace fsdp::train

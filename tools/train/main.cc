@@ -1,0 +1,82 @@
+// train: the training binary, a thin main() over fsdp::train::Trainer.
+//
+// Exit codes: 0 success (including a stop requested by SIGTERM or SIGUSR1, after the
+// checkpoint is saved), 2 configuration error, 1 runtime failure.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "collectives/bootstrap.h"
+#include "runtime/core/device.h"
+#include "runtime/core/error.h"
+#include "runtime/train/cli.h"
+#include "runtime/train/dry_run.h"
+#include "runtime/train/recipe.h"
+#include "runtime/train/trainer.h"
+#include "runtime/train/version.h"
+#include "tools/train/build_info.h"
+
+namespace {
+
+// Set by the signal handler, read at step boundaries. A signal handler can only reach a
+// variable with static storage; this one lives in the binary, not in the library.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// This process's rank from the launcher's environment (before any World exists), so that
+// configuration errors print once rather than once per rank.
+int launcher_rank() {
+  try {
+    return fsdp::parse_launch_env(fsdp::process_environment()).rank;
+  } catch (const fsdp::Error&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // `bazel run` starts us in the runfiles tree; recipes name paths from where the user is.
+  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) {
+    if (chdir(wd) != 0) std::fprintf(stderr, "warning: cannot enter %s\n", wd);
+  }
+  const int rank = launcher_rank();
+  fsdp::train::CommandLine cl;
+  try {
+    cl = fsdp::train::parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
+    if (cl.help) {
+      if (rank == 0) std::printf("%s", fsdp::train::usage_text().c_str());
+      return 0;
+    }
+    if (cl.version) {
+      if (rank == 0) std::printf("%s", fsdp::train::version_report(FSDP_GIT_REVISION).c_str());
+      return 0;
+    }
+    fsdp::train::Recipe recipe = fsdp::train::load_recipe(cl.config, cl.overrides);
+    if (cl.dry_run) {
+      const int world = fsdp::parse_launch_env(fsdp::process_environment()).size;
+      const bool cuda = recipe.dist.device == "cuda" || (recipe.dist.device == "auto" && fsdp::cuda_built());
+      if (rank == 0) std::printf("%s", fsdp::train::dry_run_report(recipe, world, cuda).c_str());
+      return 0;
+    }
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR1, on_stop_signal);
+    fsdp::train::TrainerOptions options;
+    options.resume = !cl.no_resume;
+    options.stop_requested = [] { return g_stop_signal != 0; };
+    fsdp::train::Trainer trainer(recipe, options);
+    trainer.run();
+    return 0;
+  } catch (const fsdp::ConfigError& e) {
+    if (rank == 0) std::fprintf(stderr, "configuration error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d] error: %s\n", rank, e.what());
+    return 1;
+  }
+}

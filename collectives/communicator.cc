@@ -270,32 +270,28 @@ void Communicator::check_tensor(const Tensor& t, CollectiveKind kind, const char
              "': the ", role, " tensor ", t.str(), " must be contiguous");
 }
 
+void Communicator::check_split(CollectiveKind kind, const Tensor& whole, const char* whole_role,
+                               const Tensor& part, const char* part_role) const {
+  check_tensor(whole, kind, whole_role);
+  check_tensor(part, kind, part_role);
+  check_same_dtype(whole, part, collective_name(kind));
+  FSDP_CHECK(whole.numel() % size_ == 0, ShapeError, collective_name(kind), " on group '", name_,
+             "': the ", whole_role, " of ", whole.numel(), " elements does not divide evenly ",
+             "among ", size_, " ranks; the caller must pad it to a multiple of ", size_);
+  FSDP_CHECK(whole.numel() == part.numel() * size_, ShapeError, collective_name(kind),
+             " on group '", name_, "': the ", whole_role, " has ", whole.numel(),
+             " elements, expected ", part_role, " ", part.numel(), " x ", size_, " ranks = ",
+             part.numel() * size_);
+}
+
 Work Communicator::all_gather(const Tensor& out, const Tensor& in, const Stream& stream) {
-  const CollectiveKind kind = CollectiveKind::all_gather;
-  check_tensor(out, kind, "output");
-  check_tensor(in, kind, "input");
-  check_same_dtype(out, in, "all_gather output and input");
-  FSDP_CHECK(out.numel() % size_ == 0, ShapeError, "all_gather on group '", name_,
-             "': the output of ", out.numel(), " elements does not divide evenly among ", size_,
-             " ranks; the caller must pad it to a multiple of ", size_);
-  FSDP_CHECK(out.numel() == in.numel() * size_, ShapeError, "all_gather on group '", name_,
-             "': the output has ", out.numel(), " elements, expected input ", in.numel(),
-             " x ", size_, " ranks = ", in.numel() * size_);
+  check_split(CollectiveKind::all_gather, out, "output", in, "input");
   return all_gather(in.data_ptr(), out.data_ptr(), size_t(in.numel()), in.dtype(), stream);
 }
 
 Work Communicator::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op,
                                   const Stream& stream, double prescale) {
-  const CollectiveKind kind = CollectiveKind::reduce_scatter;
-  check_tensor(out, kind, "output");
-  check_tensor(in, kind, "input");
-  check_same_dtype(out, in, "reduce_scatter output and input");
-  FSDP_CHECK(in.numel() % size_ == 0, ShapeError, "reduce_scatter on group '", name_,
-             "': the input of ", in.numel(), " elements does not divide evenly among ", size_,
-             " ranks; the caller must pad it to a multiple of ", size_);
-  FSDP_CHECK(in.numel() == out.numel() * size_, ShapeError, "reduce_scatter on group '", name_,
-             "': the input has ", in.numel(), " elements, expected output ", out.numel(),
-             " x ", size_, " ranks = ", out.numel() * size_);
+  check_split(CollectiveKind::reduce_scatter, in, "input", out, "output");
   return reduce_scatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()), in.dtype(), op,
                         stream, prescale);
 }

@@ -172,6 +172,9 @@ class Communicator {
   void record(CollectiveKind kind, size_t count, DType dtype, ReduceOp op, int root,
               uint64_t bytes);
   void check_tensor(const Tensor& t, CollectiveKind kind, const char* role) const;
+  // `whole` is `part` from every rank (all-gather output / reduce-scatter input).
+  void check_split(CollectiveKind kind, const Tensor& whole, const char* whole_role,
+                   const Tensor& part, const char* part_role) const;
 
   std::string name_;
   int rank_ = 0;

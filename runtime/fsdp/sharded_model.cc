@@ -249,6 +249,10 @@ void ShardedModel::initialize_weights() {
                                u.main.narrow(0, s.shard_offset, s.numel));
     }
   }
+  refresh_compute_weights();
+}
+
+void ShardedModel::refresh_compute_weights() {
   for (OptimizerRange& s : optimizer_ranges_) ops::copy(ctx_, s.param_copy, s.main);
   install_weights();
 }

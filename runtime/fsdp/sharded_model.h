@@ -131,6 +131,10 @@ class ShardedModel {
   // them visible to the next forward (ZeRO-1/2: all-gather the updated shards).
   void install_weights();
 
+  // After the master weights were written from outside (a checkpoint load): rewrites the
+  // compute weights from them and installs those (as after an optimizer step).
+  void refresh_compute_weights();
+
   // ---- state access (checkpoints, tests)
   // This rank's shard of unit u's master weights / compute weights (views).
   Tensor main_shard(int unit) const;

@@ -38,7 +38,8 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "headers",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "include/**/*.inl"]),
+    # Everything: some headers have no extension (nv/target, used by cuda_fp16.h).
+    hdrs = glob(["include/**"]),
     includes = ["include"],
 )
 

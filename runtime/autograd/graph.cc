@@ -143,8 +143,9 @@ void Graph::run_backward(const Tensor& out, const Tensor& dout, const double* ho
   FSDP_CHECK(dout.shape() == out.shape(), ShapeError, "backward(): gradient ", dout.str(),
              " for ", out.str());
   Tensor seed = dout.dtype() == out.dtype() ? dout : ops::cast(ctx_, dout, out.dtype());
+  const bool first_gradient = !out.autograd_meta()->grad.defined();
   accumulate(out, seed);
-  if (host_value) {
+  if (host_value && first_gradient) {  // the gradient is exactly the seed
     out.autograd_meta()->grad_known_on_host = true;
     out.autograd_meta()->host_grad = *host_value;
   }

@@ -15,6 +15,7 @@
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/fsdp/memory.h"
+#include "runtime/train/checkpointing.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/plot.h"
@@ -49,6 +50,7 @@ struct Trainer::State {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<data::DataLoader> train_data, val_data;
   std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<RunCheckpoints> checkpoints;
   std::vector<StepMetrics> history;
   LrSchedule schedule;
   int dp_rank = 0, dp_size = 1;
@@ -125,12 +127,21 @@ void Trainer::State::setup() {
     val_data->vocab_check(recipe.model.vocab_size);
   }
 
-  // Output: the resolved recipe, and the metrics file.
+  // Checkpoints: resuming restores the weights, the optimizer, the step and the data position.
+  CheckpointedParts parts{ctx.get(), &world->comm(), mesh.get(), data_parallel_groups(*comms, strategy),
+                          sharded.get(), optimizer.get(), train_data.get()};
+  checkpoints = std::make_unique<RunCheckpoints>(recipe, parts, [this](const std::string& l) { print(l); });
+  std::optional<int64_t> resumed;
+  if (options.resume) resumed = checkpoints->resume();
+  if (resumed) step = *resumed;
+
+  // Output: the resolved recipe, and the metrics file (a resumed run keeps its earlier lines).
   if (world->rank() == 0) {
     std::filesystem::create_directories(recipe.run.output_dir);
     recipe.write_resolved(recipe.run.output_dir + "/run_config.json");
     if (recipe.logger.metrics_file)
-      metrics = std::make_unique<MetricsWriter>(recipe.run.output_dir + "/" + *recipe.logger.metrics_file);
+      metrics = std::make_unique<MetricsWriter>(recipe.run.output_dir + "/" + *recipe.logger.metrics_file, resumed);
+    if (metrics && resumed) history = read_metrics_file(metrics->path());
   }
 
   print(str_cat("model: ", model_config.str(), ", ", n_params, " parameters"));
@@ -271,6 +282,9 @@ TrainResult Trainer::run() {
       s.history.push_back(m);
       if (s.metrics) s.metrics->write(m);
     }
+    // Saves at intervals, after the last step, and when a stop was requested (every rank
+    // agreed on that through the all-reduce above).
+    s.checkpoints->after_step(s.step, summed[1] > 0 || s.step == total);
     if (summed[1] > 0) {
       s.print(str_cat("stop requested: ending after step ", s.step));
       result.stopped = true;

@@ -1,0 +1,144 @@
+// metadata.json of a native checkpoint: everything needed to read the shard files back
+// under any other layout, and to resume training exactly.
+//
+// A checkpoint is a directory (step_000100/) holding one safetensors file per shard of the
+// sharded state (shard_00000_of_00004.safetensors, ...) and this metadata. Each file holds,
+// for every unit u of the sharding plan, one flat tensor per state kind: "main/<u>" (the
+// master weights of that file's shard of u's flat buffer) and, when optimizer state is
+// saved, "exp_avg/<u>" and "exp_avg_sq/<u>" (Adam's moments, same layout). Replicas of a
+// shard (no_shard, HSDP) are written once.
+//
+// For every parameter the metadata gives its global shape, the unit it belongs to, and its
+// pieces: which file holds which flat element range [param_offset, param_offset + numel)
+// of it, at which element offset of that file's unit tensors. A reader with any other
+// layout finds the elements it needs from the pieces alone. The plan's own layout (units,
+// offsets, shard size, strategy, world size) and its hash are recorded too, as are the
+// step, the consumed samples and tokens, the data-loader position, the seeds, the resolved
+// recipe, and a SHA-256 of every file and of every tensor's bytes.
+//
+// JSON layout (version 1):
+//   {"format": "fsdp.cpp checkpoint", "version": 1, "step": 100,
+//    "progress": {"consumed_samples", "consumed_tokens", "data_position"},
+//    "rng": {"kind": "counter-based", "init_seed", "data_seed"},
+//    "layout": {"strategy", "world_size", "shard_size", "replicas", "mesh", "plan_hash",
+//               "shard_block", "units": [{"name", "numel", "padded_numel", "shard_numel",
+//                                         "params": [{"name", "shape", "offset", "weight_decay"}]}]},
+//    "state": {"main_dtype": "F32", "optimizer": "adamw" | "sgd" | "none",
+//              "optimizer_steps": 100, "moments_dtype": "F32" | null},
+//    "parameters": {"h.0.attn.qkv.weight": {"shape": [...], "unit": "h.0",
+//                   "pieces": [[file, tensor_offset, param_offset, numel], ...]}, ...},
+//    "files": [{"name", "shard_rank", "bytes", "sha256",
+//               "tensors": {"main/h.0": {"dtype", "numel", "sha256"}, ...}}],
+//    "recipe": {...}}
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/dtype.h"
+#include "runtime/core/shape.h"
+#include "runtime/fsdp/plan.h"
+
+namespace fsdp::checkpoint {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kMetadataFileName = "metadata.json";
+
+// State kinds, as the first part of the tensor names in the shard files.
+inline constexpr const char* kMainWeights = "main";
+inline constexpr const char* kExpAvg = "exp_avg";
+inline constexpr const char* kExpAvgSq = "exp_avg_sq";
+
+// "<kind>/<unit>": a tensor of a shard file.
+std::string state_tensor_name(const std::string& kind, const std::string& unit);
+
+// A contiguous piece of one parameter held by one file.
+struct ParamPiece {
+  int file = 0;               // index into CheckpointMetadata::files
+  int64_t tensor_offset = 0;  // first element within the file's "<kind>/<unit>" tensors
+  int64_t param_offset = 0;   // first element of the parameter (row-major)
+  int64_t numel = 0;
+};
+
+struct ParamRecord {
+  std::string name;
+  Shape shape;
+  std::string unit;
+  std::vector<ParamPiece> pieces;  // ascending param_offset, covering the parameter once
+};
+
+struct TensorRecord {
+  std::string name;  // "<kind>/<unit>"
+  DType dtype = DType::f32;
+  int64_t numel = 0;
+  std::string sha256;  // of the tensor's bytes
+};
+
+struct FileRecord {
+  std::string name;  // relative to the checkpoint directory
+  int shard_rank = 0;
+  uint64_t bytes = 0;
+  std::string sha256;                 // of the whole file
+  std::vector<TensorRecord> tensors;  // in data order
+  const TensorRecord* find_tensor(const std::string& name) const;
+};
+
+// The sharding plan's layout of one unit, as it was when saved.
+struct UnitRecord {
+  std::string name;
+  int64_t numel = 0;
+  int64_t padded_numel = 0;
+  int64_t shard_numel = 0;
+  std::vector<ParamPlacement> params;
+};
+
+struct CheckpointMetadata {
+  int version = kFormatVersion;
+  int64_t step = 0;
+  // Progress through the data.
+  int64_t consumed_samples = 0;
+  int64_t consumed_tokens = 0;
+  uint64_t data_position = 0;  // DataLoader::position(): global micro-batches consumed
+  // Random numbers are counter-based (keyed by seed and index), so the seeds are the state.
+  uint64_t init_seed = 0;
+  uint64_t data_seed = 0;
+  // The layout the state was saved in.
+  std::string strategy;
+  int world_size = 1;
+  int shard_size = 1;
+  int replicas = 1;
+  std::string mesh;
+  uint64_t plan_hash = 0;
+  int64_t shard_block = 0;
+  std::vector<UnitRecord> units;
+  // What is saved.
+  DType main_dtype = DType::f32;
+  std::string optimizer = "none";  // "adamw" | "sgd" | "none" (weights only)
+  int64_t optimizer_steps = 0;
+  std::optional<DType> moments_dtype;  // set when Adam's moments are saved
+  std::vector<ParamRecord> params;
+  std::vector<FileRecord> files;
+  std::string recipe_json = "null";  // the resolved recipe (a JSON object), or null
+
+  // The state kinds every file holds for every unit: main (+ exp_avg, exp_avg_sq).
+  std::vector<std::string> state_kinds() const;
+  DType dtype_of_kind(const std::string& kind) const;
+  const ParamRecord* find_param(const std::string& name) const;  // null when absent
+
+  std::string to_json() const;
+  // Parses and checks metadata: every key present with the right type, file and tensor
+  // names, and every parameter's pieces inside the tensors that hold them and covering it
+  // exactly once. CheckpointError naming `source` and the key or parameter otherwise.
+  static CheckpointMetadata parse(const std::string& text, const std::string& source);
+};
+
+// "step_000100": the directory name of a step's checkpoint; and back (-1 if not one).
+std::string step_directory_name(int64_t step);
+int64_t step_of_directory_name(const std::string& name);
+
+// "shard_00001_of_00004.safetensors"
+std::string shard_file_name(int shard_rank, int shard_size);
+
+}  // namespace fsdp::checkpoint

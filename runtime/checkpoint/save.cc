@@ -1,0 +1,251 @@
+#include "runtime/checkpoint/save.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/checkpoint/durable_files.h"
+#include "runtime/checkpoint/file_digest.h"
+#include "runtime/checkpoint/metadata.h"
+#include "runtime/checkpoint/rank_agreement.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/shard_state.h"
+
+namespace fsdp::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr const char* kLatestMarker = "latest";
+constexpr const char* kTempPrefix = ".tmp_";
+
+void reach(const SaveOptions& options, const std::string& point) {
+  if (options.fault_hook) options.fault_hook(point);
+}
+
+// Rank 0, before anything is written: clears what interrupted saves left behind and creates
+// the temporary directory this save writes into.
+void prepare_directories(const std::string& save_dir, const std::string& temp_dir) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  FSDP_CHECK(!ec, IoError, save_dir, ": cannot create the checkpoint directory: ", ec.message());
+  for (const fs::directory_entry& e : fs::directory_iterator(save_dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kTempPrefix, 0) == 0) fs::remove_all(e.path());
+  }
+  FSDP_CHECK(fs::create_directory(temp_dir, ec) && !ec, IoError, temp_dir, ": cannot create: ",
+             ec ? ec.message() : "it exists");
+}
+
+// Writes this rank's shard of the state into dir, flushed to disk; returns its record.
+FileRecord write_shard_file(Context& ctx, const ShardedModel& model, const ShardState& state,
+                            int shard_rank, int shard_size, const std::string& dir,
+                            const SaveOptions& options) {
+  FileRecord record;
+  record.name = shard_file_name(shard_rank, shard_size);
+  record.shard_rank = shard_rank;
+  const std::string path = dir + "/" + record.name;
+  const std::vector<UnitPlan>& units = model.plan().units();
+  SafetensorsWriter writer(path, {{"format", "fsdp.cpp checkpoint shard"},
+                                  {"shard", std::to_string(shard_rank)},
+                                  {"shards", std::to_string(shard_size)}});
+  for (const std::string& kind : state.kinds())
+    for (size_t u = 0; u < units.size(); ++u)
+      writer.declare(state_tensor_name(kind, units[u].name), state.dtype(kind),
+                     Shape{state.shard_numel(int(u))});
+  reach(options, "shard_file_opened");
+  // One unit's state at a time on the host: memory stays at the largest unit shard.
+  for (const std::string& kind : state.kinds()) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      const std::string name = state_tensor_name(kind, units[u].name);
+      const Tensor host = state.to_host(ctx, int(u), kind);
+      writer.write(name, host.numel() ? host.data_ptr() : nullptr, host.nbytes());
+      record.tensors.push_back({name, host.dtype(), host.numel(), ""});
+      reach(options, "tensor_written:" + name);
+    }
+  }
+  writer.finish();
+  // The digests are of what is in the file now, read back once; then it goes to disk.
+  const FileDigest digest = digest_safetensors_file(path);
+  fsync_path(path);
+  record.bytes = digest.bytes;
+  record.sha256 = digest.sha256;
+  for (TensorRecord& t : record.tensors) t.sha256 = digest.tensors.at(t.name);
+  reach(options, "shard_file_written");
+  return record;
+}
+
+std::string record_to_text(const FileRecord& r) {
+  Json tensors = Json::array();
+  for (const TensorRecord& t : r.tensors)
+    tensors.push_back({t.name, safetensors_dtype_name(t.dtype), t.numel, t.sha256});
+  return Json{{"name", r.name}, {"shard_rank", r.shard_rank}, {"bytes", r.bytes},
+              {"sha256", r.sha256}, {"tensors", tensors}}
+      .dump();
+}
+
+FileRecord record_from_text(const std::string& text) {
+  const Json j = Json::parse(text);
+  FileRecord r;
+  r.name = j.at("name").get<std::string>();
+  r.shard_rank = j.at("shard_rank").get<int>();
+  r.bytes = j.at("bytes").get<uint64_t>();
+  r.sha256 = j.at("sha256").get<std::string>();
+  for (const Json& t : j.at("tensors"))
+    r.tensors.push_back({t.at(0).get<std::string>(), dtype_from_safetensors(t.at(1).get<std::string>()),
+                         t.at(2).get<int64_t>(), t.at(3).get<std::string>()});
+  return r;
+}
+
+// The metadata of the checkpoint: the plan's layout, each parameter's pieces, the files.
+CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* optimizer,
+                                  const ShardState& state, const DataParallelGroups& groups,
+                                  int world_size, const TrainingProgress& progress,
+                                  std::vector<FileRecord> files) {
+  const ShardingPlan& plan = model.plan();
+  CheckpointMetadata m;
+  m.step = progress.step;
+  m.consumed_samples = progress.consumed_samples;
+  m.consumed_tokens = progress.consumed_tokens;
+  m.data_position = progress.data_position;
+  m.init_seed = progress.init_seed;
+  m.data_seed = progress.data_seed;
+  m.strategy = strategy_name(plan.strategy());
+  m.world_size = world_size;
+  m.shard_size = groups.shard_size();
+  m.replicas = groups.replicate_size();
+  m.mesh = progress.mesh;
+  m.plan_hash = plan.hash();
+  m.shard_block = plan.options().block;
+  m.main_dtype = state.dtype(kMainWeights);
+  if (optimizer) {
+    m.optimizer = optimizer->config().kind;
+    m.optimizer_steps = optimizer->steps_taken();
+    if (m.optimizer == "adamw") m.moments_dtype = state.dtype(kExpAvg);
+  }
+  for (const UnitPlan& u : plan.units()) {
+    m.units.push_back({u.name, u.numel, u.padded_numel, u.shard_numel, u.params});
+    const size_t first = m.params.size();
+    for (const ParamPlacement& p : u.params) m.params.push_back({p.name, p.shape, u.name, {}});
+    // Shards in rank order give each parameter's pieces in ascending element order.
+    for (int r = 0; r < plan.dp_size(); ++r)
+      for (const ShardSegment& s : u.segments(r))
+        m.params[first + size_t(s.param)].pieces.push_back({r, s.shard_offset, s.param_offset, s.numel});
+  }
+  std::sort(files.begin(), files.end(),
+            [](const FileRecord& a, const FileRecord& b) { return a.shard_rank < b.shard_rank; });
+  for (size_t i = 0; i < files.size(); ++i)
+    FSDP_ASSERT(files[i].shard_rank == int(i), "shard files do not cover ranks 0..",
+                plan.dp_size() - 1, " once each");
+  FSDP_ASSERT(int(files.size()) == plan.dp_size(), files.size(), " shard files for ", plan.dp_size(),
+              " shards");
+  m.files = std::move(files);
+  m.recipe_json = progress.recipe_json;
+  return m;
+}
+
+// Deletes complete checkpoints beyond the newest `keep` (by step), never `latest`. Returns
+// a warning for what could not be removed (the save itself has succeeded by then).
+std::string prune_checkpoints(const std::string& save_dir, int keep, const std::string& latest) {
+  if (keep <= 0) return "";
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (const fs::directory_entry& e : fs::directory_iterator(save_dir)) {
+    const int64_t step = step_of_directory_name(e.path().filename().string());
+    if (step >= 0 && e.is_directory()) steps.emplace_back(step, e.path());
+  }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string warning;
+  for (size_t i = size_t(keep); i < steps.size(); ++i) {
+    if (steps[i].second.filename() == latest) continue;
+    std::error_code ec;
+    fs::remove_all(steps[i].second, ec);
+    if (ec) warning += str_cat("cannot remove old checkpoint ", steps[i].second.string(), ": ", ec.message(), "; ");
+  }
+  return warning;
+}
+
+}  // namespace
+
+std::string read_latest_marker(const std::string& save_dir) {
+  const std::string path = save_dir + "/" + kLatestMarker;
+  if (file_size_or_missing(path) < 0) return "";
+  std::string name = read_text_file(path);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  FSDP_CHECK(step_of_directory_name(name) >= 0, CheckpointError, path, ": holds \"", name,
+             "\", not the name of a step directory (step_NNNNNN)");
+  return name;
+}
+
+SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel& model,
+                           const Optimizer* optimizer, const DataParallelGroups& groups,
+                           const TrainingProgress& progress, const std::string& save_dir,
+                           const SaveOptions& options) {
+  const int rank = comm ? comm->rank() : 0;
+  const int world_size = comm ? comm->size() : 1;
+  FSDP_ASSERT(groups.shard_size() == model.shard_size() && groups.shard_rank() == model.shard_rank(),
+              "save_checkpoint: the groups are not the ones the model was sharded with");
+  const ShardState state(model, optimizer);
+  const std::string step_name = step_directory_name(progress.step);
+  const std::string final_dir = save_dir + "/" + step_name;
+  const std::string temp_dir = save_dir + "/" + kTempPrefix + step_name;
+  SaveResult result;
+  result.directory = final_dir;
+
+  // 1. Rank 0 prepares the directories (or finds this step saved already).
+  std::string decision;
+  run_on_every_rank(ctx, comm, [&] {
+    if (rank != 0) return;
+    if (read_latest_marker(save_dir) == step_name &&
+        file_size_or_missing(final_dir + "/" + kMetadataFileName) >= 0) {
+      decision = "skip";
+      return;
+    }
+    prepare_directories(save_dir, temp_dir);
+  });
+  if (all_gather_strings(ctx, comm, decision)[0] == "skip") {
+    result.skipped = true;
+    return result;
+  }
+
+  // 2. The first replica of each shard writes it.
+  const bool writer = !groups.replicate || groups.replicate->rank() == 0;
+  std::string record;
+  run_on_every_rank(ctx, comm, [&] {
+    if (!writer) return;
+    record = record_to_text(write_shard_file(ctx, model, state, groups.shard_rank(),
+                                             groups.shard_size(), temp_dir, options));
+  });
+  std::vector<FileRecord> files;
+  for (const std::string& text : all_gather_strings(ctx, comm, record)) {
+    if (text.empty()) continue;
+    files.push_back(record_from_text(text));
+    result.bytes += files.back().bytes;
+  }
+
+  // 3. Every shard is on disk: rank 0 commits (metadata, rename, latest), then prunes.
+  std::string warning;
+  run_on_every_rank(ctx, comm, [&] {
+    if (rank != 0) return;
+    const CheckpointMetadata m =
+        build_metadata(model, optimizer, state, groups, world_size, progress, std::move(files));
+    const std::string meta_path = temp_dir + "/" + kMetadataFileName;
+    write_file_atomically(meta_path, m.to_json());
+    reach(options, "metadata_written");
+    fsync_path(temp_dir);
+    // A step directory that is not `latest` is what an interrupted save of this step left.
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    rename_durably(temp_dir, final_dir);
+    reach(options, "renamed");
+    write_file_atomically(save_dir + "/" + kLatestMarker, step_name + "\n");
+    reach(options, "latest_written");
+    warning = prune_checkpoints(save_dir, options.most_recent_k, step_name);
+  });
+  result.warning = all_gather_strings(ctx, comm, warning)[0];
+  return result;
+}
+
+}  // namespace fsdp::checkpoint

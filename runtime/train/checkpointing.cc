@@ -1,0 +1,90 @@
+#include "runtime/train/checkpointing.h"
+
+#include <chrono>
+
+#include "runtime/checkpoint/checkpoint_reader.h"
+#include "runtime/checkpoint/load.h"
+#include "runtime/checkpoint/rank_agreement.h"
+#include "runtime/checkpoint/save.h"
+
+namespace fsdp::train {
+
+RunCheckpoints::RunCheckpoints(const Recipe& recipe, const CheckpointedParts& parts,
+                               std::function<void(const std::string&)> print)
+    : recipe_(recipe), parts_(parts), print_(std::move(print)) {}
+
+std::string RunCheckpoints::resume_directory() const {
+  const std::optional<std::string>& load = recipe_.checkpoint.load;
+  if (!load) return "";
+  if (*load == "latest") {
+    // The save directory's newest checkpoint; none yet (a first run) means a fresh start.
+    if (!recipe_.checkpoint.save) return "";
+    return checkpoint::find_checkpoint(*recipe_.checkpoint.save);
+  }
+  const std::string dir = checkpoint::find_checkpoint(*load);
+  FSDP_CHECK(!dir.empty(), ConfigError, "checkpoint.load = \"", *load,
+             "\": no checkpoint there (neither a metadata.json nor a `latest` marker); use "
+             "checkpoint.load=null or --no-resume to start fresh");
+  return dir;
+}
+
+std::optional<int64_t> RunCheckpoints::resume() {
+  // Rank 0 decides where (the others may see the file system a moment later) and says so.
+  std::string dir;
+  checkpoint::run_on_every_rank(*parts_.ctx, parts_.world, [&] {
+    if (parts_.world->rank() == 0) dir = resume_directory();
+  });
+  dir = checkpoint::all_gather_strings(*parts_.ctx, parts_.world, dir)[0];
+  if (dir.empty()) return std::nullopt;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const checkpoint::CheckpointMetadata m = checkpoint::load_checkpoint(
+      *parts_.ctx, parts_.world, *parts_.model, parts_.optimizer, dir);
+  data::DataLoader& data = *parts_.train_data;
+  FSDP_CHECK(m.data_position % uint64_t(data.dp_size()) == 0, CheckpointError, dir,
+             ": the data position ", m.data_position, " (global micro-batches consumed) is not a "
+             "multiple of this run's ", data.dp_size(), " data-parallel ranks: resume with a "
+             "data-parallel size that divides it");
+  data.seek(m.data_position);
+  last_saved_step_ = m.step;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  print_(str_cat("resumed from ", dir, " at step ", m.step, " (saved by ", m.world_size, " ranks, ",
+                 m.strategy, "; ", m.consumed_samples, " samples consumed; loaded in ", seconds, " s)"));
+  return m.step;
+}
+
+void RunCheckpoints::after_step(int64_t step, bool final) {
+  if (!recipe_.checkpoint.save || step == last_saved_step_) return;
+  const int64_t every = recipe_.checkpoint.save_interval;
+  if (final || (every > 0 && step % every == 0)) save(step);
+}
+
+void RunCheckpoints::save(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const data::DataLoader& data = *parts_.train_data;
+  checkpoint::TrainingProgress p;
+  p.step = step;
+  p.data_position = data.position();
+  p.consumed_samples = int64_t(p.data_position) * data.micro_batch_size();
+  p.consumed_tokens = p.consumed_samples * data.seq_len();
+  p.init_seed = uint64_t(recipe_.run.seed);
+  p.data_seed = uint64_t(recipe_.dataset.seed);
+  p.mesh = parts_.mesh ? parts_.mesh->str() : "";
+  p.recipe_json = recipe_.to_json_string();
+  checkpoint::SaveOptions options;
+  options.most_recent_k = recipe_.checkpoint.most_recent_k;
+  const checkpoint::SaveResult r =
+      checkpoint::save_checkpoint(*parts_.ctx, parts_.world, *parts_.model, parts_.optimizer,
+                                  parts_.groups, p, *recipe_.checkpoint.save, options);
+  last_saved_step_ = step;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (r.skipped) {
+    print_(str_cat("checkpoint: step ", step, " is saved already in ", r.directory));
+    return;
+  }
+  print_(str_cat("checkpoint saved: ", r.directory, " (", double(r.bytes) / (1024.0 * 1024.0),
+                 " MiB in ", seconds, " s)"));
+  if (!r.warning.empty()) print_("warning: " + r.warning);
+}
+
+}  // namespace fsdp::train

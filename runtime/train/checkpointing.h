@@ -1,0 +1,69 @@
+// The checkpoints of one training run: which one it resumes from, and when it saves.
+//
+// Resuming (TrainerOptions::resume and checkpoint.load): "latest" resumes from the save
+// directory's newest complete checkpoint if there is one (else the run starts fresh); a
+// directory resumes from that checkpoint, or from the newest in that save directory (an
+// error if it holds neither); null starts fresh. A resume restores the master weights, the
+// optimizer's moments and step count, the step, and the data loader's position, so that a
+// run resumed with the same world size continues bit for bit. Any other world size and
+// strategy may resume too (the checkpoint is resharded on load).
+//
+// Saving (checkpoint.save set): every checkpoint.save_interval steps, after the last step,
+// and when a stop was requested (SIGTERM, SIGUSR1), keeping checkpoint.most_recent_k.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "collectives/mesh.h"
+#include "collectives/communicator.h"
+#include "runtime/core/context.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/fsdp/sharded_model.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/train/recipe.h"
+
+namespace fsdp::train {
+
+// What a run's checkpoints are made of: references to the trainer's own objects.
+struct CheckpointedParts {
+  Context* ctx = nullptr;
+  Communicator* world = nullptr;  // every rank of the job
+  const Mesh* mesh = nullptr;
+  DataParallelGroups groups;      // the groups the model was sharded with
+  ShardedModel* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  data::DataLoader* train_data = nullptr;
+};
+
+class RunCheckpoints {
+ public:
+  // `print` receives the lines rank 0 should show (resumed from..., saved...).
+  RunCheckpoints(const Recipe& recipe, const CheckpointedParts& parts,
+                 std::function<void(const std::string&)> print);
+
+  // The checkpoint directory this run would resume from ("" = start fresh). ConfigError if
+  // checkpoint.load names a path that holds no checkpoint.
+  std::string resume_directory() const;
+
+  // Loads resume_directory() (if any) into the model, the optimizer and the data loader;
+  // returns the step the run continues after, or nullopt when it starts fresh. Collective.
+  std::optional<int64_t> resume();
+
+  // After step `step` completed: saves if it is a save_interval step or `final` (the last
+  // step, or a stop was requested), unless this step is saved already. Collective; every
+  // rank passes the same arguments.
+  void after_step(int64_t step, bool final);
+
+ private:
+  void save(int64_t step);
+
+  Recipe recipe_;
+  CheckpointedParts parts_;
+  std::function<void(const std::string&)> print_;
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace fsdp::train

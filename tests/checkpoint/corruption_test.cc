@@ -1,0 +1,295 @@
+// Strict loads and safe saves. A damaged checkpoint (truncated, bit-flipped or missing shard
+// file; missing, extra or mis-shaped tensors or parameters; bad metadata) stops the load with
+// a CheckpointError naming the file and the tensor or parameter, on every rank, and leaves
+// both the model and the checkpoint directory exactly as they were. A save that fails on one
+// rank midway leaves `latest` at the previous complete checkpoint, which still loads; the
+// next save clears the debris. Run plainly and under mpirun -np 2 / -np 4 (the checksums are
+// then verified by several ranks, and one rank's failure must reach the others).
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "collectives/mesh.h"
+#include "collectives/world.h"
+#include "runtime/checkpoint/checkpoint_reader.h"
+#include "runtime/checkpoint/durable_files.h"
+#include "runtime/checkpoint/load.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/save.h"
+#include "tests/checkpoint/checkpoint_test_util.h"
+#include "tests/test_support.h"
+
+using namespace fsdp;
+using testing::TinyTraining;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+namespace {
+
+checkpoint::TrainingProgress progress_at(int64_t step) {
+  checkpoint::TrainingProgress p;
+  p.step = step;
+  return p;
+}
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x10);
+  f.seekp(std::streamoff(offset));
+  f.write(&c, 1);
+  REQUIRE(f.good());
+}
+
+// Byte offset in the file of the middle of tensor `name`'s data.
+uint64_t middle_of(const std::string& path, const std::string& name) {
+  checkpoint::SafetensorsReader r(path);
+  const uint64_t data_start = fs::file_size(path) - r.entries().back().end;
+  const checkpoint::SafetensorsEntry& e = r.entry(name);
+  return data_start + e.begin + e.nbytes() / 2;
+}
+
+// Rewrites a shard file with `edit` applied to its tensors, and records the new size in
+// metadata.json (so that the damage is found by the header checks, not the size check).
+void rewrite_shard(const std::string& ckpt, const std::string& file,
+                   const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+  Context ctx;
+  const std::string path = ckpt + "/" + file;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  {
+    checkpoint::SafetensorsReader r(path);
+    for (const checkpoint::SafetensorsEntry& e : r.entries()) tensors.emplace_back(e.name, r.load(ctx, e.name));
+  }
+  edit(tensors);
+  checkpoint::save_safetensors(ctx, path, tensors);
+  const std::string meta = ckpt + "/metadata.json";
+  Json j = Json::parse(checkpoint::read_text_file(meta));
+  for (Json& f : j["files"])
+    if (f["name"] == file) f["bytes"] = fs::file_size(path);
+  checkpoint::write_file_atomically(meta, j.dump(1));
+}
+
+void edit_metadata(const std::string& ckpt, const std::function<void(Json&)>& edit) {
+  const std::string meta = ckpt + "/metadata.json";
+  Json j = Json::parse(checkpoint::read_text_file(meta));
+  edit(j);
+  checkpoint::write_file_atomically(meta, j.dump(1));
+}
+
+struct Damage {
+  const char* what;
+  std::function<void(const std::string& ckpt)> apply;  // run by rank 0
+  std::vector<std::string> expect;                      // in the error message
+};
+
+}  // namespace
+
+TEST_CASE("a damaged checkpoint fails the load naming file and tensor; model and directory are unchanged",
+          "[checkpoint][mpi]") {
+  WorldOptions wo;
+  wo.backend = Backend::Mpi;
+  wo.print_summary = false;
+  World world(wo);
+  const int n = world.size();
+  Mesh mesh({1, n, 1, 1, 1}, n);
+  MeshCommunicators comms(world, mesh);
+  const ShardingStrategy s = ShardingStrategy::OptimGradsParams;
+  TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n);
+  run.train(0, 3);
+  const std::string dir = testing::shared_scratch_dir("damage");
+  checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups,
+                              progress_at(3), dir + "/pristine");
+  run.train(3, 4);  // the model moves on: a partial load would show
+  const std::vector<uint8_t> state = run.state_bytes();
+
+  const std::string first = checkpoint::shard_file_name(0, n);
+  const std::string last = checkpoint::shard_file_name(n - 1, n);
+  const std::vector<Damage> damages = {
+      {"truncated shard file",
+       [&](const std::string& c) { fs::resize_file(c + "/" + last, fs::file_size(c + "/" + last) - 100); },
+       {last, "truncated", "tensor \"exp_avg_sq/root\" is incomplete"}},
+      {"bit flip in a tensor",
+       [&](const std::string& c) { flip_byte(c + "/" + last, middle_of(c + "/" + last, "exp_avg/h.1")); },
+       {last, "checksum mismatch in tensor \"exp_avg/h.1\""}},
+      {"bit flip in a header", [&](const std::string& c) { flip_byte(c + "/" + first, 30); }, {first}},
+      {"missing shard file", [&](const std::string& c) { fs::remove(c + "/" + first); }, {first, "missing"}},
+      {"tensor missing from a shard file",
+       [&](const std::string& c) {
+         rewrite_shard(c, first, [](auto& ts) {
+           ts.erase(std::find_if(ts.begin(), ts.end(), [](auto& t) { return t.first == "exp_avg/h.0"; }));
+         });
+       },
+       {first, "tensor \"exp_avg/h.0\" is missing"}},
+      {"extra tensor in a shard file",
+       [&](const std::string& c) {
+         rewrite_shard(c, first, [](auto& ts) {
+           Context ctx;
+           ts.emplace_back("extra/h.0", ctx.empty_host(Shape{4}, DType::f32));
+         });
+       },
+       {first, "holds tensor \"extra/h.0\""}},
+      {"mis-shaped tensor in a shard file",
+       [&](const std::string& c) {
+         rewrite_shard(c, first, [](auto& ts) {
+           for (auto& t : ts)
+             if (t.first == "main/root") t.second = t.second.narrow(0, 0, t.second.numel() - 1);
+         });
+       },
+       {first, "tensor \"main/root\" is F32 (", "metadata.json says F32 ("}},
+      {"parameter missing from the checkpoint",
+       [&](const std::string& c) { edit_metadata(c, [](Json& j) { j["parameters"].erase("wpe.weight"); }); },
+       {"parameter \"wpe.weight\"", "is not in the checkpoint"}},
+      {"extra parameter in the checkpoint",
+       [&](const std::string& c) {
+         edit_metadata(c, [](Json& j) { j["parameters"]["h.7.extra.weight"] = j["parameters"]["wpe.weight"]; });
+       },
+       {"holds parameter \"h.7.extra.weight\""}},
+      {"mis-shaped parameter",
+       [&](const std::string& c) {
+         edit_metadata(c, [](Json& j) { j["parameters"]["wpe.weight"]["shape"] = Json::array({32, 16}); });
+       },
+       {"parameter \"wpe.weight\" is (32, 16) in the checkpoint but (16, 32) in the model"}},
+      {"pieces that do not cover a parameter",
+       [&](const std::string& c) {
+         edit_metadata(c, [](Json& j) { j["parameters"]["ln_f.bias"]["pieces"] = Json::array(); });
+       },
+       {"parameters.ln_f.bias", "the pieces cover 0 elements of 32"}},
+      {"missing metadata.json", [&](const std::string& c) { fs::remove(c + "/metadata.json"); },
+       {"no metadata.json"}},
+      {"metadata.json that is not JSON",
+       [&](const std::string& c) { checkpoint::write_file_atomically(c + "/metadata.json", "{\"format\": "); },
+       {"metadata.json", "not valid JSON"}},
+  };
+
+  const std::string ckpt = dir + "/damaged";
+  for (const Damage& d : damages) {
+    INFO(d.what << " (" << n << " ranks)");
+    std::map<std::string, std::string> before;
+    if (world.rank() == 0) {
+      fs::remove_all(ckpt);
+      fs::copy(dir + "/pristine/step_000003", ckpt, fs::copy_options::recursive);
+      d.apply(ckpt);
+      before = testing::snapshot_directory(ckpt);
+    }
+    testing::barrier_all_ranks();
+    std::string message;
+    bool checkpoint_error = false;
+    try {
+      checkpoint::load_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), ckpt);
+    } catch (const CheckpointError& e) {
+      checkpoint_error = true;
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    INFO("message: " << message);
+    CHECK(checkpoint_error);
+    for (const std::string& part : d.expect) CHECK_THAT(message, Contains(part));
+    CHECK(run.state_bytes() == state);
+    if (world.rank() == 0) CHECK(testing::snapshot_directory(ckpt) == before);
+  }
+
+  // The pristine copy loads, and brings the state back to step 3.
+  checkpoint::load_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(),
+                              dir + "/pristine/step_000003");
+  CHECK(run.state_bytes() != state);
+  CHECK(run.optimizer->steps_taken() == 3);
+}
+
+TEST_CASE("a save that fails on one rank midway leaves latest at the previous checkpoint", "[checkpoint][mpi]") {
+  WorldOptions wo;
+  wo.backend = Backend::Mpi;
+  wo.print_summary = false;
+  World world(wo);
+  const int n = world.size();
+  Mesh mesh({1, n, 1, 1, 1}, n);
+  MeshCommunicators comms(world, mesh);
+  const ShardingStrategy s = ShardingStrategy::OptimGrads;
+  const std::string dir = testing::shared_scratch_dir("failed_save");
+  TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n);
+  run.train(0, 2);
+  checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups,
+                              progress_at(2), dir);
+  const std::vector<uint8_t> at_step_2 = run.state_bytes();
+  run.train(2, 4);
+
+  // Failures at each point of the save: in the middle of the last rank's shard file, after
+  // the metadata, and after the rename but before `latest` moved (rank 0 commits).
+  struct Failure {
+    int rank;
+    std::string point;
+  };
+  for (const Failure& f : {Failure{n - 1, "tensor_written:main/h.1"}, Failure{0, "metadata_written"},
+                           Failure{0, "renamed"}}) {
+    INFO("failure on rank " << f.rank << " at " << f.point);
+    checkpoint::SaveOptions options;
+    options.fault_hook = [&](const std::string& point) {
+      if (world.rank() == f.rank && point == f.point) throw IoError("injected failure: no space left on device");
+    };
+    CHECK_THROWS_WITH(checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(),
+                                                  run.groups, progress_at(4), dir, options),
+                      Contains("injected failure"));
+    CHECK(checkpoint::read_latest_marker(dir) == "step_000002");
+    CHECK(checkpoint::find_checkpoint(dir) == dir + "/step_000002");
+
+    // The previous checkpoint loads as it was saved.
+    TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
+    checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(),
+                                checkpoint::find_checkpoint(dir));
+    CHECK(fresh.state_bytes() == at_step_2);
+    testing::barrier_all_ranks();
+  }
+
+  // The next save succeeds and leaves no debris.
+  const checkpoint::SaveResult r = checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded,
+                                                               run.optimizer.get(), run.groups, progress_at(4), dir);
+  CHECK(r.directory == dir + "/step_000004");
+  CHECK(checkpoint::read_latest_marker(dir) == "step_000004");
+  if (world.rank() == 0) {
+    for (const fs::directory_entry& e : fs::directory_iterator(dir))
+      CHECK(e.path().filename().string().rfind(".tmp", 0) == std::string::npos);
+  }
+  const std::vector<uint8_t> at_step_4 = run.state_bytes();
+  TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
+  checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(),
+                              checkpoint::find_checkpoint(dir));
+  CHECK(fresh.state_bytes() == at_step_4);
+}
+
+TEST_CASE("most_recent_k keeps the newest checkpoints; saving the latest step again is skipped",
+          "[checkpoint][mpi]") {
+  WorldOptions wo;
+  wo.backend = Backend::Mpi;
+  wo.print_summary = false;
+  World world(wo);
+  const int n = world.size();
+  Mesh mesh({1, n, 1, 1, 1}, n);
+  MeshCommunicators comms(world, mesh);
+  const ShardingStrategy s = ShardingStrategy::Optim;
+  const std::string dir = testing::shared_scratch_dir("keep");
+  TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n);
+  checkpoint::SaveOptions options;
+  options.most_recent_k = 2;
+  for (int64_t step = 1; step <= 4; ++step) {
+    run.train(step - 1, step);
+    const checkpoint::SaveResult r = checkpoint::save_checkpoint(
+        run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups, progress_at(step), dir, options);
+    CHECK(!r.skipped);
+    CHECK(r.bytes > 0);
+  }
+  testing::barrier_all_ranks();
+  CHECK_FALSE(fs::exists(dir + "/step_000001"));
+  CHECK_FALSE(fs::exists(dir + "/step_000002"));
+  CHECK(fs::exists(dir + "/step_000003/metadata.json"));
+  CHECK(fs::exists(dir + "/step_000004/metadata.json"));
+  const auto before = testing::snapshot_directory(dir);
+  const checkpoint::SaveResult again = checkpoint::save_checkpoint(
+      run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups, progress_at(4), dir, options);
+  CHECK(again.skipped);
+  CHECK(testing::snapshot_directory(dir) == before);
+}

@@ -57,9 +57,12 @@ kernels::AttentionDims check_attention(Context& ctx, const Tensor& out, const Te
 }
 
 #if FSDP_WITH_CUDA
-// cuDNN runs the problem when allowed and able; otherwise our own kernels do.
-bool use_cudnn(Context& ctx, const kernels::AttentionDims& d, DType dtype, bool backward) {
+// cuDNN runs the problem when allowed and able (shape, dtype, 16-byte aligned data);
+// otherwise our own kernels do.
+bool use_cudnn(Context& ctx, const kernels::AttentionDims& d, DType dtype, bool backward,
+               std::initializer_list<const void*> pointers) {
   if (!ctx.extension<KernelOptions>().use_cudnn_attention) return false;
+  if (!kernels::cuda::CudnnAttention::aligned(pointers)) return false;
   return ctx.extension<kernels::cuda::CudnnAttention>().supports(d, dtype, backward);
 }
 #endif
@@ -76,7 +79,8 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const
   }
 #if FSDP_WITH_CUDA
   float* lse_f = static_cast<float*>(lse.data_ptr());
-  if (use_cudnn(ctx, d, q.dtype(), false)) {
+  if (use_cudnn(ctx, d, q.dtype(), false,
+                {out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()})) {
     ctx.extension<kernels::cuda::CudnnAttention>().forward(d, out.data_ptr(), lse_f, q.data_ptr(),
                                                            k.data_ptr(), v.data_ptr());
     return;
@@ -107,7 +111,9 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
   }
 #if FSDP_WITH_CUDA
   const float* lse_f = static_cast<const float*>(lse.data_ptr());
-  if (use_cudnn(ctx, d, q.dtype(), true)) {
+  if (use_cudnn(ctx, d, q.dtype(), true,
+                {dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), out.data_ptr(),
+                 q.data_ptr(), k.data_ptr(), v.data_ptr()})) {
     ctx.extension<kernels::cuda::CudnnAttention>().backward(
         d, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), out.data_ptr(), lse_f,
         q.data_ptr(), k.data_ptr(), v.data_ptr());

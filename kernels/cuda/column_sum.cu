@@ -30,14 +30,25 @@ __global__ void column_partials_kernel(const T* x, int64_t m, int64_t n, int64_t
   for (int i = 0; i < W; ++i) partials[int64_t(blockIdx.y) * n + c0 + i] = acc[i];
 }
 
+// Block (32 x groups) finishes 32 columns: thread (x, y) sums the partial rows y, y + groups,
+// ... of column x, then row y = 0 adds the group sums in order. groups = min(blocks, 32) is a
+// function of the row count alone, so the result is deterministic.
+constexpr int kGroups = 32;
+
 template <typename G>
 __global__ void finish_kernel(const float* partials, int64_t blocks, int64_t n, G* out,
                               bool accumulate) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= n) return;
+  __shared__ float group_sums[kGroups][kWarp + 1];
+  const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
   float s = 0;
-  for (int64_t b = 0; b < blocks; ++b) s += partials[b * n + c];
-  out[c] = from_float<G>(accumulate ? to_float(out[c]) + s : s);
+  if (c < n)
+    for (int64_t b = threadIdx.y; b < blocks; b += blockDim.y) s += partials[b * n + c];
+  group_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= n) return;
+  float total = 0;
+  for (int g = 0; g < int(blockDim.y); ++g) total += group_sums[g][threadIdx.x];
+  out[c] = from_float<G>(accumulate ? to_float(out[c]) + total : total);
 }
 
 }  // namespace
@@ -66,9 +77,9 @@ void finish_column_sums(const float* partials, int64_t blocks, int64_t n, void* 
                         DType out_dtype, bool accumulate, stream_t stream) {
   dispatch_compute(out_dtype, "column sums output", [&](auto tag) {
     using G = decltype(tag);
-    finish_kernel<G><<<grid_for(n, kThreads), kThreads, 0, stream>>>(partials, blocks, n,
-                                                                     static_cast<G*>(out),
-                                                                     accumulate);
+    const dim3 block(kWarp, unsigned(std::min<int64_t>(blocks, kGroups)));
+    finish_kernel<G><<<unsigned((n + kWarp - 1) / kWarp), block, 0, stream>>>(
+        partials, blocks, n, static_cast<G*>(out), accumulate);
     FSDP_CHECK_LAUNCH();
   });
 }

@@ -12,14 +12,21 @@ constexpr int kThreads = 512;
 // Running (max, sum of exp(x - max)) of a stream of logits.
 struct OnlineSoftmax {
   float m = -INFINITY, s = 0.f;
-  __device__ void add(float x) {
-    if (x == -INFINITY) return;  // contributes nothing (and exp(-inf - -inf) would be NaN)
-    if (x > m) {
-      s = s * __expf(m - x) + 1.f;
-      m = x;
-    } else {
-      s += __expf(x - m);
+  // Adds a pack of values (those at or past `valid` are padding): one rescale per pack.
+  template <int W>
+  __device__ void add_pack(const float (&v)[W], int valid) {
+    float pm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (j < valid) pm = fmaxf(pm, v[j]);
+    if (pm == -INFINITY) return;
+    if (pm > m) {
+      s *= __expf(m - pm);
+      m = pm;
     }
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (j < valid) s += __expf(v[j] - m);
   }
   __device__ void merge(float om, float os) {
     if (om == -INFINITY) return;
@@ -38,9 +45,7 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const T*
   for (int64_t c = int64_t(threadIdx.x) * W; c < V; c += int64_t(blockDim.x) * W) {
     float v[W];
     load_floats<W>(x + c, v);  // rows are Vp long: a pack never crosses into the next row
-#pragma unroll
-    for (int j = 0; j < W; ++j)
-      if (c + j < V) acc.add(v[j]);
+    acc.add_pack<W>(v, int(min(int64_t(W), V - c)));
   }
   // Merge across the warp, then across warps.
   for (int o = 16; o > 0; o >>= 1) {

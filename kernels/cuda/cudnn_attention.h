@@ -4,6 +4,7 @@
 // ctx.extension<kernels::cuda::CudnnAttention>().
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,8 @@ class CudnnAttention {
   bool supports(const AttentionDims& d, DType dtype, bool backward);
   // Why the last unsupported problem was refused (for logs and tests).
   const std::string& last_refusal() const;
+  // Whether every pointer is 16-byte aligned, as the fused kernels need.
+  static bool aligned(std::initializer_list<const void*> pointers);
 
   // Same contract as kernels/cuda/nn_kernels.h attention_forward / attention_backward.
   void forward(const AttentionDims& d, void* out, float* lse, const void* q, const void* k,

@@ -4,9 +4,10 @@
 // it never adds floats atomically. Instead: (1) count each token id's occurrences, (2) scan
 // the counts into bucket offsets, (3) drop each position into its token's bucket (integer
 // atomics pick the slot, so the order inside a bucket varies), (4) one block per token id
-// sorts its bucket by position (rank = number of smaller positions) and sums the gradient
-// rows in that order. Same inputs, same bits.
+// sorts its bucket by position and sums the gradient rows in that order. Same inputs, same
+// bits.
 #include <algorithm>
+#include <climits>
 
 #include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/nn_kernels.h"
@@ -17,6 +18,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kScanThreads = 1024;
+constexpr int kRowThreads = 128;  // one block per token id: 96 packs of a 768-wide bf16 row
 
 template <int W, typename T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* idx, const T* wte, const T* wpe,
@@ -75,26 +77,62 @@ __global__ void fill_buckets_kernel(const int32_t* idx, int64_t tokens, int32_t*
     buckets[atomicAdd(&cursor[idx[i]], 1)] = int32_t(i);
 }
 
-// One block per token id v: sorts its bucket into `sorted`, then dwte[v] += the dout rows of
-// its positions, in position order.
+// Sorts keys[0, n) ascending in shared memory (bitonic network over the next power of two,
+// padded with INT_MAX). All threads of the block call it.
+__device__ void sort_in_shared(int32_t* keys, int32_t n) {
+  int32_t size = 1;
+  while (size < n) size <<= 1;
+  for (int32_t i = n + threadIdx.x; i < size; i += blockDim.x) keys[i] = INT_MAX;
+  __syncthreads();
+  for (int32_t k = 2; k <= size; k <<= 1) {
+    for (int32_t j = k >> 1; j > 0; j >>= 1) {
+      for (int32_t i = threadIdx.x; i < size; i += blockDim.x) {
+        const int32_t partner = i ^ j;
+        if (partner > i) {
+          const int32_t a = keys[i], b = keys[partner];
+          if ((a > b) == ((i & k) == 0)) {
+            keys[i] = b;
+            keys[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+constexpr int32_t kSharedSortCapacity = 4096;  // bucket entries sorted in shared memory
+
+// One block per token id v: orders its bucket by position, then dwte[v] += the dout rows of
+// those positions, in that order. Buckets up to kSharedSortCapacity are sorted in shared
+// memory; a larger one ranks each entry by counting the smaller positions (O(n^2), rare).
 template <int W, typename T, typename G>
 __global__ void accumulate_rows_kernel(G* dwte, const T* dout, const int32_t* offsets,
                                        const int32_t* buckets, int32_t* sorted, int64_t C) {
+  __shared__ int32_t keys[kSharedSortCapacity];
   const int64_t v = blockIdx.x;
-  const int32_t begin = offsets[v], end = offsets[v + 1];
-  if (begin == end) return;
-  for (int32_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-    const int32_t pos = buckets[e];
-    int32_t rank = 0;
-    for (int32_t o = begin; o < end; ++o) rank += buckets[o] < pos;
-    sorted[begin + rank] = pos;
+  const int32_t begin = offsets[v], end = offsets[v + 1], n = end - begin;
+  if (n == 0) return;
+  const int32_t* order = keys;
+  if (n <= kSharedSortCapacity) {
+    for (int32_t e = threadIdx.x; e < n; e += blockDim.x) keys[e] = buckets[begin + e];
+    __syncthreads();
+    sort_in_shared(keys, n);
+  } else {
+    for (int32_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
+      const int32_t pos = buckets[e];
+      int32_t rank = 0;
+      for (int32_t o = begin; o < end; ++o) rank += buckets[o] < pos;
+      sorted[begin + rank] = pos;
+    }
+    __syncthreads();
+    order = sorted + begin;
   }
-  __syncthreads();
   for (int64_t c = int64_t(threadIdx.x) * W; c < C; c += int64_t(blockDim.x) * W) {
     float acc[W] = {};
-    for (int32_t e = begin; e < end; ++e) {
+    for (int32_t e = 0; e < n; ++e) {
       float g[W];
-      load_floats<W>(dout + int64_t(sorted[e]) * C + c, g);
+      load_floats<W>(dout + int64_t(order[e]) * C + c, g);
 #pragma unroll
       for (int j = 0; j < W; ++j) acc[j] += g[j];
     }
@@ -195,7 +233,7 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
         using G = decltype(gtag);
         dispatch_width<T>(d.channels, {dout}, [&](auto w) {
           constexpr int W = decltype(w)::value;
-          accumulate_rows_kernel<W, T, G><<<unsigned(d.vocab), kThreads, 0, stream>>>(
+          accumulate_rows_kernel<W, T, G><<<unsigned(d.vocab), kRowThreads, 0, stream>>>(
               static_cast<G*>(dwte), static_cast<const T*>(dout), s.offsets, s.buckets, s.sorted,
               d.channels);
           FSDP_CHECK_LAUNCH();

@@ -64,13 +64,17 @@ __global__ void norm_backward_kernel(T* dx, float* partials, const T* dout, cons
                                      const T* weight, const float* mean, const float* rstd,
                                      int64_t rows, int64_t C, int64_t rows_per_block,
                                      bool accumulate_dx) {
-  extern __shared__ float sums[];  // (warps, 2, C)
+  // (warps, 2, C) sums, each warp's row stored element-of-pack major: channel c = p * W + i
+  // sits at i * (C / W) + p, so the 32 lanes of a warp touch 32 consecutive words (no bank
+  // conflicts) when they update element i of their packs.
+  extern __shared__ float sums[];
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t packs = C / W;
   float* dw = sums + int64_t(warp) * 2 * C;
   float* db = dw + C;
   for (int64_t c = lane * W; c < C; c += kWarp * W)
 #pragma unroll
-    for (int i = 0; i < W; ++i) dw[c + i] = db[c + i] = 0.f;  // each lane owns its channels
+    for (int i = 0; i < W; ++i) dw[i * packs + c / W] = db[i * packs + c / W] = 0.f;  // lane-owned
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = min(rows, r0 + rows_per_block);
   for (int64_t row = r0 + warp; row < r1; row += warps) {
@@ -88,8 +92,8 @@ __global__ void norm_backward_kernel(T* dx, float* partials, const T* dout, cons
         const float xhat = (v[i] - m) * r;
         sum_g += g[i] * w[i];
         sum_gx += g[i] * w[i] * xhat;
-        dw[c + i] += g[i] * xhat;
-        db[c + i] += g[i];
+        dw[i * packs + c / W] += g[i] * xhat;
+        db[i * packs + c / W] += g[i];
       }
     }
     if (!dx) continue;
@@ -111,10 +115,11 @@ __global__ void norm_backward_kernel(T* dx, float* partials, const T* dout, cons
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const int64_t at = (c % W) * packs + c / W;
     float sw = 0, sb = 0;
     for (int j = 0; j < warps; ++j) {  // fixed warp order
-      sw += sums[int64_t(j) * 2 * C + c];
-      sb += sums[int64_t(j) * 2 * C + C + c];
+      sw += sums[int64_t(j) * 2 * C + at];
+      sb += sums[int64_t(j) * 2 * C + C + at];
     }
     partials[int64_t(blockIdx.x) * C + c] = sw;
     partials[int64_t(gridDim.x + blockIdx.x) * C + c] = sb;

@@ -34,13 +34,14 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
       const int64_t C = d.channels;
       const T* g = static_cast<const T*>(dout);
       if (dwte) {
+        // Every id is checked before any gradient changes: an error leaves dwte untouched.
+        for (int64_t bt = 0; bt < d.batch * d.seq; ++bt)
+          FSDP_CHECK(idx[bt] >= 0 && idx[bt] < d.vocab, IndexError, "embedding_backward: token id ",
+                     idx[bt], " at position ", bt, " is outside the vocabulary [0, ", d.vocab, ")");
         G* dw = static_cast<G*>(dwte);
-        for (int64_t bt = 0; bt < d.batch * d.seq; ++bt) {
-          const int64_t token = idx[bt];
-          FSDP_CHECK(token >= 0 && token < d.vocab, IndexError, "embedding_backward: token id ",
-                     token, " at position ", bt, " is outside the vocabulary [0, ", d.vocab, ")");
-          for (int64_t c = 0; c < C; ++c) store_or_add(dw[token * C + c], double(g[bt * C + c]), true);
-        }
+        for (int64_t bt = 0; bt < d.batch * d.seq; ++bt)
+          for (int64_t c = 0; c < C; ++c)
+            store_or_add(dw[int64_t(idx[bt]) * C + c], double(g[bt * C + c]), true);
       }
       if (dwpe) {
         std::vector<double> sums(size_t(d.seq * C), 0.0);  // (T, C)

@@ -71,6 +71,11 @@ TEST_CASE("embedding backward scatter-adds repeated tokens and sums positions ov
     CHECK(max_rel_diff(values(ctx, dwpe), want_pe, 1.0) < 1e-6);
     CHECK(values(ctx, dwte)[size_t(2 * C)] == 1.0);  // token 2 never occurs: untouched
   }
+  // A bad id is refused before any gradient changes.
+  Tensor bad = ops::from_host<int32_t>(ctx, {4, 0, 9, 1, 4, 3}, Shape{B, T});
+  Tensor dwte = ops::full(ctx, Shape{V, C}, DType::f32, 1.0);
+  CHECK_THROWS_AS(ops::embedding_backward(ctx, dwte, Tensor(), dout, bad), IndexError);
+  CHECK(values(ctx, dwte) == std::vector<double>(size_t(V * C), 1.0));
 }
 
 TEST_CASE("layernorm forward matches the formula; statistics saved", "[kernels][nn]") {

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Checks a Hugging Face export of an fsdp.cpp checkpoint against transformers.
+
+`convert export CHECKPOINT OUT_DIR` writes OUT_DIR/config.json, OUT_DIR/model.safetensors and
+OUT_DIR/fsdp_check_batch.safetensors: a batch of token ids ("input_ids", int64 (B, T)) and
+fsdp.cpp's logits for it ("logits", float32 (B, T, vocab_size), computed on the CPU in f32).
+This script loads OUT_DIR with transformers' AutoModelForCausalLM.from_pretrained, runs the
+same batch and compares the logits:
+
+    max abs error   max |theirs - ours|
+    max rel error   max |theirs - ours| / max |ours|      (the number the tolerance applies to)
+    argmax agree    fraction of positions whose most likely next token is the same
+
+Pass (exit status 0) when the max rel error is within --tolerance (default 1e-2: bf16
+rounding; an f32 comparison is typically near 1e-6), otherwise exit status 1.
+
+    python3 tools/convert/check_hf_export.py OUT_DIR [--device cuda|cpu]
+                                             [--dtype float32|bfloat16] [--tolerance 1e-2]
+
+A tool for the machine where PyTorch and transformers are installed; fsdp.cpp never depends
+on it.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("export_dir", help="the directory `convert export` wrote")
+    parser.add_argument("--batch", help="check batch (default: EXPORT_DIR/fsdp_check_batch.safetensors)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="dtype transformers computes in")
+    parser.add_argument("--tolerance", type=float, default=1e-2,
+                        help="largest max |theirs - ours| / max |ours| that passes")
+    args = parser.parse_args()
+
+    batch = load_file(args.batch or os.path.join(args.export_dir, "fsdp_check_batch.safetensors"))
+    ids = batch["input_ids"].long()
+    ours = batch["logits"].double()
+    print(f"batch: {tuple(ids.shape)} token ids; our logits {tuple(ours.shape)}")
+
+    if args.device == "cuda":
+        # Plain f32 matmuls on the GPU for the f32 comparison (no TF32).
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(args.export_dir, torch_dtype=dtype)
+    model.to(args.device).eval()
+    print(f"transformers: {type(model).__name__}, {sum(p.numel() for p in model.parameters())} "
+          f"parameters, {args.dtype} on {args.device}")
+
+    with torch.no_grad():
+        theirs = model(ids.to(args.device)).logits.double().cpu()
+    if theirs.shape != ours.shape:
+        print(f"FAIL: transformers gives logits {tuple(theirs.shape)}, ours are {tuple(ours.shape)}")
+        return 1
+
+    diff = (theirs - ours).abs()
+    max_abs = diff.max().item()
+    max_rel = max_abs / max(ours.abs().max().item(), 1e-30)
+    # Elementwise relative error, over logits not close to zero.
+    floor = 1e-3 * ours.abs().max().item()
+    elem_rel = (diff / ours.abs().clamp_min(floor)).max().item()
+    agree = (theirs.argmax(-1) == ours.argmax(-1)).double().mean().item()
+    print(f"max abs error  {max_abs:.3e}")
+    print(f"max rel error  {max_rel:.3e}   (tolerance {args.tolerance:g})")
+    print(f"max elementwise rel error  {elem_rel:.3e}   (|logit| floored at {floor:.3e})")
+    print(f"argmax agree   {agree:.4f}")
+    if max_rel <= args.tolerance:
+        print("PASS")
+        return 0
+    print("FAIL")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,13 @@
 // saved, "exp_avg/<u>" and "exp_avg_sq/<u>" (Adam's moments, same layout). Replicas of a
 // shard (no_shard, HSDP) are written once.
 //
+// That is everything a bit-exact resume needs. Compute weights are not saved: they are the
+// master weights converted to the compute dtype (the optimizer rewrites them so after every
+// update, rounding to nearest even as a load does), so a load rebuilds them exactly
+// (ShardedModel::refresh_compute_weights). Gradient buffers are zeroed at every step.
+// Random numbers are counter-based, keyed by seed and element or sample index, so the seeds
+// and the data position are the whole RNG state.
+//
 // For every parameter the metadata gives its global shape, the unit it belongs to, and its
 // pieces: which file holds which flat element range [param_offset, param_offset + numel)
 // of it, at which element offset of that file's unit tensors. A reader with any other

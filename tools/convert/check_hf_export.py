@@ -26,6 +26,7 @@ import os
 import sys
 
 import torch
+import transformers
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -51,9 +52,11 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(args.export_dir, torch_dtype=dtype)
-    model.to(args.device).eval()
-    print(f"transformers: {type(model).__name__}, {sum(p.numel() for p in model.parameters())} "
+    # Loaded as stored, then cast (the dtype keyword of from_pretrained differs between
+    # transformers versions).
+    model = AutoModelForCausalLM.from_pretrained(args.export_dir)
+    model.to(device=args.device, dtype=dtype).eval()
+    print(f"transformers {transformers.__version__}: {type(model).__name__}, {sum(p.numel() for p in model.parameters())} "
           f"parameters, {args.dtype} on {args.device}")
 
     with torch.no_grad():

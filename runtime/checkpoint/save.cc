@@ -147,6 +147,55 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
   return m;
 }
 
+// The complete checkpoints in save_dir (step directories holding metadata.json), by step.
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& save_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const fs::directory_entry& e : fs::directory_iterator(save_dir)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = step_of_directory_name(name);
+    if (step >= 0 && file_size_or_missing(e.path().string() + "/" + kMetadataFileName) >= 0)
+      out.emplace_back(step, name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Rank 0, once every file is on disk: moves the finished temporary directory to its step
+// name and points `latest` at it. At every moment `latest` names a complete checkpoint (or,
+// while the only one is being replaced by a save of the same step, is absent).
+void install_step_directory(const std::string& save_dir, const std::string& temp_dir,
+                            const std::string& step_name, const SaveOptions& options) {
+  const std::string final_dir = save_dir + "/" + step_name;
+  const std::string latest_path = save_dir + "/" + kLatestMarker;
+  if (fs::exists(final_dir)) {
+    // This step was saved before (by an earlier run, or an interrupted save): replace it.
+    if (read_latest_marker(save_dir) == step_name) {
+      std::string fallback;
+      for (const auto& [step, name] : complete_checkpoints(save_dir))
+        if (name != step_name) fallback = name;  // the newest other one
+      if (fallback.empty()) {
+        fs::remove(latest_path);
+        fsync_path(save_dir);
+      } else {
+        write_file_atomically(latest_path, fallback + "\n");
+      }
+    }
+    // Moved aside under a temporary name, which the next save clears if this one dies.
+    const std::string aside = save_dir + "/" + kTempPrefix + "replaced_" + step_name;
+    rename_durably(final_dir, aside);
+    rename_durably(temp_dir, final_dir);
+    reach(options, "renamed");
+    write_file_atomically(latest_path, step_name + "\n");
+    reach(options, "latest_written");
+    fs::remove_all(aside);
+    return;
+  }
+  rename_durably(temp_dir, final_dir);
+  reach(options, "renamed");
+  write_file_atomically(latest_path, step_name + "\n");
+  reach(options, "latest_written");
+}
+
 // Deletes complete checkpoints beyond the newest `keep` (by step), never `latest`. Returns
 // a warning for what could not be removed (the save itself has succeeded by then).
 std::string prune_checkpoints(const std::string& save_dir, int keep, const std::string& latest) {
@@ -195,21 +244,10 @@ SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel&
   SaveResult result;
   result.directory = final_dir;
 
-  // 1. Rank 0 prepares the directories (or finds this step saved already).
-  std::string decision;
+  // 1. Rank 0 prepares the directories.
   run_on_every_rank(ctx, comm, [&] {
-    if (rank != 0) return;
-    if (read_latest_marker(save_dir) == step_name &&
-        file_size_or_missing(final_dir + "/" + kMetadataFileName) >= 0) {
-      decision = "skip";
-      return;
-    }
-    prepare_directories(save_dir, temp_dir);
+    if (rank == 0) prepare_directories(save_dir, temp_dir);
   });
-  if (all_gather_strings(ctx, comm, decision)[0] == "skip") {
-    result.skipped = true;
-    return result;
-  }
 
   // 2. The first replica of each shard writes it.
   const bool writer = !groups.replicate || groups.replicate->rank() == 0;
@@ -236,12 +274,7 @@ SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel&
     write_file_atomically(meta_path, m.to_json());
     reach(options, "metadata_written");
     fsync_path(temp_dir);
-    // A step directory that is not `latest` is what an interrupted save of this step left.
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
-    rename_durably(temp_dir, final_dir);
-    reach(options, "renamed");
-    write_file_atomically(save_dir + "/" + kLatestMarker, step_name + "\n");
-    reach(options, "latest_written");
+    install_step_directory(save_dir, temp_dir, step_name, options);
     warning = prune_checkpoints(save_dir, options.most_recent_k, step_name);
   });
   result.warning = all_gather_strings(ctx, comm, warning)[0];

@@ -14,7 +14,9 @@
 // begins: rank 0 renames only after every shard file is written, and moves `latest` only
 // after the rename. A crash or kill at any point leaves `latest` naming the previous
 // complete checkpoint; the next save clears the debris of an interrupted one. Older
-// checkpoints beyond `most_recent_k` are deleted after `latest` moved.
+// checkpoints beyond `most_recent_k` are deleted after `latest` moved. Saving a step that
+// is saved already (a fresh run into an old save directory) replaces it; meanwhile
+// `latest` names the newest other checkpoint.
 //
 // Each shard of the sharded state is written by one rank: the first replica of that shard
 // (replicas hold identical shards under no_shard and HSDP).
@@ -56,7 +58,6 @@ struct SaveOptions {
 struct SaveResult {
   std::string directory;  // SAVE_DIR/step_000100
   uint64_t bytes = 0;     // of every file written, over all ranks
-  bool skipped = false;   // this step was already the latest checkpoint: nothing written
   std::string warning;    // old checkpoints that could not be deleted (the save succeeded)
 };
 

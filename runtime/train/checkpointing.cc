@@ -78,10 +78,6 @@ void RunCheckpoints::save(int64_t step) {
                                   parts_.groups, p, *recipe_.checkpoint.save, options);
   last_saved_step_ = step;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (r.skipped) {
-    print_(str_cat("checkpoint: step ", step, " is saved already in ", r.directory));
-    return;
-  }
   print_(str_cat("checkpoint saved: ", r.directory, " (", double(r.bytes) / (1024.0 * 1024.0),
                  " MiB in ", seconds, " s)"));
   if (!r.warning.empty()) print_("warning: " + r.warning);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -261,7 +262,7 @@ TEST_CASE("a save that fails on one rank midway leaves latest at the previous ch
   CHECK(fresh.state_bytes() == at_step_4);
 }
 
-TEST_CASE("most_recent_k keeps the newest checkpoints; saving the latest step again is skipped",
+TEST_CASE("most_recent_k keeps the newest checkpoints; saving a saved step again replaces it safely",
           "[checkpoint][mpi]") {
   WorldOptions wo;
   wo.backend = Backend::Mpi;
@@ -275,21 +276,49 @@ TEST_CASE("most_recent_k keeps the newest checkpoints; saving the latest step ag
   TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n);
   checkpoint::SaveOptions options;
   options.most_recent_k = 2;
+  std::vector<uint8_t> at_step_3;
   for (int64_t step = 1; step <= 4; ++step) {
     run.train(step - 1, step);
     const checkpoint::SaveResult r = checkpoint::save_checkpoint(
         run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups, progress_at(step), dir, options);
-    CHECK(!r.skipped);
+    CHECK(r.directory == dir + "/" + checkpoint::step_directory_name(step));
     CHECK(r.bytes > 0);
+    if (step == 3) at_step_3 = run.state_bytes();
   }
   testing::barrier_all_ranks();
   CHECK_FALSE(fs::exists(dir + "/step_000001"));
   CHECK_FALSE(fs::exists(dir + "/step_000002"));
   CHECK(fs::exists(dir + "/step_000003/metadata.json"));
   CHECK(fs::exists(dir + "/step_000004/metadata.json"));
-  const auto before = testing::snapshot_directory(dir);
-  const checkpoint::SaveResult again = checkpoint::save_checkpoint(
-      run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups, progress_at(4), dir, options);
-  CHECK(again.skipped);
-  CHECK(testing::snapshot_directory(dir) == before);
+
+  // Step 4 again, with other state (a fresh run into an old save directory). Interrupted
+  // between the renames, `latest` names step 3, which loads.
+  run.train(4, 5);
+  const std::vector<uint8_t> replaced = run.state_bytes();
+  checkpoint::SaveOptions failing = options;
+  failing.fault_hook = [&](const std::string& point) {
+    if (point == "renamed") throw IoError("injected failure");
+  };
+  CHECK_THROWS_AS(checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(),
+                                              run.groups, progress_at(4), dir, failing),
+                  IoError);
+  CHECK(checkpoint::read_latest_marker(dir) == "step_000003");
+  {
+    TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
+    checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(),
+                                checkpoint::find_checkpoint(dir));
+    CHECK(fresh.state_bytes() == at_step_3);
+  }
+  // Done properly, the new state is what step 4 holds, and nothing else is left behind.
+  checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups,
+                              progress_at(4), dir, options);
+  CHECK(checkpoint::read_latest_marker(dir) == "step_000004");
+  TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
+  checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(), dir + "/step_000004");
+  CHECK(fresh.state_bytes() == replaced);
+  if (world.rank() == 0) {
+    std::set<std::string> names;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+    CHECK(names == std::set<std::string>{"latest", "step_000003", "step_000004"});
+  }
 }

@@ -116,7 +116,14 @@ void CheckpointReader::read(const std::string& kind, const std::string& param, i
     const int64_t at = piece.tensor_offset + (lo - piece.param_offset);
     open(size_t(piece.file)).read_bytes(tensor, uint64_t(at) * esize,
                                         out + size_t(lo - offset) * esize, uint64_t(hi - lo) * esize);
+    bytes_read_ += uint64_t(hi - lo) * esize;
   }
+}
+
+size_t CheckpointReader::files_opened() const {
+  size_t n = 0;
+  for (const auto& r : readers_) n += r != nullptr;
+  return n;
 }
 
 Tensor CheckpointReader::read_parameter(Context& ctx, const std::string& kind, const std::string& param) {

@@ -47,6 +47,11 @@ class CheckpointReader {
   // A whole parameter's state as a host tensor of its shape, in the checkpoint's dtype.
   Tensor read_parameter(Context& ctx, const std::string& kind, const std::string& param);
 
+  // Tensor bytes read by read() so far, and the shard files opened (by read() or
+  // verify_file()): a reader touches only what it needs.
+  uint64_t bytes_read() const { return bytes_read_; }
+  size_t files_opened() const;
+
  private:
   // The file's reader, opened on first use with its header checked against metadata.json.
   SafetensorsReader& open(size_t file);
@@ -55,6 +60,7 @@ class CheckpointReader {
   std::string dir_;
   CheckpointMetadata metadata_;
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  uint64_t bytes_read_ = 0;
 };
 
 // The checkpoint directory a path names: a checkpoint itself (it holds metadata.json), or a

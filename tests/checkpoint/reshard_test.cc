@@ -93,11 +93,18 @@ TEST_CASE("a checkpoint saved by N ranks under ZeRO-3 resumes on N/2 ranks under
     const std::string ckpt = checkpoint::find_checkpoint(save_dir);
     REQUIRE(ckpt == save_dir + "/step_000004");
     {
-      // Saved by ZeRO-3 over n ranks: one file per rank.
+      // Saved by ZeRO-3 over n ranks: one file per rank. A reader of a range opens only the
+      // files holding it and reads only its bytes.
       checkpoint::CheckpointReader reader(ckpt);
       CHECK(reader.metadata().files.size() == size_t(n));
       CHECK(reader.metadata().shard_size == n);
       CHECK(reader.metadata().strategy == "optim_grads_params");
+      const checkpoint::ParamRecord& wte = *reader.metadata().find_param(llama ? "embed.weight" : "wte.weight");
+      const checkpoint::ParamPiece& last = wte.pieces.back();
+      std::vector<float> part(size_t(last.numel));
+      reader.read(checkpoint::kExpAvg, wte.name, last.param_offset, last.numel, part.data());
+      CHECK(reader.files_opened() == 1);
+      CHECK(reader.bytes_read() == uint64_t(last.numel) * 4);
     }
 
     // Half the world, ZeRO-1 (under -np 2 each half is one rank).

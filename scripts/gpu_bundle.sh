@@ -21,6 +21,8 @@ mpi_tests=$(bazel query 'kind("sh_test", //tests/...)' 2>/dev/null)
 for t in $tests; do
   p="${t#//}"
   f="$(echo "${p%%:*}" | tr / _)__${p##*:}"
+  # Only binaries with GPU test cases: the rest run (and are checked) on any machine.
+  grep -q '\[gpu\]' "$bin/${p/://}" || continue
   cp "$bin/${p/://}" "$out/tests/$f"
   # Multi-process copies are declared as sh_tests named LABEL_npN: record "FILE N".
   for m in $(printf '%s\n' $mpi_tests | grep -E "^${t}_np[0-9]+$"); do

@@ -109,9 +109,10 @@ void ShardedModel::issue_gather(int unit) {
   u.compute_full = full;
   // The shard is written by the optimizer on the compute stream.
   gather_stream_.wait(params_updated_);
-  if (groups_.shard_size() == 1) {
+  if (!communicates(groups_.shard_gather)) {
     StreamScope scope(ctx_, gather_stream_);
-    ops::copy(ctx_, full, u.compute_shard);
+    ops::copy(ctx_, full.narrow(0, u.plan->shard_begin(groups_.shard_rank()), u.plan->shard_numel),
+              u.compute_shard);
   } else {
     groups_.shard_gather->all_gather(full, u.compute_shard, gather_stream_);
     issued_.all_gathers++;
@@ -165,6 +166,9 @@ void ShardedModel::reduce_unit(int unit) {
   const UnitPlan& p = *u.plan;
   const ReduceOp op = options_.average_in_collective ? ReduceOp::Avg : ReduceOp::Sum;
   const int n_shard = groups_.shard_size(), n_rep = groups_.replicate_size();
+  const bool shard_comm = communicates(groups_.shard_reduce);
+  const bool rep_comm = communicates(groups_.replicate);
+  const int64_t my_begin = p.shard_begin(groups_.shard_rank());
   const double shard_prescale = options_.average_in_collective ? 1.0 : 1.0 / n_shard;
   const double rep_prescale = options_.average_in_collective ? 1.0 : 1.0 / n_rep;
 
@@ -176,15 +180,15 @@ void ShardedModel::reduce_unit(int unit) {
     // ZeRO-2/3: reduce-scatter this micro-batch's full gradients and add them to the shard.
     Tensor src = u.grad_full;
     if (options_.grad_dtype != options_.reduce_dtype) src = ops::cast(ctx_, src, options_.reduce_dtype);
-    if (n_shard == 1) {
-      ops::axpby(ctx_, u.grad_accum, 1.0, src, 1.0);
+    if (!shard_comm) {
+      ops::axpby(ctx_, u.grad_accum, 1.0, src.narrow(0, my_begin, p.shard_numel), 1.0);
     } else {
       Tensor part = ctx_.empty(Shape{p.shard_numel}, options_.reduce_dtype);
       groups_.shard_reduce->reduce_scatter(part, src, op, reduce_stream_, shard_prescale);
       issued_.reduce_scatters++;
       ops::axpby(ctx_, u.grad_accum, 1.0, part, 1.0);
     }
-    if (last_micro_batch_ && n_rep > 1) {
+    if (last_micro_batch_ && rep_comm) {
       groups_.replicate->all_reduce(u.grad_accum, op, reduce_stream_, rep_prescale);
       issued_.all_reduces++;
     }
@@ -202,20 +206,20 @@ void ShardedModel::reduce_unit(int unit) {
   if (!u.grad_full.shares_storage(u.grad_accum)) ops::axpby(ctx_, u.grad_accum, 1.0, u.grad_full, 1.0);
   if (!last_micro_batch_) return;
   if (options_.strategy == ShardingStrategy::NoShard) {
-    if (n_rep > 1) {
+    if (rep_comm) {
       groups_.replicate->all_reduce(u.grad_accum, op, reduce_stream_, rep_prescale);
       issued_.all_reduces++;
     }
     return;
   }
   // ZeRO-1: one reduce-scatter of the accumulated gradients into the gradient shard.
-  if (n_shard == 1) {
-    ops::copy(ctx_, u.grad_shard, u.grad_accum.narrow(0, 0, p.shard_numel));
+  if (!shard_comm) {
+    ops::copy(ctx_, u.grad_shard, u.grad_accum.narrow(0, my_begin, p.shard_numel));
   } else {
     groups_.shard_reduce->reduce_scatter(u.grad_shard, u.grad_accum, op, reduce_stream_, shard_prescale);
     issued_.reduce_scatters++;
   }
-  if (n_rep > 1) {
+  if (rep_comm) {
     groups_.replicate->all_reduce(u.grad_shard, op, reduce_stream_, rep_prescale);
     issued_.all_reduces++;
   }
@@ -256,7 +260,7 @@ double ShardedModel::grad_norm() {
   std::vector<Tensor> ordered;
   for (auto& up : units_) {
     Tensor partials = ops::block_sum_squares(ctx_, up->grad_shard, block);
-    if (n > 1) {
+    if (communicates(groups_.shard_gather)) {
       Tensor all = ctx_.empty(Shape{partials.numel() * n}, partials.dtype());
       groups_.shard_gather->all_gather(all, partials, ctx_.stream());
       partials = all;
@@ -276,7 +280,7 @@ void ShardedModel::install_weights() {
   gather_stream_.wait(params_updated_);
   for (auto& up : units_) {
     Unit& u = *up;
-    if (groups_.shard_size() > 1) {
+    if (communicates(groups_.shard_gather)) {
       groups_.shard_gather->all_gather(u.compute_full, u.compute_shard, gather_stream_);
       issued_.all_gathers++;
     }

@@ -70,6 +70,9 @@ struct FsdpOptions {
   int64_t shard_block = 4096;  // shard granularity in elements (see plan.h)
   uint64_t seed = 1234;        // parameter initialization
   bool overlap = true;         // side streams for collectives (CUDA); false: all on compute
+  // Benchmarks only: replace every collective by a local copy of the same buffers, so a
+  // run times compute and optimizer alone (the results are then not those of training).
+  bool skip_collectives = false;
 };
 
 // The groups a sharded model communicates over. shard_gather / shard_reduce: the group the
@@ -184,6 +187,10 @@ class ShardedModel {
     return options_.strategy == ShardingStrategy::OptimGrads || zero3();
   }
   bool is_root(int unit) const { return unit == root_; }
+  // Whether collectives over `c` really run (a group of one, or skip_collectives: no).
+  bool communicates(const Communicator* c) const {
+    return c && c->size() > 1 && !options_.skip_collectives;
+  }
 
   Context& ctx_;
   nn::Module& model_;

@@ -57,6 +57,14 @@ struct Trainer::State {
   int64_t accum = 1;  // micro-batches per rank per step
   int64_t step = 0;   // optimizer steps completed
   int64_t n_params = 0;
+  // Timing events around the optimizer step (CUDA; host clock on the CPU).
+  Event optimizer_start, optimizer_end;
+  double optimizer_host_s = 0;
+  // The last step's optimizer time; call after the step has synchronized.
+  double last_optimizer_s() const {
+    if (ctx->is_cuda()) return Event::elapsed_ms(optimizer_start, optimizer_end) / 1000.0;
+    return optimizer_host_s;
+  }
   double flops_per_token = 0;
 
   void setup();
@@ -97,6 +105,10 @@ void Trainer::State::setup() {
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());
+  if (ctx->is_cuda()) {
+    optimizer_start = Event::create(ctx->device(), /*enable_timing=*/true);
+    optimizer_end = Event::create(ctx->device(), /*enable_timing=*/true);
+  }
   const std::vector<int> dp_group = mesh->dp_group(world->rank());
   dp_size = int(dp_group.size());
   dp_rank = int(std::find(dp_group.begin(), dp_group.end(), world->rank()) - dp_group.begin());
@@ -110,6 +122,7 @@ void Trainer::State::setup() {
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
                                            int(model_config.d_model), int(model_config.seq_len));
   fsdp_options = fsdp_options_of(recipe);
+  fsdp_options.skip_collectives = options.skip_collectives;
   const ShardingStrategy strategy = fsdp_options.strategy;
   sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, strategy), fsdp_options);
   optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config_of(recipe));
@@ -191,8 +204,12 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
   FSDP_CHECK(std::isfinite(norm), Error, "training diverged at step ", step + 1,
              ": the gradient norm is ", norm, " (lower optimizer.lr or check the data)");
   const double clip = clip_coefficient(norm, recipe.optimizer.clip_grad);
+  const auto t_optimizer = Clock::now();
+  optimizer_start.record(ctx->stream());
   optimizer->step(lr, sharded->grad_multiplier() * clip);
   sharded->install_weights();
+  optimizer_end.record(ctx->stream());
+  optimizer_host_s = seconds_since(t_optimizer);
   *grad_norm = norm;
   return ops::item(*ctx, loss_sum);
 }
@@ -235,7 +252,7 @@ TrainResult Trainer::run() {
   const bool terminal = stdout_is_terminal() && s.options.out == stdout;
   const int64_t total = s.recipe.train.train_iters;
   const int64_t tokens_per_step = s.recipe.train.global_batch_size * s.recipe.model.seq_length;
-  double timed_seconds = 0;
+  double timed_seconds = 0, timed_optimizer = 0;
   int64_t timed_steps = 0;
   s.ctx->allocator()->reset_peak();
 
@@ -252,8 +269,9 @@ TrainResult Trainer::run() {
     const double dt = seconds_since(t0);
     s.step++;
     result.losses.push_back(loss);
-    if (s.step > 1) {
+    if (s.step - result.first_step > s.options.warmup_steps) {
       timed_seconds += dt;
+      timed_optimizer += s.last_optimizer_s();
       timed_steps++;
     }
 
@@ -293,7 +311,19 @@ TrainResult Trainer::run() {
   }
 
   result.steps = s.step;
-  result.tokens_per_sec = timed_steps ? double(tokens_per_step) * timed_steps / timed_seconds : 0;
+  if (timed_steps > 0) {
+    result.step_time_s = timed_seconds / double(timed_steps);
+    result.optimizer_time_s = timed_optimizer / double(timed_steps);
+    result.tokens_per_sec = double(tokens_per_step) / result.step_time_s;
+    if (s.ctx->is_cuda()) {
+      const double per_device = result.tokens_per_sec / s.world->size();
+      result.tflops_per_device = per_device * s.flops_per_token / 1e12;
+      result.mfu = model_flops_utilization(per_device, s.flops_per_token, kH200PeakBf16Flops);
+    }
+  }
+  const MemoryStats mem = s.ctx->allocator()->stats();
+  result.peak_allocated_bytes = int64_t(mem.peak_in_use);
+  result.peak_reserved_bytes = int64_t(mem.peak_reserved);
   if (s.world->rank() == 0 && !s.history.empty()) {
     const std::string chart = s.recipe.run.output_dir + "/loss.svg";
     write_loss_chart(chart, loss_series(s.history), s.recipe.run.name);

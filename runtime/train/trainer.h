@@ -41,6 +41,10 @@ struct TrainerOptions {
   bool print_sample = true;
   std::string sample_prompt = "It is a truth universally acknowledged";
   int64_t sample_tokens = 48;
+  // Steps left out of the timing averages of TrainResult (warm-up: allocator, plans).
+  int64_t warmup_steps = 1;
+  // Benchmarks only (tools/bench): replace collectives by local copies to time compute.
+  bool skip_collectives = false;
 };
 
 struct TrainResult {
@@ -50,7 +54,14 @@ struct TrainResult {
   std::vector<double> val_losses;    // each evaluation's mean validation loss
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any
-  double tokens_per_sec = 0;         // mean over the run's steps after the first
+  // Timing over the steps after options.warmup_steps (all ranks together).
+  double tokens_per_sec = 0;
+  double step_time_s = 0;            // mean step time
+  double optimizer_time_s = 0;       // mean time of the optimizer step and weight install
+  double tflops_per_device = 0;      // model FLOP/s per device (GPU runs)
+  double mfu = 0;                    // model FLOPs utilization (GPU runs)
+  int64_t peak_allocated_bytes = 0;  // this rank's device allocator peaks
+  int64_t peak_reserved_bytes = 0;
 };
 
 class Trainer {

@@ -1,0 +1,117 @@
+// Bad launches, in process: a recipe that cannot run on this world fails on every rank with
+// a ConfigError naming the offending key, before anything trains or any output is written
+// (an impossible mesh, tensor parallelism, a global batch that does not split over the
+// data-parallel ranks, an unknown sharding strategy). A valid recipe with the same settings
+// trains, so each failure is its key's doing. Run plainly and under mpirun -np 2 / -np 4;
+// tests/train/bad_launch_test.sh checks the same through the train binary and mpirun.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.h"
+#include "runtime/data/llmc_shards.h"
+#include "runtime/train/recipe.h"
+#include "runtime/train/trainer.h"
+#include "tests/test_support.h"
+#include "tests/train/scratch_dir.h"
+
+using namespace fsdp;
+using namespace fsdp::train;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// This rank's own directory (ranks never touch each other's files), with a token file.
+struct Scratch {
+  std::string dir, tokens, output;
+  explicit Scratch(const std::string& name) {
+    dir = testing::scratch_dir(name + "_rank" + std::to_string(testing::world_rank()));
+    tokens = dir + "/tokens.bin";
+    std::vector<int32_t> t(2000);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((i * 5 + i / 7) % 96);
+    data::write_llmc_shard(tokens, t.data(), t.size());
+    output = dir + "/run";
+  }
+};
+
+// A tiny GPT-2 run of one step, plus `overrides`.
+Recipe tiny_recipe(const Scratch& s, std::vector<std::string> overrides) {
+  const std::string json = R"({
+    "model": {"family": "gpt2", "n_layer": 1, "n_head": 2, "d_model": 16, "vocab_size": 96,
+              "padded_vocab_size": 128, "seq_length": 8},
+    "dataset": {"type": "llmc", "val_path": null, "val_fraction": 0},
+    "train": {"train_iters": 1, "micro_batch_size": 1, "eval_interval": 0, "eval_iters": 0},
+    "dist": {"device": "cpu"},
+    "checkpoint": {"save": null, "load": null},
+    "logger": {"log_interval": 1, "metrics_file": "metrics.jsonl"}
+  })";
+  overrides.insert(overrides.begin(), {"dataset.train_path=" + s.tokens, "run.output_dir=" + s.output});
+  return parse_recipe(json, overrides, "launch_errors_test");
+}
+
+TrainerOptions quiet() {
+  TrainerOptions o;
+  o.out = nullptr;
+  o.print_sample = false;
+  return o;
+}
+
+// The Trainer refuses `recipe` with a ConfigError whose message names `key`, and leaves no
+// output directory.
+void check_refused(const Scratch& s, const Recipe& recipe, const std::string& key) {
+  INFO(testing::world_size() << " rank(s), rank " << testing::world_rank() << ", expecting '" << key << "'");
+  CHECK_THROWS_WITH(Trainer(recipe, quiet()), Contains(key));
+  CHECK_THROWS_AS(Trainer(recipe, quiet()), ConfigError);
+  CHECK_FALSE(std::filesystem::exists(s.output));
+}
+
+}  // namespace
+
+TEST_CASE("a valid tiny recipe trains (the control for the refusals below)", "[train][mpi]") {
+  Scratch s("launch_ok");
+  const int n = testing::world_size();
+  Trainer trainer(tiny_recipe(s, {"train.global_batch_size=" + std::to_string(2 * n)}), quiet());
+  const TrainResult r = trainer.run();
+  CHECK(r.steps == 1);
+  if (testing::world_rank() == 0) CHECK(std::filesystem::exists(s.output + "/run_config.json"));
+}
+
+TEST_CASE("an impossible mesh is refused on every rank, naming the key", "[train][mpi]") {
+  Scratch s("launch_mesh");
+  const int n = testing::world_size();
+  // 3 replicas cannot divide 1, 2 or 4 ranks; nor can a shard group of n + 1.
+  check_refused(s, tiny_recipe(s, {"dist.dp_outer=3"}), "dist.dp_outer");
+  check_refused(s, tiny_recipe(s, {"dist.dp_shard=" + std::to_string(n + 1)}), "dist.dp_shard");
+  // Tensor parallelism is not implemented: refused even where 2 would divide the world.
+  check_refused(s, tiny_recipe(s, {"dist.tp=2"}), "dist.tp");
+}
+
+TEST_CASE("a global batch that does not split over micro-batches and ranks is refused",
+          "[train][mpi]") {
+  Scratch s("launch_batch");
+  const int n = testing::world_size();
+  // Not a multiple of the micro-batch: refused while reading the recipe, on any world.
+  CHECK_THROWS_AS(tiny_recipe(s, {"train.micro_batch_size=2", "train.global_batch_size=3"}), ConfigError);
+  CHECK_THROWS_WITH(tiny_recipe(s, {"train.micro_batch_size=2", "train.global_batch_size=3"}),
+                    Contains("train.global_batch_size"));
+  // A multiple of the micro-batch but not of micro-batch x data-parallel size: refused once
+  // the world is known.
+  if (n > 1) {
+    const Recipe r = tiny_recipe(s, {"train.micro_batch_size=1", "train.global_batch_size=" + std::to_string(n + 1)});
+    check_refused(s, r, "train.global_batch_size");
+  }
+}
+
+TEST_CASE("an unknown sharding strategy is refused while reading the recipe", "[train][mpi]") {
+  Scratch s("launch_strategy");
+  for (const char* bad : {"zero9", "4", "optim_params", "fsdp"}) {
+    INFO("strategy " << bad);
+    const std::string o = std::string("ddp.data_parallel_sharding_strategy=") + bad;
+    CHECK_THROWS_AS(tiny_recipe(s, {o}), ConfigError);
+    CHECK_THROWS_WITH(tiny_recipe(s, {o}), Contains("ddp.data_parallel_sharding_strategy"));
+  }
+  // The integer codes are names too.
+  CHECK(tiny_recipe(s, {"ddp.data_parallel_sharding_strategy=2"}).ddp.data_parallel_sharding_strategy ==
+        "optim_grads");
+}

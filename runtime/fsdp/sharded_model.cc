@@ -28,14 +28,12 @@ ShardedModel::ShardedModel(Context& ctx, nn::Module& model, const DataParallelGr
              ConfigError, "no_shard replicates everything: its data-parallel group is the "
              "replicate group, not a shard group");
   FSDP_CHECK(options.prefetch_units >= 0, ConfigError, "ddp.prefetch_units must be >= 0");
-  if (ctx.is_cuda() && options.overlap) {
-    // Collectives on their own streams, scheduled ahead of compute when both are ready.
-    gather_stream_ = Stream::create_cuda(ctx.device().index, -1);
-    reduce_stream_ = Stream::create_cuda(ctx.device().index, -1);
-  } else {
-    gather_stream_ = ctx.compute_stream();
-    reduce_stream_ = ctx.compute_stream();
-  }
+  // Collectives on their own streams (high priority: scheduled ahead of compute when both
+  // are ready), unless overlap is turned off for that kind.
+  gather_stream_ = ctx.is_cuda() && options.overlap_gather ? Stream::create_cuda(ctx.device().index, -1)
+                                                           : ctx.compute_stream();
+  reduce_stream_ = ctx.is_cuda() && options.overlap_reduce ? Stream::create_cuda(ctx.device().index, -1)
+                                                           : ctx.compute_stream();
   build_plan();
   allocate();
   initialize_weights();

@@ -14,7 +14,8 @@
 //
 // The model never mentions sharding. Units are the modules of kind options.unit_kind
 // ("block": the transformer blocks), in forward order; every other parameter belongs to the
-// root unit (embeddings, final norm, head), which stays gathered for the whole step. Each
+// root unit (embeddings, final norm, head), which stays gathered from its forward to the end
+// of its backward (a tied embedding is used at both ends), each micro-batch. Each
 // unit's parameters live in flat buffers laid out by the ShardingPlan; Parameter::data and
 // Parameter::grad are views into them, so nothing is copied around the collectives.
 //
@@ -69,7 +70,10 @@ struct FsdpOptions {
   std::string unit_kind = "block";
   int64_t shard_block = 4096;  // shard granularity in elements (see plan.h)
   uint64_t seed = 1234;        // parameter initialization
-  bool overlap = true;         // side streams for collectives (CUDA); false: all on compute
+  // Side streams (CUDA) for all-gathers and for reductions; false: that kind of collective
+  // runs on the compute stream, in order with compute.
+  bool overlap_gather = true;
+  bool overlap_reduce = true;
   // Benchmarks only: replace every collective by a local copy of the same buffers, so a
   // run times compute and optimizer alone (the results are then not those of training).
   bool skip_collectives = false;

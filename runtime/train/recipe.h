@@ -89,7 +89,6 @@ struct DdpSection {
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
   bool average_in_collective = false;
-  double bucket_size_mb = 0;
   int prefetch_units = 0;
   double max_inflight_reduce_mb = 0;
   std::string unit;                  // "block"

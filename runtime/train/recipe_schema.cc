@@ -83,7 +83,7 @@ std::vector<FieldSpec> build_schema() {
       KEY(optimizer.moments_dtype).one_of({"f32", "bf16"}).default_to("f32").help_text(
           "Element type of the Adam moments."),
       KEY(optimizer.cpu_offload).default_to(false).help_text(
-          "Keep main weights and optimizer state in host memory and step there."),
+          "Keep main weights and optimizer state in host memory (not implemented yet: true is refused)."),
 
       // scheduler
       KEY(scheduler.lr_decay_style).one_of({"constant", "linear", "cosine", "WSD"})
@@ -121,12 +121,10 @@ std::vector<FieldSpec> build_schema() {
           "All-gather the next unit's weights while the current one computes."),
       KEY(ddp.average_in_collective).default_to(false).help_text(
           "Average inside the collective instead of pre-scaling gradients by 1/dp."),
-      KEY(ddp.bucket_size_mb).default_to(40.0).at_least(0).help_text(
-          "Target size of one gradient-reduction bucket (no_shard)."),
       KEY(ddp.prefetch_units).default_to(1).at_least(0).help_text(
           "Units whose all-gather may run ahead of compute."),
       KEY(ddp.max_inflight_reduce_mb).default_to(512.0).at_least(0).help_text(
-          "Reduce-scatter bytes allowed in flight before backward waits; 0 = no limit."),
+          "Full-gradient buffers awaiting reduction, in MB (2 to 8 unit-sized buffers)."),
       KEY(ddp.unit).one_of({"block"}).default_to("block").help_text(
           "Granularity of sharding units: one transformer block each (plus the root unit)."),
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "collectives/bootstrap.h"
 #include "collectives/world.h"
 #include "kernels/ops.h"
 #include "models/factory.h"
@@ -96,12 +97,20 @@ int Trainer::world_size() const { return s_->world->size(); }
 void Trainer::State::setup() {
   // Device and world: the recipe's "auto" choices settle on what this process can use.
   recipe.resolve_device(cuda_device_count() > 0);
+  // Everything the recipe says about the launch is checked before the world starts, so a
+  // bad recipe ends every rank with a ConfigError, not one rank inside a collective.
+  const LaunchInfo launch = parse_launch_env(process_environment());
+  recipe.resolve_world(launch.size);
+  const Mesh planned(mesh_sizes_of(recipe), launch.size);
+  (void)model_config_of(recipe);
+  (void)fsdp_options_of(recipe);
+  (void)optimizer_config_of(recipe);
   WorldOptions wo;
   wo.backend = recipe.dist.device == "cuda" ? Backend::Nccl : Backend::Mpi;
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
   wo.print_summary = options.out != nullptr;
-  world = std::make_unique<World>(wo);
-  recipe.resolve_world(world->size());
+  world = std::make_unique<World>(launch, wo);
+  FSDP_ASSERT(world->size() == launch.size);
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());

@@ -41,7 +41,11 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   o.max_inflight_reduce_bytes = int64_t(r.ddp.max_inflight_reduce_mb * 1024 * 1024);
   o.unit_kind = r.ddp.unit;
   o.seed = uint64_t(r.run.seed);
-  o.overlap = r.ddp.overlap_grad_reduce || r.ddp.overlap_param_gather;
+  o.overlap_gather = r.ddp.overlap_param_gather;
+  o.overlap_reduce = r.ddp.overlap_grad_reduce;
+  FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError,
+             "optimizer.cpu_offload: keeping optimizer state in host memory is not implemented; "
+             "set it to false (optimizer.moments_dtype=bf16 halves the moments instead)");
   return o;
 }
 

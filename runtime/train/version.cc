@@ -13,12 +13,14 @@
 
 namespace fsdp::train {
 
+#if FSDP_WITH_CUDA
 namespace {
 
 // "12.9" from CUDA's integer versions (major*1000 + minor*10).
 std::string cuda_version(int v) { return str_cat(v / 1000, ".", (v % 1000) / 10); }
 
 }  // namespace
+#endif
 
 std::string version_report(const std::string& git_revision) {
   std::string out = str_cat("fsdp.cpp ", git_revision, "\n");

@@ -62,6 +62,9 @@ expect_refused() {
     else
       [ "$(awk '$2 == 2' "$work/ranks.txt" 2>/dev/null | wc -l)" -eq "$np" ] \
         || fail "$what: not every rank exited 2 by itself: $(tr '\n' ' ' < "$work/ranks.txt" 2>/dev/null)"
+      # Every rank says why it stops.
+      [ "$(grep -c "^\[rank [0-9]*\] configuration error: .*$key" "$work/run.log")" -eq "$np" ] \
+        || fail "$what: not every rank printed the configuration error"
     fi
     grep -q "configuration error: .*$key" "$work/run.log" \
       || fail "$what: no 'configuration error' message naming '$key'"

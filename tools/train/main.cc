@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
     trainer.run();
     return 0;
   } catch (const fsdp::ConfigError& e) {
-    if (rank == 0) std::fprintf(stderr, "configuration error: %s\n", e.what());
+    // Every rank says why it stops (the same message on each), so no rank's log is silent.
+    std::fprintf(stderr, "[rank %d] configuration error: %s\n", rank, e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] error: %s\n", rank, e.what());

@@ -1,10 +1,15 @@
 #include "runtime/core/context.h"
 
+#if FSDP_WITH_CUDA
+#include "runtime/core/cuda_check.h"
+#endif
+
 namespace fsdp {
 
 Context::Context(Device device) : device_(device) {
   host_allocator_ = std::make_shared<HostAllocator>();
   if (device.is_cuda()) {
+    make_current();
     allocator_ = std::make_shared<CudaCachingAllocator>(device.index);
     compute_stream_ = Stream::create_cuda(device.index);
   } else {
@@ -23,6 +28,13 @@ Context::~Context() {
   }
   while (!extension_order_.empty()) extension_order_.pop_back();
   extensions_.clear();
+}
+
+void Context::make_current() const {
+  if (!device_.is_cuda()) return;
+#if FSDP_WITH_CUDA
+  FSDP_CALL(cudaSetDevice(device_.index));
+#endif
 }
 
 const std::shared_ptr<Allocator>& Context::pinned_allocator() const {

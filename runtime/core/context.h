@@ -22,6 +22,9 @@ namespace fsdp {
 class Context {
  public:
   // A CPU context, or a CUDA context for device `device.index` with a new compute stream.
+  // A CUDA context makes its device the calling thread's current device: kernels launch on
+  // the current device, so a thread works with one CUDA context at a time (as one rank
+  // drives one GPU).
   explicit Context(Device device = Device::cpu());
   ~Context();
   Context(const Context&) = delete;
@@ -29,6 +32,8 @@ class Context {
 
   Device device() const { return device_; }
   bool is_cuda() const { return device_.is_cuda(); }
+  // Makes this context's device the calling thread's current CUDA device (no-op on CPU).
+  void make_current() const;
 
   // Memory for tensors on this device / on the host / page-locked on the host.
   const std::shared_ptr<Allocator>& allocator() const { return allocator_; }

@@ -1,5 +1,6 @@
 #include "runtime/fsdp/buffer_pool.h"
 
+#include "kernels/ops.h"
 #include "runtime/core/error.h"
 
 namespace fsdp {
@@ -8,7 +9,11 @@ BufferPool::BufferPool(Context& ctx, std::string name, int slots, int64_t numel,
     : name_(std::move(name)), numel_(numel), dtype_(dtype) {
   FSDP_CHECK(slots >= 1, ValueError, "buffer pool '", name_, "' needs at least one slot");
   for (int i = 0; i < slots; ++i) {
-    buffers_.push_back(ctx.empty(Shape{std::max<int64_t>(numel, 1)}, dtype));
+    // Zeroed once, so that no slot ever holds garbage (a benchmark that skips the gathers
+    // still computes on finite numbers).
+    Tensor slot = ctx.empty(Shape{std::max<int64_t>(numel, 1)}, dtype);
+    ops::fill(ctx, slot, 0.0);
+    buffers_.push_back(slot);
     free_events_.emplace_back();
     held_.push_back(false);
   }

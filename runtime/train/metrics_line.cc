@@ -1,6 +1,7 @@
 #include "runtime/train/metrics_line.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -58,7 +59,13 @@ class LineBuilder {
 
 }  // namespace
 
-bool stdout_is_terminal() { return isatty(STDOUT_FILENO) == 1; }
+bool stdout_is_terminal() {
+  // Under mpirun every rank's stdout is a pseudo-terminal whatever the real destination
+  // (often a log file), so a launched rank prints plain lines.
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+                        std::getenv("SLURM_PROCID");
+  return !launched && isatty(STDOUT_FILENO) == 1;
+}
 
 std::string format_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

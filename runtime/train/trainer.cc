@@ -82,10 +82,27 @@ struct Trainer::State {
   std::string sample_text();
 };
 
+namespace {
+
+// Runs `body`; if it throws once the world exists, the world's communicators are aborted
+// first, so that no destructor waits on a collective the failed rank will never join and
+// the other ranks' watchdogs (or mpirun) end the job instead of a hang.
+template <typename F>
+auto abort_world_on_error(const std::unique_ptr<World>& world, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    if (world) world->abort(str_cat("rank ", world->rank(), " failed: ", e.what()));
+    throw;
+  }
+}
+
+}  // namespace
+
 Trainer::Trainer(const Recipe& recipe, const TrainerOptions& options) : s_(std::make_unique<State>()) {
   s_->recipe = recipe;
   s_->options = options;
-  s_->setup();
+  abort_world_on_error(s_->world, [&] { s_->setup(); });
 }
 
 Trainer::~Trainer() = default;
@@ -255,6 +272,10 @@ std::string Trainer::State::sample_text() {
 }
 
 TrainResult Trainer::run() {
+  return abort_world_on_error(s_->world, [&] { return run_steps(); });
+}
+
+TrainResult Trainer::run_steps() {
   State& s = *s_;
   TrainResult result;
   result.first_step = s.step;

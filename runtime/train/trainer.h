@@ -79,6 +79,7 @@ class Trainer {
 
  private:
   struct State;
+  TrainResult run_steps();
   std::unique_ptr<State> s_;
 };
 

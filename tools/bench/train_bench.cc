@@ -37,6 +37,9 @@ const std::vector<std::string> kBenchOverrides = {
     "dataset.val_path=null",
     "dataset.val_fraction=0",
     "train.eval_interval=0",
+    // The learning rate does not change the speed; a schedule that fits any step count.
+    "scheduler.lr_warmup_iters=0",
+    "scheduler.lr_decay_iters=0",
     "checkpoint.save=null",
     "checkpoint.load=null",
     "logger.metrics_file=null",

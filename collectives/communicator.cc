@@ -1,7 +1,9 @@
 #include "collectives/communicator.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "runtime/core/error.h"
 
@@ -52,9 +54,13 @@ void Work::wait(const Stream& stream) const {
 void Work::synchronize() const {
   if (!state_) return;
   check_issued("synchronize");
-  // A hung NCCL operation does not block here forever: the watchdog aborts the
-  // communicator, which ends its kernels, and then the recorded failure is raised.
-  state_->done.synchronize();
+  // Poll rather than block inside CUDA: if a peer never joins, the watchdog records the
+  // failure (and aborts the communicator), and this thread raises it whether or not the
+  // aborted kernel ever lets the event complete.
+  while (!state_->done.query()) {
+    if (state_->health) state_->health->raise_if_failed();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   if (state_->health) state_->health->raise_if_failed();
 }
 

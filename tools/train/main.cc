@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ int main(int argc, char** argv) {
     if (chdir(wd) != 0) std::fprintf(stderr, "warning: cannot enter %s\n", wd);
   }
   const int rank = launcher_rank();
+  // The trainer lives outside the try block: on failure the message is printed before any of
+  // its destructors run (after a failed collective they could wait on a peer that is gone),
+  // and the process ends at once with the status.
+  std::unique_ptr<fsdp::train::Trainer> trainer;
   fsdp::train::CommandLine cl;
   try {
     cl = fsdp::train::parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
@@ -69,15 +74,17 @@ int main(int argc, char** argv) {
     fsdp::train::TrainerOptions options;
     options.resume = !cl.no_resume;
     options.stop_requested = [] { return g_stop_signal != 0; };
-    fsdp::train::Trainer trainer(recipe, options);
-    trainer.run();
+    trainer = std::make_unique<fsdp::train::Trainer>(recipe, options);
+    trainer->run();
     return 0;
   } catch (const fsdp::ConfigError& e) {
     // Every rank says why it stops (the same message on each), so no rank's log is silent.
     std::fprintf(stderr, "[rank %d] configuration error: %s\n", rank, e.what());
-    return 2;
+    std::fflush(nullptr);
+    std::_Exit(2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] error: %s\n", rank, e.what());
-    return 1;
+    std::fflush(nullptr);
+    std::_Exit(1);
   }
 }

@@ -119,3 +119,19 @@ TEST_CASE("configs/llama-1b.json is a Llama-style model of about 1B parameters",
   CHECK(total > 900000000);
   CHECK(total < 1300000000);
 }
+
+TEST_CASE("configs/llama-7b.json is a Llama-style model of about 7B parameters", "[configs]") {
+  Recipe r = load_recipe("configs/llama-7b.json");
+  const ModelSection& m = r.model;
+  CHECK(m.family == "llama");
+  CHECK(m.n_layer == 32);
+  CHECK(m.d_model == 4096);
+  CHECK(m.n_kv_head == 8);
+  CHECK(r.ddp.data_parallel_sharding_strategy == "optim_grads_params");
+  CHECK(r.model.activation_recompute == "full");
+  int64_t d = m.d_model, kv = d / m.n_head * m.n_kv_head;
+  int64_t per_block = 2 * d * d + 2 * d * kv + 3 * d * m.d_ff + 2 * d;
+  int64_t total = 2 * int64_t(m.padded_vocab_size) * d + m.n_layer * per_block + d;
+  CHECK(total > 6500000000);
+  CHECK(total < 8000000000);
+}

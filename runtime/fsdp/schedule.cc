@@ -100,7 +100,9 @@ void ShardedModel::issue_gather(int unit) {
   if (u.gather_issued) return;
   Tensor full;
   if (is_root(unit)) {
+    // The root's own buffer: the previous micro-batch's backward may still be reading it.
     full = u.root_gathered;
+    gather_stream_.wait(u.released);
   } else {
     BufferPool::Lease lease = gather_pool_->acquire(gather_stream_);
     u.gather_slot = lease.slot;
@@ -138,6 +140,8 @@ void ShardedModel::release_gathered(int unit) {
     gather_pool_->release(u.gather_slot, ctx_.stream());
     u.gather_slot = -1;
     u.compute_full = Tensor();
+  } else {
+    u.released = mark(ctx_.stream());
   }
   unbind_weights(u);
   u.bound = false;

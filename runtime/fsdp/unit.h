@@ -33,6 +33,7 @@ struct ShardedModel::Unit {
   bool gather_issued = false;  // an all-gather (ZeRO-3) or install gather is in flight or done
   bool bound = false;          // params' data point at gathered weights
   Event gathered;              // recorded on the gather stream after the gather
+  Event released;              // compute stream, after the last use of root_gathered
   int gather_slot = -1;        // pool slot holding the gathered weights (ZeRO-3 blocks)
   int grad_slot = -1;          // pool slot holding the full gradients (ZeRO-2/3 blocks)
 };

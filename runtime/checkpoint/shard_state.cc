@@ -15,9 +15,15 @@ ShardState::ShardState(const ShardedModel& model, const Optimizer* optimizer)
   const std::vector<OptimizerRange>& ranges = optimizer->ranges();
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Tensor& m = ranges[i].main;
+    // The units' shards may be views into one allocation: the owner is the unit whose shard
+    // contains the range.
     int owner = -1;
-    for (int u = 0; u < n && owner < 0; ++u)
-      if (m.shares_storage(main_[size_t(u)])) owner = u;
+    for (int u = 0; u < n && owner < 0; ++u) {
+      const Tensor& shard = main_[size_t(u)];
+      if (m.shares_storage(shard) && m.offset() >= shard.offset() &&
+          m.offset() + m.numel() <= shard.offset() + shard.numel())
+        owner = u;
+    }
     FSDP_ASSERT(owner >= 0, "optimizer range ", ranges[i].name,
                 " is not a view of any unit's master weights (was the optimizer built from "
                 "this model's optimizer_ranges()?)");

@@ -33,29 +33,50 @@ void* HostAllocator::system_alloc(size_t bytes) {
 
 void HostAllocator::system_free(void* ptr) { std::free(ptr); }
 
+// Only cached blocks are returned here; live ones belong to tensors, which must not outlive
+// their allocator. In a destructor virtual calls resolve to this class, so a derived
+// allocator with its own system_free releases its cache in its own destructor first.
+HostAllocator::~HostAllocator() { release_cached(); }
+
 void* HostAllocator::allocate(size_t bytes, const Stream&) {
   FSDP_CHECK(bytes > 0, ValueError, name(), " allocator: zero-byte allocation");
-  void* p = system_alloc(bytes);
+  const size_t size = allocation_size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  sizes_[p] = bytes;
-  note_alloc(stats_, bytes);
-  stats_.num_system_allocs++;
-  stats_.reserved += bytes;
-  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  void* p = nullptr;
+  auto it = free_.find(size);
+  if (it != free_.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+  } else {
+    p = system_alloc(size);
+    stats_.num_system_allocs++;
+    stats_.reserved += size;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  }
+  sizes_[p] = size;
+  note_alloc(stats_, size);
   return p;
 }
 
 void HostAllocator::deallocate(void* ptr) {
   if (!ptr) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(ptr);
-    FSDP_ASSERT(it != sizes_.end(), "freeing a pointer this allocator did not hand out");
-    stats_.in_use -= it->second;
-    stats_.reserved -= it->second;
-    sizes_.erase(it);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sizes_.find(ptr);
+  FSDP_ASSERT(it != sizes_.end(), "freeing a pointer this allocator did not hand out");
+  stats_.in_use -= it->second;
+  free_[it->second].push_back(ptr);
+  sizes_.erase(it);
+}
+
+void HostAllocator::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, blocks] : free_) {
+    for (void* p : blocks) {
+      system_free(p);
+      stats_.reserved -= size;
+    }
   }
-  system_free(ptr);
+  free_.clear();
 }
 
 MemoryStats HostAllocator::stats() const {
@@ -85,10 +106,10 @@ void PinnedHostAllocator::system_free(void*) {}
 
 // ---------------------------------------------------------------- CUDA caching
 
-size_t CudaCachingAllocator::round_size(size_t bytes) {
+size_t allocation_size_class(size_t bytes) {
   size_t pow2 = 1;
   while (pow2 < bytes) pow2 <<= 1;
-  const size_t granule = std::max<size_t>(512, pow2 / 16);
+  const size_t granule = std::clamp<size_t>(pow2 / 16, 512, size_t(2) << 20);
   return (bytes + granule - 1) / granule * granule;
 }
 
@@ -159,7 +180,7 @@ void* CudaCachingAllocator::allocate(size_t bytes, const Stream& stream) {
   FSDP_CHECK(bytes > 0, ValueError, "CUDA allocator: zero-byte allocation");
   FSDP_CHECK(stream.device() == device(), DeviceError, "allocation on ", device().str(),
              " for a stream of ", stream.device().str());
-  const size_t size = round_size(bytes);
+  const size_t size = allocation_size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (!pending_free_.empty()) collect_pending_locked();
   Block b;

@@ -8,6 +8,7 @@
 // anything it queues can touch the slot. Lifetimes across streams are enforced by events.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,7 +34,11 @@ class BufferPool {
   int slots() const { return int(buffers_.size()); }
   int in_use() const;
   int64_t slot_numel() const { return numel_; }
-  size_t bytes() const { return size_t(numel_) * dtype_size(dtype_) * buffers_.size(); }
+  // What the slots cost (each one allocation of at least one element).
+  size_t bytes() const {
+    return allocation_size_class(size_t(std::max<int64_t>(numel_, 1)) * dtype_size(dtype_)) *
+           buffers_.size();
+  }
   const std::string& name() const { return name_; }
 
  private:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "runtime/core/allocator.h"
 #include "runtime/core/error.h"
 
 namespace fsdp {
@@ -36,49 +37,74 @@ int grad_pool_slots(const FsdpOptions& options, int64_t max_block_numel) {
   return int(std::clamp<size_t>(by_budget, 2, 8));
 }
 
+namespace {
+
+// What one buffer of n elements of `dtype` costs: the allocator's size class of its bytes.
+size_t cost(int64_t n, DType dtype) {
+  return allocation_size_class(size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype));
+}
+
+}  // namespace
+
+PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& o) {
+  const ShardingStrategy s = plan.strategy();
+  const bool zero3 = s == ShardingStrategy::OptimGradsParams;
+  const bool grads_sharded = zero3 || s == ShardingStrategy::OptimGrads;
+  PersistentLayout l;
+  for (const UnitPlan& u : plan.units()) {
+    l.main.add(u.shard_numel);
+    l.compute.add(zero3 ? u.shard_numel : u.padded_numel);
+    l.grad_accum.add(grads_sharded ? u.shard_numel : u.padded_numel);
+    if (!grads_sharded && o.grad_dtype != o.reduce_dtype)
+      l.grad_full.add(u.padded_numel);
+    else
+      l.grad_full.skip();
+    if (s == ShardingStrategy::Optim)
+      l.grad_shard.add(u.shard_numel);
+    else
+      l.grad_shard.skip();
+  }
+  return l;
+}
+
 MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) {
   const ShardingStrategy s = plan.strategy();
   const bool zero3 = s == ShardingStrategy::OptimGradsParams;
   const bool grads_sharded = zero3 || s == ShardingStrategy::OptimGrads;
-  const size_t c = dtype_size(o.compute_dtype), m = dtype_size(o.main_dtype),
-               g = dtype_size(o.grad_dtype), r = dtype_size(o.reduce_dtype);
+  const PersistentLayout l = persistent_layout(plan, o);
+  auto arena_cost = [](const ArenaLayout& a, DType dtype) { return a.empty() ? 0 : cost(a.numel, dtype); };
   MemoryBreakdown b;
-  int64_t max_block = 0;
-  const size_t n_units = plan.units().size();
-  for (size_t i = 0; i < n_units; ++i) {
-    const UnitPlan& u = plan.units()[i];
-    const bool root = i + 1 == n_units;
-    const size_t shard = size_t(u.shard_numel), full = size_t(u.padded_numel);
-    if (!root) max_block = std::max(max_block, u.padded_numel);
-    b.main_weights += shard * m;
-    if (zero3) {
-      b.compute_weights += shard * c;
-      if (root) b.gather_pool += full * c;
-    } else {
-      b.compute_weights += full * c;
-    }
-    if (grads_sharded) {
-      b.grad_accumulation += shard * r;
-      if (root) b.grad_pool += full * g;
-    } else {
-      b.full_grads += full * r;
-      if (o.grad_dtype != o.reduce_dtype) b.full_grads += full * g;
-      if (s == ShardingStrategy::Optim) b.grad_accumulation += shard * r;
-    }
+  b.main_weights = arena_cost(l.main, o.main_dtype);
+  b.compute_weights = arena_cost(l.compute, o.compute_dtype);
+  if (grads_sharded) {
+    b.grad_accumulation = arena_cost(l.grad_accum, o.reduce_dtype);
+  } else {
+    b.full_grads = arena_cost(l.grad_accum, o.reduce_dtype) + arena_cost(l.grad_full, o.grad_dtype);
+    b.grad_accumulation = arena_cost(l.grad_shard, o.reduce_dtype);
   }
-  if (n_units > 1) {
-    if (zero3) b.gather_pool += size_t(gather_pool_slots(o)) * size_t(max_block) * c;
-    if (grads_sharded) b.grad_pool += size_t(grad_pool_slots(o, max_block)) * size_t(max_block) * g;
+  // The root's own full buffers (ZeRO-3 weights; ZeRO-2/3 gradients), then the pools.
+  const UnitPlan& root = plan.units().back();
+  if (zero3) b.gather_pool += cost(root.padded_numel, o.compute_dtype);
+  if (grads_sharded) b.grad_pool += cost(root.padded_numel, o.grad_dtype);
+  int64_t max_block = 0;
+  for (size_t i = 0; i + 1 < plan.units().size(); ++i)
+    max_block = std::max(max_block, plan.units()[i].padded_numel);
+  if (plan.units().size() > 1) {
+    if (zero3) b.gather_pool += size_t(gather_pool_slots(o)) * cost(max_block, o.compute_dtype);
+    if (grads_sharded) b.grad_pool += size_t(grad_pool_slots(o, max_block)) * cost(max_block, o.grad_dtype);
   }
   return b;
 }
 
 size_t optimizer_state_bytes(const ShardingPlan& plan, const std::string& optimizer,
-                             DType moments_dtype) {
+                             DType moments_dtype, int rank) {
   if (optimizer != "adamw") return 0;
-  size_t n = 0;
-  for (const UnitPlan& u : plan.units()) n += size_t(u.shard_numel);
-  return 2 * n * dtype_size(moments_dtype);
+  // Each moment is one arena over the weight-decay ranges of every unit's shard (see
+  // runtime/optim/optimizer.cc, which lays them out the same way).
+  ArenaLayout moments;
+  for (const UnitPlan& u : plan.units())
+    for (const DecayRange& r : u.decay_ranges(rank)) moments.add(r.numel);
+  return moments.empty() ? 0 : 2 * cost(moments.numel, moments_dtype);
 }
 
 }  // namespace fsdp

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/core/arena.h"
 #include "runtime/fsdp/plan.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/nn/module.h"
@@ -20,13 +21,24 @@ namespace fsdp {
 std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
                                                                        const std::string& unit_kind);
 
+// The persistent buffers of a sharded model, one arena per class (see sharded_model.h's
+// table); offsets[u] is unit u's buffer, -1 when it has none in that class.
+struct PersistentLayout {
+  ArenaLayout main;        // master weights, this rank's shard of each unit
+  ArenaLayout compute;     // compute weights: shards (ZeRO-3) or full buffers
+  ArenaLayout grad_accum;  // accumulated gradients: shards (ZeRO-2/3) or full buffers
+  ArenaLayout grad_full;   // per-micro-batch full gradients when their dtype differs (no_shard, optim)
+  ArenaLayout grad_shard;  // ZeRO-1's reduce-scatter output
+};
+PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& options);
+
 // Bytes per buffer class that a ShardedModel with `plan` and `options` allocates on one rank
 // (the optimizer's moments are the optimizer's; see optimizer_state_bytes).
 MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& options);
 
-// Adam's two moments over this rank's main-weight elements.
+// Adam's two moments over `rank`'s main-weight elements (one pair per weight-decay range).
 size_t optimizer_state_bytes(const ShardingPlan& plan, const std::string& optimizer,
-                             DType moments_dtype);
+                             DType moments_dtype, int rank = 0);
 
 // Slots of the two buffer pools for these options.
 int gather_pool_slots(const FsdpOptions& options);

@@ -130,62 +130,73 @@ Tensor zeros_on(Context& ctx, int64_t n, DType dtype) {
   return ops::zeros(ctx, Shape{std::max<int64_t>(n, 1)}, dtype).narrow(0, 0, n);
 }
 
-size_t bytes_of(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
+// What an allocated buffer costs (its allocator size class; a buffer of n = 0 holds one).
+size_t bytes_of(const Tensor& t) {
+  return t.defined() ? allocation_size_class(size_t(std::max<int64_t>(t.numel(), 1)) * t.element_size()) : 0;
+}
 
 }  // namespace
 
 void ShardedModel::allocate() {
   const int rank = groups_.shard_rank();
-  const bool separate_full_grads = options_.grad_dtype != options_.reduce_dtype;
   int64_t max_block_numel = 0;
   for (int b : blocks_) max_block_numel = std::max(max_block_numel, units_[size_t(b)]->plan->padded_numel);
+
+  // One zeroed allocation per buffer class; each unit's buffers are views into it.
+  const PersistentLayout layout = persistent_layout(plan_, options_);
+  auto arena = [&](const ArenaLayout& a, DType dtype, size_t& account) {
+    if (a.empty()) return Tensor();
+    Tensor t = zeros_on(ctx_, a.numel, dtype);
+    account += bytes_of(t);
+    return t;
+  };
+  const bool full_grads = !grads_sharded();
+  Tensor main = arena(layout.main, options_.main_dtype, memory_.main_weights);
+  Tensor compute = arena(layout.compute, options_.compute_dtype, memory_.compute_weights);
+  Tensor grad_accum = arena(layout.grad_accum, options_.reduce_dtype,
+                            full_grads ? memory_.full_grads : memory_.grad_accumulation);
+  Tensor grad_full = arena(layout.grad_full, options_.grad_dtype, memory_.full_grads);
+  Tensor grad_shard = arena(layout.grad_shard, options_.reduce_dtype, memory_.grad_accumulation);
+  auto view = [](const Tensor& t, const ArenaLayout& a, size_t u, int64_t n) {
+    return t.narrow(0, a.offsets[u], n);
+  };
 
   for (auto& up : units_) {
     Unit& u = *up;
     const UnitPlan& p = *u.plan;
-    u.main = zeros_on(ctx_, p.shard_numel, options_.main_dtype);
-    memory_.main_weights += bytes_of(u.main);
+    const size_t i = size_t(u.index);
+    u.main = view(main, layout.main, i, p.shard_numel);
     if (zero3()) {
-      u.compute_shard = zeros_on(ctx_, p.shard_numel, options_.compute_dtype);
-      memory_.compute_weights += bytes_of(u.compute_shard);
+      u.compute_shard = view(compute, layout.compute, i, p.shard_numel);
       if (is_root(u.index)) {
         // The root stays gathered from its forward to the end of its backward: its own buffer.
         u.root_gathered = zeros_on(ctx_, p.padded_numel, options_.compute_dtype);
         memory_.gather_pool += bytes_of(u.root_gathered);
       }
     } else {
-      u.compute_full = zeros_on(ctx_, p.padded_numel, options_.compute_dtype);
+      u.compute_full = view(compute, layout.compute, i, p.padded_numel);
       u.compute_shard = u.compute_full.narrow(0, p.shard_begin(rank), p.shard_numel);
-      memory_.compute_weights += bytes_of(u.compute_full);
       bind_weights(u, u.compute_full);
       u.gather_issued = true;  // full weights are always present (install_weights refreshes)
       u.bound = true;
     }
     if (grads_sharded()) {
-      u.grad_accum = zeros_on(ctx_, p.shard_numel, options_.reduce_dtype);
+      u.grad_accum = view(grad_accum, layout.grad_accum, i, p.shard_numel);
       u.grad_shard = u.grad_accum;
-      memory_.grad_accumulation += bytes_of(u.grad_accum);
       if (is_root(u.index)) {
         u.root_grad = zeros_on(ctx_, p.padded_numel, options_.grad_dtype);
         memory_.grad_pool += bytes_of(u.root_grad);
       }
     } else {
-      // no_shard and optim accumulate full gradients over the micro-batches.
-      u.grad_accum = zeros_on(ctx_, p.padded_numel, options_.reduce_dtype);
-      memory_.full_grads += bytes_of(u.grad_accum);
-      if (separate_full_grads) {
-        u.grad_full = zeros_on(ctx_, p.padded_numel, options_.grad_dtype);
-        memory_.full_grads += bytes_of(u.grad_full);
-      } else {
-        u.grad_full = u.grad_accum;
-      }
+      // no_shard and optim accumulate full gradients over the micro-batches; when backward
+      // writes another dtype than they accumulate in, each micro-batch has its own buffer.
+      u.grad_accum = view(grad_accum, layout.grad_accum, i, p.padded_numel);
+      u.grad_full = layout.grad_full.offsets[i] >= 0 ? view(grad_full, layout.grad_full, i, p.padded_numel)
+                                                     : u.grad_accum;
       bind_grads(u, u.grad_full);
-      if (options_.strategy == ShardingStrategy::Optim) {
-        u.grad_shard = zeros_on(ctx_, p.shard_numel, options_.reduce_dtype);
-        memory_.grad_accumulation += bytes_of(u.grad_shard);
-      } else {
-        u.grad_shard = u.grad_accum;  // no_shard: the plan has one shard, the whole buffer
-      }
+      // optim: the reduce-scatter's output; no_shard: the plan has one shard, the whole buffer.
+      u.grad_shard = layout.grad_shard.offsets[i] >= 0 ? view(grad_shard, layout.grad_shard, i, p.shard_numel)
+                                                       : u.grad_accum;
     }
     // Optimizer views: one per weight-decay range of this rank's shard.
     for (const DecayRange& r : p.decay_ranges(rank)) {

@@ -4,6 +4,7 @@
 
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
+#include "runtime/core/arena.h"
 
 namespace fsdp {
 
@@ -13,12 +14,19 @@ Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const Opt
              "optimizer.optimizer: unknown optimizer '", config.kind, "' (adamw or sgd)");
   FSDP_CHECK(config.moments_dtype == DType::f32 || config.moments_dtype == DType::bf16,
              ConfigError, "optimizer.moments_dtype must be f32 or bf16");
+  ArenaLayout layout;
   for (const OptimizerRange& r : ranges_) {
     FSDP_CHECK(r.main.numel() == r.grad.numel(), ShapeError, "optimizer range ", r.name,
                ": ", r.main.numel(), " weights but ", r.grad.numel(), " gradients");
-    if (config.kind == "adamw") {
-      exp_avg_.push_back(ops::zeros(ctx, r.main.shape(), config.moments_dtype));
-      exp_avg_sq_.push_back(ops::zeros(ctx, r.main.shape(), config.moments_dtype));
+    layout.add(r.main.numel());
+  }
+  if (config.kind == "adamw" && !layout.empty()) {
+    // Each moment is one zeroed allocation; the ranges' moments are views into it.
+    for (auto* moments : {&exp_avg_, &exp_avg_sq_}) {
+      Tensor arena = ops::zeros(ctx, Shape{layout.numel}, config.moments_dtype);
+      arena_bytes_ += allocation_size_class(arena.nbytes());
+      for (size_t i = 0; i < ranges_.size(); ++i)
+        moments->push_back(arena.narrow(0, layout.offsets[i], ranges_[i].main.numel()).view(ranges_[i].main.shape()));
     }
   }
 }
@@ -47,12 +55,7 @@ void Optimizer::step(double lr, double grad_scale) {
   }
 }
 
-size_t Optimizer::state_bytes() const {
-  size_t n = 0;
-  for (const Tensor& t : exp_avg_) n += t.nbytes();
-  for (const Tensor& t : exp_avg_sq_) n += t.nbytes();
-  return n;
-}
+size_t Optimizer::state_bytes() const { return arena_bytes_; }
 
 double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0 || norm <= max_norm) return 1.0;

@@ -47,13 +47,14 @@ class Optimizer {
   // Adam's first and second moments of range i (undefined for SGD).
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
-  size_t state_bytes() const;
+  size_t state_bytes() const;  // what the moments' allocations cost
 
  private:
   Context& ctx_;
   std::vector<OptimizerRange> ranges_;
   OptimizerConfig config_;
-  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;  // views into one allocation per moment
+  size_t arena_bytes_ = 0;
   int64_t step_ = 0;
 };
 

@@ -105,22 +105,33 @@ TEST_CASE("copy_bytes and reinterpret", "[core][tensor]") {
   CHECK_THROWS_AS(b.item(), ShapeError);
 }
 
-TEST_CASE("host allocator accounting", "[core][allocator]") {
+TEST_CASE("host allocator accounting and caching", "[core][allocator]") {
   HostAllocator alloc;
+  // Sizes are rounded to their size class (multiples of 512 bytes here).
   void* p = alloc.allocate(1000, Stream());
   void* q = alloc.allocate(24, Stream());
   CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0);
   MemoryStats s = alloc.stats();
-  CHECK(s.in_use == 1024);
-  CHECK(s.peak_in_use == 1024);
+  CHECK(s.in_use == 1024 + 512);
+  CHECK(s.peak_in_use == 1536);
+  CHECK(s.reserved == 1536);
   CHECK(s.num_allocs == 2);
+  CHECK(s.num_system_allocs == 2);
   alloc.deallocate(p);
-  CHECK(alloc.stats().in_use == 24);
-  CHECK(alloc.stats().peak_in_use == 1024);
+  CHECK(alloc.stats().in_use == 512);
+  CHECK(alloc.stats().reserved == 1536);  // cached, not returned
+  CHECK(alloc.stats().peak_in_use == 1536);
+  // The same size class comes back from the cache without a system allocation.
+  void* r = alloc.allocate(1020, Stream());
+  CHECK(r == p);
+  CHECK(alloc.stats().num_system_allocs == 2);
   alloc.reset_peak();
-  CHECK(alloc.stats().peak_in_use == 24);
+  CHECK(alloc.stats().peak_in_use == 1536);
+  alloc.deallocate(r);
   alloc.deallocate(q);
   CHECK(alloc.stats().in_use == 0);
+  alloc.release_cached();
+  CHECK(alloc.stats().reserved == 0);
   CHECK_THROWS_AS(alloc.allocate(0, Stream()), ValueError);
 }
 
@@ -136,14 +147,15 @@ TEST_CASE("tensors return memory to their allocator", "[core][allocator]") {
   CHECK(alloc->stats().in_use == 0);
 }
 
-TEST_CASE("caching allocator size classes waste at most 1/8", "[core][allocator]") {
-  for (size_t n : {1ul, 511ul, 513ul, 4096ul, 1000000ul, 123456789ul}) {
-    const size_t r = CudaCachingAllocator::round_size(n);
+TEST_CASE("allocation size classes waste at most 1/8, and at most 2 MiB", "[core][allocator]") {
+  for (size_t n : {1ul, 511ul, 513ul, 4096ul, 1000000ul, 123456789ul, 5000000000ul}) {
+    const size_t r = allocation_size_class(n);
     CHECK(r >= n);
     CHECK(r % 512 == 0);
     CHECK(double(r - n) <= std::max(512.0, double(n) / 8));
+    CHECK(r - n < (size_t(2) << 20));
   }
-  CHECK(CudaCachingAllocator::round_size(1 << 20) == (1 << 20));
+  CHECK(allocation_size_class(1 << 20) == (1 << 20));
 }
 
 TEST_CASE("CPU-only stream and event semantics", "[core][stream]") {
@@ -175,7 +187,7 @@ TEST_CASE("CUDA contexts: allocator caches and accounts per stream", "[core][gpu
   auto& alloc = *ctx.allocator();
   const MemoryStats before = alloc.stats();
   void* p = alloc.allocate(3 << 20, ctx.stream());
-  CHECK(alloc.stats().in_use - before.in_use == CudaCachingAllocator::round_size(3 << 20));
+  CHECK(alloc.stats().in_use - before.in_use == allocation_size_class(3 << 20));
   alloc.deallocate(p);
   void* q = alloc.allocate(3 << 20, ctx.stream());
   CHECK(q == p);  // same size class, same stream: reused without cudaMalloc

@@ -39,11 +39,17 @@ TEST_CASE("ZeRO-3 keeps 18/N bytes per parameter (16/N with bf16 gradients)", "[
   for (int n : {1, 2, 4, 8, 64}) {
     INFO("N = " << n);
     double padding = 0;
-    // Exactly 18 (16) bytes per element of the padded flat buffers, over N ranks...
+    // 18 (16) bytes per element of the padded flat buffers, over N ranks, plus the
+    // allocator's rounding of each of the five allocations (master weights, compute weights,
+    // gradient shards, two Adam moments), at most 2 MiB each...
     const double f32_grads = persistent_bytes_per_param(gpt2, n, DType::f32,
                                                         ShardingStrategy::OptimGradsParams, &padding);
-    CHECK(f32_grads == Approx(18.0 / n * padding).epsilon(1e-12));
-    CHECK(persistent_bytes_per_param(gpt2, n, DType::bf16) == Approx(16.0 / n * padding).epsilon(1e-12));
+    const double rounding = 5.0 * (2 << 20) / 124475904.0;
+    CHECK(f32_grads >= 18.0 / n * padding);
+    CHECK(f32_grads <= 18.0 / n * padding + rounding);
+    const double bf16_grads = persistent_bytes_per_param(gpt2, n, DType::bf16);
+    CHECK(bf16_grads >= 16.0 / n * padding);
+    CHECK(bf16_grads <= 16.0 / n * padding + rounding);
     // ...and the padding (each unit rounded up to N * 4096 elements) stays small: 13 units of
     // GPT-2 d12 waste at most 13 * N * 4096 elements of 124M.
     CHECK(padding >= 1.0);
@@ -55,6 +61,7 @@ TEST_CASE("ZeRO-3 keeps 18/N bytes per parameter (16/N with bf16 gradients)", "[
 TEST_CASE("what each strategy keeps per parameter", "[fsdp][memory]") {
   const models::ModelConfig gpt2 = models::gpt2_config(12);
   const int n = 4;
+  // (Each within 1%: the allocator's rounding of a handful of allocations.)
   // no_shard: 2 weights + 4 main + 4 gradients + 8 Adam, all replicated.
   CHECK(persistent_bytes_per_param(gpt2, n, DType::f32, ShardingStrategy::NoShard) ==
         Approx(18.0).epsilon(0.01));

@@ -222,3 +222,24 @@ TEST_CASE("the memory estimate equals what a sharded model allocates", "[fsdp][m
     }
   }
 }
+
+TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[fsdp][mpi]") {
+  World world;
+  const int n = world.size();
+  Mesh mesh({1, n, 1, 1, 1}, n);
+  MeshCommunicators comms(world, mesh);
+  Context ctx;
+  auto model = models::build_model(small_gpt(false));
+  FsdpOptions fo;
+  fo.shard_block = 128;
+  auto sharded = fully_shard(ctx, *model, data_parallel_groups(comms, fo.strategy), fo);
+  for (DType moments : {DType::f32, DType::bf16}) {
+    OptimizerConfig oc;
+    oc.moments_dtype = moments;
+    const size_t before = ctx.allocator()->stats().in_use;
+    Optimizer opt(ctx, sharded->optimizer_ranges(), oc);
+    const size_t est = optimizer_state_bytes(sharded->plan(), "adamw", moments, world.rank());
+    CHECK(opt.state_bytes() == est);
+    CHECK(ctx.allocator()->stats().in_use - before == est);
+  }
+}

@@ -63,7 +63,7 @@ std::vector<FieldSpec> build_schema() {
       KEY(train.eval_interval).default_to(100).at_least(0).help_text(
           "Steps between validation runs; 0 = never."),
       KEY(train.eval_iters).default_to(10).at_least(0).help_text(
-          "Micro-batches per rank in one validation run."),
+          "Global batches of validation data per evaluation (the same samples for any number of ranks)."),
 
       // optimizer
       KEY(optimizer.optimizer).one_of({"adamw", "sgd"}).default_to("adamw").help_text(

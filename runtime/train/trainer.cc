@@ -245,8 +245,11 @@ double Trainer::State::evaluate() {
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
   val_data->seek(0);  // the same batches at every evaluation
+  // eval_iters global batches, as Megatron counts them: the same samples for any number of
+  // data-parallel ranks, so the validation loss does not depend on it either.
+  const int64_t micro_batches = recipe.train.eval_iters * accum;
   double sum = 0;
-  for (int64_t i = 0; i < recipe.train.eval_iters; ++i) {
+  for (int64_t i = 0; i < micro_batches; ++i) {
     val_data->next(x.data(), y.data());
     autograd::Graph g(*ctx);
     autograd::NoGradGuard no_grad(g);
@@ -254,7 +257,7 @@ double Trainer::State::evaluate() {
                                  ops::from_host<int32_t>(*ctx, y, Shape{B, T}), B * T);
     sum += ops::item(*ctx, loss);
   }
-  return sum_over_ranks({sum})[0] / double(recipe.train.eval_iters * dp_size);
+  return sum_over_ranks({sum})[0] / double(micro_batches * dp_size);
 }
 
 std::string Trainer::State::sample_text() {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the CUDA configuration and gathers what a GPU machine needs to run the tests, the
-# tools and the benchmarks into one folder (default .device/), so that the folder can be
-# copied to a machine without Bazel and run there with scripts/gpu_run.sh.
+# Builds the CUDA configuration and packs what a GPU machine needs to run the GPU tests, the
+# tools and the benchmarks into OUT_DIR/bundle.tar.xz (default .device/; xz keeps it a few
+# MB), to be copied to a machine without Bazel and used there by scripts/gpu_run.sh (the GPU
+# tests), scripts/gpu_validate.sh (parity, training and benchmark checks) and
+# scripts/scaling.sh.
 #
 #   scripts/gpu_bundle.sh [OUT_DIR]
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -13,7 +15,10 @@ tests=$(bazel query 'kind("cc_test", //tests/...)' 2>/dev/null)
 tools=$(bazel query 'kind("cc_binary", //tools/...)' 2>/dev/null)
 bazel build "${BAZEL_FLAGS[@]}" $tests $tools
 
-rm -rf "$out"
+stage="$(mktemp -d)"
+trap 'rm -rf "$stage"' EXIT
+final="$out"
+out="$stage"
 mkdir -p "$out/tests" "$out/tools"
 bin="$(bazel info "${BAZEL_FLAGS[@]}" bazel-bin 2>/dev/null)"
 mpi_tests=$(bazel query 'kind("sh_test", //tests/...)' 2>/dev/null)
@@ -34,4 +39,6 @@ for t in $tools; do
   cp "$bin/${p/://}" "$out/tools/${p##*:}"
 done
 strip --strip-debug "$out"/tests/* "$out"/tools/* 2>/dev/null || true
-du -sh "$out"
+mkdir -p "$final"
+tar cJf "$final/bundle.tar.xz" -C "$stage" tests tools mpi.txt
+ls -la "$final/bundle.tar.xz"

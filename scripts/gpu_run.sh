@@ -5,10 +5,9 @@
 #
 #   scripts/gpu_run.sh [BUNDLE_DIR] [LOG_DIR]
 set -uo pipefail
-bundle="${1:-.device}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
 logs="${2:-${OUT:-/tmp}/gpu-logs}"
 mkdir -p "$logs"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 summary=()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The scaling measurements (1, 2, 4 and 8 GPUs): run on a GPU machine from the bundle that
-# scripts/gpu_bundle.sh makes (no Bazel there). Prints one line per run and keeps the full
+# scripts/gpu_bundle.sh makes (no Bazel there), from the repository root. Prints one line per run and keeps the full
 # outputs in LOG_DIR. Runs whatever fits the GPUs the machine has.
 #
 #   scripts/scaling.sh [BUNDLE_DIR] [LOG_DIR]
@@ -10,18 +10,16 @@
 # GPUs, and HSDP (2 replicas x 4 shards) against full sharding on 8 GPUs. Each `bench train`
 # line also prints peak memory per GPU, to compare with the printed prediction.
 set -uo pipefail
-bundle="${1:-.device}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
 logs="${2:-${OUT:-/tmp}/scaling}"
 mkdir -p "$logs"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 bench="$bundle/tools/bench"
 
 run() {  # name, ranks, bench args...
   local name="$1" n="$2"; shift 2
   [ "$n" -le "$ngpu" ] || return 0
-  mpirun --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
-    "$bench" train "$@" > "$logs/$name.txt" 2>&1
+  "${MPIRUN[@]}" -np "$n" "$bench" train "$@" > "$logs/$name.txt" 2>&1
   printf '%-40s rc=%d  %s | %s | %s\n' "$name" $? \
     "$(grep 'tokens/s per GPU' "$logs/$name.txt")" "$(grep '^MFU' "$logs/$name.txt")" \
     "$(grep 'peak allocated' "$logs/$name.txt")"

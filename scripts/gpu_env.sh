@@ -1,0 +1,12 @@
+# Sourced by the GPU-machine scripts: unpacks BUNDLE_DIR/bundle.tar.xz (scripts/gpu_bundle.sh)
+# into $bundle and sets the environment every GPU run needs. NVLink multicast stays off
+# (NCCL_NVLS_ENABLE=0). FSDP_NVIDIA_LIBS may name a folder holding cudnn/lib and nccl/lib
+# (e.g. a Python environment's nvidia packages) newer than the system's: they go first on
+# LD_LIBRARY_PATH.
+src="${1:-.device}"
+bundle="${TMPDIR:-/tmp}/fsdp-bundle"
+rm -rf "$bundle" && mkdir -p "$bundle" && tar xJf "$src/bundle.tar.xz" -C "$bundle"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+nv="${FSDP_NVIDIA_LIBS:-}"
+[ -n "$nv" ] && [ -d "$nv/cudnn/lib" ] && export LD_LIBRARY_PATH="$nv/cudnn/lib:$nv/nccl/lib:${LD_LIBRARY_PATH:-}"
+MPIRUN=(mpirun --allow-run-as-root -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)

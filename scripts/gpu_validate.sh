@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU checks of the issues, in priority order, on a 2-GPU machine from the bundle that
+# scripts/gpu_bundle.sh makes (no Bazel there), from the repository root:
+#   1. PyTorch parity of GPT-2 d12 and a small Llama in bf16 and f32 (tools/parity)
+#   2. ZeRO-3 on 2 GPUs against 1 GPU, 50 steps of GPT-2 d12 (losses compared per step);
+#      the 2-GPU run saves a checkpoint
+#   3. GPT-2 124M on 1 GPU (bench train)
+#   4. GPT 1.3B, ZeRO-3 on 2 GPUs, with the compute baseline (exposed communication)
+#   5. Hugging Face export of the step-2 checkpoint, checked against transformers
+#   6. GPT-2 124M on 2 GPUs under ZeRO-1 and ZeRO-3 (bench train)
+#   7. a launch without MPI (torchrun-style variables) and the NCCL tests (watchdog too)
+# One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
+# so a run stopped early keeps what finished).
+#
+#   FSDP_NVIDIA_LIBS=... scripts/gpu_validate.sh [BUNDLE_DIR] [LOG_DIR]
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
+L="${2:-${OUT:-/tmp}/gpu-validate}"
+mkdir -p "$L"
+B="$bundle"
+work="$(mktemp -d)"
+pack() { tar czf "$L.tgz" -C "$(dirname "$L")" "$(basename "$L")"; }
+say() { echo "== $* ($(date +%T))"; }
+
+# 1. PyTorch parity
+for m in gpt2-d12 llama-small; do for dt in bf16 f32; do
+  d="$work/parity/${m}_$dt"
+  timeout 60 "$B/tools/parity_dump" --model $m --device cuda --dtype $dt --batch 4 --seq 64 \
+    --steps 10 --out "$d" > "$L/pdump_${m}_$dt.log" 2>&1
+  timeout 90 python3 tools/parity/parity.py "$d" --device cuda --json "$L/parity_${m}_$dt.json" \
+    > "$L/parity_${m}_$dt.txt" 2>&1
+  say "parity $m $dt rc=$?"; grep -E "^RESULT" "$L/parity_${m}_$dt.txt"
+done; done; pack
+
+# 2. ZeRO-3 on 2 GPUs against 1 GPU
+C=(--config configs/gpt2-124m.json dataset.type=text dataset.train_path=third_party/text/austen.txt
+   dataset.val_path=null dataset.val_fraction=0 train.train_iters=50 train.micro_batch_size=8
+   train.global_batch_size=16 train.eval_interval=0 logger.log_interval=1
+   scheduler.lr_warmup_iters=10 ddp.data_parallel_sharding_strategy=optim_grads_params
+   checkpoint.load=null)
+timeout 150 "$B/tools/train" "${C[@]}" run.output_dir="$L/z3_1gpu" checkpoint.save=null \
+  > "$L/z3_1gpu.log" 2>&1; say "zero3 1 gpu rc=$?"
+timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/train" "${C[@]}" run.output_dir="$L/z3_2gpu" \
+  checkpoint.save="$work/ck" > "$L/z3_2gpu.log" 2>&1; say "zero3 2 gpus rc=$?"
+python3 - "$L" <<'PY'
+import json, sys
+d = sys.argv[1]
+a = [json.loads(l)["loss"] for l in open(d + "/z3_1gpu/metrics.jsonl")]
+b = [json.loads(l)["loss"] for l in open(d + "/z3_2gpu/metrics.jsonl")]
+r = [abs(x - y) / abs(x) for x, y in zip(a, b)]
+print("steps %d/%d, max relative difference %.3e (step %d), losses %.4f -> %.4f" %
+      (len(a), len(b), max(r), r.index(max(r)) + 1, a[0], a[-1]))
+PY
+grep -E "predicted peak" "$L/z3_2gpu.log" | head -1; tail -1 "$L/z3_2gpu/metrics.jsonl"; pack
+
+# 3. GPT-2 124M, 1 GPU
+timeout 150 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
+  ddp.data_parallel_sharding_strategy=no_shard > "$L/bench_gpt2_1gpu.txt" 2>&1
+say "gpt2 1 gpu rc=$?"; cat "$L/bench_gpt2_1gpu.txt"; pack
+
+# 4. GPT 1.3B, ZeRO-3, 2 GPUs, micro-batch 16
+timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
+  --compute-baseline train.global_batch_size=32 > "$L/bench_1.3b.txt" 2>&1
+say "gpt 1.3b rc=$?"; cat "$L/bench_1.3b.txt"; pack
+
+# 5. Hugging Face export of the 2-GPU checkpoint
+timeout 150 "$B/tools/convert" export "$work/ck" "$work/hf" > "$L/export.log" 2>&1; say "export rc=$?"
+timeout 120 python3 tools/convert/check_hf_export.py "$work/hf" > "$L/hf_check.txt" 2>&1
+say "transformers check rc=$?"; tail -4 "$L/hf_check.txt"; pack
+
+# 6. GPT-2 124M on 2 GPUs
+for st in optim optim_grads_params; do
+  timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 5 --warmup 2 \
+    ddp.data_parallel_sharding_strategy=$st > "$L/bench_gpt2_2gpu_$st.txt" 2>&1
+  say "gpt2 2 gpus $st rc=$?"; grep -E "tokens/s|MFU|peak alloc" "$L/bench_gpt2_2gpu_$st.txt"
+done; pack
+
+# 7. Launch without MPI, and the NCCL tests
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+    timeout 60 "$B/tools/bench" collectives --min-bytes 256M --max-bytes 256M --iters 10 --rounds 1 \
+    > "$L/env_launch_$r.log" 2>&1 &
+done; wait; say "env launch"; grep -E "^  (all|reduce)" "$L/env_launch_0.log"
+timeout 120 "${MPIRUN[@]}" -np 2 "$B/tests/tests_collectives__nccl_test" > "$L/nccl_test.log" 2>&1
+say "nccl_test rc=$?"; grep -E "^(test cases|All tests)" "$L/nccl_test.log" | tail -1; pack
+rm -rf "$work"

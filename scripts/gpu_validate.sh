@@ -8,11 +8,15 @@
 #   4. GPT 1.3B, ZeRO-3 on 2 GPUs, with the compute baseline (exposed communication)
 #   5. Hugging Face export of the step-2 checkpoint, checked against transformers
 #   6. GPT-2 124M on 2 GPUs under ZeRO-1 and ZeRO-3 (bench train)
-#   7. a launch without MPI (torchrun-style variables) and the NCCL tests (watchdog too)
+#   7. the largest GPT that trains at ZeRO-3 on 2 GPUs (seq 2048, micro-batch 1, full
+#      recompute, bf16 gradients and Adam moments): 23.0B, else 22.1B
+#   8. a launch without MPI (torchrun-style variables) and the NCCL tests (watchdog too)
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
-#   FSDP_NVIDIA_LIBS=... scripts/gpu_validate.sh [BUNDLE_DIR] [LOG_DIR]
+#   FSDP_NVIDIA_LIBS=... [CHECKS="2 4"] scripts/gpu_validate.sh [BUNDLE_DIR] [LOG_DIR]
+#
+# CHECKS lists the checks to run by number (default: all eight).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
 L="${2:-${OUT:-/tmp}/gpu-validate}"
@@ -21,7 +25,10 @@ B="$bundle"
 work="$(mktemp -d)"
 pack() { tar czf "$L.tgz" -C "$(dirname "$L")" "$(basename "$L")"; }
 say() { echo "== $* ($(date +%T))"; }
+CHECKS="${CHECKS:-1 2 3 4 5 6 7 8}"
+want() { [[ " $CHECKS " == *" $1 "* ]]; }
 
+if want 1; then
 # 1. PyTorch parity
 for m in gpt2-d12 llama-small; do for dt in bf16 f32; do
   d="$work/parity/${m}_$dt"
@@ -31,7 +38,9 @@ for m in gpt2-d12 llama-small; do for dt in bf16 f32; do
     > "$L/parity_${m}_$dt.txt" 2>&1
   say "parity $m $dt rc=$?"; grep -E "^RESULT" "$L/parity_${m}_$dt.txt"
 done; done; pack
+fi
 
+if want 2; then
 # 2. ZeRO-3 on 2 GPUs against 1 GPU
 C=(--config configs/gpt2-124m.json dataset.type=text dataset.train_path=third_party/text/austen.txt
    dataset.val_path=null dataset.val_fraction=0 train.train_iters=50 train.micro_batch_size=8
@@ -52,30 +61,53 @@ print("steps %d/%d, max relative difference %.3e (step %d), losses %.4f -> %.4f"
       (len(a), len(b), max(r), r.index(max(r)) + 1, a[0], a[-1]))
 PY
 grep -E "predicted peak" "$L/z3_2gpu.log" | head -1; tail -1 "$L/z3_2gpu/metrics.jsonl"; pack
+fi
 
+if want 3; then
 # 3. GPT-2 124M, 1 GPU
 timeout 150 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
   ddp.data_parallel_sharding_strategy=no_shard > "$L/bench_gpt2_1gpu.txt" 2>&1
 say "gpt2 1 gpu rc=$?"; cat "$L/bench_gpt2_1gpu.txt"; pack
+fi
 
+if want 4; then
 # 4. GPT 1.3B, ZeRO-3, 2 GPUs, micro-batch 16
 timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
   --compute-baseline train.global_batch_size=32 > "$L/bench_1.3b.txt" 2>&1
 say "gpt 1.3b rc=$?"; cat "$L/bench_1.3b.txt"; pack
+fi
 
+if want 5; then
 # 5. Hugging Face export of the 2-GPU checkpoint
 timeout 150 "$B/tools/convert" export "$work/ck" "$work/hf" > "$L/export.log" 2>&1; say "export rc=$?"
 timeout 120 python3 tools/convert/check_hf_export.py "$work/hf" > "$L/hf_check.txt" 2>&1
 say "transformers check rc=$?"; tail -4 "$L/hf_check.txt"; pack
+fi
 
+if want 6; then
 # 6. GPT-2 124M on 2 GPUs
 for st in optim optim_grads_params; do
   timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 5 --warmup 2 \
     ddp.data_parallel_sharding_strategy=$st > "$L/bench_gpt2_2gpu_$st.txt" 2>&1
   say "gpt2 2 gpus $st rc=$?"; grep -E "tokens/s|MFU|peak alloc" "$L/bench_gpt2_2gpu_$st.txt"
 done; pack
+fi
 
-# 7. Launch without MPI, and the NCCL tests
+if want 7; then
+# 7. The largest GPT at ZeRO-3 on 2 GPUs: width 6144, 48 heads; 50 layers (23.0B), else 48 (22.1B)
+for nl in 50 48; do
+  timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 2 --warmup 1 \
+    model.n_layer=$nl model.d_model=6144 model.n_head=48 model.d_ff=0 \
+    model.activation_recompute=full train.micro_batch_size=1 train.global_batch_size=2 \
+    optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false > "$L/bench_largest_$nl.txt" 2>&1
+  rc=$?; say "largest, $nl layers rc=$rc"
+  grep -E "parameters|tokens/s|peak|predicted" "$L/bench_largest_$nl.txt" | head -6
+  [ $rc = 0 ] && break
+done; pack
+fi
+
+if want 8; then
+# 8. Launch without MPI, and the NCCL tests
 for r in 0 1; do
   RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
     timeout 60 "$B/tools/bench" collectives --min-bytes 256M --max-bytes 256M --iters 10 --rounds 1 \
@@ -83,4 +115,5 @@ for r in 0 1; do
 done; wait; say "env launch"; grep -E "^  (all|reduce)" "$L/env_launch_0.log"
 timeout 120 "${MPIRUN[@]}" -np 2 "$B/tests/tests_collectives__nccl_test" > "$L/nccl_test.log" 2>&1
 say "nccl_test rc=$?"; grep -E "^(test cases|All tests)" "$L/nccl_test.log" | tail -1; pack
+fi
 rm -rf "$work"

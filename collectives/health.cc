@@ -5,11 +5,14 @@
 namespace fsdp {
 
 bool CommHealth::record_failure(FailureKind kind, const std::string& message) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (kind_ != FailureKind::None) return false;
-  kind_ = kind;
-  message_ = message;
-  failed_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (kind_ != FailureKind::None) return false;
+    kind_ = kind;
+    message_ = message;
+    failed_.store(true, std::memory_order_release);
+  }
+  if (on_failure_) on_failure_(message);
   return true;
 }
 

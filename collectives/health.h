@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -23,7 +24,11 @@ enum class FailureKind : uint8_t { None, Timeout, CommFailure, Aborted };
 
 class CommHealth {
  public:
-  explicit CommHealth(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  // `on_failure` (optional) is called once with the first failure's message, on the thread
+  // that records it, after it is recorded (see WorldOptions::on_failure).
+  explicit CommHealth(std::chrono::milliseconds timeout,
+                      std::function<void(const std::string&)> on_failure = nullptr)
+      : timeout_(timeout), on_failure_(std::move(on_failure)) {}
   CommHealth(const CommHealth&) = delete;
   CommHealth& operator=(const CommHealth&) = delete;
 
@@ -49,6 +54,7 @@ class CommHealth {
   [[noreturn]] void raise() const;
 
   const std::chrono::milliseconds timeout_;
+  const std::function<void(const std::string&)> on_failure_;
   std::atomic<int64_t> step_{-1};
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;

@@ -37,7 +37,7 @@ World::World(const LaunchInfo& launch, const WorldOptions& options)
     : launch_(launch), options_(options), uncaught_at_start_(std::uncaught_exceptions()) {
   FSDP_CHECK(options.timeout.count() > 0, ConfigError, "collective timeout must be positive, got ",
              options.timeout.count(), " ms");
-  health_ = std::make_shared<CommHealth>(options.timeout);
+  health_ = std::make_shared<CommHealth>(options.timeout, options.on_failure);
   backend_ = options.backend;
   if (backend_ == Backend::Auto) backend_ = cuda_device_count() > 0 ? Backend::Nccl : Backend::Mpi;
 

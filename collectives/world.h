@@ -42,6 +42,15 @@ struct WorldOptions {
   // How often the NCCL watchdog looks at in-flight collectives.
   std::chrono::milliseconds watchdog_poll = std::chrono::milliseconds(100);
   bool print_summary = true;
+  // Called once with the message of the job's first communication failure (a hung
+  // collective, an asynchronous NCCL error, an abort), on the thread that noticed it: the
+  // watchdog's, usually. The library itself never ends the process: it aborts the
+  // communicators and raises the failure on the main thread. But after ncclCommAbort a
+  // collective's kernel can keep spinning on a peer that is gone, and then any call that
+  // waits for the device (a stream synchronize, cudaFree) never returns. An application
+  // that must not hang then ends the process from here, after a grace period (tools/train
+  // does).
+  std::function<void(const std::string&)> on_failure;
 };
 
 class World {

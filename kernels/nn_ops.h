@@ -4,7 +4,9 @@
 // Conventions (shared by the CPU reference in kernels/cpu/ and the CUDA kernels in
 // kernels/cuda/):
 // - Activations and weights share one compute dtype: f32 or f64 on the CPU, bf16 or f32 on
-//   CUDA. bf16 is computed in f32 and rounded once when stored.
+//   CUDA. bf16 is computed in f32 and rounded once when stored. One exception, on CUDA: the
+//   residual stream may be f32 beside bf16 weights (the embedding's output, the norms' x and
+//   dx), so the sums that carry the signal through the network are never rounded to bf16.
 // - Statistics saved for backward (norm mean/rstd, attention logsumexp, per-token losses)
 //   are f32 (f64 when the compute dtype is f64).
 // - Parameter gradients are written into tensors of their own "grad dtype" (f32 or f64 on
@@ -59,6 +61,7 @@ void bias_backward(Context& ctx, const Tensor& dbias, const Tensor& dout, bool a
 
 // ---------------------------------------------------------------- embeddings
 // out (B, T, C) = wte[idx] (+ wpe[t] when wpe is defined). idx (B, T) i32, wte (V, C), wpe (T', C).
+// out has the tables' dtype, or f32 beside bf16 tables (CUDA).
 void embedding_forward(Context& ctx, const Tensor& out, const Tensor& idx, const Tensor& wte,
                        const Tensor& wpe = Tensor());
 // dwte (V, C) += scatter of dout rows by idx; dwpe (T', C) += sum over B of dout. Always
@@ -67,7 +70,8 @@ void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, co
                         const Tensor& idx);
 
 // ---------------------------------------------------------------- norms
-// LayerNorm over the last dim: x (N, C), weight/bias (C); out (N, C); mean/rstd (N).
+// LayerNorm over the last dim: x (N, C), weight/bias (C); out (N, C); mean/rstd (N). out and
+// dout have the weight's dtype; x and dx the same, or f32 beside bf16 weights (CUDA).
 void layernorm_forward(Context& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                        const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 // dx (N, C) (+= when accumulate_dx); dweight, dbias (C) (+= when accumulate).

@@ -47,7 +47,13 @@ void embedding_forward(Context& ctx, const Tensor& out, const Tensor& idx, const
   const char* what = "embedding_forward";
   kernels::EmbeddingDims d = check_embedding(ctx, idx, wte, wpe, what);
   d.dtype = wte.dtype();
-  check_dense(ctx, out, Shape{d.batch, d.seq, d.channels}, wte.dtype(), what);
+  d.out_dtype = out.defined() ? out.dtype() : wte.dtype();
+  const bool wide_out =
+      d.out_dtype == DType::f32 && d.dtype == DType::bf16 && !ctx.device().is_cpu();
+  FSDP_CHECK(d.out_dtype == d.dtype || wide_out, DTypeError, what, ": output ", out.str(),
+             " for a ", dtype_name(d.dtype), " table (the output has the table's dtype, or "
+             "f32 beside bf16 tables on CUDA)");
+  check_dense(ctx, out, Shape{d.batch, d.seq, d.channels}, d.out_dtype, what);
   const int32_t* ids = idx.data<int32_t>();
   if (ctx.device().is_cpu()) {
     kernels::cpu::embedding_forward(d, out.data_ptr(), ids, wte.data_ptr(), data_or_null(wpe));

@@ -12,8 +12,9 @@ namespace {
 
 using namespace detail;
 
-// x (..., C) contiguous, floating; weight (C) and bias (C, optional) of x's dtype; the
-// statistics (rows) of the statistics dtype. Returns the problem size.
+// x (..., C) contiguous, floating; weight (C) and bias (C, optional) of the compute dtype:
+// x's, or bf16 beside an f32 x (an f32 residual stream, CUDA only); the statistics (rows) of
+// the statistics dtype. Returns the problem size.
 kernels::NormDims check_norm(Context& ctx, const Tensor& x, const Tensor& weight,
                              const Tensor& bias, std::initializer_list<const Tensor*> stats,
                              const char* what) {
@@ -24,12 +25,17 @@ kernels::NormDims check_norm(Context& ctx, const Tensor& x, const Tensor& weight
   kernels::NormDims d;
   d.channels = x.size(-1);
   d.rows = d.channels ? x.numel() / d.channels : 0;
-  d.dtype = x.dtype();
-  check_dense(ctx, weight, Shape{d.channels}, x.dtype(), what);
-  if (bias.defined()) check_dense(ctx, bias, Shape{d.channels}, x.dtype(), what);
+  d.x_dtype = x.dtype();
+  d.dtype = weight.defined() ? weight.dtype() : x.dtype();
+  const bool wide_x = d.x_dtype == DType::f32 && d.dtype == DType::bf16 && !ctx.device().is_cpu();
+  FSDP_CHECK(d.x_dtype == d.dtype || wide_x, DTypeError, what, ": x ", x.str(),
+             " with a weight of ", dtype_name(d.dtype), " (x must have the weight's dtype, or "
+             "be f32 beside bf16 weights on CUDA)");
+  check_dense(ctx, weight, Shape{d.channels}, d.dtype, what);
+  if (bias.defined()) check_dense(ctx, bias, Shape{d.channels}, d.dtype, what);
   for (const Tensor* s : stats) {
     check_on_ctx(ctx, *s, what);
-    check_dtype(*s, stats_dtype(x.dtype()), what);
+    check_dtype(*s, stats_dtype(d.dtype), what);
     check_contiguous(*s, what);
     FSDP_CHECK(s->numel() == d.rows, ShapeError, what, ": statistics ", s->str(), " need ", d.rows,
                " elements (one per row)");
@@ -37,9 +43,9 @@ kernels::NormDims check_norm(Context& ctx, const Tensor& x, const Tensor& weight
   return d;
 }
 
-// An activation tensor (out, dout, dx) shaped like x.
-void check_like_x(Context& ctx, const Tensor& t, const Tensor& x, const char* what) {
-  check_dense(ctx, t, x.shape(), x.dtype(), what);
+// An activation tensor shaped like x: in the compute dtype (out, dout), or x's own (dx).
+void check_like_x(Context& ctx, const Tensor& t, const Tensor& x, DType dtype, const char* what) {
+  check_dense(ctx, t, x.shape(), dtype, what);
 }
 
 // dweight and dbias: (C), floating, one grad dtype. Sets d.grad_dtype.
@@ -66,7 +72,7 @@ void layernorm_forward(Context& ctx, const Tensor& out, const Tensor& mean, cons
                        const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const char* what = "layernorm_forward";
   const kernels::NormDims d = check_norm(ctx, x, weight, bias, {&mean, &rstd}, what);
-  check_like_x(ctx, out, x, what);
+  check_like_x(ctx, out, x, d.dtype, what);
   if (ctx.device().is_cpu()) {
     kernels::cpu::layernorm_forward(d, out.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
                                     x.data_ptr(), weight.data_ptr(), data_or_null(bias), eps);
@@ -85,8 +91,8 @@ void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, c
                         bool accumulate) {
   const char* what = "layernorm_backward";
   kernels::NormDims d = check_norm(ctx, x, weight, Tensor(), {&mean, &rstd}, what);
-  check_like_x(ctx, dout, x, what);
-  if (dx.defined()) check_like_x(ctx, dx, x, what);
+  check_like_x(ctx, dout, x, d.dtype, what);
+  if (dx.defined()) check_like_x(ctx, dx, x, x.dtype(), what);
   check_param_grads(ctx, d, {&dweight, &dbias}, what);
   if (ctx.device().is_cpu()) {
     kernels::cpu::layernorm_backward(d, data_or_null(dx), data_or_null(dweight), data_or_null(dbias),
@@ -107,7 +113,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& out, const Tensor& rstd, const 
                      const Tensor& weight, double eps) {
   const char* what = "rmsnorm_forward";
   const kernels::NormDims d = check_norm(ctx, x, weight, Tensor(), {&rstd}, what);
-  check_like_x(ctx, out, x, what);
+  check_like_x(ctx, out, x, d.dtype, what);
   if (ctx.device().is_cpu()) {
     kernels::cpu::rmsnorm_forward(d, out.data_ptr(), rstd.data_ptr(), x.data_ptr(),
                                   weight.data_ptr(), eps);
@@ -124,8 +130,8 @@ void rmsnorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, con
                       bool accumulate_dx, bool accumulate) {
   const char* what = "rmsnorm_backward";
   kernels::NormDims d = check_norm(ctx, x, weight, Tensor(), {&rstd}, what);
-  check_like_x(ctx, dout, x, what);
-  if (dx.defined()) check_like_x(ctx, dx, x, what);
+  check_like_x(ctx, dout, x, d.dtype, what);
+  if (dx.defined()) check_like_x(ctx, dx, x, x.dtype(), what);
   check_param_grads(ctx, d, {&dweight}, what);
   if (ctx.device().is_cpu()) {
     kernels::cpu::rmsnorm_backward(d, data_or_null(dx), data_or_null(dweight), dout.data_ptr(),

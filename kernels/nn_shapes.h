@@ -43,14 +43,16 @@ struct AttentionDims {
 // Norms over the last dimension of contiguous (rows, channels) data.
 struct NormDims {
   int64_t rows = 0, channels = 0;
-  DType dtype = DType::f32;       // x, out, dx, dout, weight, bias
+  DType dtype = DType::f32;       // out, dout, weight, bias
+  DType x_dtype = DType::f32;     // x and dx: dtype, or f32 beside bf16 (an f32 residual stream)
   DType grad_dtype = DType::f32;  // dweight, dbias
 };
 
 // Token (and learned position) embeddings of a (B, T) batch of token ids.
 struct EmbeddingDims {
   int64_t batch = 0, seq = 0, channels = 0, vocab = 0;
-  DType dtype = DType::f32;       // out, dout, wte, wpe
+  DType dtype = DType::f32;       // forward: wte, wpe; backward: dout
+  DType out_dtype = DType::f32;   // forward's out: dtype, or f32 beside bf16 tables
   DType grad_dtype = DType::f32;  // dwte, dwpe
 };
 

@@ -136,18 +136,19 @@ void binary_op(Context& ctx, BinaryOp op, const char* what, const Tensor& out, c
   check_on_ctx(ctx, b, what);
   check_same_shape(a, b, what);
   check_same_shape(out, a, what);
-  check_same_dtype(a, b, what);
   check_same_dtype(out, a, what);
   check_floating(a, what);
+  check_floating(b, what);
   FSDP_CHECK(out.is_contiguous(), ShapeError, what, ": output must be contiguous, got ", out.str());
   const Tensor ac = contiguous(ctx, a), bc = contiguous(ctx, b);
   if (out.device().is_cpu()) {
-    kernels::cpu::binary(op, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), out.numel(), out.dtype());
+    kernels::cpu::binary(op, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), out.numel(), out.dtype(),
+                         b.dtype());
     return;
   }
 #if FSDP_WITH_CUDA
   kernels::cuda::binary(op, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), out.numel(), out.dtype(),
-                        ctx.stream().cuda_stream());
+                        b.dtype(), ctx.stream().cuda_stream());
 #endif
 }
 

@@ -40,6 +40,8 @@ Tensor to_host(Context& ctx, const Tensor& t);
 Tensor reshape(Context& ctx, const Tensor& t, const Shape& shape);
 
 // ---- elementwise (same shapes; any strides on the inputs, `out` may alias an input)
+// out = a (op) b elementwise: out and a share a floating dtype; b may have another (an f32
+// residual stream plus a bf16 branch), read at a's precision.
 void add(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b
 void sub(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b);  // out = a - b
 void mul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b);  // out = a * b

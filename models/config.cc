@@ -58,7 +58,8 @@ std::string ModelConfig::str() const {
                  " kv_heads=", n_kv_head, " d_ff=", d_ff, " vocab=", vocab_size, "/",
                  padded_vocab_size, " seq_len=", seq_len, " eps=", norm_eps,
                  family == Family::Llama ? str_cat(" rope_theta=", rope_theta) : std::string(),
-                 " init_std=", init_std, " tied=", tie_embeddings ? "yes" : "no");
+                 " init_std=", init_std, " tied=", tie_embeddings ? "yes" : "no",
+                 " fp32_residual=", fp32_residual_connection ? "yes" : "no");
 }
 
 ModelConfig gpt2_config(int depth) {

@@ -4,6 +4,10 @@
 
 namespace fsdp::models {
 
+DType LanguageModel::residual_dtype(DType compute) const {
+  return config_.fp32_residual_connection && compute == DType::bf16 ? DType::f32 : compute;
+}
+
 Tensor LanguageModel::forward(Graph& g, const Tensor& idx, const Tensor& targets, int64_t n_valid,
                               Tensor* logits) {
   FSDP_CHECK(targets.shape() == idx.shape(), ShapeError, "forward: targets ", targets.str(),

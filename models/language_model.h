@@ -38,6 +38,9 @@ class LanguageModel : public nn::Module {
   explicit LanguageModel(const ModelConfig& config) : config_(config.resolved()) {}
   // idx (B, T) -> logits (B, T, Vp), without the root's hooks (forward/logits add them).
   virtual Tensor compute_logits(Graph& g, const Tensor& idx) = 0;
+  // The residual stream's dtype for parameters of dtype `compute`: f32 beside bf16 when
+  // config.fp32_residual_connection, `compute` otherwise.
+  DType residual_dtype(DType compute) const;
 
   ModelConfig config_;
 };

@@ -70,17 +70,23 @@ void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const voi
   });
 }
 
-void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype) {
+void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype,
+            DType b_dtype) {
   dispatch_floating(dtype, "binary", [&](auto tag) {
     using T = decltype(tag);
-    T* o = static_cast<T*>(out);
-    const T* x = static_cast<const T*>(a);
-    const T* y = static_cast<const T*>(b);
-    for (int64_t i = 0; i < n; ++i) {
-      const auto u = load(x[i]), v = load(y[i]);
-      const auto r = op == BinaryOp::Add ? u + v : op == BinaryOp::Sub ? u - v : u * v;
-      o[i] = store<T>(r);
-    }
+    dispatch_floating(b_dtype, "binary", [&](auto btag) {
+      using U = decltype(btag);
+      T* o = static_cast<T*>(out);
+      const T* x = static_cast<const T*>(a);
+      const U* y = static_cast<const U*>(b);
+      for (int64_t i = 0; i < n; ++i) {
+        // b is read in a's precision (the wider of the two where they differ).
+        const auto u = load(x[i]);
+        const decltype(u) v = load(y[i]);
+        const auto r = op == BinaryOp::Add ? u + v : op == BinaryOp::Sub ? u - v : u * v;
+        o[i] = store<T>(r);
+      }
+    });
   });
 }
 

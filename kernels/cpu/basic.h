@@ -14,7 +14,9 @@ void fill(void* out, DType dtype, const StridedLayout& layout, double value);
 void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const void* src,
           DType src_dtype, const StridedLayout& src_layout);
 // Contiguous, n elements, one dtype (floating).
-void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype);
+// out = a op b elementwise; out and a have `dtype`, b has `b_dtype`.
+void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype,
+            DType b_dtype);
 void scale(void* out, const void* a, double s, int64_t n, DType dtype);
 // y = alpha * x + beta * y; x and y may have different floating dtypes.
 void axpby(void* y, DType y_dtype, const void* x, DType x_dtype, double alpha, double beta,

@@ -44,8 +44,8 @@ bool is_contiguous(const StridedLayout& l) {
   return true;
 }
 
-template <typename T>
-__global__ void binary_kernel(BinaryOp op, T* out, const T* a, const T* b, int64_t n) {
+template <typename T, typename U>
+__global__ void binary_kernel(BinaryOp op, T* out, const T* a, const U* b, int64_t n) {
   using C = typename ComputeOf<T>::type;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -187,13 +187,16 @@ void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const voi
 }
 
 void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype,
-            stream_t stream) {
+            DType b_dtype, stream_t stream) {
   if (n == 0) return;
   dispatch_device_floating(dtype, "binary", [&](auto tag) {
     using T = decltype(tag);
-    binary_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
-        op, static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
-    FSDP_CHECK_LAUNCH();
+    dispatch_device_floating(b_dtype, "binary", [&](auto btag) {
+      using U = decltype(btag);
+      binary_kernel<T, U><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
+          op, static_cast<T*>(out), static_cast<const T*>(a), static_cast<const U*>(b), n);
+      FSDP_CHECK_LAUNCH();
+    });
   });
 }
 

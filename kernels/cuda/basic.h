@@ -16,8 +16,9 @@ using stream_t = CUstream_st*;
 void fill(void* out, DType dtype, const StridedLayout& layout, double value, stream_t stream);
 void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const void* src,
           DType src_dtype, const StridedLayout& src_layout, stream_t stream);
+// out = a op b elementwise; out and a have `dtype`, b has `b_dtype`.
 void binary(BinaryOp op, void* out, const void* a, const void* b, int64_t n, DType dtype,
-            stream_t stream);
+            DType b_dtype, stream_t stream);
 void scale(void* out, const void* a, double s, int64_t n, DType dtype, stream_t stream);
 void axpby(void* y, DType y_dtype, const void* x, DType x_dtype, double alpha, double beta,
            int64_t n, stream_t stream);

@@ -20,8 +20,8 @@ constexpr int kThreads = 256;
 constexpr int kScanThreads = 1024;
 constexpr int kRowThreads = 128;  // one block per token id: 96 packs of a 768-wide bf16 row
 
-template <int W, typename T>
-__global__ void embedding_forward_kernel(T* out, const int32_t* idx, const T* wte, const T* wpe,
+template <int W, typename T, typename O>
+__global__ void embedding_forward_kernel(O* out, const int32_t* idx, const T* wte, const T* wpe,
                                          int64_t tokens, int64_t seq, int64_t C) {
   const int64_t chunks = C / W;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < tokens * chunks;
@@ -195,14 +195,16 @@ void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, co
   if (tokens == 0 || d.channels == 0) return;
   dispatch_compute(d.dtype, "embedding_forward", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_width<T>(d.channels, {out, wte, wpe}, [&](auto w) {
-      constexpr int W = decltype(w)::value;
-      embedding_forward_kernel<W, T><<<grid_for(tokens * d.channels / W, kThreads), kThreads, 0,
-                                       stream>>>(static_cast<T*>(out), idx,
-                                                 static_cast<const T*>(wte),
-                                                 static_cast<const T*>(wpe), tokens, d.seq,
-                                                 d.channels);
-      FSDP_CHECK_LAUNCH();
+    dispatch_residual<T>(d.out_dtype, "embedding_forward", [&](auto otag) {
+      using O = decltype(otag);
+      dispatch_width<T>(d.channels, {out, wte, wpe}, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        embedding_forward_kernel<W, T, O>
+            <<<grid_for(tokens * d.channels / W, kThreads), kThreads, 0, stream>>>(
+                static_cast<O*>(out), idx, static_cast<const T*>(wte),
+                static_cast<const T*>(wpe), tokens, d.seq, d.channels);
+        FSDP_CHECK_LAUNCH();
+      });
     });
   });
 }

@@ -1,5 +1,6 @@
 // LayerNorm and RMSNorm on CUDA (kernels/cuda/nn_kernels.h). One warp per row; statistics
-// and all sums in f32. The parameter gradients are summed deterministically: each warp
+// and all sums in f32. x and dx may be f32 beside bf16 weights and outputs (an f32 residual
+// stream feeding a bf16 network). The parameter gradients are summed deterministically: each warp
 // accumulates its rows into its own shared-memory row, a block adds its warps in order into
 // one partial row, and finish_column_sums() adds the blocks in order.
 #include <algorithm>
@@ -16,13 +17,13 @@ constexpr int64_t kBackwardRowsPerBlock = 32;    // target; capped by kMaxBackwa
 constexpr int64_t kMaxBackwardBlocks = 1024;
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
-template <int W, typename T, bool kRms>
-__global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* weight,
+template <int W, typename T, typename X, bool kRms>
+__global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const X* x, const T* weight,
                                     const T* bias, int64_t rows, int64_t C, float eps) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (row >= rows) return;  // the whole warp leaves together
   const int lane = threadIdx.x % kWarp;
-  const T* xr = x + row * C;  // (C)
+  const X* xr = x + row * C;  // (C)
   float m = 0;
   if (!kRms) {
     float s = 0;
@@ -59,8 +60,8 @@ __global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const T* x
 
 // Block b handles rows [b * rows_per_block, ...): warp j of it rows j, j + warps, ...
 // partials: (blocks, C) weight sums, then (blocks, C) bias sums.
-template <int W, typename T, bool kRms>
-__global__ void norm_backward_kernel(T* dx, float* partials, const T* dout, const T* x,
+template <int W, typename T, typename X, bool kRms>
+__global__ void norm_backward_kernel(X* dx, float* partials, const T* dout, const X* x,
                                      const T* weight, const float* mean, const float* rstd,
                                      int64_t rows, int64_t C, int64_t rows_per_block,
                                      bool accumulate_dx) {
@@ -79,7 +80,7 @@ __global__ void norm_backward_kernel(T* dx, float* partials, const T* dout, cons
   const int64_t r1 = min(rows, r0 + rows_per_block);
   for (int64_t row = r0 + warp; row < r1; row += warps) {
     const float m = kRms ? 0.f : mean[row], r = rstd[row];
-    const T* xr = x + row * C;
+    const X* xr = x + row * C;
     const T* gr = dout + row * C;
     float sum_g = 0, sum_gx = 0;
     for (int64_t c = lane * W; c < C; c += kWarp * W) {
@@ -140,16 +141,20 @@ template <bool kRms>
 void norm_forward(const NormDims& d, void* out, float* mean, float* rstd, const void* x,
                   const void* weight, const void* bias, double eps, stream_t stream) {
   if (d.rows == 0) return;
-  dispatch_compute(d.dtype, kRms ? "rmsnorm_forward" : "layernorm_forward", [&](auto tag) {
+  const char* what = kRms ? "rmsnorm_forward" : "layernorm_forward";
+  dispatch_compute(d.dtype, what, [&](auto tag) {
     using T = decltype(tag);
-    dispatch_width<T>(d.channels, {out, x, weight, bias}, [&](auto w) {
-      constexpr int W = decltype(w)::value;
-      const unsigned blocks = unsigned((d.rows + kForwardWarps - 1) / kForwardWarps);
-      norm_forward_kernel<W, T, kRms><<<blocks, kForwardWarps * kWarp, 0, stream>>>(
-          static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
-          static_cast<const T*>(weight), static_cast<const T*>(bias), d.rows, d.channels,
-          float(eps));
-      FSDP_CHECK_LAUNCH();
+    dispatch_residual<T>(d.x_dtype, what, [&](auto xtag) {
+      using X = decltype(xtag);
+      dispatch_width<T>(d.channels, {out, x, weight, bias}, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        const unsigned blocks = unsigned((d.rows + kForwardWarps - 1) / kForwardWarps);
+        norm_forward_kernel<W, T, X, kRms><<<blocks, kForwardWarps * kWarp, 0, stream>>>(
+            static_cast<T*>(out), mean, rstd, static_cast<const X*>(x),
+            static_cast<const T*>(weight), static_cast<const T*>(bias), d.rows, d.channels,
+            float(eps));
+        FSDP_CHECK_LAUNCH();
+      });
     });
   });
 }
@@ -164,19 +169,23 @@ void norm_backward(const NormDims& d, void* dx, void* dweight, void* dbias, cons
   const int warps = backward_warps(d.channels);
   const size_t shared = size_t(warps) * 2 * size_t(d.channels) * sizeof(float);
   float* partials = static_cast<float*>(workspace);
-  dispatch_compute(d.dtype, kRms ? "rmsnorm_backward" : "layernorm_backward", [&](auto tag) {
+  const char* what = kRms ? "rmsnorm_backward" : "layernorm_backward";
+  dispatch_compute(d.dtype, what, [&](auto tag) {
     using T = decltype(tag);
-    dispatch_width<T>(d.channels, {dx, dout, x, weight}, [&](auto w) {
-      constexpr int W = decltype(w)::value;
-      auto kernel = norm_backward_kernel<W, T, kRms>;
-      if (shared > kDefaultSharedBytes)
-        FSDP_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(shared)));
-      kernel<<<unsigned(blocks), warps * kWarp, shared, stream>>>(
-          static_cast<T*>(dx), partials, static_cast<const T*>(dout), static_cast<const T*>(x),
-          static_cast<const T*>(weight), mean, rstd, d.rows, d.channels, rows_per_block,
-          accumulate_dx);
-      FSDP_CHECK_LAUNCH();
+    dispatch_residual<T>(d.x_dtype, what, [&](auto xtag) {
+      using X = decltype(xtag);
+      dispatch_width<T>(d.channels, {dx, dout, x, weight}, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        auto kernel = norm_backward_kernel<W, T, X, kRms>;
+        if (shared > kDefaultSharedBytes)
+          FSDP_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(shared)));
+        kernel<<<unsigned(blocks), warps * kWarp, shared, stream>>>(
+            static_cast<X*>(dx), partials, static_cast<const T*>(dout),
+            static_cast<const X*>(x), static_cast<const T*>(weight), mean, rstd, d.rows,
+            d.channels, rows_per_block, accumulate_dx);
+        FSDP_CHECK_LAUNCH();
+      });
     });
   });
   if (dweight)

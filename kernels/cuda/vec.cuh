@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -27,15 +28,21 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T>& r) {
   *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
 }
 
-// Reads W consecutive elements (W = 1 or Pack<T>::kSize) into floats.
+// Reads W consecutive elements into floats: W = 1, or a multiple of Pack<T>::kSize (one
+// 128-bit load per pack, so 8 floats for an f32 row read beside a bf16 one).
 template <int W, typename T>
 __device__ __forceinline__ void load_floats(const T* p, float (&out)[W]) {
   if constexpr (W == 1) {
     out[0] = to_float(p[0]);
   } else {
-    const Pack<T> r = load_pack(p);
+    constexpr int kS = Pack<T>::kSize;
+    static_assert(W % kS == 0, "W must be a whole number of packs");
 #pragma unroll
-    for (int i = 0; i < W; ++i) out[i] = to_float(r.v[i]);
+    for (int k = 0; k < W / kS; ++k) {
+      const Pack<T> r = load_pack(p + k * kS);
+#pragma unroll
+      for (int i = 0; i < kS; ++i) out[k * kS + i] = to_float(r.v[i]);
+    }
   }
 }
 
@@ -45,10 +52,15 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[W]) {
   if constexpr (W == 1) {
     p[0] = from_float<T>(in[0]);
   } else {
-    Pack<T> r;
+    constexpr int kS = Pack<T>::kSize;
+    static_assert(W % kS == 0, "W must be a whole number of packs");
 #pragma unroll
-    for (int i = 0; i < W; ++i) r.v[i] = from_float<T>(in[i]);
-    store_pack(p, r);
+    for (int k = 0; k < W / kS; ++k) {
+      Pack<T> r;
+#pragma unroll
+      for (int i = 0; i < kS; ++i) r.v[i] = from_float<T>(in[k * kS + i]);
+      store_pack(p + k * kS, r);
+    }
   }
 }
 
@@ -74,6 +86,23 @@ void dispatch_compute(DType t, const char* what, F&& f) {
     case DType::bf16: f(bf16_t{}); return;
     case DType::f32: f(float{}); return;
     default: FSDP_THROW(DTypeError, what, ": CUDA computes in bf16 or f32, got ", dtype_name(t));
+  }
+}
+
+// The element type of a residual-stream tensor read or written beside data of the compute
+// type T (bf16_t or float, from dispatch_compute): T itself, or float beside bf16 (an f32
+// residual stream). Calls f(T{}) or f(float{}).
+template <typename T, typename F>
+void dispatch_residual(DType t, const char* what, F&& f) {
+  constexpr bool kBf16 = std::is_same_v<T, bf16_t>;
+  const DType self = kBf16 ? DType::bf16 : DType::f32;
+  if (t == self) {
+    f(T{});
+  } else if (kBf16 && t == DType::f32) {
+    f(float{});
+  } else {
+    FSDP_THROW(DTypeError, what, ": a residual stream of ", dtype_name(t), " beside ",
+               dtype_name(self), " data (only the same dtype, or f32 beside bf16)");
   }
 }
 

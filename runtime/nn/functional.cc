@@ -57,7 +57,8 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
 
 // ---------------------------------------------------------------- embedding
 
-Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe) {
+Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
+                 std::optional<DType> out_dtype) {
   Context& ctx = g.ctx();
   const Tensor& w = wte.checked_data();  // (V, C)
   FSDP_CHECK(idx.dim() == 2 && idx.dtype() == DType::i32, ShapeError, "embedding ", wte.name(),
@@ -71,7 +72,7 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe) {
                wpe->name(), "'s ", p.size(0), " positions");
   }
   const Tensor ids = ops::contiguous(ctx, idx);
-  Tensor out = ctx.empty(Shape{b, t, c}, w.dtype());  // (B, T, C)
+  Tensor out = ctx.empty(Shape{b, t, c}, out_dtype.value_or(w.dtype()));  // (B, T, C)
   ops::embedding_forward(ctx, out, ids, w, wpe ? wpe->data : Tensor());
   if (!g.should_record({}, true)) return out;
 
@@ -97,12 +98,12 @@ Tensor layer_norm(Graph& g, const Tensor& x, Parameter& weight, Parameter& bias,
   const int64_t c = w.numel();
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "layer_norm ", weight.name(),
              ": input ", x.str(), " does not end in ", c, " channels");
-  detail::check_compute_dtype(x, weight, "layer_norm");
+  detail::check_stream_dtype(x, weight, "layer_norm");
   const Tensor x2 = rows(ctx, x, c);  // (N, C)
   const int64_t n = x2.size(0);
-  Tensor out = ctx.empty(x.shape(), x.dtype());
-  const Tensor mean = ctx.empty(Shape{n}, stat_dtype(x.dtype()));  // (N)
-  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(x.dtype()));  // (N)
+  Tensor out = ctx.empty(x.shape(), w.dtype());
+  const Tensor mean = ctx.empty(Shape{n}, stat_dtype(w.dtype()));  // (N)
+  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(w.dtype()));  // (N)
   ops::layernorm_forward(ctx, out.view(Shape{n, c}), mean, rstd, x2, w, bias.checked_data(), eps);
   if (!g.should_record({&x}, true)) return out;
 
@@ -132,11 +133,11 @@ Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps) {
   const int64_t c = w.numel();
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "rms_norm ", weight.name(), ": input ",
              x.str(), " does not end in ", c, " channels");
-  detail::check_compute_dtype(x, weight, "rms_norm");
+  detail::check_stream_dtype(x, weight, "rms_norm");
   const Tensor x2 = rows(ctx, x, c);  // (N, C)
   const int64_t n = x2.size(0);
-  Tensor out = ctx.empty(x.shape(), x.dtype());
-  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(x.dtype()));  // (N)
+  Tensor out = ctx.empty(x.shape(), w.dtype());
+  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(w.dtype()));  // (N)
   ops::rmsnorm_forward(ctx, out.view(Shape{n, c}), rstd, x2, w, eps);
   if (!g.should_record({&x}, true)) return out;
 
@@ -212,9 +213,11 @@ Tensor add(Graph& g, const Tensor& a, const Tensor& b) {
   out = Graph::track(out);
   g.record("add", {out.autograd_meta()}, [ta = Graph::target(a), tb = Graph::target(b), om = out.autograd_meta()](Graph& g) {
     const Tensor dout = Graph::grad_of(om);
+    if (!dout.defined()) return;
     // Both inputs adopt the same gradient tensor; Graph copies it before anyone adds to it.
+    // A narrower b (a bf16 branch of an f32 stream) takes it rounded to its own dtype.
     g.accumulate(ta, dout);
-    g.accumulate(tb, dout);
+    if (tb.meta) g.accumulate(tb, tb.dtype == dout.dtype() ? dout : ops::cast(g.ctx(), dout, tb.dtype));
   });
   return out;
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kernels/nn_ops.h"
 #include "runtime/autograd/graph.h"
@@ -29,9 +30,14 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias = nu
               ops::Epilogue epilogue = ops::Epilogue::None);
 
 // out (B, T, C) = wte[idx] (+ wpe[t]): idx (B, T) i32, wte (V, C), wpe (T', C), T <= T'.
-Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe = nullptr);
+// out has the tables' dtype, or `out_dtype` when given (the residual stream's dtype: f32
+// beside bf16 tables on CUDA).
+Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe = nullptr,
+                 std::optional<DType> out_dtype = std::nullopt);
 
-// LayerNorm / RMSNorm over the last dimension of x (..., C).
+// LayerNorm / RMSNorm over the last dimension of x (..., C). The output has the weight's
+// dtype; x may be wider (an f32 residual stream beside bf16 weights on CUDA), and its
+// gradient then is too.
 Tensor layer_norm(Graph& g, const Tensor& x, Parameter& weight, Parameter& bias, double eps);
 Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps);
 
@@ -39,7 +45,8 @@ Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps);
 Tensor gelu(Graph& g, const Tensor& x);
 // x (..., 2F) = [gate | up] -> (..., F) = silu(gate) * up.
 Tensor swiglu(Graph& g, const Tensor& x);
-// a + b, same shapes (the residual stream).
+// a + b, same shapes (the residual stream): the result has a's dtype, and b may be narrower
+// (a bf16 branch added to an f32 stream; b's gradient is then the stream's, rounded once).
 Tensor add(Graph& g, const Tensor& a, const Tensor& b);
 
 // x (B, T, H, D) rotated by position ("rotate half", Hugging Face Llama's convention).

@@ -46,4 +46,13 @@ inline void check_compute_dtype(const Tensor& x, const Parameter& p, const char*
              x.str(), " does not have the weight's dtype ", dtype_name(p.data.dtype()));
 }
 
+// Throws unless x, a residual-stream tensor entering a norm, has the compute dtype of `p`
+// or is f32 beside bf16 weights (an f32 residual stream).
+inline void check_stream_dtype(const Tensor& x, const Parameter& p, const char* op) {
+  const DType w = p.checked_data().dtype();
+  FSDP_CHECK(x.dtype() == w || (x.dtype() == DType::f32 && w == DType::bf16), DTypeError, op, " ",
+             p.name(), ": input ", x.str(), " has neither the weight's dtype ", dtype_name(w),
+             " nor f32 beside bf16");
+}
+
 }  // namespace fsdp::nn::detail

@@ -126,6 +126,7 @@ void Trainer::State::setup() {
   wo.backend = recipe.dist.device == "cuda" ? Backend::Nccl : Backend::Mpi;
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
   wo.print_summary = options.out != nullptr;
+  wo.on_failure = options.on_comm_failure;
   world = std::make_unique<World>(launch, wo);
   FSDP_ASSERT(world->size() == launch.size);
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());

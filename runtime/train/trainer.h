@@ -45,6 +45,8 @@ struct TrainerOptions {
   int64_t warmup_steps = 1;
   // Benchmarks only (tools/bench): replace collectives by local copies to time compute.
   bool skip_collectives = false;
+  // Called once with the first communication failure's message (WorldOptions::on_failure).
+  std::function<void(const std::string&)> on_comm_failure;
 };
 
 struct TrainResult {

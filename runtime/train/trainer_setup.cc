@@ -21,6 +21,7 @@ models::ModelConfig model_config_of(const Recipe& r) {
   c.rope_theta = r.model.rope_theta;
   c.init_std = r.model.init_std;
   c.tie_embeddings = r.model.tie_embeddings;
+  c.fp32_residual_connection = r.model.fp32_residual_connection;
   return c.resolved();
 }
 
@@ -99,18 +100,20 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   const int64_t n = micro_batch * seq_len;  // tokens
   const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
   const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
-  const size_t e = dtype_size(compute);
-  // Saved per token and layer: the block input (residual), two norm outputs, the qkv
-  // projection, the attention output, the attention input of the output projection, the MLP
-  // hidden pre- and post-activation (SwiGLU: the fused 2F projection and the F product).
+  const int64_t e = int64_t(dtype_size(compute));
+  // The residual stream's element size (f32 beside bf16 with fp32_residual_connection).
+  const int64_t r = c.fp32_residual_connection && compute == DType::bf16 ? 4 : e;
+  // Saved per token and layer: the block input and the mid-block sum (the residual stream,
+  // each read by a norm's backward), two norm outputs, the qkv projection, the attention
+  // output, the MLP hidden pre- and post-activation (SwiGLU: the fused 2F projection and
+  // the F product).
   const int64_t mlp = c.family == models::Family::Llama ? 3 * F : 2 * F;
-  const int64_t per_layer = 4 * C + qkv + C + mlp;
-  int64_t layer_bytes = n * per_layer * int64_t(e);
-  if (recompute == "full") layer_bytes = n * C * int64_t(e);  // only the block input
-  if (recompute == "selective") layer_bytes = n * (4 * C + qkv + C) * int64_t(e);
+  int64_t layer_bytes = n * (2 * C * r + (2 * C + qkv + C + mlp) * e);
+  if (recompute == "full") layer_bytes = n * C * r;  // only the block input
+  if (recompute == "selective") layer_bytes = n * (2 * C * r + (2 * C + qkv + C) * e);
   // Logits (kept for the fused loss, whose backward overwrites them in place) and the
   // embedding output.
-  const int64_t head = n * (c.padded_vocab_size + C) * int64_t(e);
+  const int64_t head = n * (c.padded_vocab_size * e + C * r);
   return L * layer_bytes + head;
 }
 

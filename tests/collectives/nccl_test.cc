@@ -5,7 +5,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "collectives/mesh.h"
@@ -27,11 +30,13 @@ using namespace std::chrono_literals;
 
 const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
 
-std::unique_ptr<World> nccl_world(std::chrono::milliseconds timeout = 120s) {
+std::unique_ptr<World> nccl_world(std::chrono::milliseconds timeout = 120s,
+                                  std::function<void(const std::string&)> on_failure = nullptr) {
   WorldOptions options;
   options.backend = Backend::Nccl;
   options.print_summary = testing::world_rank() == 0;
   options.timeout = timeout;
+  options.on_failure = std::move(on_failure);
   return std::make_unique<World>(options);
 }
 
@@ -262,10 +267,21 @@ TEST_CASE("NCCL: the watchdog turns a collective one rank skips into a TimeoutEr
     testing::mark_skipped("needs at least 2 ranks");
     return;
   }
-  auto world = nccl_world(3s);
+  // The failure listener (tools end the process from there) hears the first failure once.
+  auto heard = std::make_shared<std::vector<std::string>>();
+  auto heard_mu = std::make_shared<std::mutex>();
+  auto world = nccl_world(3s, [heard, heard_mu](const std::string& m) {
+    std::lock_guard<std::mutex> lock(*heard_mu);
+    heard->push_back(m);
+  });
   auto comm = world->split("dp_shard/rs", 0, world->rank());
   world->set_step(3);
-  Context ctx(world->device());
+  // On the hung rank nothing below is torn down: after ncclCommAbort the hung kernel may
+  // keep spinning, and a Context's stream synchronize or a cudaFree would wait for it
+  // forever (tools end such a process from the failure listener; a test cannot). The
+  // process's exit ends the kernel.
+  auto* ctx_owner = new Context(world->device());
+  Context& ctx = *ctx_owner;
   HostBuffer x(DType::f32, 1024);
   Tensor dx = upload(ctx, x);
   // Both ranks take part once, so the communicator's connections exist: what hangs below
@@ -288,11 +304,21 @@ TEST_CASE("NCCL: the watchdog turns a collective one rank skips into a TimeoutEr
                             Contains("group 'dp_shard/rs'") && Contains("step 3"));
     CHECK_THROWS_AS(comm->all_reduce(dx, ReduceOp::Sum, ctx.stream()), TimeoutError);
     CHECK_THROWS_AS(world->check_health(), TimeoutError);
+    std::lock_guard<std::mutex> lock(*heard_mu);
+    REQUIRE(heard->size() == 1);
+    CHECK(heard->front() == message);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   // The other ranks end their communicators too (abort, not a destroy that waits for peers).
   if (world->rank() != 0) world->abort("the watchdog test is over");
   MPI_Barrier(MPI_COMM_WORLD);
+  if (world->rank() == 0) {
+    (void)new Tensor(dx);  // its storage would return to the leaked Context's allocator
+    (void)comm.release();
+    (void)world.release();
+  } else {
+    delete ctx_owner;
+  }
 }
 
 }  // namespace

@@ -88,6 +88,74 @@ TEST_CASE("CUDA rmsnorm forward/backward at Llama widths", "[kernels][nn][gpu]")
   }
 }
 
+TEST_CASE("CUDA norms and embeddings with an f32 residual stream beside bf16 weights",
+          "[kernels][nn][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  const DType bf = DType::bf16, f32 = DType::f32;
+  // GPT-2 width (8-wide packs: two 128-bit f32 loads per bf16 pack) and an odd width.
+  for (auto [rows, C] : {std::pair<int64_t, int64_t>{4096, 768}, {300, 100}}) {
+    INFO(rows << "x" << C);
+    Dual x = dual_random(cpu, gpu, Shape{rows, C}, f32, 21, -3, 5);  // the f32 stream
+    Dual w = dual_random(cpu, gpu, Shape{C}, bf, 22, 0.5, 1.5);
+    Dual b = dual_random(cpu, gpu, Shape{C}, bf, 23);
+    Dual out = dual_empty(cpu, gpu, Shape{rows, C}, bf);
+    Dual mean = dual_empty(cpu, gpu, Shape{rows}, f32);
+    Dual rstd = dual_empty(cpu, gpu, Shape{rows}, f32);
+    ops::layernorm_forward(cpu, out.cpu, mean.cpu, rstd.cpu, x.cpu, w.cpu, b.cpu, 1e-5);
+    ops::layernorm_forward(gpu, out.gpu, mean.gpu, rstd.gpu, x.gpu, w.gpu, b.gpu, 1e-5);
+    CHECK(scaled_error(gpu, out) < tol(bf));  // one rounding of the bf16 output
+    CHECK(scaled_error(gpu, mean) < 1e-5);    // statistics of the unrounded f32 stream
+    CHECK(scaled_error(gpu, rstd) < 1e-5);
+    Dual dout = dual_random(cpu, gpu, Shape{rows, C}, bf, 24);
+    Dual dx = dual_random(cpu, gpu, Shape{rows, C}, f32, 25);  // accumulated in f32
+    Dual dw = dual_full(cpu, gpu, Shape{C}, f32, 0.5);
+    Dual db = dual_full(cpu, gpu, Shape{C}, f32, -0.5);
+    ops::layernorm_backward(cpu, dx.cpu, dw.cpu, db.cpu, dout.cpu, x.cpu, w.cpu, mean.cpu,
+                            rstd.cpu, true, true);
+    ops::layernorm_backward(gpu, dx.gpu, dw.gpu, db.gpu, dout.gpu, x.gpu, w.gpu, mean.gpu,
+                            rstd.gpu, true, true);
+    CHECK(scaled_error(gpu, dx) < 1e-5);  // f32 on both sides: no bf16 rounding of dx
+    CHECK(scaled_error(gpu, dw) < 2e-5);
+    CHECK(scaled_error(gpu, db) < 2e-5);
+
+    Dual rout = dual_empty(cpu, gpu, Shape{rows, C}, bf);
+    ops::rmsnorm_forward(cpu, rout.cpu, rstd.cpu, x.cpu, w.cpu, 1e-6);
+    ops::rmsnorm_forward(gpu, rout.gpu, rstd.gpu, x.gpu, w.gpu, 1e-6);
+    CHECK(scaled_error(gpu, rout) < tol(bf));
+    Dual rdx = dual_empty(cpu, gpu, Shape{rows, C}, f32);
+    Dual rdw = dual_full(cpu, gpu, Shape{C}, f32, 0.0);
+    ops::rmsnorm_backward(cpu, rdx.cpu, rdw.cpu, dout.cpu, x.cpu, w.cpu, rstd.cpu, false, true);
+    ops::rmsnorm_backward(gpu, rdx.gpu, rdw.gpu, dout.gpu, x.gpu, w.gpu, rstd.gpu, false, true);
+    CHECK(scaled_error(gpu, rdx) < 1e-5);
+    CHECK(scaled_error(gpu, rdw) < 2e-5);
+
+    // The branch added to the stream: f32 + bf16 -> f32, no rounding beyond f32's.
+    Dual branch = dual_random(cpu, gpu, Shape{rows, C}, bf, 26);
+    Dual sum = dual_empty(cpu, gpu, Shape{rows, C}, f32);
+    ops::add(cpu, sum.cpu, x.cpu, branch.cpu);
+    ops::add(gpu, sum.gpu, x.gpu, branch.gpu);
+    CHECK(scaled_error(gpu, sum) == 0);
+  }
+  // Token + position embeddings of bf16 tables into an f32 stream: the sum of two bf16
+  // values is exact in f32, so the GPU matches the CPU bit for bit.
+  const int64_t B = 2, T = 64, C = 768, V = 1000;
+  std::vector<int32_t> ids(size_t(B * T));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7919) % V);
+  Tensor idx_cpu = ops::from_host<int32_t>(cpu, ids, Shape{B, T});
+  Tensor idx_gpu = ops::to_device(gpu, idx_cpu, gpu.device());
+  Dual wte = dual_random(cpu, gpu, Shape{V, C}, bf, 27);
+  Dual wpe = dual_random(cpu, gpu, Shape{T, C}, bf, 28);
+  Dual emb = dual_empty(cpu, gpu, Shape{B, T, C}, f32);
+  ops::embedding_forward(cpu, emb.cpu, idx_cpu, wte.cpu, wpe.cpu);
+  ops::embedding_forward(gpu, emb.gpu, idx_gpu, wte.gpu, wpe.gpu);
+  CHECK(scaled_error(gpu, emb) == 0);
+  // A narrower output than the tables (bf16 beside f32) is refused.
+  CHECK_THROWS_AS(ops::embedding_forward(gpu, ops::empty(gpu, Shape{B, T, C}, bf), idx_gpu,
+                                         ops::cast(gpu, wte.gpu, f32), Tensor()),
+                  DTypeError);
+}
+
 TEST_CASE("CUDA gelu and swiglu match the CPU", "[kernels][nn][gpu]") {
   FSDP_REQUIRE_GPU();
   Context cpu, gpu(Device::cuda(0));

@@ -256,25 +256,30 @@ TEST_CASE("tiny models on CUDA match the CPU reference", "[models][gpu]") {
   };
   for (Family f : {Family::GPT2, Family::Llama}) {
     for (const Precision& p : {Precision{DType::f32, 1e-4}, Precision{DType::bf16, 3e-2}}) {
-      INFO(family_name(f) << " " << dtype_name(p.dtype));
-      auto on_gpu = build_model(tiny(f));
-      auto on_cpu = build_model(tiny(f));
-      nn::materialize(gpu, *on_gpu, p.dtype, 31);
-      // The CPU computes in f32 with exactly the GPU's (possibly bf16-rounded) weights.
-      const std::vector<nn::Parameter*> gp = on_gpu->named_parameters();
-      const std::vector<nn::Parameter*> cp = on_cpu->named_parameters();
-      for (size_t i = 0; i < gp.size(); ++i)
-        cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
-      const std::vector<int32_t> idx = pattern(16, 7, 1, 30), tgt = pattern(16, 3, 5, 30);
-      Graph gg(gpu), gc(cpu);
-      const Tensor lg = on_gpu->forward(gg, ids(gpu, idx, 2, 8), ids(gpu, tgt, 2, 8));
-      const Tensor lc = on_cpu->forward(gc, ids(cpu, idx, 2, 8), ids(cpu, tgt, 2, 8));
-      CHECK(ops::item(gpu, lg) == Approx(ops::item(cpu, lc)).epsilon(p.tolerance));
-      gg.backward(lg, 1.0);
-      gc.backward(lc, 1.0);
-      for (size_t i = 0; i < gp.size(); ++i) {
-        INFO(gp[i]->name());
-        CHECK(rel_l2(gpu, gp[i]->grad, cp[i]->grad) <= p.tolerance);
+      // The residual stream in f32 (the default) and in the compute dtype.
+      for (bool fp32_residual : {true, false}) {
+        INFO(family_name(f) << " " << dtype_name(p.dtype) << " fp32 residual " << fp32_residual);
+        ModelConfig config = tiny(f);
+        config.fp32_residual_connection = fp32_residual;
+        auto on_gpu = build_model(config);
+        auto on_cpu = build_model(config);
+        nn::materialize(gpu, *on_gpu, p.dtype, 31);
+        // The CPU computes in f32 with exactly the GPU's (possibly bf16-rounded) weights.
+        const std::vector<nn::Parameter*> gp = on_gpu->named_parameters();
+        const std::vector<nn::Parameter*> cp = on_cpu->named_parameters();
+        for (size_t i = 0; i < gp.size(); ++i)
+          cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
+        const std::vector<int32_t> idx = pattern(16, 7, 1, 30), tgt = pattern(16, 3, 5, 30);
+        Graph gg(gpu), gc(cpu);
+        const Tensor lg = on_gpu->forward(gg, ids(gpu, idx, 2, 8), ids(gpu, tgt, 2, 8));
+        const Tensor lc = on_cpu->forward(gc, ids(cpu, idx, 2, 8), ids(cpu, tgt, 2, 8));
+        CHECK(ops::item(gpu, lg) == Approx(ops::item(cpu, lc)).epsilon(p.tolerance));
+        gg.backward(lg, 1.0);
+        gc.backward(lc, 1.0);
+        for (size_t i = 0; i < gp.size(); ++i) {
+          INFO(gp[i]->name());
+          CHECK(rel_l2(gpu, gp[i]->grad, cp[i]->grad) <= p.tolerance);
+        }
       }
     }
   }

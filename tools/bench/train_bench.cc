@@ -11,6 +11,7 @@
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
+#include "tools/common/exit_after_failure.h"
 
 namespace fsdp::bench {
 namespace {
@@ -121,6 +122,7 @@ int run_train_bench(const std::vector<std::string>& args) {
     o.print_sample = false;
     o.warmup_steps = warmup;
     o.skip_collectives = skip;
+    o.on_comm_failure = tools::exit_after_failure();
     train::Trainer trainer(recipe, o);
     return trainer.run();
   };

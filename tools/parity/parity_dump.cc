@@ -35,6 +35,7 @@ struct Options {
   int64_t steps = 10;
   uint64_t seed = 1337;
   double lr = 1e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  bool fp32_residual = true;  // model.fp32_residual_connection (bf16 runs only)
   // Overrides of the preset's shape (0: keep), for small runs.
   std::map<std::string, int64_t> shape;
 };
@@ -43,7 +44,8 @@ const char* kUsage =
     "usage: parity_dump --out DIR [--model gpt2-d12|llama-small|...] [--device cuda|cpu]\n"
     "                   [--dtype bf16|f32|f64] [--batch 4] [--seq 64] [--steps 10] [--seed 1337]\n"
     "                   [--lr 1e-4] [--layers N] [--d-model N] [--heads N] [--kv-heads N]\n"
-    "                   [--d-ff N] [--vocab N] [--padded-vocab N] [--seq-len N]\n";
+    "                   [--d-ff N] [--vocab N] [--padded-vocab N] [--seq-len N]\n"
+    "                   [--fp32-residual true|false]\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -58,6 +60,11 @@ Options parse(int argc, char** argv) {
       return v;
     };
     if (key == "--model") o.model = value;
+    else if (key == "--fp32-residual") {
+      FSDP_CHECK(value == "true" || value == "false", ConfigError,
+                 "--fp32-residual takes true or false, got ", value);
+      o.fp32_residual = value == "true";
+    }
     else if (key == "--device") o.device = value;
     else if (key == "--dtype") o.dtype = value;
     else if (key == "--out") o.out = value;
@@ -94,6 +101,7 @@ models::ModelConfig model_config(const Options& o) {
   if (o.shape.count("--vocab") && !o.shape.count("--padded-vocab")) c.padded_vocab_size = 0;
   if (o.shape.count("--heads") && !o.shape.count("--kv-heads") && c.family == models::Family::GPT2)
     c.n_kv_head = 0;
+  c.fp32_residual_connection = o.fp32_residual;
   return c.resolved();
 }
 
@@ -109,7 +117,8 @@ std::map<std::string, std::string> config_metadata(const models::ModelConfig& c)
           {"seq_len", std::to_string(c.seq_len)},
           {"norm_eps", str_cat(c.norm_eps)},
           {"rope_theta", str_cat(c.rope_theta)},
-          {"tie_embeddings", c.tie_embeddings ? "true" : "false"}};
+          {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
+          {"fp32_residual_connection", c.fp32_residual_connection ? "true" : "false"}};
 }
 
 // Tokens of a seeded stream (splitmix64): idx = stream[0:T], targets = stream[1:T+1] per row.

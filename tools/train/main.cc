@@ -19,6 +19,7 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "runtime/train/version.h"
+#include "tools/common/exit_after_failure.h"
 #include "tools/train/build_info.h"
 
 namespace {
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
     fsdp::train::TrainerOptions options;
     options.resume = !cl.no_resume;
     options.stop_requested = [] { return g_stop_signal != 0; };
+    options.on_comm_failure = fsdp::tools::exit_after_failure();
     trainer = std::make_unique<fsdp::train::Trainer>(recipe, options);
     trainer->run();
     return 0;

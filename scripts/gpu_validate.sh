@@ -10,7 +10,8 @@
 #   6. GPT-2 124M on 2 GPUs under ZeRO-1 and ZeRO-3 (bench train)
 #   7. the largest GPT that trains at ZeRO-3 on 2 GPUs (seq 2048, micro-batch 1, full
 #      recompute, bf16 gradients and Adam moments): 23.0B, else 22.1B
-#   8. a launch without MPI (torchrun-style variables) and the NCCL tests (watchdog too)
+#   8. a launch without MPI (torchrun-style variables), the NCCL tests (watchdog too), and a
+#      2-GPU training job with a stuck rank (scripts/stuck_rank.sh)
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -65,9 +66,13 @@ fi
 
 if want 3; then
 # 3. GPT-2 124M, 1 GPU
-timeout 150 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
-  ddp.data_parallel_sharding_strategy=no_shard > "$L/bench_gpt2_1gpu.txt" 2>&1
-say "gpt2 1 gpu rc=$?"; cat "$L/bench_gpt2_1gpu.txt"; pack
+# with the residual stream in f32 (the default) and in bf16 (llm.c's numerics)
+for res in true false; do
+  timeout 150 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
+    ddp.data_parallel_sharding_strategy=no_shard model.fp32_residual_connection=$res \
+    > "$L/bench_gpt2_1gpu_res_$res.txt" 2>&1
+  say "gpt2 1 gpu, fp32 residual $res rc=$?"; cat "$L/bench_gpt2_1gpu_res_$res.txt"
+done; pack
 fi
 
 if want 4; then
@@ -75,6 +80,15 @@ if want 4; then
 timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
   --compute-baseline train.global_batch_size=32 > "$L/bench_1.3b.txt" 2>&1
 say "gpt 1.3b rc=$?"; cat "$L/bench_1.3b.txt"; pack
+# Where the exposed communication comes from: the step time with gradients reduced in bf16
+# (half the reduce-scatter bytes), with two units prefetched, and with no overlap at all.
+for v in ddp.grad_reduce_in_fp32=false ddp.prefetch_units=2 \
+         "ddp.overlap_grad_reduce=false ddp.overlap_param_gather=false"; do
+  f="$L/bench_1.3b_$(echo "$v" | tr ' =' '__').txt"
+  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
+    train.global_batch_size=32 $v > "$f" 2>&1
+  say "gpt 1.3b, $v rc=$?"; grep -E "per GPU|MFU|step time|peak alloc" "$f"
+done; pack
 fi
 
 if want 5; then
@@ -115,5 +129,11 @@ for r in 0 1; do
 done; wait; say "env launch"; grep -E "^  (all|reduce)" "$L/env_launch_0.log"
 timeout 120 "${MPIRUN[@]}" -np 2 "$B/tests/tests_collectives__nccl_test" > "$L/nccl_test.log" 2>&1
 say "nccl_test rc=$?"; grep -E "^(test cases|All tests)" "$L/nccl_test.log" | tail -1; pack
+# A training job with a stuck rank (SIGSTOP) ends on every rank within the timeout
+bash scripts/stuck_rank.sh "$work/stuck" "$B/tools/train" "${MPIRUN[@]:1}" -- \
+  --config configs/gpt2-124m.json dataset.type=text dataset.train_path=third_party/text/austen.txt \
+  dataset.val_path=null dataset.val_fraction=0 train.micro_batch_size=8 \
+  train.global_batch_size=16 train.eval_interval=0 > "$L/stuck_rank.txt" 2>&1
+say "stuck rank rc=$?"; tail -3 "$L/stuck_rank.txt"; cp "$work/stuck/job.log" "$L/stuck_job.log"; pack
 fi
 rm -rf "$work"

@@ -25,12 +25,13 @@ timeout 180 mpirun --oversubscribe "${mpi_args[@]}" -np 2 "$train" "$@" \
   dist.distributed_timeout_minutes=0.2 run.output_dir="$work/run" checkpoint.save=null \
   checkpoint.load=null train.train_iters=100000 logger.log_interval=1 > "$log" 2>&1 &
 job=$!
+steps() { if [ -f "$work/run/metrics.jsonl" ]; then wc -l < "$work/run/metrics.jsonl"; else echo 0; fi; }
 for _ in $(seq 600); do
-  [ "$(wc -l < "$work/run/metrics.jsonl" 2>/dev/null || echo 0)" -ge 2 ] && break
+  [ "$(steps)" -ge 2 ] && break
   kill -0 "$job" 2>/dev/null || fail "the job ended before training two steps"
   sleep 0.2
 done
-[ "$(wc -l < "$work/run/metrics.jsonl" 2>/dev/null || echo 0)" -ge 2 ] || fail "no progress"
+[ "$(steps)" -ge 2 ] || fail "no progress"
 # The two training processes are mpirun's children; freeze the newer one.
 victim=$(pgrep -P "$(pgrep -P "$job" -x mpirun || echo "$job")" | sort -n | tail -1)
 [ -n "$victim" ] || victim=$(pgrep -f -- "$train" | sort -n | tail -1)

@@ -8,7 +8,8 @@
 # deadlock). The other rank's next collective must time out after 12 s, print which
 # operation, group and step hung, and end the job.
 #
-#   scripts/stuck_rank.sh WORK_DIR TRAIN_BINARY [MPIRUN_ARGS -- ] TRAIN_ARGS...
+#   [STUCK_LIMIT=180] scripts/stuck_rank.sh WORK_DIR TRAIN_BINARY [MPIRUN_ARGS -- ] TRAIN_ARGS...
+# (STUCK_LIMIT: seconds after which the whole job counts as hung)
 # e.g. scripts/stuck_rank.sh /tmp/stuck bazel-bin/tools/train/train --config configs/tiny.json
 set -u
 work="$1"; train="$2"; shift 2
@@ -21,7 +22,7 @@ rm -rf "$work"; mkdir -p "$work"
 log="$work/job.log"
 fail() { echo "FAIL: $*"; tail -n 25 "$log"; exit 1; }
 
-timeout 180 mpirun --oversubscribe "${mpi_args[@]}" -np 2 "$train" "$@" \
+timeout "${STUCK_LIMIT:-180}" mpirun --oversubscribe "${mpi_args[@]}" -np 2 "$train" "$@" \
   dist.distributed_timeout_minutes=0.2 run.output_dir="$work/run" checkpoint.save=null \
   checkpoint.load=null train.train_iters=100000 logger.log_interval=1 > "$log" 2>&1 &
 job=$!
@@ -36,13 +37,15 @@ done
 victim=$(pgrep -P "$(pgrep -P "$job" -x mpirun || echo "$job")" | sort -n | tail -1)
 [ -n "$victim" ] || victim=$(pgrep -f -- "$train" | sort -n | tail -1)
 [ -n "$victim" ] || fail "no training process found"
+rank=$(tr '\0' '\n' < "/proc/$victim/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
 kill -STOP "$victim"
+echo "$(date +%T) stopped pid $victim (rank ${rank:-?}) after $(steps) steps"
 start=$SECONDS
 wait "$job"
 rc=$?
 elapsed=$((SECONDS - start))
 kill -KILL "$victim" 2>/dev/null
-echo "stopped pid $victim; the job ended with status $rc ${elapsed}s later"
+echo "$(date +%T) the job ended with status $rc ${elapsed}s later"
 [ "$rc" -ne 124 ] || fail "the job hung"
 [ "$rc" -ne 0 ] || fail "the job succeeded with a stuck rank"
 [ "$elapsed" -le 60 ] || fail "the job took ${elapsed}s to end after the rank stopped"

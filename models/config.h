@@ -30,8 +30,8 @@ struct ModelConfig {
   bool tie_embeddings = true;     // the head reuses the token embedding (GPT-2: always)
   // With bf16 compute, the residual stream (embedding output, every block's input and output,
   // and their gradients) is f32: the signal is summed without bf16 rounding (autocast's
-  // numerics). false keeps it in the compute dtype (llm.c's).
-  bool fp32_residual_connection = true;
+  // numerics). false keeps it in the compute dtype (llm.c's and Megatron's default).
+  bool fp32_residual_connection = false;
 
   // The same config with every 0 default filled in, checked: throws ConfigError naming the
   // offending field.

@@ -1,5 +1,8 @@
 #include "runtime/core/stream.h"
 
+#include <chrono>
+#include <thread>
+
 #include "runtime/core/error.h"
 
 #if FSDP_WITH_CUDA
@@ -53,9 +56,45 @@ CUstream_st* Stream::cuda_stream() const {
   return raw_;
 }
 
+namespace {
+
+// Waits for `event` by polling. A thread blocked inside the driver (cudaStreamSynchronize,
+// cudaEventSynchronize, a copy into pageable memory) can hold up other threads' CUDA calls;
+// the collective watchdog's event queries must never wait behind a main thread that waits
+// for a collective that will not finish, or the hang could not be reported.
+void poll_until_done(cudaEvent_t event) {
+  for (int spins = 0;; ++spins) {
+    const cudaError_t st = cudaEventQuery(event);
+    if (st != cudaErrorNotReady) {
+      FSDP_CALL(st);
+      return;
+    }
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+}  // namespace
+
 void Stream::synchronize() const {
   if (!device_.is_cuda()) return;
-  FSDP_CALL(cudaStreamSynchronize(raw_));
+  DeviceGuard guard(device_);
+  cudaEvent_t event = nullptr;
+  FSDP_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  cudaError_t st = cudaEventRecord(event, raw_);
+  if (st == cudaSuccess) {
+    try {
+      poll_until_done(event);
+    } catch (...) {
+      cudaEventDestroy(event);
+      throw;
+    }
+  }
+  cudaEventDestroy(event);
+  FSDP_CALL(st);
 }
 
 void Stream::wait(const Event& event) const {
@@ -96,7 +135,8 @@ void Event::record(const Stream& stream) {
 
 void Event::synchronize() const {
   if (!raw_ || !recorded_) return;
-  FSDP_CALL(cudaEventSynchronize(raw_));
+  DeviceGuard guard(device_);
+  poll_until_done(raw_);
 }
 
 bool Event::query() const {

@@ -283,9 +283,13 @@ void copy_bytes(const Tensor& dst, const Tensor& src, const Stream& stream) {
              dst.device().str(), " needs a CUDA stream");
   const Device dev = dst.device().is_cuda() ? dst.device() : src.device();
   DeviceGuard guard(dev);
+  // A copy into pageable host memory blocks inside the driver until the stream reaches it:
+  // drain the stream first by polling (Stream::synchronize says why), so the copy itself
+  // never waits for earlier work.
+  if (dst.device().is_cpu()) stream.synchronize();
   FSDP_CALL(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), n, cudaMemcpyDefault,
                             stream.cuda_stream()));
-  // A copy into pageable host memory must be complete before the caller reads it.
+  // The copy must be complete before the caller reads it.
   if (dst.device().is_cpu()) stream.synchronize();
 #else
   (void)stream;

@@ -31,7 +31,7 @@ struct ModelSection {
   double norm_eps = 0;
   double rope_theta = 0;
   double init_std = 0;
-  bool fp32_residual_connection = true;
+  bool fp32_residual_connection = false;
   std::string activation_recompute;  // "none" | "full" | "selective"
 };
 

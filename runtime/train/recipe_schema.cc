@@ -32,9 +32,10 @@ std::vector<FieldSpec> build_schema() {
       KEY(model.rope_theta).default_to(10000.0).at_least(0).help_text("RoPE base (llama)."),
       KEY(model.init_std).default_to(0.02).at_least(0).help_text(
           "Standard deviation of the normal weight initialization."),
-      KEY(model.fp32_residual_connection).default_to(true).help_text(
+      KEY(model.fp32_residual_connection).default_to(false).help_text(
           "Keep the residual stream (embedding output, block inputs and outputs) in f32 when "
-          "computing in bf16, as autocast does; false stores it in bf16 as llm.c does."),
+          "computing in bf16, as autocast does (about half the error against float64; slower "
+          "today, see docs/PERFORMANCE.md); false stores it in bf16 as llm.c and Megatron do."),
       KEY(model.activation_recompute).one_of({"none", "full", "selective"}).default_to("none")
           .help_text("Recompute activations in backward: none, whole blocks, or attention only."),
 

@@ -61,6 +61,7 @@ struct Trainer::State {
   // Timing events around the optimizer step (CUDA; host clock on the CPU).
   Event optimizer_start, optimizer_end;
   double optimizer_host_s = 0;
+  double issue_host_s = 0;  // the last step's host time up to its wait for the loss
   // The last step's optimizer time; call after the step has synchronized.
   double last_optimizer_s() const {
     if (ctx->is_cuda()) return Event::elapsed_ms(optimizer_start, optimizer_end) / 1000.0;
@@ -206,6 +207,7 @@ std::vector<double> Trainer::State::sum_over_ranks(const std::vector<double>& va
 }
 
 double Trainer::State::train_step(double lr, double* grad_norm) {
+  const auto t_issue = Clock::now();
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
@@ -238,6 +240,7 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
   optimizer_end.record(ctx->stream());
   optimizer_host_s = seconds_since(t_optimizer);
   *grad_norm = norm;
+  issue_host_s = seconds_since(t_issue);
   return ops::item(*ctx, loss_sum);
 }
 
@@ -286,7 +289,7 @@ TrainResult Trainer::run_steps() {
   const bool terminal = stdout_is_terminal() && s.options.out == stdout;
   const int64_t total = s.recipe.train.train_iters;
   const int64_t tokens_per_step = s.recipe.train.global_batch_size * s.recipe.model.seq_length;
-  double timed_seconds = 0, timed_optimizer = 0;
+  double timed_seconds = 0, timed_optimizer = 0, timed_issue = 0;
   int64_t timed_steps = 0;
   s.ctx->allocator()->reset_peak();
 
@@ -306,6 +309,7 @@ TrainResult Trainer::run_steps() {
     if (s.step - result.first_step > s.options.warmup_steps) {
       timed_seconds += dt;
       timed_optimizer += s.last_optimizer_s();
+      timed_issue += s.issue_host_s;
       timed_steps++;
     }
 
@@ -348,6 +352,7 @@ TrainResult Trainer::run_steps() {
   if (timed_steps > 0) {
     result.step_time_s = timed_seconds / double(timed_steps);
     result.optimizer_time_s = timed_optimizer / double(timed_steps);
+    result.issue_time_s = timed_issue / double(timed_steps);
     result.tokens_per_sec = double(tokens_per_step) / result.step_time_s;
     if (s.ctx->is_cuda()) {
       const double per_device = result.tokens_per_sec / s.world->size();

@@ -60,6 +60,9 @@ struct TrainResult {
   double tokens_per_sec = 0;
   double step_time_s = 0;            // mean step time
   double optimizer_time_s = 0;       // mean time of the optimizer step and weight install
+  // Mean host time to issue a step's work (before waiting for its loss): near step_time_s
+  // when the host, not the device, limits the step.
+  double issue_time_s = 0;
   double tflops_per_device = 0;      // model FLOP/s per device (GPU runs)
   double mfu = 0;                    // model FLOPs utilization (GPU runs)
   int64_t peak_allocated_bytes = 0;  // this rank's device allocator peaks

@@ -256,7 +256,7 @@ TEST_CASE("tiny models on CUDA match the CPU reference", "[models][gpu]") {
   };
   for (Family f : {Family::GPT2, Family::Llama}) {
     for (const Precision& p : {Precision{DType::f32, 1e-4}, Precision{DType::bf16, 3e-2}}) {
-      // The residual stream in f32 (the default) and in the compute dtype.
+      // The residual stream in f32 (model.fp32_residual_connection) and in the compute dtype.
       for (bool fp32_residual : {true, false}) {
         INFO(family_name(f) << " " << dtype_name(p.dtype) << " fp32 residual " << fp32_residual);
         ModelConfig config = tiny(f);

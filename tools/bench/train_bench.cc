@@ -144,6 +144,8 @@ int run_train_bench(const std::vector<std::string>& args) {
     std::printf("peak reserved      %s\n", train::format_bytes(r.peak_reserved_bytes).c_str());
     std::printf("step time          %.1f ms\n", step_ms);
     std::printf("  optimizer        %.1f ms\n", opt_ms);
+    std::printf("  host issue       %.1f ms (the host's time to queue the step's work)\n",
+                r.issue_time_s * 1e3);
     if (baseline) {
       const double compute_ms = base.step_time_s * 1e3 - base.optimizer_time_s * 1e3;
       const double exposed_ms = std::max(0.0, step_ms - base.step_time_s * 1e3);

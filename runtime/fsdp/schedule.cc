@@ -116,7 +116,9 @@ void ShardedModel::issue_gather(int unit) {
     ops::copy(ctx_, full.narrow(0, u.plan->shard_begin(groups_.shard_rank()), u.plan->shard_numel),
               u.compute_shard);
   } else {
+    const Event t0 = timing_start(gather_stream_);
     groups_.shard_gather->all_gather(full, u.compute_shard, gather_stream_);
+    timing_end(t0, gather_stream_, 0, full.nbytes());
     issued_.all_gathers++;
   }
   u.gathered = mark(gather_stream_);
@@ -188,12 +190,16 @@ void ShardedModel::reduce_unit(int unit) {
       ops::axpby(ctx_, u.grad_accum, 1.0, src.narrow(0, my_begin, p.shard_numel), 1.0);
     } else {
       Tensor part = ctx_.empty(Shape{p.shard_numel}, options_.reduce_dtype);
+      const Event t0 = timing_start(reduce_stream_);
       groups_.shard_reduce->reduce_scatter(part, src, op, reduce_stream_, shard_prescale);
+      timing_end(t0, reduce_stream_, 1, src.nbytes());
       issued_.reduce_scatters++;
       ops::axpby(ctx_, u.grad_accum, 1.0, part, 1.0);
     }
     if (last_micro_batch_ && rep_comm) {
+      const Event t0 = timing_start(reduce_stream_);
       groups_.replicate->all_reduce(u.grad_accum, op, reduce_stream_, rep_prescale);
+      timing_end(t0, reduce_stream_, 2, u.grad_accum.nbytes());
       issued_.all_reduces++;
     }
     // The full-gradient buffer is free once the reduce stream has read it.
@@ -211,7 +217,9 @@ void ShardedModel::reduce_unit(int unit) {
   if (!last_micro_batch_) return;
   if (options_.strategy == ShardingStrategy::NoShard) {
     if (rep_comm) {
+      const Event t0 = timing_start(reduce_stream_);
       groups_.replicate->all_reduce(u.grad_accum, op, reduce_stream_, rep_prescale);
+      timing_end(t0, reduce_stream_, 2, u.grad_accum.nbytes());
       issued_.all_reduces++;
     }
     return;
@@ -220,11 +228,15 @@ void ShardedModel::reduce_unit(int unit) {
   if (!shard_comm) {
     ops::copy(ctx_, u.grad_shard, u.grad_accum.narrow(0, my_begin, p.shard_numel));
   } else {
+    const Event t0 = timing_start(reduce_stream_);
     groups_.shard_reduce->reduce_scatter(u.grad_shard, u.grad_accum, op, reduce_stream_, shard_prescale);
+    timing_end(t0, reduce_stream_, 1, u.grad_accum.nbytes());
     issued_.reduce_scatters++;
   }
   if (rep_comm) {
+    const Event t0 = timing_start(reduce_stream_);
     groups_.replicate->all_reduce(u.grad_shard, op, reduce_stream_, rep_prescale);
+    timing_end(t0, reduce_stream_, 2, u.grad_shard.nbytes());
     issued_.all_reduces++;
   }
 }
@@ -285,13 +297,44 @@ void ShardedModel::install_weights() {
   for (auto& up : units_) {
     Unit& u = *up;
     if (communicates(groups_.shard_gather)) {
+      const Event t0 = timing_start(gather_stream_);
       groups_.shard_gather->all_gather(u.compute_full, u.compute_shard, gather_stream_);
+      timing_end(t0, gather_stream_, 0, u.compute_full.nbytes());
       issued_.all_gathers++;
     }
     u.gathered = mark(gather_stream_);
     u.gather_issued = true;
     u.bound = false;
   }
+}
+
+// ---------------------------------------------------------------- collective timing
+
+Event ShardedModel::timing_start(const Stream& stream) {
+  if (!options_.time_collectives || !ctx_.is_cuda()) return Event();
+  Event e = Event::create(ctx_.device(), /*enable_timing=*/true);
+  e.record(stream);
+  return e;
+}
+
+void ShardedModel::timing_end(const Event& start, const Stream& stream, int kind, int64_t bytes) {
+  if (!start.recorded()) return;
+  Event end = Event::create(ctx_.device(), /*enable_timing=*/true);
+  end.record(stream);
+  timed_.push_back(TimedSpan{kind, bytes, start, end});
+}
+
+CollectiveTimes ShardedModel::take_collective_times() {
+  CollectiveTimes t;
+  for (const TimedSpan& s : timed_) {
+    CollectiveTime& c = s.kind == 0 ? t.all_gather : s.kind == 1 ? t.reduce_scatter : t.all_reduce;
+    s.end.synchronize();
+    c.count++;
+    c.bytes += s.bytes;
+    c.ms += Event::elapsed_ms(s.start, s.end);
+  }
+  timed_.clear();
+  return t;
 }
 
 }  // namespace fsdp

@@ -77,6 +77,19 @@ struct FsdpOptions {
   // Benchmarks only: replace every collective by a local copy of the same buffers, so a
   // run times compute and optimizer alone (the results are then not those of training).
   bool skip_collectives = false;
+  // Benchmarks: time every collective of the step with CUDA events on its stream (from the
+  // moment its stream reaches it until it ends: waiting for the peers included).
+  bool time_collectives = false;
+};
+
+// What the collectives of one step took on the device (FsdpOptions::time_collectives).
+struct CollectiveTime {
+  int64_t count = 0;
+  int64_t bytes = 0;  // per rank: the full (gathered or reduced) buffer's size
+  double ms = 0;      // summed over the collectives of the kind
+};
+struct CollectiveTimes {
+  CollectiveTime all_gather, reduce_scatter, all_reduce;
 };
 
 // The groups a sharded model communicates over. shard_gather / shard_reduce: the group the
@@ -162,6 +175,9 @@ class ShardedModel {
     int64_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0;
   };
   const Issued& issued() const { return issued_; }
+  // The timed collectives since the last call (FsdpOptions::time_collectives), summed by
+  // kind. Call once the device has finished them (after the step's loss was read).
+  CollectiveTimes take_collective_times();
 
  private:
   struct Unit;
@@ -185,6 +201,10 @@ class ShardedModel {
   void on_pre_backward(int unit, autograd::Graph& g);
   void on_post_backward(int unit, autograd::Graph& g);
   void reduce_unit(int unit);
+  // Collective timing: an event on `stream` before a collective (undefined when off), and
+  // the span it opened, closed after the collective was issued on the same stream.
+  Event timing_start(const Stream& stream);
+  void timing_end(const Event& start, const Stream& stream, int kind, int64_t bytes);
 
   bool zero3() const { return options_.strategy == ShardingStrategy::OptimGradsParams; }
   bool grads_sharded() const {
@@ -212,6 +232,12 @@ class ShardedModel {
   bool last_micro_batch_ = true;
   int micro_batches_ = 0;
   Issued issued_;
+  struct TimedSpan {
+    int kind;  // 0 all-gather, 1 reduce-scatter, 2 all-reduce
+    int64_t bytes;
+    Event start, end;
+  };
+  std::vector<TimedSpan> timed_;
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
 };
 

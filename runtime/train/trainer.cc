@@ -151,6 +151,7 @@ void Trainer::State::setup() {
                                            int(model_config.d_model), int(model_config.seq_len));
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
+  fsdp_options.time_collectives = options.time_collectives;
   const ShardingStrategy strategy = fsdp_options.strategy;
   sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, strategy), fsdp_options);
   optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config_of(recipe));
@@ -310,7 +311,18 @@ TrainResult Trainer::run_steps() {
       timed_seconds += dt;
       timed_optimizer += s.last_optimizer_s();
       timed_issue += s.issue_host_s;
+      const CollectiveTimes ct = s.sharded->take_collective_times();
+      auto add = [](TrainResult::Collective& to, const CollectiveTime& c) {
+        to.count += double(c.count);
+        to.bytes += double(c.bytes);
+        to.ms += c.ms;
+      };
+      add(result.all_gathers, ct.all_gather);
+      add(result.reduce_scatters, ct.reduce_scatter);
+      add(result.all_reduces, ct.all_reduce);
       timed_steps++;
+    } else {
+      (void)s.sharded->take_collective_times();  // warm-up steps are not counted
     }
 
     StepMetrics m;
@@ -353,6 +365,12 @@ TrainResult Trainer::run_steps() {
     result.step_time_s = timed_seconds / double(timed_steps);
     result.optimizer_time_s = timed_optimizer / double(timed_steps);
     result.issue_time_s = timed_issue / double(timed_steps);
+    for (TrainResult::Collective* c :
+         {&result.all_gathers, &result.reduce_scatters, &result.all_reduces}) {
+      c->count /= double(timed_steps);
+      c->bytes /= double(timed_steps);
+      c->ms /= double(timed_steps);
+    }
     result.tokens_per_sec = double(tokens_per_step) / result.step_time_s;
     if (s.ctx->is_cuda()) {
       const double per_device = result.tokens_per_sec / s.world->size();

@@ -45,6 +45,8 @@ struct TrainerOptions {
   int64_t warmup_steps = 1;
   // Benchmarks only (tools/bench): replace collectives by local copies to time compute.
   bool skip_collectives = false;
+  // Benchmarks: time every collective with CUDA events (TrainResult::collectives).
+  bool time_collectives = false;
   // Called once with the first communication failure's message (WorldOptions::on_failure).
   std::function<void(const std::string&)> on_comm_failure;
 };
@@ -63,6 +65,12 @@ struct TrainResult {
   // Mean host time to issue a step's work (before waiting for its loss): near step_time_s
   // when the host, not the device, limits the step.
   double issue_time_s = 0;
+  // With TrainerOptions::time_collectives: per step, this rank's collectives by kind
+  // (count, bytes, device time from reaching each until it ended), averaged like the above.
+  struct Collective {
+    double count = 0, bytes = 0, ms = 0;
+  };
+  Collective all_gathers, reduce_scatters, all_reduces;
   double tflops_per_device = 0;      // model FLOP/s per device (GPU runs)
   double mfu = 0;                    // model FLOPs utilization (GPU runs)
   int64_t peak_allocated_bytes = 0;  // this rank's device allocator peaks

@@ -123,6 +123,7 @@ int run_train_bench(const std::vector<std::string>& args) {
     o.warmup_steps = warmup;
     o.skip_collectives = skip;
     o.on_comm_failure = tools::exit_after_failure();
+    o.time_collectives = !skip;
     train::Trainer trainer(recipe, o);
     return trainer.run();
   };
@@ -146,6 +147,21 @@ int run_train_bench(const std::vector<std::string>& args) {
     std::printf("  optimizer        %.1f ms\n", opt_ms);
     std::printf("  host issue       %.1f ms (the host's time to queue the step's work)\n",
                 r.issue_time_s * 1e3);
+    // Device time of this rank's collectives per step, from the moment each one's stream
+    // reached it until it ended (waiting for the peers included), and the bus bandwidth
+    // that time implies ((n-1)/n of the buffer for gathers and scatters, 2(n-1)/n for
+    // all-reduces).
+    auto collectives = [&](const char* what, const train::TrainResult::Collective& c,
+                           double factor) {
+      if (c.count == 0) return;
+      const double bus = c.ms > 0 ? c.bytes * factor / (c.ms * 1e-3) / 1e9 : 0;
+      std::printf("  %-16s %.0f per step, %.0f MB, %.1f ms on the device (%.0f GB/s bus)\n",
+                  what, c.count, c.bytes / 1e6, c.ms, bus);
+    };
+    const double n = size;
+    collectives("all-gathers", r.all_gathers, (n - 1) / n);
+    collectives("reduce-scatters", r.reduce_scatters, (n - 1) / n);
+    collectives("all-reduces", r.all_reduces, 2 * (n - 1) / n);
     if (baseline) {
       const double compute_ms = base.step_time_s * 1e3 - base.optimizer_time_s * 1e3;
       const double exposed_ms = std::max(0.0, step_ms - base.step_time_s * 1e3);

@@ -113,8 +113,11 @@ void ShardedModel::issue_gather(int unit) {
   gather_stream_.wait(params_updated_);
   if (!communicates(groups_.shard_gather)) {
     StreamScope scope(ctx_, gather_stream_);
-    ops::copy(ctx_, full.narrow(0, u.plan->shard_begin(groups_.shard_rank()), u.plan->shard_numel),
-              u.compute_shard);
+    // One rank: its shard is the whole. Several under skip_collectives (the benchmark's
+    // compute baseline): every rank's place gets this rank's shard, so the weights hold real
+    // values; half-zero weights would draw less power and run faster than training does.
+    for (int r = 0; r < groups_.shard_size(); ++r)
+      ops::copy(ctx_, full.narrow(0, u.plan->shard_begin(r), u.plan->shard_numel), u.compute_shard);
   } else {
     const Event t0 = timing_start(gather_stream_);
     groups_.shard_gather->all_gather(full, u.compute_shard, gather_stream_);

@@ -286,8 +286,14 @@ double ShardedModel::grad_norm() {
     }
     ordered.push_back(partials);
   }
+  // Each unit's total on the device, all read back in one transfer (one wait for the
+  // device, not one per unit), then added on the host in unit order.
+  // (f64 holds every unit's total exactly, whatever dtype the sum came in.)
+  Tensor totals = ctx_.empty(Shape{int64_t(ordered.size())}, DType::f64);
+  for (size_t i = 0; i < ordered.size(); ++i)
+    ops::copy(ctx_, totals.narrow(0, int64_t(i), 1), ops::sum(ctx_, ordered[i]));
   double sum = 0;
-  for (const Tensor& t : ordered) sum += ops::item(ctx_, ops::sum(ctx_, t));
+  for (double v : ops::to_vector<double>(ctx_, totals)) sum += v;
   return std::sqrt(sum) * grad_multiplier();
 }
 

@@ -55,4 +55,8 @@ Tensor Context::empty_host(const Shape& shape, DType dtype) const {
   return Tensor::empty(shape, dtype, host_allocator_, Stream());
 }
 
+Tensor Context::empty_pinned(const Shape& shape, DType dtype) const {
+  return Tensor::empty(shape, dtype, pinned_allocator(), Stream());
+}
+
 }  // namespace fsdp

@@ -47,6 +47,8 @@ class Context {
   // New uninitialized tensors on this device (or on the host), ordered on stream().
   Tensor empty(const Shape& shape, DType dtype) const;
   Tensor empty_host(const Shape& shape, DType dtype) const;
+  // Page-locked host memory (plain host memory on a CPU context): fast, asynchronous copies.
+  Tensor empty_pinned(const Shape& shape, DType dtype) const;
 
   // Block the host until everything queued on the compute stream is done.
   void synchronize() const { compute_stream_.synchronize(); }

@@ -74,7 +74,7 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
   const PersistentLayout l = persistent_layout(plan, o);
   auto arena_cost = [](const ArenaLayout& a, DType dtype) { return a.empty() ? 0 : cost(a.numel, dtype); };
   MemoryBreakdown b;
-  b.main_weights = arena_cost(l.main, o.main_dtype);
+  (o.offload_main ? b.host_main_weights : b.main_weights) = arena_cost(l.main, o.main_dtype);
   b.compute_weights = arena_cost(l.compute, o.compute_dtype);
   if (grads_sharded) {
     b.grad_accumulation = arena_cost(l.grad_accum, o.reduce_dtype);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "runtime/fsdp/memory.h"
@@ -150,8 +151,21 @@ void ShardedModel::allocate() {
     account += bytes_of(t);
     return t;
   };
+  auto arena_host = [&](const ArenaLayout& a, DType dtype, size_t& account) {
+    if (a.empty()) return Tensor();
+    Tensor t = ctx_.empty_pinned(Shape{std::max<int64_t>(a.numel, 1)}, dtype);
+    std::memset(t.data_ptr(), 0, t.nbytes());
+    account += bytes_of(t);
+    return t.narrow(0, 0, a.numel);
+  };
   const bool full_grads = !grads_sharded();
-  Tensor main = arena(layout.main, options_.main_dtype, memory_.main_weights);
+  Tensor main;
+  if (options_.offload_main && ctx_.is_cuda()) {
+    // CPU offload: the master weights in page-locked host memory, zeroed.
+    main = arena_host(layout.main, options_.main_dtype, memory_.host_main_weights);
+  } else {
+    main = arena(layout.main, options_.main_dtype, memory_.main_weights);
+  }
   Tensor compute = arena(layout.compute, options_.compute_dtype, memory_.compute_weights);
   Tensor grad_accum = arena(layout.grad_accum, options_.reduce_dtype,
                             full_grads ? memory_.full_grads : memory_.grad_accumulation);
@@ -252,11 +266,16 @@ void ShardedModel::initialize_weights() {
   const int rank = groups_.shard_rank();
   for (auto& up : units_) {
     Unit& u = *up;
+    // Master weights in host memory (offload) are drawn on the device, a unit at a time,
+    // and copied over: the counter-based initializer gives the same values anywhere.
+    const bool on_host = u.main.defined() && u.main.device() != ctx_.device();
+    const Tensor target = on_host ? ctx_.empty(u.main.shape(), u.main.dtype()) : u.main;
     // Only this rank's shard is ever initialized: each element from (seed, name, index).
     for (const ShardSegment& s : u.plan->segments(rank)) {
       nn::init_parameter_range(ctx_, *u.params[size_t(s.param)], options_.seed, s.param_offset,
-                               u.main.narrow(0, s.shard_offset, s.numel));
+                               target.narrow(0, s.shard_offset, s.numel));
     }
+    if (on_host) ops::copy(ctx_, u.main, target);
   }
   refresh_compute_weights();
 }
@@ -309,7 +328,13 @@ std::string ShardedModel::memory_report() const {
                 gib(memory_.gather_pool), gather_pool_ ? gather_pool_->slots() : 0,
                 gib(memory_.grad_pool), grad_pool_ ? grad_pool_->slots() : 0,
                 gib(memory_.total()));
-  return buf;
+  std::string report = buf;
+  if (memory_.host_main_weights > 0) {
+    std::snprintf(buf, sizeof buf, "\n  main weights in pinned host memory (cpu offload): %.3f GiB",
+                  gib(memory_.host_main_weights));
+    report += buf;
+  }
+  return report;
 }
 
 }  // namespace fsdp

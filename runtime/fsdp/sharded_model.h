@@ -77,6 +77,10 @@ struct FsdpOptions {
   // Benchmarks only: replace every collective by a local copy of the same buffers, so a
   // run times compute and optimizer alone (the results are then not those of training).
   bool skip_collectives = false;
+  // CPU offload (optimizer.cpu_offload; CUDA): the master weights live in page-locked host
+  // memory, so the optimizer (given host ranges) updates them on the host; the device keeps
+  // the compute weights and gradients only.
+  bool offload_main = false;
   // Benchmarks: time every collective of the step with CUDA events on its stream (from the
   // moment its stream reaches it until it ends: waiting for the peers included).
   bool time_collectives = false;
@@ -117,6 +121,7 @@ struct MemoryBreakdown {
   size_t full_grads = 0;        // persistent full-size gradient buffers (no_shard, optim)
   size_t gather_pool = 0;       // gathered-weight slots + the root's gathered buffer
   size_t grad_pool = 0;         // full-gradient slots awaiting reduction
+  size_t host_main_weights = 0; // master weights in host memory (offload_main; not in total())
   size_t total() const {
     return compute_weights + main_weights + grad_accumulation + full_grads + gather_pool +
            grad_pool;

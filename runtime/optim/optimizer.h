@@ -6,12 +6,18 @@
 // or bf16) and updates only those ranges: a sharded optimizer is the same code given
 // shards. State is created at construction with zeros and the step count 0; the first step
 // is step 1 (no fake step: bias correction starts right, so the first update has full size).
+//
+// CPU offload: when the ranges' master weights are in host memory and the context is a
+// CUDA one (FsdpOptions::offload_main), the moments live in page-locked host memory too and
+// a step runs on the host: the gradients are copied down, AdamW updates the master weights
+// on the host's cores, and the new compute weights are copied back up.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "kernels/nn_ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
@@ -47,15 +53,25 @@ class Optimizer {
   // Adam's first and second moments of range i (undefined for SGD).
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
-  size_t state_bytes() const;  // what the moments' allocations cost
+  size_t state_bytes() const;  // what the moments' allocations cost on the device
+  size_t host_state_bytes() const { return host_bytes_; }  // CPU offload: moments and staging
+  bool offloaded() const { return offload_; }
 
  private:
+  void offloaded_step(const ops::AdamWParams& common);
+
   Context& ctx_;
   std::vector<OptimizerRange> ranges_;
   OptimizerConfig config_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // views into one allocation per moment
   size_t arena_bytes_ = 0;
   int64_t step_ = 0;
+  // CPU offload: the host context the update runs on, and host copies of each range's
+  // gradient and compute weights (page-locked).
+  bool offload_ = false;
+  Context host_ctx_;
+  std::vector<Tensor> host_grad_, host_copy_;
+  size_t host_bytes_ = 0;
 };
 
 // Scale that brings a gradient of norm `norm` down to `max_norm` (1 when already within it,

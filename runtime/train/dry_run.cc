@@ -22,8 +22,10 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   po.strategy = fo.strategy;
   const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, fo.unit_kind), po);
   const MemoryBreakdown mem = estimate_memory(plan, fo);
-  const size_t opt = optimizer_state_bytes(plan, recipe.optimizer.optimizer,
-                                           dtype_from_name(recipe.optimizer.moments_dtype));
+  // With cpu offload the moments (and the master weights) are in host memory.
+  const size_t opt_state = optimizer_state_bytes(plan, recipe.optimizer.optimizer,
+                                                 dtype_from_name(recipe.optimizer.moments_dtype));
+  const size_t opt = fo.offload_main ? 0 : opt_state;
   const int64_t act = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
                                                 recipe.model.seq_length, fo.compute_dtype,
                                                 recipe.model.activation_recompute);
@@ -50,6 +52,16 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  "  optimizer state   ", format_bytes(int64_t(opt)), "\n",
                  "  activations       ", format_bytes(act), " (estimate)\n",
                  "  predicted peak    ", format_bytes(int64_t(mem.total() + opt) + act), "\n");
+  if (fo.offload_main) {
+    // Beside the master weights and moments: host copies of the gradient shard and of the
+    // compute weights, one element each per master weight.
+    const int64_t shard = int64_t(mem.host_main_weights / dtype_size(fo.main_dtype));
+    const int64_t staging = shard * int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
+    out += str_cat("host memory per rank (cpu offload, page-locked): main weights ",
+                   format_bytes(int64_t(mem.host_main_weights)), ", optimizer state ",
+                   format_bytes(int64_t(opt_state)), ", gradient and weight copies ",
+                   format_bytes(staging), "\n");
+  }
   return out;
 }
 

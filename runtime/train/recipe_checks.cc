@@ -51,6 +51,9 @@ void check_precision(const Recipe& r) {
   FSDP_CHECK(!(narrow && r.ddp.grad_reduce_in_fp32), ConfigError,
              "'mixed_precision.grad_reduce_dtype' is \"bf16\" but 'ddp.grad_reduce_in_fp32' is "
              "true; set one of them");
+  FSDP_CHECK(!r.optimizer.cpu_offload || r.optimizer.optimizer == "adamw", ConfigError,
+             "'optimizer.cpu_offload' supports 'optimizer.optimizer' \"adamw\" only, not \"",
+             r.optimizer.optimizer, "\"");
 }
 
 void check_paths(const Recipe& r) {

@@ -87,7 +87,8 @@ std::vector<FieldSpec> build_schema() {
       KEY(optimizer.moments_dtype).one_of({"f32", "bf16"}).default_to("f32").help_text(
           "Element type of the Adam moments."),
       KEY(optimizer.cpu_offload).default_to(false).help_text(
-          "Keep main weights and optimizer state in host memory (not implemented yet: true is refused)."),
+          "Keep the main weights and Adam moments in pinned host memory and run AdamW on the "
+          "host's cores (CUDA only): the GPU holds compute weights, gradients and activations."),
 
       // scheduler
       KEY(scheduler.lr_decay_style).one_of({"constant", "linear", "cosine", "WSD"})

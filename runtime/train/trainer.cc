@@ -196,8 +196,12 @@ void Trainer::State::setup() {
   const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
                                                 recipe.model.activation_recompute);
   print(sharded->memory_report());
-  print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)), "\n  activations      ",
-                format_bytes(act), " (estimate)\n  predicted peak   ",
+  print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
+                optimizer->offloaded()
+                    ? str_cat(" (", format_bytes(int64_t(optimizer->host_state_bytes())),
+                              " in pinned host memory: cpu offload)")
+                    : std::string(),
+                "\n  activations      ", format_bytes(act), " (estimate)\n  predicted peak   ",
                 format_bytes(int64_t(mem.total() + opt_bytes) + act)));
 }
 

@@ -44,9 +44,10 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   o.seed = uint64_t(r.run.seed);
   o.overlap_gather = r.ddp.overlap_param_gather;
   o.overlap_reduce = r.ddp.overlap_grad_reduce;
-  FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError,
-             "optimizer.cpu_offload: keeping optimizer state in host memory is not implemented; "
-             "set it to false (optimizer.moments_dtype=bf16 halves the moments instead)");
+  FSDP_CHECK(!r.optimizer.cpu_offload || gpu, ConfigError,
+             "optimizer.cpu_offload needs dist.device=cuda (on the CPU every buffer is in host "
+             "memory already)");
+  o.offload_main = r.optimizer.cpu_offload;
   return o;
 }
 

@@ -87,6 +87,18 @@ TEST_CASE("an impossible mesh is refused on every rank, naming the key", "[train
   check_refused(s, tiny_recipe(s, {"dist.tp=2"}), "dist.tp");
 }
 
+TEST_CASE("cpu offload is refused where it has no meaning, naming the key", "[train][mpi]") {
+  Scratch s("launch_offload");
+  const int n = testing::world_size();
+  const std::string batch = "train.global_batch_size=" + std::to_string(2 * n);
+  // On the CPU every buffer is in host memory already; and only AdamW is offloaded.
+  check_refused(s, tiny_recipe(s, {batch, "optimizer.cpu_offload=true"}), "optimizer.cpu_offload");
+  CHECK_THROWS_AS(tiny_recipe(s, {batch, "optimizer.cpu_offload=true", "optimizer.optimizer=sgd"}),
+                  ConfigError);
+  CHECK_THROWS_WITH(tiny_recipe(s, {batch, "optimizer.cpu_offload=true", "optimizer.optimizer=sgd"}),
+                    Contains("optimizer.cpu_offload"));
+}
+
 TEST_CASE("a global batch that does not split over micro-batches and ranks is refused",
           "[train][mpi]") {
   Scratch s("launch_batch");

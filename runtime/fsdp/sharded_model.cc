@@ -151,18 +151,16 @@ void ShardedModel::allocate() {
     account += bytes_of(t);
     return t;
   };
-  auto arena_host = [&](const ArenaLayout& a, DType dtype, size_t& account) {
-    if (a.empty()) return Tensor();
-    Tensor t = ctx_.empty_pinned(Shape{std::max<int64_t>(a.numel, 1)}, dtype);
-    std::memset(t.data_ptr(), 0, t.nbytes());
-    account += bytes_of(t);
-    return t.narrow(0, 0, a.numel);
-  };
   const bool full_grads = !grads_sharded();
   Tensor main;
   if (options_.offload_main && ctx_.is_cuda()) {
     // CPU offload: the master weights in page-locked host memory, zeroed.
-    main = arena_host(layout.main, options_.main_dtype, memory_.host_main_weights);
+    if (!layout.main.empty()) {
+      main = ctx_.empty_pinned(Shape{std::max<int64_t>(layout.main.numel, 1)}, options_.main_dtype);
+      std::memset(main.data_ptr(), 0, main.nbytes());
+      memory_.host_main_weights += bytes_of(main);
+      main = main.narrow(0, 0, layout.main.numel);
+    }
   } else {
     main = arena(layout.main, options_.main_dtype, memory_.main_weights);
   }

@@ -119,15 +119,16 @@ void Optimizer::offloaded_step(const ops::AdamWParams& common) {
 
 void Optimizer::step(double lr, double grad_scale) {
   ++step_;
+  // AdamW's settings for this step; each range sets its own weight decay.
+  ops::AdamWParams adam;
+  adam.lr = lr;
+  adam.beta1 = config_.beta1;
+  adam.beta2 = config_.beta2;
+  adam.eps = config_.eps;
+  adam.step = step_;
+  adam.grad_scale = grad_scale;
   if (offload_) {
-    ops::AdamWParams p;
-    p.lr = lr;
-    p.beta1 = config_.beta1;
-    p.beta2 = config_.beta2;
-    p.eps = config_.eps;
-    p.step = step_;
-    p.grad_scale = grad_scale;
-    offloaded_step(p);
+    offloaded_step(adam);
     return;
   }
   for (size_t i = 0; i < ranges_.size(); ++i) {
@@ -135,14 +136,8 @@ void Optimizer::step(double lr, double grad_scale) {
     if (r.main.numel() == 0) continue;
     const double wd = r.weight_decay ? config_.weight_decay : 0.0;
     if (config_.kind == "adamw") {
-      ops::AdamWParams p;
-      p.lr = lr;
-      p.beta1 = config_.beta1;
-      p.beta2 = config_.beta2;
-      p.eps = config_.eps;
+      ops::AdamWParams p = adam;
       p.weight_decay = wd;
-      p.step = step_;
-      p.grad_scale = grad_scale;
       ops::adamw_step(ctx_, r.main, r.grad, exp_avg_[i], exp_avg_sq_[i], p, r.param_copy);
     } else {
       // SGD with decoupled decay: w <- (1 - lr wd) w - lr * scale * g.

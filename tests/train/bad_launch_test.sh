@@ -14,12 +14,7 @@
 # Usage: bad_launch_test.sh TRAIN_BINARY   (run from the workspace root: configs/, third_party/)
 set -u
 train="$1"
-work="${TEST_TMPDIR:-$(mktemp -d)}/bad_launch"
-rm -rf "$work"
-mkdir -p "$work"
-
-export OMPI_MCA_btl="self,vader,tcp" OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+source tests/sh_test_support.sh bad_launch
 
 fail() {
   echo "FAIL: $*"

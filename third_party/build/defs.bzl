@@ -43,3 +43,30 @@ def fsdp_test(name, srcs, deps = [], mpi_ranks = [], data = [], size = "small", 
             # Several mpirun jobs at once on a 2-core machine only slow each other down.
             tags = tags + ["exclusive"],
         )
+
+def fsdp_sh_test(name, srcs, args, data = []):
+    """A shell test that runs a binary (often under mpirun) from the workspace root, with
+    tests/sh_test_support.sh (a scratch directory, Open MPI kept local) at hand. Alone on
+    the machine: several mpirun jobs at once on a 2-core machine slow each other down."""
+    native.sh_test(
+        name = name,
+        size = "medium",
+        srcs = srcs,
+        args = args,
+        data = data + ["//tests:sh_test_support.sh"],
+        tags = ["exclusive"],
+    )
+
+def train_sh_test(name, srcs, args = ["$(location //tools/train)"], data = []):
+    """fsdp_sh_test of the train binary, with the recipes, the tokenizer and the text."""
+    fsdp_sh_test(
+        name = name,
+        srcs = srcs,
+        args = args,
+        data = data + [
+            "//configs",
+            "//third_party/gpt2_tokenizer",
+            "//third_party/text",
+            "//tools/train",
+        ],
+    )

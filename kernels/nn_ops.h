@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/nn_shapes.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 
@@ -38,16 +39,18 @@ struct KernelOptions {
 };
 
 // ---------------------------------------------------------------- matmul
-enum class Epilogue : uint8_t {
-  None,       // out = alpha * op(a) @ op(b) (+ beta * out) (+ bias)
-  Gelu,       // out = gelu(alpha * op(a) @ op(b) + bias); pre-activation saved in `aux`
-};
+// None, Gelu (pre-activation saved in `aux`), DGelu (out = product * gelu'(aux)): see
+// kernels/nn_shapes.h.
+using Epilogue = kernels::MatmulEpilogue;
 
 // out (M, N) = alpha * op(a) @ op(b) + beta * out [+ bias (N)] [then epilogue].
 // op(a) is (M, K): a is (M, K), or (K, M) with trans_a. op(b) is (K, N): b is (K, N), or
 // (N, K) with trans_b. All 2-D and row-major contiguous (leading dimension = row length).
 // `out` may be a wider dtype than a and b (bf16 inputs, f32 out) for gradient accumulation.
-// With Epilogue::Gelu, `aux` (M, N) receives the pre-activation (for gelu_backward).
+// With Epilogue::Gelu, `aux` (M, N) receives the pre-activation (for gelu_backward); with
+// Epilogue::DGelu, aux is that pre-activation and out = (op(a) @ op(b)) * gelu'(aux) (the
+// gradient at the GELU's input, fused into the matmul that computes the gradient at its
+// output; no bias, beta 0).
 void matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
             bool trans_b, double alpha = 1.0, double beta = 0.0, const Tensor& bias = Tensor(),
             Epilogue epilogue = Epilogue::None, const Tensor& aux = Tensor());
@@ -141,6 +144,13 @@ struct AdamWParams {
 // receives the updated parameter in its own dtype (the bf16 compute weights).
 void adamw_step(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWParams& p, const Tensor& param_copy = Tensor());
+// The same update on host tensors computed in f32, with the CUDA kernel's roundings, at the
+// speed of the host's memory (the CPU reference above computes in double): the
+// CPU-offloaded optimizer's update. f32 master weights; gradient, moments and copy f32 or
+// bf16.
+void adamw_step_host_f32(Context& host, const Tensor& param, const Tensor& grad,
+                         const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWParams& p,
+                         const Tensor& param_copy = Tensor());
 
 // ---------------------------------------------------------------- initialization
 // Counter-based, slice-invariant random init: element i of the parameter identified by

@@ -55,21 +55,24 @@ void matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b, b
   check_operands(ctx, out, a, b, 2, what);
   const kernels::MatmulDims d = matmul_dims(out, a, b, trans_a, trans_b, what);
   if (bias.defined()) check_dense(ctx, bias, Shape{d.n}, out.dtype(), "matmul bias");
-  const bool gelu = epilogue == Epilogue::Gelu;
+  const bool gelu = epilogue == Epilogue::Gelu, dgelu = epilogue == Epilogue::DGelu;
   if (aux.defined()) {
-    FSDP_CHECK(gelu, ValueError, "matmul: aux is only written by Epilogue::Gelu");
+    FSDP_CHECK(gelu || dgelu, ValueError, "matmul: aux is only used by Epilogue::Gelu / DGelu");
     check_dense(ctx, aux, Shape{d.m, d.n}, out.dtype(), "matmul aux");
   }
-  FSDP_CHECK(!gelu || beta == 0.0, ValueError, "matmul: Epilogue::Gelu needs beta = 0, got ", beta);
+  FSDP_CHECK(!dgelu || aux.defined(), ValueError, "matmul: Epilogue::DGelu reads the GELU input from aux");
+  FSDP_CHECK(!dgelu || !bias.defined(), ValueError, "matmul: Epilogue::DGelu takes no bias");
+  FSDP_CHECK(epilogue == Epilogue::None || beta == 0.0, ValueError,
+             "matmul: a GELU epilogue needs beta = 0, got ", beta);
   if (ctx.device().is_cpu()) {
     kernels::cpu::matmul(d, out.data_ptr(), out.dtype(), a.data_ptr(), b.data_ptr(), a.dtype(),
-                         alpha, beta, data_or_null(bias), data_or_null(aux), gelu);
+                         alpha, beta, data_or_null(bias), data_or_null(aux), epilogue);
     return;
   }
 #if FSDP_WITH_CUDA
   ctx.extension<kernels::cuda::Blas>().matmul(d, out.data_ptr(), out.dtype(), a.data_ptr(),
                                               b.data_ptr(), a.dtype(), alpha, beta,
-                                              data_or_null(bias), data_or_null(aux), gelu);
+                                              data_or_null(bias), data_or_null(aux), epilogue);
 #endif
 }
 
@@ -86,13 +89,13 @@ void batched_matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tens
   d.batch_stride_out = d.m * d.n;
   if (ctx.device().is_cpu()) {
     kernels::cpu::matmul(d, out.data_ptr(), out.dtype(), a.data_ptr(), b.data_ptr(), a.dtype(),
-                         alpha, beta, nullptr, nullptr, false);
+                         alpha, beta, nullptr, nullptr, kernels::MatmulEpilogue::None);
     return;
   }
 #if FSDP_WITH_CUDA
   ctx.extension<kernels::cuda::Blas>().matmul(d, out.data_ptr(), out.dtype(), a.data_ptr(),
                                               b.data_ptr(), a.dtype(), alpha, beta, nullptr,
-                                              nullptr, false);
+                                              nullptr, kernels::MatmulEpilogue::None);
 #endif
 }
 

@@ -24,6 +24,14 @@ struct MatmulDims {
   FSDP_HD int64_t ldb() const { return trans_b ? k : n; }
 };
 
+// What a matmul does with its product before storing it.
+enum class MatmulEpilogue : uint8_t {
+  None,   // out = alpha op(a) op(b) (+ beta out) (+ bias)
+  Gelu,   // out = gelu(alpha op(a) op(b) + bias); aux (if given) receives the pre-activation
+  DGelu,  // out = (alpha op(a) op(b)) * gelu'(aux): the gradient through a GELU whose input
+          // was aux (read), as the backward of a Gelu matmul needs it
+};
+
 // Strides of a (B, T, heads, D) tensor whose last dimension is contiguous.
 struct HeadStrides {
   int64_t b = 0, t = 0, h = 0;

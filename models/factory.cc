@@ -20,11 +20,15 @@ int64_t count_parameters(const ModelConfig& config) {
 void set_activation_recompute(LanguageModel& model, const std::string& mode) {
   FSDP_CHECK(mode == "none" || mode == "full" || mode == "selective", ConfigError,
              "activation recompute '", mode, "' is not one of: none, full, selective");
-  for (nn::Module* m : model.modules()) m->set_recompute(false);
+  for (nn::Module* m : model.modules()) {
+    m->set_recompute(false);
+    if (auto* mlp = dynamic_cast<nn::MLP*>(m)) mlp->recompute_activation = false;
+  }
   for (nn::Module* block : model.blocks()) {
     if (mode == "full") block->set_recompute(true);
     if (mode == "selective")
-      for (nn::Module* m : block->modules_of_kind("mlp")) m->set_recompute(true);
+      for (nn::Module* m : block->modules_of_kind("mlp"))
+        if (auto* mlp = dynamic_cast<nn::MLP*>(m)) mlp->recompute_activation = true;
   }
 }
 

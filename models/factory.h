@@ -18,7 +18,8 @@ std::unique_ptr<LanguageModel> build_model(const ModelConfig& config);
 int64_t count_parameters(const ModelConfig& config);
 
 // Activation recompute by recipe name: "none"; "full" recomputes every block; "selective"
-// recomputes every block's MLP (its hidden activations are the largest a block saves).
+// recomputes every MLP's activation (GELU or SwiGLU output, the largest tensor a block
+// saves) from its saved input, an elementwise pass instead of any matmul.
 // Throws ConfigError for other names.
 void set_activation_recompute(LanguageModel& model, const std::string& mode);
 

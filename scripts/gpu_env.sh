@@ -9,4 +9,5 @@ rm -rf "$bundle" && mkdir -p "$bundle" && tar xJf "$src/bundle.tar.xz" -C "$bund
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nv="${FSDP_NVIDIA_LIBS:-}"
 [ -n "$nv" ] && [ -d "$nv/cudnn/lib" ] && export LD_LIBRARY_PATH="$nv/cudnn/lib:$nv/nccl/lib:${LD_LIBRARY_PATH:-}"
-MPIRUN=(mpirun --allow-run-as-root -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
+# No core binding: the CPU-offloaded optimizer spreads over the host's cores.
+MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)

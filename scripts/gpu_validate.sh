@@ -12,12 +12,16 @@
 #      recompute, bf16 gradients and Adam moments): 23.0B, else 22.1B
 #   8. a launch without MPI (torchrun-style variables), the NCCL tests (watchdog too), and a
 #      2-GPU training job with a stuck rank (scripts/stuck_rank.sh)
+#   9. CPU offload: GPT-2 d12 losses with and without it (1 GPU), GPT 1.3B ZeRO-3 speed and
+#      memory with it, and the largest GPT with it at ZeRO-3 on 2 GPUs (24.3B, then 26.6B)
+#  10. device time per kernel (Nsight Compute, scripts/kernel_profile.sh) of one micro-batch
+#      step of GPT-2 124M (64 x 1024) and of GPT 1.3B (16 x 2048), each on one GPU
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
 #   FSDP_NVIDIA_LIBS=... [CHECKS="2 4"] scripts/gpu_validate.sh [BUNDLE_DIR] [LOG_DIR]
 #
-# CHECKS lists the checks to run by number (default: all eight).
+# CHECKS lists the checks to run by number (default: 1 to 8).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
 L="${2:-${OUT:-/tmp}/gpu-validate}"
@@ -135,5 +139,39 @@ bash scripts/stuck_rank.sh "$work/stuck" "$B/tools/train" "${MPIRUN[@]:1}" -- \
   dataset.val_path=null dataset.val_fraction=0 train.micro_batch_size=8 \
   train.global_batch_size=16 train.eval_interval=0 > "$L/stuck_rank.txt" 2>&1
 say "stuck rank rc=$?"; tail -3 "$L/stuck_rank.txt"; cp "$work/stuck/job.log" "$L/stuck_job.log"; pack
+fi
+if want 9; then
+# 9. CPU offload
+for off in false true; do
+  timeout 120 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
+    dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0 \
+    train.train_iters=20 train.micro_batch_size=8 train.global_batch_size=8 train.eval_interval=0 \
+    logger.log_interval=1 checkpoint.save=null run.output_dir="$work/off_$off" \
+    optimizer.cpu_offload=$off > "$L/offload_gpt2_$off.txt" 2>&1
+  say "gpt2 d12 cpu_offload=$off rc=$?"; grep -E "optimizer state|step +20" "$L/offload_gpt2_$off.txt" | head -3
+done
+timeout 200 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
+  train.global_batch_size=32 optimizer.cpu_offload=true > "$L/bench_1.3b_offload.txt" 2>&1
+say "1.3b offload rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|optimizer" "$L/bench_1.3b_offload.txt"; pack
+for nl in ${OFFLOAD_LAYERS:-53 58}; do
+  timeout "${OFFLOAD_LIMIT:-280}" "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b \
+    --steps 2 --warmup 1 model.n_layer=$nl model.d_model=6144 model.n_head=48 model.d_ff=0 \
+    model.activation_recompute=full train.micro_batch_size=1 train.global_batch_size=2 \
+    optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false optimizer.cpu_offload=true \
+    > "$L/bench_offload_$nl.txt" 2>&1
+  rc=$?; say "largest with cpu offload, $nl layers rc=$rc"
+  grep -E "parameters|optimizer state|tokens/s|MFU|peak|predicted|step time|optimizer " "$L/bench_offload_$nl.txt" | head -12
+  free -g | head -2; pack
+  [ $rc = 0 ] || break
+done
+fi
+
+if want 10; then
+# 10. Device time per kernel, one micro-batch per step, one GPU
+bash scripts/kernel_profile.sh "${1:-.device}" "$L/profile" gpt2 1 --workload gpt2-124m --steps 1 \
+  --warmup 1 train.global_batch_size=64 ddp.data_parallel_sharding_strategy=no_shard | head -40
+bash scripts/kernel_profile.sh "${1:-.device}" "$L/profile" gpt1.3b 1 --workload gpt-1.3b --steps 1 \
+  --warmup 1 train.global_batch_size=16 ddp.data_parallel_sharding_strategy=no_shard | head -40
+pack
 fi
 rm -rf "$work"

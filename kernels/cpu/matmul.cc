@@ -153,7 +153,7 @@ void pack_b(const MatmulDims& d, const T* b, int64_t p0, int64_t kc, int64_t j0,
 
 struct Epilogue {
   double alpha, beta;
-  bool gelu;
+  MatmulEpilogue kind;
 };
 
 template <typename T, typename O>
@@ -191,9 +191,11 @@ void matmul_typed(const MatmulDims& d, O* out, const T* a, const T* b, const Epi
           double v = e.alpha * double(ctile[size_t(i * kNC + j)]);
           if (e.beta != 0.0) v += e.beta * double(ob[o]);
           if (bias) v += double(bias[j0 + j]);
-          if (e.gelu) {
+          if (e.kind == MatmulEpilogue::Gelu) {
             if (xb) xb[o] = O(v);
             v = gelu_tanh(double(O(v)));  // from the stored pre-activation, as backward sees it
+          } else if (e.kind == MatmulEpilogue::DGelu) {
+            v *= gelu_tanh_grad(double(xb[o]));
           }
           ob[o] = O(v);
         }
@@ -205,9 +207,10 @@ void matmul_typed(const MatmulDims& d, O* out, const T* a, const T* b, const Epi
 }  // namespace
 
 void matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a, const void* b,
-            DType in_dtype, double alpha, double beta, const void* bias, void* aux, bool gelu) {
+            DType in_dtype, double alpha, double beta, const void* bias, void* aux,
+            MatmulEpilogue epilogue) {
   if (dims.m == 0 || dims.n == 0 || dims.batch == 0) return;
-  const Epilogue e{alpha, beta, gelu};
+  const Epilogue e{alpha, beta, epilogue};
   if (in_dtype == DType::f32 && out_dtype == DType::f32) {
     matmul_typed<float, float>(dims, static_cast<float*>(out), static_cast<const float*>(a),
                                static_cast<const float*>(b), e, static_cast<const float*>(bias),

@@ -11,12 +11,14 @@
 
 namespace fsdp::kernels::cpu {
 
-// out = alpha * op(a) @ op(b) + beta * out [+ bias (N)], then, when `gelu`, aux = that
-// pre-activation and out = gelu(aux). a and b share `in_dtype` (f32 or f64); out, bias and
-// aux share `out_dtype` (f32 or f64, at least as wide). Products are accumulated in the input
-// type; the epilogue is computed in double. beta == 0 never reads out.
+// out = alpha * op(a) @ op(b) + beta * out [+ bias (N)], then the epilogue: Gelu stores
+// that pre-activation in aux (when given) and out = gelu(aux); DGelu multiplies by
+// gelu'(aux) (aux read). a and b share `in_dtype` (f32 or f64); out, bias and aux share
+// `out_dtype` (f32 or f64, at least as wide). Products are accumulated in the input type;
+// the epilogue is computed in double. beta == 0 never reads out.
 void matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a, const void* b,
-            DType in_dtype, double alpha, double beta, const void* bias, void* aux, bool gelu);
+            DType in_dtype, double alpha, double beta, const void* bias, void* aux,
+            MatmulEpilogue epilogue);
 
 // dbias (n) (+)= column sums of dout (m, n) (compute dtype), in the grad dtype; summed in
 // double, row by row.

@@ -35,13 +35,15 @@ int alignment(const void* p) {
 struct PlanKey {
   MatmulDims d;
   DType in, out;
-  bool bias, gelu, aux;
+  bool bias;
+  MatmulEpilogue epilogue;
+  bool aux;
   int align_a, align_b, align_out, align_bias, align_aux;
 
   auto tie() const {
     return std::make_tuple(d.m, d.n, d.k, d.trans_a, d.trans_b, d.batch, d.batch_stride_a,
-                           d.batch_stride_b, d.batch_stride_out, int(in), int(out), bias, gelu,
-                           aux, align_a, align_b, align_out, align_bias, align_aux);
+                           d.batch_stride_b, d.batch_stride_out, int(in), int(out), bias,
+                           int(epilogue), aux, align_a, align_b, align_out, align_bias, align_aux);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -115,9 +117,12 @@ struct Blas::Impl {
     FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    if (key.gelu && key.aux)
+    const bool gelu = key.epilogue == MatmulEpilogue::Gelu;
+    if (key.epilogue == MatmulEpilogue::DGelu)
+      epilogue = CUBLASLT_EPILOGUE_DGELU;  // reads the pre-activation from aux
+    else if (gelu && key.aux)
       epilogue = key.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    else if (key.gelu)
+    else if (gelu)
       epilogue = key.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
     else if (key.bias)
       epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -165,7 +170,10 @@ struct Blas::Impl {
     FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, ValueError,
                "matmul (cuBLASLt): no algorithm for (", d.m, " x ", d.k, ") @ (", d.k, " x ", d.n,
                ") batch ", d.batch, ", ", dtype_name(key.in), " -> ", dtype_name(key.out),
-               key.gelu ? ", GELU" : "", key.bias ? ", bias" : "", ": ",
+               key.epilogue == MatmulEpilogue::Gelu    ? ", GELU"
+               : key.epilogue == MatmulEpilogue::DGelu ? ", DGELU"
+                                                       : "",
+               key.bias ? ", bias" : "", ": ",
                cublasLtGetStatusString(status));
     p->algo = result.algo;
     return p;
@@ -188,21 +196,27 @@ size_t Blas::cached_plans() const { return impl_->plans.size(); }
 
 void Blas::matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a, const void* b,
                   DType in_dtype, double alpha, double beta, const void* bias, void* aux,
-                  bool gelu) {
+                  MatmulEpilogue epilogue) {
   if (d.m == 0 || d.n == 0 || d.batch == 0) return;
   FSDP_CHECK(in_dtype == DType::bf16 || in_dtype == DType::f32, DTypeError,
              "matmul: CUDA inputs must be bf16 or f32, got ", dtype_name(in_dtype));
   CUstream_st* stream = impl_->ctx.stream().cuda_stream();
-  if (gelu && aux && d.n % 8 != 0) {
-    // cuBLASLt stores the GELU input only with a leading dimension divisible by 8: run the
-    // bias epilogue into aux, then our GELU kernel.
-    matmul(d, aux, out_dtype, a, b, in_dtype, alpha, beta, bias, nullptr, false);
-    gelu_forward(out, aux, d.m * d.n, out_dtype, stream);
+  const bool gelu = epilogue == MatmulEpilogue::Gelu;
+  if (aux && d.n % 8 != 0) {
+    // cuBLASLt reads or writes the GELU input only with a leading dimension divisible by 8:
+    // run the plain product (with bias) and then our GELU kernels.
+    if (gelu) {
+      matmul(d, aux, out_dtype, a, b, in_dtype, alpha, beta, bias, nullptr, MatmulEpilogue::None);
+      gelu_forward(out, aux, d.m * d.n, out_dtype, stream);
+    } else {
+      matmul(d, out, out_dtype, a, b, in_dtype, alpha, beta, bias, nullptr, MatmulEpilogue::None);
+      gelu_backward(out, out, aux, d.m * d.n, out_dtype, stream);  // elementwise, in place
+    }
     return;
   }
   if (d.k == 0) {
     // cuBLASLt rejects K = 0; the product is empty, so out = beta * out (+ bias, GELU).
-    FSDP_CHECK(beta == 0.0 && !bias && !gelu, ValueError,
+    FSDP_CHECK(beta == 0.0 && !bias && epilogue == MatmulEpilogue::None, ValueError,
                "matmul: K = 0 with beta, bias or GELU is not supported on CUDA");
     FSDP_CALL(cudaMemsetAsync(out, 0, size_t(d.batch * d.m * d.n) * dtype_size(out_dtype), stream));
     return;
@@ -211,7 +225,7 @@ void Blas::matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a
               in_dtype,
               out_dtype,
               bias != nullptr,
-              gelu,
+              epilogue,
               aux != nullptr,
               alignment(a),
               alignment(b),

@@ -26,7 +26,8 @@ class Blas {
   // dtype, or f32 for bf16 inputs (beta = 1 accumulates weight gradients in f32). bias and
   // aux have the output dtype. f32 accumulation always.
   void matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a, const void* b,
-              DType in_dtype, double alpha, double beta, const void* bias, void* aux, bool gelu);
+              DType in_dtype, double alpha, double beta, const void* bias, void* aux,
+              MatmulEpilogue epilogue);
 
   // Number of distinct problem shapes planned so far (for tests of the cache).
   size_t cached_plans() const;

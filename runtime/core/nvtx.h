@@ -3,7 +3,10 @@
 #pragma once
 
 #if FSDP_WITH_CUDA
+#include <cuda_profiler_api.h>
 #include <nvtx3/nvToolsExt.h>
+
+#include "runtime/core/cuda_check.h"
 #endif
 
 namespace fsdp {
@@ -25,5 +28,19 @@ class NvtxRange {
   NvtxRange(const NvtxRange&) = delete;
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
+
+// Opens and closes the profiler's capture window (cudaProfilerStart / Stop): a profiler
+// started with capture off (`ncu --profile-from-start off`) records only the kernels in
+// between. Nothing in CPU-only builds.
+inline void profiler_capture(bool on) {
+#if FSDP_WITH_CUDA
+  if (on)
+    FSDP_CALL(cudaProfilerStart());
+  else
+    FSDP_CALL(cudaProfilerStop());
+#else
+  (void)on;
+#endif
+}
 
 }  // namespace fsdp

@@ -298,4 +298,41 @@ void copy_bytes(const Tensor& dst, const Tensor& src, const Stream& stream) {
 #endif
 }
 
+void copy_bytes_async(const Tensor& dst, const Tensor& src, const Stream& stream) {
+  check_defined(dst, "copy_bytes_async destination");
+  check_defined(src, "copy_bytes_async source");
+  check_same_dtype(dst, src, "copy_bytes_async");
+  FSDP_CHECK(dst.numel() == src.numel(), ShapeError, "copy_bytes_async: ", dst.numel(),
+             " elements vs ", src.numel());
+  FSDP_CHECK(dst.is_contiguous() && src.is_contiguous(), ShapeError,
+             "copy_bytes_async needs contiguous tensors (", dst.str(), " <- ", src.str(), ")");
+  const size_t n = src.nbytes();
+  if (n == 0) return;
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    std::memmove(dst.data_ptr(), src.data_ptr(), n);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  FSDP_CHECK(stream.is_cuda(), DeviceError, "copy_bytes_async between ", src.device().str(),
+             " and ", dst.device().str(), " needs a CUDA stream");
+  for (const Tensor* t : {&dst, &src}) {
+    if (!t->device().is_cpu()) continue;
+    // Pageable memory would make the copy synchronous (or, worse, staged through a driver
+    // buffer after this call returned): refuse it.
+    cudaPointerAttributes attr{};
+    FSDP_CALL(cudaPointerGetAttributes(&attr, t->data_ptr()));
+    FSDP_CHECK(attr.type == cudaMemoryTypeHost, DeviceError, "copy_bytes_async: the host ",
+               t == &dst ? "destination " : "source ", t->str(), " is not page-locked");
+  }
+  const Device dev = dst.device().is_cuda() ? dst.device() : src.device();
+  DeviceGuard guard(dev);
+  FSDP_CALL(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), n, cudaMemcpyDefault,
+                            stream.cuda_stream()));
+#else
+  (void)stream;
+  FSDP_THROW(DeviceError, "copy_bytes_async involving ", dst.device().str(), " / ",
+             src.device().str(), ": this build has no CUDA support");
+#endif
+}
+
 }  // namespace fsdp

@@ -138,6 +138,10 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // across host and device in any direction, ordered on `stream`. Host-to-host copies and
 // copies on a CPU stream complete before returning.
 void copy_bytes(const Tensor& dst, const Tensor& src, const Stream& stream);
+// Queues the same copy on `stream` and returns without waiting for it. Host memory on either
+// side must be page-locked (Context::empty_pinned) and stay untouched until an Event
+// recorded on `stream` after the copy has completed. Host-to-host copies happen at once.
+void copy_bytes_async(const Tensor& dst, const Tensor& src, const Stream& stream);
 
 // Throws ShapeError / DTypeError / DeviceError naming `what` unless the tensors agree.
 void check_same_shape(const Tensor& a, const Tensor& b, const char* what);

@@ -45,6 +45,16 @@ Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps);
 Tensor gelu(Graph& g, const Tensor& x);
 // x (..., 2F) = [gate | up] -> (..., F) = silu(gate) * up.
 Tensor swiglu(Graph& g, const Tensor& x);
+// The transformer MLP, y (..., C) = proj(act(fc(x))), as one op: GELU (fc (F, C)) or SwiGLU
+// (fc (2F, C) = [gate | up]); proj (C, F); biases optional. Saves x, the activation's input
+// and, unless `recompute_activation`, the activation itself; backward recomputes the
+// activation when it was not saved (F values per token less memory for one elementwise
+// pass), and computes GELU's gradient inside the matmul that produces it.
+enum class MlpActivation { Gelu, SwiGLU };
+Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
+           Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
+           bool recompute_activation);
+
 // a + b, same shapes (the residual stream): the result has a's dtype, and b may be narrower
 // (a bf16 branch added to an f32 stream; b's gradient is then the stream's, rounded once).
 Tensor add(Graph& g, const Tensor& a, const Tensor& b);

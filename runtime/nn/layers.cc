@@ -51,7 +51,9 @@ GeluMLP::GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule
 }
 
 Tensor GeluMLP::compute(Graph& g, const Tensor& x) {
-  return proj(g, fc(g, x));  // (..., C) -> (..., F) -> (..., C)
+  // (..., C) -> (..., F) -> (..., C)
+  return mlp(g, x, fc.weight(), fc.bias(), proj.weight(), proj.bias(), MlpActivation::Gelu,
+             recompute_activation);
 }
 
 SwiGLUMLP::SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init)
@@ -61,8 +63,9 @@ SwiGLUMLP::SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, Init
 }
 
 Tensor SwiGLUMLP::compute(Graph& g, const Tensor& x) {
-  const Tensor h = swiglu(g, gate_up(g, x));  // (..., 2F) -> (..., F)
-  return proj(g, h);                           // (..., C)
+  // (..., C) -> (..., 2F) -> (..., F) -> (..., C)
+  return mlp(g, x, gate_up.weight(), gate_up.bias(), proj.weight(), proj.bias(),
+             MlpActivation::SwiGLU, recompute_activation);
 }
 
 // ---------------------------------------------------------------- attention

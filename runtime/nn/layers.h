@@ -99,11 +99,18 @@ class RMSNorm : public UnaryModule {
   double eps_;
 };
 
-// GPT-2's MLP: fc (C -> F) with fused GELU, then proj (F -> C).
-class GeluMLP : public UnaryModule {
+// What the MLPs share: they run as one op (nn::mlp), which can recompute the activation in
+// backward instead of saving it ("selective" activation recompute).
+class MLP : public UnaryModule {
+ public:
+  std::string kind() const override { return "mlp"; }
+  bool recompute_activation = false;
+};
+
+// GPT-2's MLP: fc (C -> F), GELU, then proj (F -> C).
+class GeluMLP : public MLP {
  public:
   GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init);
-  std::string kind() const override { return "mlp"; }
   Linear fc;
   Linear proj;
 
@@ -113,10 +120,9 @@ class GeluMLP : public UnaryModule {
 
 // Llama's MLP: one fused projection gate_up (C -> 2F) = [gate | up], silu(gate) * up,
 // then proj (F -> C).
-class SwiGLUMLP : public UnaryModule {
+class SwiGLUMLP : public MLP {
  public:
   SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init);
-  std::string kind() const override { return "mlp"; }
   Linear gate_up;
   Linear proj;
 

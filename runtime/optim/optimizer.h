@@ -9,17 +9,20 @@
 //
 // CPU offload: when the ranges' master weights are in host memory and the context is a
 // CUDA one (FsdpOptions::offload_main), the moments live in page-locked host memory too and
-// a step runs on the host: the gradients are copied down, AdamW updates the master weights
-// on the host's cores, and the new compute weights are copied back up.
+// a step runs on the host (OffloadedAdamW, offload_step.h): the gradients are streamed down
+// in chunks, AdamW updates the master weights on the host's cores, and the new compute
+// weights are streamed back up.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/nn_ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
+#include "runtime/optim/offload_step.h"
 
 namespace fsdp {
 
@@ -36,6 +39,7 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.0;
   DType moments_dtype = DType::f32;
+  OffloadOptions offload;  // CPU offload only: staging and host threads
 };
 
 class Optimizer {
@@ -55,22 +59,18 @@ class Optimizer {
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
   size_t state_bytes() const;  // what the moments' allocations cost on the device
   size_t host_state_bytes() const { return host_bytes_; }  // CPU offload: moments and staging
-  bool offloaded() const { return offload_; }
+  bool offloaded() const { return offload_ != nullptr; }
+  const OffloadedAdamW* offload() const { return offload_.get(); }
 
  private:
-  void offloaded_step(const ops::AdamWParams& common);
-
   Context& ctx_;
   std::vector<OptimizerRange> ranges_;
   OptimizerConfig config_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // views into one allocation per moment
   size_t arena_bytes_ = 0;
   int64_t step_ = 0;
-  // CPU offload: the host context the update runs on, and host copies of each range's
-  // gradient and compute weights (page-locked).
-  bool offload_ = false;
-  Context host_ctx_;
-  std::vector<Tensor> host_grad_, host_copy_;
+  // CPU offload: the host's update and its staging, and the host memory it all takes.
+  std::unique_ptr<OffloadedAdamW> offload_;
   size_t host_bytes_ = 0;
 };
 

@@ -13,6 +13,7 @@
 #include "models/generate.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/core/nvtx.h"
+#include "runtime/core/thread_pool.h"
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/fsdp/memory.h"
@@ -154,7 +155,10 @@ void Trainer::State::setup() {
   fsdp_options.time_collectives = options.time_collectives;
   const ShardingStrategy strategy = fsdp_options.strategy;
   sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, strategy), fsdp_options);
-  optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config_of(recipe));
+  OptimizerConfig optimizer_config = optimizer_config_of(recipe);
+  // CPU offload: the ranks on this host share its cores.
+  optimizer_config.offload.threads = host_threads_per_process(world->local_size());
+  optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config);
   schedule = LrSchedule::from_recipe(recipe);
 
   // Data: this rank's part of every global batch.
@@ -199,7 +203,10 @@ void Trainer::State::setup() {
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()
                     ? str_cat(" (", format_bytes(int64_t(optimizer->host_state_bytes())),
-                              " in pinned host memory: cpu offload)")
+                              " in pinned host memory: cpu offload, AdamW on ",
+                              optimizer->offload()->threads(), " host threads, ",
+                              format_bytes(int64_t(optimizer->offload()->staging_bytes())),
+                              " of it staging)")
                     : std::string(),
                 "\n  activations      ", format_bytes(act), " (estimate)\n  predicted peak   ",
                 format_bytes(int64_t(mem.total() + opt_bytes) + act)));
@@ -300,6 +307,8 @@ TrainResult Trainer::run_steps() {
 
   while (s.step < total) {
     s.world->set_step(s.step + 1);
+    const bool timed = s.step + 1 - result.first_step > s.options.warmup_steps;
+    if (s.options.profile_timed_steps && timed && timed_steps == 0) profiler_capture(true);
     const auto t0 = Clock::now();
     const double lr = s.schedule.lr_at(s.step);
     double norm = 0;
@@ -311,7 +320,7 @@ TrainResult Trainer::run_steps() {
     const double dt = seconds_since(t0);
     s.step++;
     result.losses.push_back(loss);
-    if (s.step - result.first_step > s.options.warmup_steps) {
+    if (timed) {
       timed_seconds += dt;
       timed_optimizer += s.last_optimizer_s();
       timed_issue += s.issue_host_s;
@@ -365,6 +374,7 @@ TrainResult Trainer::run_steps() {
   }
 
   result.steps = s.step;
+  if (s.options.profile_timed_steps && timed_steps > 0) profiler_capture(false);
   if (timed_steps > 0) {
     result.step_time_s = timed_seconds / double(timed_steps);
     result.optimizer_time_s = timed_optimizer / double(timed_steps);

@@ -47,6 +47,9 @@ struct TrainerOptions {
   bool skip_collectives = false;
   // Benchmarks: time every collective with CUDA events (TrainResult::collectives).
   bool time_collectives = false;
+  // Profiling (tools/bench --profile): open the profiler's capture window for the timed
+  // steps only (profiler_capture in runtime/core/nvtx.h).
+  bool profile_timed_steps = false;
   // Called once with the first communication failure's message (WorldOptions::on_failure).
   std::function<void(const std::string&)> on_comm_failure;
 };

@@ -108,10 +108,11 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // each read by a norm's backward), two norm outputs, the qkv projection, the attention
   // output, the MLP hidden pre- and post-activation (SwiGLU: the fused 2F projection and
   // the F product).
-  const int64_t mlp = c.family == models::Family::Llama ? 3 * F : 2 * F;
+  // Selective recompute keeps only the activation's input (F, or 2F for SwiGLU).
+  const int64_t mlp_input = c.family == models::Family::Llama ? 2 * F : F;
+  const int64_t mlp = recompute == "selective" ? mlp_input : mlp_input + F;
   int64_t layer_bytes = n * (2 * C * r + (2 * C + qkv + C + mlp) * e);
   if (recompute == "full") layer_bytes = n * C * r;  // only the block input
-  if (recompute == "selective") layer_bytes = n * (2 * C * r + (2 * C + qkv + C) * e);
   // Logits (kept for the fused loss, whose backward overwrites them in place) and the
   // embedding output.
   const int64_t head = n * (c.padded_vocab_size * e + C * r);

@@ -83,6 +83,29 @@ TEST_CASE("CUDA matmul bias and GELU epilogues (with the pre-activation saved)",
   }
 }
 
+TEST_CASE("CUDA matmul DGelu epilogue (the GELU gradient fused into the matmul)",
+          "[kernels][nn][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  // n = 3072 uses cuBLASLt's DGELU; n = 100 (not a multiple of 8) our fallback.
+  for (int64_t n : {int64_t(3072), int64_t(100)}) {
+    for (DType dt : {DType::bf16, DType::f32}) {
+      INFO("n " << n << " " << dtype_name(dt));
+      const int64_t m = 512, k = 768;
+      Dual dy = dual_random(cpu, gpu, Shape{m, k}, dt, 13);
+      Dual w = dual_random(cpu, gpu, Shape{k, n}, dt, 14, -0.1, 0.1);  // proj weight (C, F)
+      Dual pre = dual_random(cpu, gpu, Shape{m, n}, dt, 15, -3, 3);
+      Dual out = dual_empty(cpu, gpu, Shape{m, n}, dt);
+      ops::matmul(cpu, out.cpu, dy.cpu, w.cpu, false, false, 1.0, 0.0, Tensor(),
+                  ops::Epilogue::DGelu, pre.cpu);
+      ops::matmul(gpu, out.gpu, dy.gpu, w.gpu, false, false, 1.0, 0.0, Tensor(),
+                  ops::Epilogue::DGelu, pre.gpu);
+      // As the forward epilogue: f32 tanh approximations differ by ~1e-6.
+      CHECK(scaled_error(gpu, out) < std::max(tolerance(dt), 1e-5));
+    }
+  }
+}
+
 TEST_CASE("CUDA matmul accumulates bf16 products into f32 weight gradients (beta = 1)",
           "[kernels][nn][gpu]") {
   FSDP_REQUIRE_GPU();

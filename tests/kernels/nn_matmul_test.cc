@@ -104,6 +104,29 @@ TEST_CASE("matmul accumulates f32 products into an f64 output (f64 gradient accu
                   DTypeError);
 }
 
+TEST_CASE("matmul DGelu epilogue multiplies the product by gelu'(aux)", "[kernels][nn]") {
+  Context ctx;
+  const int64_t m = 33, n = 70, k = 29;
+  for (DType dt : {DType::f32, DType::f64}) {
+    // The backward of a GELU layer: dpre (M, N) = (dy (M, K) @ W (K, N)) * gelu'(pre (M, N)).
+    Tensor dy = random_tensor(ctx, Shape{m, k}, dt, 17);
+    Tensor w = random_tensor(ctx, Shape{k, n}, dt, 18);
+    Tensor pre = random_tensor(ctx, Shape{m, n}, dt, 19, -3, 3);
+    Tensor out = ops::empty(ctx, Shape{m, n}, dt);
+    ops::matmul(ctx, out, dy, w, false, false, 1.0, 0.0, Tensor(), ops::Epilogue::DGelu, pre);
+    std::vector<double> want = naive_matmul(values(ctx, dy), values(ctx, w), {}, {}, m, n, k,
+                                            false, false, 1.0, 0.0);
+    const auto p = values(ctx, pre);
+    for (size_t i = 0; i < want.size(); ++i) want[i] *= kernels::gelu_tanh_grad(p[i]);
+    CHECK(max_rel_diff(values(ctx, out), want, 1.0) < (dt == DType::f32 ? 1e-5 : 1e-12));
+    // The same as the unfused pair: matmul, then gelu_backward.
+    Tensor da = ops::empty(ctx, Shape{m, n}, dt), dpre = ops::empty(ctx, Shape{m, n}, dt);
+    ops::matmul(ctx, da, dy, w, false, false);
+    ops::gelu_backward(ctx, dpre, da, pre);
+    CHECK(max_rel_diff(values(ctx, out), values(ctx, dpre), 1.0) < (dt == DType::f32 ? 1e-5 : 1e-12));
+  }
+}
+
 TEST_CASE("matmul GELU epilogue writes gelu(out) and the pre-activation", "[kernels][nn]") {
   Context ctx;
   const int64_t m = 33, n = 70, k = 29;
@@ -125,6 +148,14 @@ TEST_CASE("matmul GELU epilogue writes gelu(out) and the pre-activation", "[kern
   Tensor a = random_tensor(ctx, Shape{4, 4}, DType::f32, 1);
   Tensor o = ops::zeros(ctx, Shape{4, 4}, DType::f32);
   CHECK_THROWS_AS(ops::matmul(ctx, o, a, a, false, false, 1.0, 1.0, Tensor(), ops::Epilogue::Gelu),
+                  ValueError);
+  // DGelu reads aux, takes no bias and no beta.
+  CHECK_THROWS_AS(ops::matmul(ctx, o, a, a, false, false, 1.0, 0.0, Tensor(), ops::Epilogue::DGelu),
+                  ValueError);
+  CHECK_THROWS_AS(ops::matmul(ctx, o, a, a, false, false, 1.0, 0.0,
+                              ops::zeros(ctx, Shape{4}, DType::f32), ops::Epilogue::DGelu, a),
+                  ValueError);
+  CHECK_THROWS_AS(ops::matmul(ctx, o, a, a, false, false, 1.0, 1.0, Tensor(), ops::Epilogue::DGelu, a),
                   ValueError);
   CHECK_THROWS_AS(ops::matmul(ctx, o, a, ops::zeros(ctx, Shape{5, 4}, DType::f32), false, false),
                   ShapeError);

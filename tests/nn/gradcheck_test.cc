@@ -108,6 +108,30 @@ TEST_CASE("finite differences: every op's backward", "[nn][gradcheck]") {
                               }});
       }
   }
+  SECTION("the fused MLP: GELU and SwiGLU, with and without bias and activation recompute") {
+    for (nn::MlpActivation act : {nn::MlpActivation::Gelu, nn::MlpActivation::SwiGLU})
+      for (bool bias : {false, true})
+        for (bool recompute : {false, true}) {
+          const int64_t f = 3 * c, hf = act == nn::MlpActivation::Gelu ? f : 2 * f;
+          std::vector<std::unique_ptr<Parameter>> ps;
+          ps.push_back(param(ctx, "fc.weight", Shape{hf, c}, 31));
+          ps.push_back(param(ctx, "proj.weight", Shape{c, f}, 32));
+          if (bias) {
+            ps.push_back(param(ctx, "fc.bias", Shape{hf}, 33));
+            ps.push_back(param(ctx, "proj.bias", Shape{c}, 34));
+          }
+          Parameter* fc = ps[0].get();
+          Parameter* proj = ps[1].get();
+          Parameter* fc_b = bias ? ps[2].get() : nullptr;
+          Parameter* proj_b = bias ? ps[3].get() : nullptr;
+          check_gradients(ctx, {str_cat("mlp ", act == nn::MlpActivation::Gelu ? "gelu" : "swiglu",
+                                        " bias=", bias, " recompute=", recompute),
+                                {random(ctx, Shape{b, t, c}, 35)}, raw(ps),
+                                [=](Graph& g, const std::vector<Tensor>& in) {
+                                  return nn::mlp(g, in[0], *fc, fc_b, *proj, proj_b, act, recompute);
+                                }});
+        }
+  }
   SECTION("embedding, without and with learned positions") {
     const Tensor idx = tokens(ctx, b, t, d.vocab, 5);
     auto wte = param(ctx, "wte", Shape{d.vocab, c}, 6);

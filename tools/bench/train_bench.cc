@@ -49,12 +49,14 @@ const std::vector<std::string> kBenchOverrides = {
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: bench train (--workload NAME | --config FILE) [--steps N] [--warmup N]\n"
-               "                   [--compute-baseline] [KEY=VALUE ...]\n"
+               "                   [--compute-baseline] [--profile] [KEY=VALUE ...]\n"
                "  Trains N timed steps after the warm-up and prints tokens/s (total and per GPU),\n"
                "  TFLOP/s and MFU, peak memory (allocated and reserved), the step time and its\n"
                "  split into compute, exposed communication and optimizer. With\n"
                "  --compute-baseline the run is repeated with every collective replaced by a\n"
-               "  local copy; exposed communication = step time - that run's step time.\n"
+               "  local copy; exposed communication = step time - that run's step time. With\n"
+               "  --profile the profiler's capture window (cudaProfilerStart/Stop) spans the\n"
+               "  timed steps only, for `ncu --profile-from-start off`.\n"
                "  Workloads:");
   for (const auto& [name, w] : workloads()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -66,7 +68,7 @@ int run_train_bench(const std::vector<std::string>& args) {
   std::string config;
   std::vector<std::string> overrides;
   int64_t steps = 10, warmup = 2;
-  bool baseline = false;
+  bool baseline = false, profile = false;
   std::string name = "custom";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -89,6 +91,8 @@ int run_train_bench(const std::vector<std::string>& args) {
       steps = std::stoll(value());
     } else if (a == "--warmup") {
       warmup = std::stoll(value());
+    } else if (a == "--profile") {
+      profile = true;
     } else if (a == "--compute-baseline") {
       baseline = true;
     } else {
@@ -123,7 +127,8 @@ int run_train_bench(const std::vector<std::string>& args) {
     o.warmup_steps = warmup;
     o.skip_collectives = skip;
     o.on_comm_failure = tools::exit_after_failure();
-    o.time_collectives = !skip;
+    o.time_collectives = !skip && !profile;
+    o.profile_timed_steps = profile && !skip;
     train::Trainer trainer(recipe, o);
     return trainer.run();
   };

@@ -1,0 +1,101 @@
+// The transformer MLP as one differentiable op (nn::mlp, functional.h).
+//
+// One node for the whole MLP lets backward (1) recompute the activation from its saved input
+// instead of keeping it (the "selective" activation recompute: F values per token fewer for
+// one elementwise pass), and (2) fuse GELU's gradient into the matmul that produces the
+// gradient at its output (Epilogue::DGelu), so it is never written and read back.
+#include "kernels/ops.h"
+#include "runtime/nn/functional.h"
+#include "runtime/nn/op_support.h"
+
+namespace fsdp::nn {
+
+using detail::rows;
+using detail::with_last;
+
+namespace {
+
+// act (N, F) = the activation of the saved input h: GELU of h (N, F), or SwiGLU of
+// h (N, 2F).
+void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, const Tensor& h) {
+  if (act == MlpActivation::Gelu)
+    ops::gelu_forward(ctx, out, h);
+  else
+    ops::swiglu_forward(ctx, out, h);
+}
+
+}  // namespace
+
+Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
+           Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
+           bool recompute_activation) {
+  Context& ctx = g.ctx();
+  const Tensor& w_fc = fc_weight.checked_data();      // (F or 2F, C)
+  const Tensor& w_proj = proj_weight.checked_data();  // (C, F)
+  const int64_t c = w_fc.size(1), h_f = w_fc.size(0), f = w_proj.size(1);
+  const bool gelu = activation == MlpActivation::Gelu;
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "mlp ", fc_weight.name(), ": input ",
+             x.str(), " does not end in ", c, " features");
+  FSDP_CHECK(w_proj.size(0) == c && h_f == (gelu ? f : 2 * f), ShapeError, "mlp: ",
+             fc_weight.name(), " ", w_fc.str(), " and ", proj_weight.name(), " ", w_proj.str(),
+             " do not fit a ", gelu ? "GELU" : "SwiGLU", " MLP");
+  detail::check_compute_dtype(x, fc_weight, "mlp");
+  const Tensor x2 = rows(ctx, x, c);  // (N, C)
+  const int64_t n = x2.size(0);
+  const Tensor b_fc = fc_bias ? fc_bias->checked_data() : Tensor();
+  const Tensor b_proj = proj_bias ? proj_bias->checked_data() : Tensor();
+
+  Tensor h = ctx.empty(Shape{n, h_f}, w_fc.dtype());  // (N, F or 2F): the activation's input
+  Tensor a = ctx.empty(Shape{n, f}, w_fc.dtype());    // (N, F): the activation
+  if (gelu) {
+    ops::matmul(ctx, a, x2, w_fc, false, true, 1.0, 0.0, b_fc, ops::Epilogue::Gelu, h);
+  } else {
+    ops::matmul(ctx, h, x2, w_fc, false, true, 1.0, 0.0, b_fc);
+    ops::swiglu_forward(ctx, a, h);
+  }
+  Tensor y = ctx.empty(with_last(x.shape(), c), w_fc.dtype());  // (..., C)
+  ops::matmul(ctx, y.view(Shape{n, c}), a, w_proj, false, true, 1.0, 0.0, b_proj);
+  if (!g.should_record({&x}, true)) return y;
+
+  y = Graph::track(y);
+  const Tensor saved_a = recompute_activation ? Tensor() : a;
+  g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
+           [tx = Graph::target(x), x2, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
+            &proj_weight, proj_bias, activation, n, c, h_f, f](Graph& g) {
+             Tensor dy = Graph::grad_of(ym);
+             if (!dy.defined()) return;
+             Context& ctx = g.ctx();
+             dy = rows(ctx, dy, c);  // (N, C)
+             const Tensor& w_proj = proj_weight.checked_data();
+             Tensor a = saved_a;
+             if (!a.defined()) {
+               a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
+               activation_forward(ctx, activation, a, h);
+             }
+             // dW_proj (C, F) += dy^T (C, N) @ a (N, F)
+             ops::matmul(ctx, proj_weight.grad_for_accumulation(ctx), dy, a, true, false, 1.0, 1.0);
+             if (proj_bias) ops::bias_backward(ctx, proj_bias->grad_for_accumulation(ctx), dy, true);
+             a = Tensor();  // freed before the (N, F or 2F) gradient is allocated
+             // dh (N, F or 2F): the gradient at the activation's input.
+             Tensor dh = ctx.empty(Shape{n, h_f}, dy.dtype());
+             if (activation == MlpActivation::Gelu) {
+               // da (N, F) = dy @ W_proj, times gelu'(h), in one matmul.
+               ops::matmul(ctx, dh, dy, w_proj, false, false, 1.0, 0.0, Tensor(),
+                           ops::Epilogue::DGelu, h);
+             } else {
+               Tensor da = ctx.empty(Shape{n, f}, dy.dtype());
+               ops::matmul(ctx, da, dy, w_proj, false, false);
+               ops::swiglu_backward(ctx, dh, da, h);
+             }
+             // dW_fc (F or 2F, C) += dh^T @ x (N, C)
+             ops::matmul(ctx, fc_weight.grad_for_accumulation(ctx), dh, x2, true, false, 1.0, 1.0);
+             if (fc_bias) ops::bias_backward(ctx, fc_bias->grad_for_accumulation(ctx), dh, true);
+             const autograd::GradSink sx = g.grad_sink(tx);
+             if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
+               ops::matmul(ctx, sx.buffer.view(Shape{n, c}), dh, fc_weight.checked_data(), false,
+                           false, 1.0, sx.accumulate ? 1.0 : 0.0);
+           });
+  return y;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,29 @@
+#include "runtime/optim/offload_plan.h"
+
+#include <algorithm>
+
+#include "runtime/core/error.h"
+
+namespace fsdp {
+
+std::vector<OffloadChunk> plan_offload_chunks(const std::vector<int64_t>& range_numel,
+                                              int64_t capacity) {
+  FSDP_CHECK(capacity > 0, ValueError, "offload chunks: the capacity must be positive, got ",
+             capacity);
+  std::vector<OffloadChunk> chunks;
+  for (size_t r = 0; r < range_numel.size(); ++r) {
+    FSDP_CHECK(range_numel[r] >= 0, ValueError, "offload chunks: range ", r, " has ",
+               range_numel[r], " elements");
+    for (int64_t begin = 0; begin < range_numel[r];) {
+      if (chunks.empty() || chunks.back().numel == capacity) chunks.emplace_back();
+      OffloadChunk& c = chunks.back();
+      const int64_t n = std::min(range_numel[r] - begin, capacity - c.numel);
+      c.pieces.push_back({r, begin, n, c.numel});
+      c.numel += n;
+      begin += n;
+    }
+  }
+  return chunks;
+}
+
+}  // namespace fsdp

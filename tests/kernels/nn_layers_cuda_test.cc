@@ -355,8 +355,10 @@ TEST_CASE("CUDA AdamW matches the host's f32 AdamW (CPU offload) to the last bit
     }
     // Both compute in f32 with the same formula; nvcc may fuse a multiply and an add into
     // one FMA where the host rounds twice, so the last bit of a few elements can differ:
-    // 1e-6 of the scale, and the bf16 copies agree except at such elements.
-    CHECK(scaled_error(gpu, p) < 1e-6);
+    // 1e-6 of the scale with f32 moments. With bf16 moments such a last-bit difference can
+    // round a moment one bf16 ulp (2^-8 relative) apart, moving that step's update by
+    // ~lr * 2^-7 (as in the CPU-reference test above): 1e-4 of the scale over 3 steps.
+    CHECK(scaled_error(gpu, p) < (moments == DType::bf16 ? 1e-4 : 1e-6));
     CHECK(scaled_error(gpu, m_gpu, m_cpu) < (moments == DType::bf16 ? 1e-2 : 1e-6));
     const auto cc = values(cpu, copy_cpu), cg = values(gpu, copy_gpu);
     int64_t differ = 0;

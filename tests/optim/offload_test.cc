@@ -54,7 +54,7 @@ TEST_CASE("offload chunks pack small ranges and split large ones", "[optim]") {
     for (size_t c = 0; c + 1 < chunks.size(); ++c) CHECK(chunks[c].numel == capacity);
   }
   const auto chunks = plan_offload_chunks(numel, 16);
-  REQUIRE(chunks.size() == 4);  // 48 elements
+  REQUIRE(chunks.size() == 3);  // 48 elements
   CHECK(chunks[0].pieces.size() == 3);  // 10 of range 0, 3 of range 2, 3 of range 3
   CHECK(chunks[0].pieces[2].range == 3);
   CHECK(chunks[0].pieces[2].numel == 3);

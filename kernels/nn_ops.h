@@ -62,6 +62,15 @@ void batched_matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tens
 // dbias (N) (+)= sum over rows of dout (M, N).
 void bias_backward(Context& ctx, const Tensor& dbias, const Tensor& dout, bool accumulate);
 
+// A linear layer's weight and bias gradients from one read of the output gradient:
+// dw (M, N) = alpha * op(a) @ op(b) + beta * dw as matmul, and dbias (M) (+)= the sums over
+// K of op(a) (with a = dy (K, M), trans_a: the column sums of dy). On CUDA the bias sums are
+// cuBLASLt's BGRADB epilogue of the same matmul where it has one for the problem; otherwise,
+// and on the CPU, matmul then bias_backward.
+void matmul_bias_grad(Context& ctx, const Tensor& dw, const Tensor& a, const Tensor& b,
+                      bool trans_a, bool trans_b, double alpha, double beta, const Tensor& dbias,
+                      bool accumulate_dbias);
+
 // ---------------------------------------------------------------- embeddings
 // out (B, T, C) = wte[idx] (+ wpe[t] when wpe is defined). idx (B, T) i32, wte (V, C), wpe (T', C).
 // out has the tables' dtype, or f32 beside bf16 tables (CUDA).

@@ -4,6 +4,7 @@
 #include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
+#include "kernels/cuda/basic.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/nn_kernels.h"
 #endif
@@ -97,6 +98,39 @@ void batched_matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tens
                                               b.data_ptr(), a.dtype(), alpha, beta, nullptr,
                                               nullptr, kernels::MatmulEpilogue::None);
 #endif
+}
+
+void matmul_bias_grad(Context& ctx, const Tensor& dw, const Tensor& a, const Tensor& b,
+                      bool trans_a, bool trans_b, double alpha, double beta, const Tensor& dbias,
+                      bool accumulate_dbias) {
+  const char* what = "matmul_bias_grad";
+  check_operands(ctx, dw, a, b, 2, what);
+  const kernels::MatmulDims d = matmul_dims(dw, a, b, trans_a, trans_b, what);
+  check_on_ctx(ctx, dbias, what);
+  check_floating(dbias, what);
+  check_contiguous(dbias, what);
+  check_shape(dbias, Shape{d.m}, what);
+  FSDP_CHECK(trans_a && alpha == 1.0, ValueError, what,
+             ": the bias gradient is the column sums of a = dy (K, M): trans_a and alpha 1");
+#if FSDP_WITH_CUDA
+  if (ctx.device().is_cuda()) {
+    // BGRADB writes f32 sums: straight into an f32 gradient that starts here, else into a
+    // scratch vector added afterwards.
+    const bool direct = dbias.dtype() == DType::f32 && !accumulate_dbias;
+    const Tensor sums = direct ? dbias : ctx.empty(Shape{d.m}, DType::f32);
+    if (ctx.extension<kernels::cuda::Blas>().try_matmul(
+            d, dw.data_ptr(), dw.dtype(), a.data_ptr(), b.data_ptr(), a.dtype(), alpha, beta,
+            nullptr, sums.data_ptr(), kernels::MatmulEpilogue::BiasGrad)) {
+      if (!direct)
+        kernels::cuda::axpby(dbias.data_ptr(), dbias.dtype(), sums.data_ptr(), DType::f32, 1.0,
+                             accumulate_dbias ? 1.0 : 0.0, d.m, ctx.stream().cuda_stream());
+      return;
+    }
+  }
+#endif
+  matmul(ctx, dw, a, b, trans_a, trans_b, alpha, beta);
+  // a (K, M) holds dy: its column sums are the bias gradient.
+  bias_backward(ctx, dbias, a, accumulate_dbias);
 }
 
 void bias_backward(Context& ctx, const Tensor& dbias, const Tensor& dout, bool accumulate) {

@@ -30,6 +30,8 @@ enum class MatmulEpilogue : uint8_t {
   Gelu,   // out = gelu(alpha op(a) op(b) + bias); aux (if given) receives the pre-activation
   DGelu,  // out = (alpha op(a) op(b)) * gelu'(aux): the gradient through a GELU whose input
           // was aux (read), as the backward of a Gelu matmul needs it
+  BiasGrad,  // out = alpha op(a) op(b) (+ beta out); aux (M, f32) = the sums over K of op(a):
+             // a weight gradient dy^T x and the bias gradient of dy from one read (CUDA only)
 };
 
 // Strides of a (B, T, heads, D) tensor whose last dimension is contiguous.

@@ -210,6 +210,9 @@ void matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a, c
             DType in_dtype, double alpha, double beta, const void* bias, void* aux,
             MatmulEpilogue epilogue) {
   if (dims.m == 0 || dims.n == 0 || dims.batch == 0) return;
+  FSDP_CHECK(epilogue != MatmulEpilogue::BiasGrad, ValueError,
+             "cpu matmul: the BiasGrad epilogue is CUDA's (ops::matmul_bias_grad sums the bias "
+             "gradient separately on the CPU)");
   const Epilogue e{alpha, beta, epilogue};
   if (in_dtype == DType::f32 && out_dtype == DType::f32) {
     matmul_typed<float, float>(dims, static_cast<float*>(out), static_cast<const float*>(a),

@@ -120,6 +120,8 @@ struct Blas::Impl {
     const bool gelu = key.epilogue == MatmulEpilogue::Gelu;
     if (key.epilogue == MatmulEpilogue::DGelu)
       epilogue = CUBLASLT_EPILOGUE_DGELU;  // reads the pre-activation from aux
+    else if (key.epilogue == MatmulEpilogue::BiasGrad)
+      epilogue = CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our a: sums over K of op(a)
     else if (gelu && key.aux)
       epilogue = key.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (gelu)
@@ -128,12 +130,16 @@ struct Blas::Impl {
       epilogue = CUBLASLT_EPILOGUE_BIAS;
     FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                              sizeof(epilogue)));
-    if (key.aux) {
+    if (key.epilogue == MatmulEpilogue::BiasGrad) {
+      const cudaDataType_t f32 = CUDA_R_32F;
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32,
+                                               sizeof(f32)));
+    } else if (key.aux) {
       const int64_t ld = d.n;
       FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
                                                sizeof(ld)));
     }
-    set_pointers(*p, bias, aux);
+    set_pointers(*p, bias, aux, key.epilogue == MatmulEpilogue::BiasGrad);
     const cudaDataType_t in = cuda_type(key.in), out = cuda_type(key.out);
     // Our b: (K, N) row-major = (N, K) column-major, ld N; transposed: stored (N, K), ld K.
     p->lt_a = d.trans_b ? make_layout(in, d.k, d.n, d.k, d.batch, d.batch_stride_b)
@@ -167,6 +173,9 @@ struct Blas::Impl {
       status = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->lt_a, p->lt_b, p->lt_out,
                                               p->lt_out, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    // No BiasGrad algorithm for this problem is an answer, not an error (try_matmul).
+    if (key.epilogue == MatmulEpilogue::BiasGrad && (found == 0 || status != CUBLAS_STATUS_SUCCESS))
+      return nullptr;
     FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, ValueError,
                "matmul (cuBLASLt): no algorithm for (", d.m, " x ", d.k, ") @ (", d.k, " x ", d.n,
                ") batch ", d.batch, ", ", dtype_name(key.in), " -> ", dtype_name(key.out),
@@ -179,7 +188,12 @@ struct Blas::Impl {
     return p;
   }
 
-  static void set_pointers(Plan& p, const void* bias, void* aux) {
+  static void set_pointers(Plan& p, const void* bias, void* aux, bool aux_is_bias_grad) {
+    if (aux_is_bias_grad) {  // BGRADB writes the bias gradient through the bias pointer
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &aux,
+                                               sizeof(aux)));
+      return;
+    }
     if (bias)
       FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof(bias)));
@@ -197,12 +211,22 @@ size_t Blas::cached_plans() const { return impl_->plans.size(); }
 void Blas::matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a, const void* b,
                   DType in_dtype, double alpha, double beta, const void* bias, void* aux,
                   MatmulEpilogue epilogue) {
-  if (d.m == 0 || d.n == 0 || d.batch == 0) return;
+  FSDP_CHECK(epilogue != MatmulEpilogue::BiasGrad, ValueError,
+             "matmul: the BiasGrad epilogue goes through Blas::try_matmul");
+  try_matmul(d, out, out_dtype, a, b, in_dtype, alpha, beta, bias, aux, epilogue);
+}
+
+bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a,
+                      const void* b, DType in_dtype, double alpha, double beta, const void* bias,
+                      void* aux, MatmulEpilogue epilogue) {
+  if (d.m == 0 || d.n == 0 || d.batch == 0) return epilogue != MatmulEpilogue::BiasGrad;
+  const bool bias_grad = epilogue == MatmulEpilogue::BiasGrad;
+  if (bias_grad && (d.k == 0 || d.batch != 1 || !aux)) return false;
   FSDP_CHECK(in_dtype == DType::bf16 || in_dtype == DType::f32, DTypeError,
              "matmul: CUDA inputs must be bf16 or f32, got ", dtype_name(in_dtype));
   CUstream_st* stream = impl_->ctx.stream().cuda_stream();
   const bool gelu = epilogue == MatmulEpilogue::Gelu;
-  if (aux && d.n % 8 != 0) {
+  if (aux && !bias_grad && d.n % 8 != 0) {
     // cuBLASLt reads or writes the GELU input only with a leading dimension divisible by 8:
     // run the plain product (with bias) and then our GELU kernels.
     if (gelu) {
@@ -212,14 +236,14 @@ void Blas::matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a
       matmul(d, out, out_dtype, a, b, in_dtype, alpha, beta, bias, nullptr, MatmulEpilogue::None);
       gelu_backward(out, out, aux, d.m * d.n, out_dtype, stream);  // elementwise, in place
     }
-    return;
+    return true;
   }
   if (d.k == 0) {
     // cuBLASLt rejects K = 0; the product is empty, so out = beta * out (+ bias, GELU).
     FSDP_CHECK(beta == 0.0 && !bias && epilogue == MatmulEpilogue::None, ValueError,
                "matmul: K = 0 with beta, bias or GELU is not supported on CUDA");
     FSDP_CALL(cudaMemsetAsync(out, 0, size_t(d.batch * d.m * d.n) * dtype_size(out_dtype), stream));
-    return;
+    return true;
   }
   PlanKey key{d,
               in_dtype,
@@ -235,11 +259,13 @@ void Blas::matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a
   void* ws = impl_->workspace(stream);
   auto it = impl_->plans.find(key);
   if (it == impl_->plans.end()) it = impl_->plans.emplace(key, impl_->plan(key, bias, aux)).first;
+  if (!it->second) return false;  // cuBLASLt has no BiasGrad algorithm for this problem
   Plan& p = *it->second;
-  Impl::set_pointers(p, bias, aux);
+  Impl::set_pointers(p, bias, aux, bias_grad);
   const float alpha_f = float(alpha), beta_f = float(beta);
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
                            p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
+  return true;
 }
 
 }  // namespace fsdp::kernels::cuda

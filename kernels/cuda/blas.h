@@ -29,6 +29,13 @@ class Blas {
               DType in_dtype, double alpha, double beta, const void* bias, void* aux,
               MatmulEpilogue epilogue);
 
+  // With MatmulEpilogue::BiasGrad, `aux` (M floats) receives the sums over K of op(a).
+  // Returns false, having done nothing, when cuBLASLt has no algorithm for that epilogue
+  // with this problem (the caller sums the bias gradient itself); true otherwise.
+  bool try_matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a,
+                  const void* b, DType in_dtype, double alpha, double beta, const void* bias,
+                  void* aux, MatmulEpilogue epilogue);
+
   // Number of distinct problem shapes planned so far (for tests of the cache).
   size_t cached_plans() const;
 

@@ -1,13 +1,14 @@
 // Token/position embeddings and rotary embeddings on CUDA (kernels/cuda/nn_kernels.h).
 //
 // The token-embedding gradient is a scatter-add that must not depend on thread timing, so
-// it never adds floats atomically. Instead: (1) count each token id's occurrences, (2) scan
-// the counts into bucket offsets, (3) drop each position into its token's bucket (integer
-// atomics pick the slot, so the order inside a bucket varies), (4) one block per token id
-// sorts its bucket by position and sums the gradient rows in that order. Same inputs, same
-// bits.
+// it never adds floats atomically. Instead: (1) count each token id's occurrences and scan
+// the counts into bucket offsets, (2) sort the positions by token id with a stable radix
+// sort (CUB), so each id's positions sit in ascending order at its offset, (3) one block per
+// token id sums its gradient rows: eight lanes each add every eighth row in order, then the
+// lanes are added in order. Same inputs, same bits, and a frequent token's thousands of rows
+// are summed eight ways in parallel.
 #include <algorithm>
-#include <climits>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/nn_kernels.h"
@@ -18,7 +19,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kScanThreads = 1024;
-constexpr int kRowThreads = 128;  // one block per token id: 96 packs of a 768-wide bf16 row
+// accumulate_rows_kernel's block: 32 threads across a tile of 32 packs of columns, times
+// kRowLanes lanes over the token's rows.
+constexpr int kRowLanes = 8;
 
 template <int W, typename T, typename O>
 __global__ void embedding_forward_kernel(O* out, const int32_t* idx, const T* wte, const T* wpe,
@@ -42,10 +45,9 @@ __global__ void count_tokens_kernel(const int32_t* idx, int64_t tokens, int32_t*
     atomicAdd(&counts[idx[i]], 1);
 }
 
-// offsets[v] = sum of counts[0..v) (and offsets[V] = total); cursor = offsets. One block:
+// offsets[v] = sum of counts[0..v) (and offsets[V] = total). One block:
 // each thread scans a contiguous segment, then the segment totals are scanned.
-__global__ void scan_counts_kernel(const int32_t* counts, int64_t V, int32_t* offsets,
-                                   int32_t* cursor) {
+__global__ void scan_counts_kernel(const int32_t* counts, int64_t V, int32_t* offsets) {
   __shared__ int32_t totals[kScanThreads];
   const int64_t seg = (V + kScanThreads - 1) / kScanThreads;
   const int64_t v0 = threadIdx.x * seg, v1 = min(V, v0 + seg);
@@ -65,82 +67,52 @@ __global__ void scan_counts_kernel(const int32_t* counts, int64_t V, int32_t* of
   __syncthreads();
   int32_t run = totals[threadIdx.x];
   for (int64_t v = v0; v < v1; ++v) {
-    offsets[v] = cursor[v] = run;
+    offsets[v] = run;
     run += counts[v];
   }
 }
 
-__global__ void fill_buckets_kernel(const int32_t* idx, int64_t tokens, int32_t* cursor,
-                                    int32_t* buckets) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < tokens;
+__global__ void iota_kernel(int32_t* out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    buckets[atomicAdd(&cursor[idx[i]], 1)] = int32_t(i);
+    out[i] = int32_t(i);
 }
 
-// Sorts keys[0, n) ascending in shared memory (bitonic network over the next power of two,
-// padded with INT_MAX). All threads of the block call it.
-__device__ void sort_in_shared(int32_t* keys, int32_t n) {
-  int32_t size = 1;
-  while (size < n) size <<= 1;
-  for (int32_t i = n + threadIdx.x; i < size; i += blockDim.x) keys[i] = INT_MAX;
-  __syncthreads();
-  for (int32_t k = 2; k <= size; k <<= 1) {
-    for (int32_t j = k >> 1; j > 0; j >>= 1) {
-      for (int32_t i = threadIdx.x; i < size; i += blockDim.x) {
-        const int32_t partner = i ^ j;
-        if (partner > i) {
-          const int32_t a = keys[i], b = keys[partner];
-          if ((a > b) == ((i & k) == 0)) {
-            keys[i] = b;
-            keys[partner] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
-}
-
-constexpr int32_t kSharedSortCapacity = 4096;  // bucket entries sorted in shared memory
-
-// One block per token id v: orders its bucket by position, then dwte[v] += the dout rows of
-// those positions, in that order. Buckets up to kSharedSortCapacity are sorted in shared
-// memory; a larger one ranks each entry by counting the smaller positions (O(n^2), rare).
+// One block per token id v: dwte[v] += the dout rows of its positions (sorted[offsets[v] ..
+// offsets[v + 1]), ascending). Thread (x, y) owns W columns of each 32 W-column tile and
+// adds rows y, y + 8, ... in order; the 8 lane sums are then added in lane order.
 template <int W, typename T, typename G>
 __global__ void accumulate_rows_kernel(G* dwte, const T* dout, const int32_t* offsets,
-                                       const int32_t* buckets, int32_t* sorted, int64_t C) {
-  __shared__ int32_t keys[kSharedSortCapacity];
+                                       const int32_t* sorted, int64_t C) {
+  __shared__ float lanes[kRowLanes][kWarp * W];
   const int64_t v = blockIdx.x;
-  const int32_t begin = offsets[v], end = offsets[v + 1], n = end - begin;
-  if (n == 0) return;
-  const int32_t* order = keys;
-  if (n <= kSharedSortCapacity) {
-    for (int32_t e = threadIdx.x; e < n; e += blockDim.x) keys[e] = buckets[begin + e];
-    __syncthreads();
-    sort_in_shared(keys, n);
-  } else {
-    for (int32_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-      const int32_t pos = buckets[e];
-      int32_t rank = 0;
-      for (int32_t o = begin; o < end; ++o) rank += buckets[o] < pos;
-      sorted[begin + rank] = pos;
-    }
-    __syncthreads();
-    order = sorted + begin;
-  }
-  for (int64_t c = int64_t(threadIdx.x) * W; c < C; c += int64_t(blockDim.x) * W) {
+  const int32_t begin = offsets[v], end = offsets[v + 1];
+  if (begin == end) return;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t tile = 0; tile < C; tile += int64_t(kWarp) * W) {
+    const int64_t c = tile + int64_t(tx) * W;
     float acc[W] = {};
-    for (int32_t e = 0; e < n; ++e) {
-      float g[W];
-      load_floats<W>(dout + int64_t(order[e]) * C + c, g);
+    if (c < C) {
+      for (int32_t e = begin + ty; e < end; e += kRowLanes) {
+        float g[W];
+        load_floats<W>(dout + int64_t(sorted[e]) * C + c, g);
 #pragma unroll
-      for (int j = 0; j < W; ++j) acc[j] += g[j];
+        for (int j = 0; j < W; ++j) acc[j] += g[j];
+      }
     }
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-      G& d = dwte[v * C + c + j];
-      d = from_float<G>(to_float(d) + acc[j]);
+    for (int j = 0; j < W; ++j) lanes[ty][tx * W + j] = acc[j];
+    __syncthreads();
+    if (ty == 0 && c < C) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        float total = 0;
+        for (int l = 0; l < kRowLanes; ++l) total += lanes[l][tx * W + j];  // fixed order
+        G& d = dwte[v * C + c + j];
+        d = from_float<G>(to_float(d) + total);
+      }
     }
+    __syncthreads();
   }
 }
 
@@ -166,24 +138,53 @@ __global__ void rope_kernel(T* x, int64_t batch, int64_t seq, int64_t heads, int
   }
 }
 
-// Workspace: counts (V), offsets (V + 1), cursor (V), buckets (N), sorted (N) as int32, then
-// the position-embedding partial sums (f32).
+// Workspace: counts (V), offsets (V + 1), positions (N), sorted ids (N), sorted positions (N)
+// as int32, then the position-embedding partial sums (f32), then CUB's sort scratch.
 struct EmbeddingScratch {
-  int32_t *counts, *offsets, *cursor, *buckets, *sorted;
+  int32_t *counts, *offsets, *positions, *sorted_ids, *sorted;
   float* partials;
+  void* sort_temp;
+  size_t sort_temp_bytes;
 };
 
-size_t index_ints(const EmbeddingDims& d) { return size_t(3 * d.vocab + 1 + 2 * d.batch * d.seq); }
+size_t index_ints(const EmbeddingDims& d) { return size_t(2 * d.vocab + 1 + 3 * d.batch * d.seq); }
+
+// Bits of the largest token id: the radix sort looks at no others.
+int id_bits(int64_t vocab) {
+  int bits = 1;
+  while (bits < 31 && (int64_t(1) << bits) < vocab) ++bits;
+  return bits;
+}
+
+size_t sort_temp_bytes(const EmbeddingDims& d) {
+  size_t bytes = 0;
+  const int64_t n = d.batch * d.seq;
+  FSDP_CALL(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                            static_cast<int32_t*>(nullptr),
+                                            static_cast<const int32_t*>(nullptr),
+                                            static_cast<int32_t*>(nullptr), n, 0,
+                                            id_bits(d.vocab)));
+  return bytes;
+}
+
+size_t partial_floats(const EmbeddingDims& d) {
+  return column_sum_workspace_bytes(d.batch, d.seq * d.channels) / sizeof(float);
+}
 
 EmbeddingScratch carve(const EmbeddingDims& d, void* workspace) {
   EmbeddingScratch s;
+  const int64_t n = d.batch * d.seq;
   s.counts = static_cast<int32_t*>(workspace);
   s.offsets = s.counts + d.vocab;
-  s.cursor = s.offsets + d.vocab + 1;
-  s.buckets = s.cursor + d.vocab;
-  s.sorted = s.buckets + d.batch * d.seq;
+  s.positions = s.offsets + d.vocab + 1;
+  s.sorted_ids = s.positions + n;
+  s.sorted = s.sorted_ids + n;
   const size_t ints = (index_ints(d) + 3) / 4 * 4;  // keep the floats 16-byte aligned
   s.partials = reinterpret_cast<float*>(static_cast<int32_t*>(workspace) + ints);
+  // CUB's scratch starts at a 256-byte boundary (the workspace holds 256 spare bytes).
+  const uintptr_t after = reinterpret_cast<uintptr_t>(s.partials + (partial_floats(d) + 3) / 4 * 4);
+  s.sort_temp = reinterpret_cast<void*>((after + 255) / 256 * 256);
+  s.sort_temp_bytes = sort_temp_bytes(d);
   return s;
 }
 
@@ -211,8 +212,8 @@ void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, co
 
 size_t embedding_backward_workspace_bytes(const EmbeddingDims& d) {
   const size_t ints = (index_ints(d) + 3) / 4 * 4;
-  const size_t floats = column_sum_workspace_bytes(d.batch, d.seq * d.channels) / sizeof(float);
-  return ints * sizeof(int32_t) + floats * sizeof(float);
+  const size_t floats = (partial_floats(d) + 3) / 4 * 4;
+  return ints * sizeof(int32_t) + floats * sizeof(float) + 256 + sort_temp_bytes(d);
 }
 
 void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const void* dout,
@@ -224,19 +225,23 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
     FSDP_CALL(cudaMemsetAsync(s.counts, 0, size_t(d.vocab) * sizeof(int32_t), stream));
     count_tokens_kernel<<<grid_for(tokens, kThreads), kThreads, 0, stream>>>(idx, tokens, s.counts);
     FSDP_CHECK_LAUNCH();
-    scan_counts_kernel<<<1, kScanThreads, 0, stream>>>(s.counts, d.vocab, s.offsets, s.cursor);
+    scan_counts_kernel<<<1, kScanThreads, 0, stream>>>(s.counts, d.vocab, s.offsets);
     FSDP_CHECK_LAUNCH();
-    fill_buckets_kernel<<<grid_for(tokens, kThreads), kThreads, 0, stream>>>(idx, tokens, s.cursor,
-                                                                            s.buckets);
+    // Positions sorted by token id; stable, so ascending within each id.
+    iota_kernel<<<grid_for(tokens, kThreads), kThreads, 0, stream>>>(s.positions, tokens);
     FSDP_CHECK_LAUNCH();
+    size_t temp_bytes = s.sort_temp_bytes;
+    FSDP_CALL(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp_bytes, idx, s.sorted_ids,
+                                              s.positions, s.sorted, tokens, 0,
+                                              id_bits(d.vocab), stream));
     dispatch_compute(d.dtype, "embedding_backward", [&](auto ttag) {
       using T = decltype(ttag);
       dispatch_compute(d.grad_dtype, "embedding_backward gradient", [&](auto gtag) {
         using G = decltype(gtag);
         dispatch_width<T>(d.channels, {dout}, [&](auto w) {
           constexpr int W = decltype(w)::value;
-          accumulate_rows_kernel<W, T, G><<<unsigned(d.vocab), kRowThreads, 0, stream>>>(
-              static_cast<G*>(dwte), static_cast<const T*>(dout), s.offsets, s.buckets, s.sorted,
+          accumulate_rows_kernel<W, T, G><<<unsigned(d.vocab), dim3(kWarp, kRowLanes), 0, stream>>>(
+              static_cast<G*>(dwte), static_cast<const T*>(dout), s.offsets, s.sorted,
               d.channels);
           FSDP_CHECK_LAUNCH();
         });

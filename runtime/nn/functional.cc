@@ -48,9 +48,8 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
              if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
                ops::matmul(ctx, sx.buffer.view(Shape{n, in_f}), dy, wp->checked_data(), false,
                            false, 1.0, sx.accumulate ? 1.0 : 0.0);
-             // dW (out, in) += dy^T (out, N) @ x (N, in)
-             ops::matmul(ctx, wp->grad_for_accumulation(ctx), dy, x2, true, false, 1.0, 1.0);
-             if (bias) ops::bias_backward(ctx, bias->grad_for_accumulation(ctx), dy, true);
+             // dW (out, in) += dy^T (out, N) @ x (N, in); db (out) += column sums of dy
+             detail::weight_and_bias_grad(ctx, *wp, bias, dy, x2);
            });
   return y;
 }

@@ -11,6 +11,7 @@
 namespace fsdp::nn {
 
 using detail::rows;
+using detail::weight_and_bias_grad;
 using detail::with_last;
 
 namespace {
@@ -72,9 +73,8 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
                activation_forward(ctx, activation, a, h);
              }
-             // dW_proj (C, F) += dy^T (C, N) @ a (N, F)
-             ops::matmul(ctx, proj_weight.grad_for_accumulation(ctx), dy, a, true, false, 1.0, 1.0);
-             if (proj_bias) ops::bias_backward(ctx, proj_bias->grad_for_accumulation(ctx), dy, true);
+             // dW_proj (C, F) += dy^T (C, N) @ a (N, F); db_proj (C) += column sums of dy
+             weight_and_bias_grad(ctx, proj_weight, proj_bias, dy, a);
              a = Tensor();  // freed before the (N, F or 2F) gradient is allocated
              // dh (N, F or 2F): the gradient at the activation's input.
              Tensor dh = ctx.empty(Shape{n, h_f}, dy.dtype());
@@ -87,9 +87,8 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                ops::matmul(ctx, da, dy, w_proj, false, false);
                ops::swiglu_backward(ctx, dh, da, h);
              }
-             // dW_fc (F or 2F, C) += dh^T @ x (N, C)
-             ops::matmul(ctx, fc_weight.grad_for_accumulation(ctx), dh, x2, true, false, 1.0, 1.0);
-             if (fc_bias) ops::bias_backward(ctx, fc_bias->grad_for_accumulation(ctx), dh, true);
+             // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
+             weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, x2);
              const autograd::GradSink sx = g.grad_sink(tx);
              if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
                ops::matmul(ctx, sx.buffer.view(Shape{n, c}), dh, fc_weight.checked_data(), false,

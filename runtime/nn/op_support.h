@@ -3,6 +3,7 @@
 
 #include <functional>
 
+#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/nn/parameter.h"
@@ -53,6 +54,17 @@ inline void check_stream_dtype(const Tensor& x, const Parameter& p, const char* 
   FSDP_CHECK(x.dtype() == w || (x.dtype() == DType::f32 && w == DType::bf16), DTypeError, op, " ",
              p.name(), ": input ", x.str(), " has neither the weight's dtype ", dtype_name(w),
              " nor f32 beside bf16");
+}
+
+// A linear layer's parameter gradients: dW (out, in) += dy^T (out, N) @ x (N, in), and
+// db (out) += the column sums of dy (in the same pass over dy where the backend can).
+inline void weight_and_bias_grad(Context& ctx, Parameter& weight, Parameter* bias,
+                                 const Tensor& dy, const Tensor& x) {
+  if (bias)
+    ops::matmul_bias_grad(ctx, weight.grad_for_accumulation(ctx), dy, x, true, false, 1.0, 1.0,
+                          bias->grad_for_accumulation(ctx), true);
+  else
+    ops::matmul(ctx, weight.grad_for_accumulation(ctx), dy, x, true, false, 1.0, 1.0);
 }
 
 }  // namespace fsdp::nn::detail

@@ -162,6 +162,20 @@ TEST_CASE("CUDA basic kernels match their CPU twins", "[kernels][gpu]") {
     CHECK(ops::item(gpu, ops::max_abs(gpu, da)) == ops::item(cpu, ops::max_abs(cpu, ha)));
   }
 
+  // The packed path (aligned, n a multiple of 8) ran above; an odd length and an offset view
+  // take the scalar one, and an f32 stream plus a bf16 branch the mixed packed one: all
+  // exactly the CPU's results.
+  for (int64_t len : {int64_t(1001), int64_t(4096)}) {
+    INFO("len " << len);
+    Tensor ha = ops::from_vector(cpu, va, Shape{n}, DType::f32).narrow(0, 1, len);
+    Tensor hb = ops::from_vector(cpu, vb, Shape{n}, DType::bf16).narrow(0, 0, len);
+    Tensor da = ops::to_device(gpu, ha, gpu.device()), db = ops::to_device(gpu, hb, gpu.device());
+    Tensor hout = ops::empty(cpu, Shape{len}, DType::f32), dout = ops::empty(gpu, Shape{len}, DType::f32);
+    ops::add(cpu, hout, ha, hb);
+    ops::add(gpu, dout, da, db);
+    CHECK(ops::compare(gpu, dout, hout).max_abs == 0);
+  }
+
   // axpby: bf16 gradients accumulated into f32.
   Tensor hy = ops::from_vector(cpu, va, Shape{n}, DType::f32);
   Tensor hx = ops::from_vector(cpu, vb, Shape{n}, DType::bf16);

@@ -106,6 +106,28 @@ TEST_CASE("CUDA matmul DGelu epilogue (the GELU gradient fused into the matmul)"
   }
 }
 
+TEST_CASE("CUDA weight and bias gradients in one matmul (BGRADB) match the CPU",
+          "[kernels][nn][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  // dW (out, in) += dy^T @ x and db (out) += column sums of dy, as a linear layer's backward.
+  for (int64_t out_f : {int64_t(768), int64_t(2304), int64_t(100)}) {
+    for (bool accumulate : {false, true}) {
+      INFO("out " << out_f << " accumulate " << accumulate);
+      const int64_t tokens = 4096, in_f = 768;
+      Dual dy = dual_random(cpu, gpu, Shape{tokens, out_f}, DType::bf16, 41);
+      Dual x = dual_random(cpu, gpu, Shape{tokens, in_f}, DType::bf16, 42);
+      Dual dw = dual_random(cpu, gpu, Shape{out_f, in_f}, DType::f32, 43);
+      Dual db = dual_random(cpu, gpu, Shape{out_f}, DType::f32, 44);
+      ops::matmul_bias_grad(cpu, dw.cpu, dy.cpu, x.cpu, true, false, 1.0, 1.0, db.cpu, accumulate);
+      ops::matmul_bias_grad(gpu, dw.gpu, dy.gpu, x.gpu, true, false, 1.0, 1.0, db.gpu, accumulate);
+      // f32 sums of 4096 bf16 products / values in another order: 1e-5 of the scale.
+      CHECK(scaled_error(gpu, dw) < 1e-5);
+      CHECK(scaled_error(gpu, db) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("CUDA matmul accumulates bf16 products into f32 weight gradients (beta = 1)",
           "[kernels][nn][gpu]") {
   FSDP_REQUIRE_GPU();

@@ -127,6 +127,35 @@ TEST_CASE("matmul DGelu epilogue multiplies the product by gelu'(aux)", "[kernel
   }
 }
 
+TEST_CASE("matmul_bias_grad: a linear layer's weight and bias gradients", "[kernels][nn]") {
+  Context ctx;
+  const int64_t tokens = 37, out_f = 11, in_f = 6;
+  Tensor dy = random_tensor(ctx, Shape{tokens, out_f}, DType::f64, 51);
+  Tensor x = random_tensor(ctx, Shape{tokens, in_f}, DType::f64, 52);
+  Tensor dw = random_tensor(ctx, Shape{out_f, in_f}, DType::f64, 53);
+  Tensor db = random_tensor(ctx, Shape{out_f}, DType::f64, 54);
+  const auto dw0 = values(ctx, dw), db0 = values(ctx, db);
+  ops::matmul_bias_grad(ctx, dw, dy, x, true, false, 1.0, 1.0, db, true);
+  const std::vector<double> prod = naive_matmul(values(ctx, dy), values(ctx, x), {}, {}, out_f,
+                                                in_f, tokens, true, false, 1.0, 0.0);
+  const auto g = values(ctx, dy);
+  std::vector<double> want_w(dw0), want_b(db0);
+  for (size_t i = 0; i < want_w.size(); ++i) want_w[i] += prod[i];
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t o = 0; o < out_f; ++o) want_b[size_t(o)] += g[size_t(t * out_f + o)];
+  CHECK(max_rel_diff(values(ctx, dw), want_w, 1.0) < 1e-12);
+  CHECK(max_rel_diff(values(ctx, db), want_b, 1.0) < 1e-12);
+  // Not accumulating: the bias gradient is overwritten.
+  ops::matmul_bias_grad(ctx, dw, dy, x, true, false, 1.0, 1.0, db, false);
+  for (size_t o = 0; o < want_b.size(); ++o) want_b[o] -= db0[o];
+  CHECK(max_rel_diff(values(ctx, db), want_b, 1.0) < 1e-12);
+  // The bias gradient is dy's column sums: dy must be transposed, alpha 1.
+  CHECK_THROWS_AS(ops::matmul_bias_grad(ctx, dw, dy, x, false, false, 1.0, 1.0, db, true),
+                  ShapeError);
+  CHECK_THROWS_AS(ops::matmul_bias_grad(ctx, dw, dy, x, true, false, 0.5, 1.0, db, true),
+                  ValueError);
+}
+
 TEST_CASE("matmul GELU epilogue writes gelu(out) and the pre-activation", "[kernels][nn]") {
   Context ctx;
   const int64_t m = 33, n = 70, k = 29;

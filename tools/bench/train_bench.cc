@@ -49,14 +49,15 @@ const std::vector<std::string> kBenchOverrides = {
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: bench train (--workload NAME | --config FILE) [--steps N] [--warmup N]\n"
-               "                   [--compute-baseline] [--profile] [KEY=VALUE ...]\n"
+               "                   [--compute-baseline] [--profile] [--verbose] [KEY=VALUE ...]\n"
                "  Trains N timed steps after the warm-up and prints tokens/s (total and per GPU),\n"
                "  TFLOP/s and MFU, peak memory (allocated and reserved), the step time and its\n"
                "  split into compute, exposed communication and optimizer. With\n"
                "  --compute-baseline the run is repeated with every collective replaced by a\n"
                "  local copy; exposed communication = step time - that run's step time. With\n"
                "  --profile the profiler's capture window (cudaProfilerStart/Stop) spans the\n"
-               "  timed steps only, for `ncu --profile-from-start off`.\n"
+               "  timed steps only, for `ncu --profile-from-start off`. --verbose prints the\n"
+               "  trainer's set-up (memory prediction) and step lines as training does.\n"
                "  Workloads:");
   for (const auto& [name, w] : workloads()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -68,7 +69,7 @@ int run_train_bench(const std::vector<std::string>& args) {
   std::string config;
   std::vector<std::string> overrides;
   int64_t steps = 10, warmup = 2;
-  bool baseline = false, profile = false;
+  bool baseline = false, profile = false, verbose = false;
   std::string name = "custom";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -93,6 +94,8 @@ int run_train_bench(const std::vector<std::string>& args) {
       warmup = std::stoll(value());
     } else if (a == "--profile") {
       profile = true;
+    } else if (a == "--verbose") {
+      verbose = true;
     } else if (a == "--compute-baseline") {
       baseline = true;
     } else {
@@ -122,7 +125,7 @@ int run_train_bench(const std::vector<std::string>& args) {
 
   auto run = [&](bool skip) {
     train::TrainerOptions o;
-    o.out = nullptr;
+    o.out = verbose && !skip ? stdout : nullptr;
     o.print_sample = false;
     o.warmup_steps = warmup;
     o.skip_collectives = skip;

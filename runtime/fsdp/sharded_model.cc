@@ -279,7 +279,24 @@ void ShardedModel::initialize_weights() {
 }
 
 void ShardedModel::refresh_compute_weights() {
-  for (OptimizerRange& s : optimizer_ranges_) ops::copy(ctx_, s.param_copy, s.main);
+  for (OptimizerRange& s : optimizer_ranges_) {
+    if (s.main.device() == ctx_.device()) {
+      ops::copy(ctx_, s.param_copy, s.main);
+      continue;
+    }
+    // Master weights in pinned host memory (CPU offload): move them over in pieces in their
+    // own dtype (a DMA) and round on the device; a cast on the host would run on one core
+    // (minutes at tens of billions of parameters).
+    constexpr int64_t kPiece = int64_t(1) << 26;
+    const int64_t n = s.main.numel();
+    const Tensor main = s.main.view(Shape{n}), copy = s.param_copy.view(Shape{n});
+    for (int64_t b = 0; b < n; b += kPiece) {
+      const int64_t k = std::min(kPiece, n - b);
+      const Tensor staged = ctx_.empty(Shape{k}, main.dtype());
+      copy_bytes(staged, main.narrow(0, b, k), ctx_.stream());
+      ops::copy(ctx_, copy.narrow(0, b, k), staged);
+    }
+  }
   install_weights();
 }
 

@@ -61,6 +61,13 @@ struct Trainer::State {
   int64_t n_params = 0;
   // Timing events around the optimizer step (CUDA; host clock on the CPU).
   Event optimizer_start, optimizer_end;
+  // Page-locked staging of each micro-batch's tokens (inputs, targets), and the event after
+  // each one's upload: a copy from pageable memory could make the host wait for the device,
+  // and then the device would wait for the host to queue the next micro-batch.
+  std::vector<Tensor> token_staging;
+  std::vector<Event> tokens_uploaded;
+  // The (B, T) tokens of micro-batch slot `slot`, on the device, uploaded asynchronously.
+  Tensor upload_tokens(size_t slot, const std::vector<int32_t>& tokens, int64_t B, int64_t T);
   double optimizer_host_s = 0;
   double issue_host_s = 0;  // the last step's host time up to its wait for the loss
   // The last step's optimizer time; call after the step has synchronized.
@@ -218,6 +225,24 @@ std::vector<double> Trainer::State::sum_over_ranks(const std::vector<double>& va
   return ops::to_vector<double>(*ctx, t);
 }
 
+Tensor Trainer::State::upload_tokens(size_t slot, const std::vector<int32_t>& tokens, int64_t B,
+                                     int64_t T) {
+  if (token_staging.size() <= slot) {
+    token_staging.resize(slot + 1);
+    tokens_uploaded.resize(slot + 1);
+  }
+  Tensor& staged = token_staging[slot];
+  if (!staged.defined() || staged.numel() != B * T)
+    staged = ctx->empty_pinned(Shape{B, T}, DType::i32);
+  tokens_uploaded[slot].synchronize();  // the slot's previous upload has left (long ago)
+  std::copy(tokens.begin(), tokens.end(), staged.data<int32_t>());
+  if (ctx->device().is_cpu()) return ops::clone(*ctx, staged);
+  Tensor on_device = ctx->empty(Shape{B, T}, DType::i32);
+  copy_bytes_async(on_device, staged, ctx->stream());
+  tokens_uploaded[slot].record(ctx->stream());
+  return on_device;
+}
+
 double Trainer::State::train_step(double lr, double* grad_norm) {
   const auto t_issue = Clock::now();
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
@@ -227,8 +252,8 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
     train_data->next(x.data(), y.data());
-    Tensor idx = ops::from_host<int32_t>(*ctx, x, Shape{B, T});
-    Tensor tgt = ops::from_host<int32_t>(*ctx, y, Shape{B, T});
+    Tensor idx = upload_tokens(size_t(2 * m), x, B, T);
+    Tensor tgt = upload_tokens(size_t(2 * m + 1), y, B, T);
     autograd::Graph g(*ctx);
     Tensor loss;
     {

@@ -139,12 +139,6 @@ void cross_entropy_forward(Context& ctx, const Tensor& losses, const Tensor& lse
 void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size,
                             double dloss);
-// Both in one pass, for training when nothing else reads the logits: losses and lse as the
-// forward, and the gradient (dloss as the backward's) written over `logits`. On CUDA each row
-// is read from memory once; on the CPU it is the forward and then the backward in place.
-void cross_entropy_fused(Context& ctx, const Tensor& losses, const Tensor& lse,
-                         const Tensor& logits, const Tensor& targets, int64_t vocab_size,
-                         double dloss);
 
 // ---------------------------------------------------------------- optimizer
 struct AdamWParams {

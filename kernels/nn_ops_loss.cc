@@ -63,25 +63,6 @@ void cross_entropy_forward(Context& ctx, const Tensor& losses, const Tensor& lse
 #endif
 }
 
-void cross_entropy_fused(Context& ctx, const Tensor& losses, const Tensor& lse,
-                         const Tensor& logits, const Tensor& targets, int64_t vocab_size,
-                         double dloss) {
-  const char* what = "cross_entropy_fused";
-  const kernels::CrossEntropyDims d = check_logits(ctx, logits, targets, vocab_size, what);
-  check_row_stats(ctx, losses, d, what);
-  check_row_stats(ctx, lse, d, what);
-  if (ctx.device().is_cpu()) {
-    cross_entropy_forward(ctx, losses, lse, logits, targets, vocab_size);
-    cross_entropy_backward(ctx, logits, logits, lse, targets, vocab_size, dloss);
-    return;
-  }
-#if FSDP_WITH_CUDA
-  kernels::cuda::cross_entropy_fused(d, static_cast<float*>(losses.data_ptr()),
-                                     static_cast<float*>(lse.data_ptr()), logits.data_ptr(),
-                                     targets.data<int32_t>(), dloss, ctx.stream().cuda_stream());
-#endif
-}
-
 void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size,
                             double dloss) {

@@ -15,9 +15,7 @@ Tensor LanguageModel::forward(Graph& g, const Tensor& idx, const Tensor& targets
   return run_forward(g, [&] {
     const Tensor lg = compute_logits(g, idx);  // (B, T, Vp)
     if (logits) *logits = lg.view(lg.shape());  // a view: no autograd record
-    // Unless the caller asked for them, nothing reads the logits after the loss: their
-    // gradient is written over them in the loss's own pass.
-    return nn::cross_entropy(g, lg, targets, config_.vocab_size, n_valid, logits == nullptr);
+    return nn::cross_entropy(g, lg, targets, config_.vocab_size, n_valid);
   });
 }
 

@@ -61,9 +61,6 @@ void cross_entropy_forward(const CrossEntropyDims& d, float* losses, float* lse,
 void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void* logits,
                             const float* lse, const int32_t* targets, double dloss,
                             stream_t stream);
-// Both at once, the gradient written over the logits.
-void cross_entropy_fused(const CrossEntropyDims& d, float* losses, float* lse, void* logits,
-                         const int32_t* targets, double dloss, stream_t stream);
 
 // ---- fused AdamW (param f32; grad bf16/f32; moments f32/bf16; optional copy bf16/f32)
 void adamw_step(const AdamWBuffers& buf, int64_t n, const AdamWScalars& s, stream_t stream);

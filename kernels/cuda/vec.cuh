@@ -64,18 +64,6 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[W]) {
   }
 }
 
-// Copies W consecutive elements (W = 1 or whole packs) without converting them.
-template <int W, typename T>
-__device__ __forceinline__ void store_pack_of(T* dst, const T* src) {
-  if constexpr (W == 1) {
-    dst[0] = src[0];
-  } else {
-    constexpr int kS = Pack<T>::kSize;
-#pragma unroll
-    for (int k = 0; k < W / kS; ++k) store_pack(dst + k * kS, load_pack(src + k * kS));
-  }
-}
-
 inline bool aligned16(const void* p) { return p == nullptr || (uintptr_t(p) & 15) == 0; }
 
 // Calls f(std::integral_constant<int, W>) with W = Pack<T>::kSize when every pointer is

@@ -17,7 +17,7 @@ int64_t count_valid_targets(Context& ctx, const Tensor& targets) {
 }  // namespace
 
 Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
-                     int64_t n_valid, bool logits_consumed) {
+                     int64_t n_valid) {
   Context& ctx = g.ctx();
   FSDP_CHECK(logits.dim() >= 2, ShapeError, "cross_entropy: logits ", logits.str(),
              " must be (..., Vp)");
@@ -36,17 +36,9 @@ Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int6
   const DType sd = stat_dtype(logits.dtype());
   const Tensor losses = ctx.empty(Shape{n}, sd);  // (N), 0 for ignored rows
   const Tensor lse = ctx.empty(Shape{n}, sd);     // (N)
+  ops::cross_entropy_forward(ctx, losses, lse, logits2, tgt, vocab_size);
   // The mean over valid targets (0 when every target is ignored).
   const double inv_valid = 1.0 / double(std::max<int64_t>(n_valid, 1));
-  // Gradient now, over the logits, when nothing else reads them and backward will want it.
-  const AutogradMeta* produced = logits.autograd_meta().get();
-  const bool fused = logits_consumed && g.should_record({&logits}, false) && produced &&
-                     !produced->is_leaf && logits2.is_contiguous() &&
-                     logits2.data_ptr() == logits.data_ptr();
-  if (fused)
-    ops::cross_entropy_fused(ctx, losses, lse, logits2, tgt, vocab_size, inv_valid);
-  else
-    ops::cross_entropy_forward(ctx, losses, lse, logits2, tgt, vocab_size);
   Tensor loss = ops::sum(ctx, losses);  // one element
   ops::scale(ctx, loss, loss, inv_valid);
   if (!g.should_record({&logits}, false)) return loss;
@@ -54,24 +46,12 @@ Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int6
   loss = Graph::track(loss);
   g.record("cross_entropy", {loss.autograd_meta()},
            [tl = Graph::target(logits), logits2, lse, tgt, lm = loss.autograd_meta(), vocab_size,
-            inv_valid, fused](Graph& g) {
+            inv_valid](Graph& g) {
              if (!Graph::grad_of(lm).defined()) return;
              Context& ctx = g.ctx();
-             const double upstream = g.scalar_grad_of(lm);
-             const double dloss = upstream * inv_valid;  // d loss / d per-row loss
+             const double dloss = g.scalar_grad_of(lm) * inv_valid;  // d loss / d per-row loss
              AutogradMeta* meta = tl.meta.get();
              if (!meta) return;
-             if (fused) {
-               // logits2 already holds the gradient for an upstream gradient of 1.
-               if (upstream != 1.0) ops::scale(ctx, logits2, logits2, upstream);
-               if (!meta->grad.defined()) {
-                 meta->grad = logits2.view(tl.shape);
-                 meta->grad_owned = true;
-               } else {
-                 g.accumulate(tl, logits2.view(tl.shape));
-               }
-               return;
-             }
              if (!meta->is_leaf && !meta->grad.defined() && logits2.is_contiguous()) {
                // In place: the logits become their own gradient.
                ops::cross_entropy_backward(ctx, logits2, logits2, lse, tgt, vocab_size, dloss);

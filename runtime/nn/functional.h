@@ -78,13 +78,8 @@ Tensor causal_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_k
 // logit gradients IN PLACE into the logits buffer when the logits are an op's output that
 // nothing else has sent a gradient to (the lm_head's): the probabilities are never stored.
 // The caller must not read `logits` after backward expecting logits.
-//
-// With `logits_consumed` (nothing but this loss reads the logits: a model's training forward)
-// and the graph recording, the gradient for a loss gradient of 1 is computed in the same pass
-// as the loss and written over the logits at once (each row is read once); backward then
-// only rescales it when the loss gradient is not 1.
 Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
-                     int64_t n_valid = -1, bool logits_consumed = false);
+                     int64_t n_valid = -1);
 
 // The statistics dtype for a compute dtype: f64 for f64, f32 otherwise.
 DType stat_dtype(DType compute);

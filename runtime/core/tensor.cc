@@ -264,23 +264,35 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* what) {
              a.device().str(), " and ", b.device().str());
 }
 
-void copy_bytes(const Tensor& dst, const Tensor& src, const Stream& stream) {
-  check_defined(dst, "copy_bytes destination");
-  check_defined(src, "copy_bytes source");
-  check_same_dtype(dst, src, "copy_bytes");
-  FSDP_CHECK(dst.numel() == src.numel(), ShapeError, "copy_bytes: ", dst.numel(), " elements vs ",
+namespace {
+
+// The checks both byte copies make; true when the copy is done already (nothing to move, or
+// host to host, moved here).
+bool check_or_copy_on_host(const Tensor& dst, const Tensor& src, const Stream& stream,
+                           const char* what) {
+  check_defined(dst, what);
+  check_defined(src, what);
+  check_same_dtype(dst, src, what);
+  FSDP_CHECK(dst.numel() == src.numel(), ShapeError, what, ": ", dst.numel(), " elements vs ",
              src.numel());
-  FSDP_CHECK(dst.is_contiguous() && src.is_contiguous(), ShapeError,
-             "copy_bytes needs contiguous tensors (", dst.str(), " <- ", src.str(), ")");
-  const size_t n = src.nbytes();
-  if (n == 0) return;
+  FSDP_CHECK(dst.is_contiguous() && src.is_contiguous(), ShapeError, what,
+             " needs contiguous tensors (", dst.str(), " <- ", src.str(), ")");
+  if (src.nbytes() == 0) return true;
   if (dst.device().is_cpu() && src.device().is_cpu()) {
-    std::memmove(dst.data_ptr(), src.data_ptr(), n);
-    return;
+    std::memmove(dst.data_ptr(), src.data_ptr(), src.nbytes());
+    return true;
   }
-#if FSDP_WITH_CUDA
-  FSDP_CHECK(stream.is_cuda(), DeviceError, "copy_bytes between ", src.device().str(), " and ",
+  FSDP_CHECK(stream.is_cuda(), DeviceError, what, " between ", src.device().str(), " and ",
              dst.device().str(), " needs a CUDA stream");
+  return false;
+}
+
+}  // namespace
+
+void copy_bytes(const Tensor& dst, const Tensor& src, const Stream& stream) {
+  if (check_or_copy_on_host(dst, src, stream, "copy_bytes")) return;
+#if FSDP_WITH_CUDA
+  const size_t n = src.nbytes();
   const Device dev = dst.device().is_cuda() ? dst.device() : src.device();
   DeviceGuard guard(dev);
   // A copy into pageable host memory blocks inside the driver until the stream reaches it:
@@ -299,22 +311,9 @@ void copy_bytes(const Tensor& dst, const Tensor& src, const Stream& stream) {
 }
 
 void copy_bytes_async(const Tensor& dst, const Tensor& src, const Stream& stream) {
-  check_defined(dst, "copy_bytes_async destination");
-  check_defined(src, "copy_bytes_async source");
-  check_same_dtype(dst, src, "copy_bytes_async");
-  FSDP_CHECK(dst.numel() == src.numel(), ShapeError, "copy_bytes_async: ", dst.numel(),
-             " elements vs ", src.numel());
-  FSDP_CHECK(dst.is_contiguous() && src.is_contiguous(), ShapeError,
-             "copy_bytes_async needs contiguous tensors (", dst.str(), " <- ", src.str(), ")");
-  const size_t n = src.nbytes();
-  if (n == 0) return;
-  if (dst.device().is_cpu() && src.device().is_cpu()) {
-    std::memmove(dst.data_ptr(), src.data_ptr(), n);
-    return;
-  }
+  if (check_or_copy_on_host(dst, src, stream, "copy_bytes_async")) return;
 #if FSDP_WITH_CUDA
-  FSDP_CHECK(stream.is_cuda(), DeviceError, "copy_bytes_async between ", src.device().str(),
-             " and ", dst.device().str(), " needs a CUDA stream");
+  const size_t n = src.nbytes();
   for (const Tensor* t : {&dst, &src}) {
     if (!t->device().is_cpu()) continue;
     // Pageable memory would make the copy synchronous (or, worse, staged through a driver

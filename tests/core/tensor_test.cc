@@ -210,5 +210,17 @@ TEST_CASE("CUDA contexts: allocator caches and accounts per stream", "[core][gpu
   Tensor back = ctx.empty_host(Shape{4}, DType::f32);
   copy_bytes(back, d, ctx.stream());
   CHECK(back.to_vector<float>() == h.to_vector<float>());
+  // Asynchronous copies: page-locked host memory both ways, ordered by an event; pageable
+  // memory is refused (the copy would not be asynchronous).
+  Tensor pinned = ctx.empty_pinned(Shape{4}, DType::f32), pinned_back = ctx.empty_pinned(Shape{4}, DType::f32);
+  for (int i = 0; i < 4; ++i) pinned.data<float>()[i] = float(i) - 7.25f;
+  copy_bytes_async(d, pinned, ctx.stream());
+  copy_bytes_async(pinned_back, d, ctx.stream());
+  Event done;
+  done.record(ctx.stream());
+  done.synchronize();
+  CHECK(pinned_back.to_vector<float>() == pinned.to_vector<float>());
+  CHECK_THROWS_AS(copy_bytes_async(d, h, ctx.stream()), DeviceError);
+  CHECK_THROWS_AS(copy_bytes_async(back, d, ctx.stream()), DeviceError);
   CHECK_THROWS_AS(ctx.empty(Shape{int64_t(1) << 50}, DType::f32), OutOfMemoryError);
 }

@@ -37,7 +37,9 @@ std::vector<FieldSpec> build_schema() {
           "computing in bf16, as autocast does (about half the error against float64; slower "
           "today, see docs/PERFORMANCE.md); false stores it in bf16 as llm.c and Megatron do."),
       KEY(model.activation_recompute).one_of({"none", "full", "selective"}).default_to("none")
-          .help_text("Recompute activations in backward: none, whole blocks, or attention only."),
+          .help_text("Recompute activations in backward: none; full (whole blocks, keeping only "
+                     "each block's input); selective (each MLP's GELU or SwiGLU output, "
+                     "recomputed from its saved input: an elementwise pass, no matmul)."),
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(
@@ -88,7 +90,9 @@ std::vector<FieldSpec> build_schema() {
           "Element type of the Adam moments."),
       KEY(optimizer.cpu_offload).default_to(false).help_text(
           "Keep the main weights and Adam moments in pinned host memory and run AdamW on the "
-          "host's cores (CUDA only): the GPU holds compute weights, gradients and activations."),
+          "host's cores (CUDA only): the GPU holds compute weights, gradients and activations; "
+          "each step streams the gradients down and the new weights up in chunks. Launch "
+          "without core binding (mpirun --bind-to none): the ranks of a node share its cores."),
 
       // scheduler
       KEY(scheduler.lr_decay_style).one_of({"constant", "linear", "cosine", "WSD"})

@@ -15,7 +15,8 @@
 #   9. CPU offload: GPT-2 d12 losses with and without it (1 GPU), GPT 1.3B ZeRO-3 speed and
 #      memory with it, and the largest GPT with it at ZeRO-3 on 2 GPUs (24.3B, then 26.6B)
 #  10. device time per kernel (Nsight Compute, scripts/kernel_profile.sh) of one micro-batch
-#      step of GPT-2 124M (64 x 1024) and of GPT 1.3B (16 x 2048), each on one GPU
+#      step of GPT-2 124M (64 x 1024) and of GPT 1.3B (16 x 2048), each on one GPU (give it
+#      a few minutes: the 1.3B start-up and warm-up step run under the profiler too)
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -153,13 +154,15 @@ done
 timeout 200 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
   train.global_batch_size=32 optimizer.cpu_offload=true > "$L/bench_1.3b_offload.txt" 2>&1
 say "1.3b offload rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|optimizer" "$L/bench_1.3b_offload.txt"; pack
+# (24.3B took 89 s to start, pinning 91 GiB of host memory per rank, and 5.8 s per step.)
 for nl in ${OFFLOAD_LAYERS:-53 58}; do
-  timeout "${OFFLOAD_LIMIT:-280}" "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b \
-    --steps 2 --warmup 1 model.n_layer=$nl model.d_model=6144 model.n_head=48 model.d_ff=0 \
-    model.activation_recompute=full train.micro_batch_size=1 train.global_batch_size=2 \
-    optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false optimizer.cpu_offload=true \
-    > "$L/bench_offload_$nl.txt" 2>&1
-  rc=$?; say "largest with cpu offload, $nl layers rc=$rc"
+  timeout "${OFFLOAD_LIMIT:-300}" "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --verbose \
+    --workload gpt-1.3b --steps 2 --warmup 1 model.n_layer=$nl model.d_model=6144 \
+    model.n_head=48 model.d_ff=0 model.activation_recompute=full train.micro_batch_size=1 \
+    train.global_batch_size=2 optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false \
+    optimizer.cpu_offload=true logger.log_interval=1 2>&1 |
+    while IFS= read -r line; do echo "$(date +%T) $line"; done > "$L/bench_offload_$nl.txt"
+  rc=${PIPESTATUS[0]}; say "largest with cpu offload, $nl layers rc=$rc"
   grep -E "parameters|optimizer state|tokens/s|MFU|peak|predicted|step time|optimizer " "$L/bench_offload_$nl.txt" | head -12
   free -g | head -2; pack
   [ $rc = 0 ] || break

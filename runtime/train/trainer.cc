@@ -327,6 +327,7 @@ TrainResult Trainer::run_steps() {
   const int64_t total = s.recipe.train.train_iters;
   const int64_t tokens_per_step = s.recipe.train.global_batch_size * s.recipe.model.seq_length;
   double timed_seconds = 0, timed_optimizer = 0, timed_issue = 0;
+  MemoryStats allocs_before;
   int64_t timed_steps = 0;
   s.ctx->allocator()->reset_peak();
 
@@ -334,6 +335,7 @@ TrainResult Trainer::run_steps() {
     s.world->set_step(s.step + 1);
     const bool timed = s.step + 1 - result.first_step > s.options.warmup_steps;
     if (s.options.profile_timed_steps && timed && timed_steps == 0) profiler_capture(true);
+    if (timed && timed_steps == 0) allocs_before = s.ctx->allocator()->stats();
     const auto t0 = Clock::now();
     const double lr = s.schedule.lr_at(s.step);
     double norm = 0;
@@ -404,6 +406,10 @@ TrainResult Trainer::run_steps() {
     result.step_time_s = timed_seconds / double(timed_steps);
     result.optimizer_time_s = timed_optimizer / double(timed_steps);
     result.issue_time_s = timed_issue / double(timed_steps);
+    const MemoryStats allocs_after = s.ctx->allocator()->stats();
+    result.allocs_per_step = double(allocs_after.num_allocs - allocs_before.num_allocs) / double(timed_steps);
+    result.system_allocs_per_step =
+        double(allocs_after.num_system_allocs - allocs_before.num_system_allocs) / double(timed_steps);
     for (TrainResult::Collective* c :
          {&result.all_gathers, &result.reduce_scatters, &result.all_reduces}) {
       c->count /= double(timed_steps);

@@ -56,6 +56,8 @@ void matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b, b
   check_operands(ctx, out, a, b, 2, what);
   const kernels::MatmulDims d = matmul_dims(out, a, b, trans_a, trans_b, what);
   if (bias.defined()) check_dense(ctx, bias, Shape{d.n}, out.dtype(), "matmul bias");
+  FSDP_CHECK(epilogue != Epilogue::BiasGrad, ValueError,
+             "matmul: bias gradients come from ops::matmul_bias_grad, not Epilogue::BiasGrad");
   const bool gelu = epilogue == Epilogue::Gelu, dgelu = epilogue == Epilogue::DGelu;
   if (aux.defined()) {
     FSDP_CHECK(gelu || dgelu, ValueError, "matmul: aux is only used by Epilogue::Gelu / DGelu");

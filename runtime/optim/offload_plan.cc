@@ -26,4 +26,12 @@ std::vector<OffloadChunk> plan_offload_chunks(const std::vector<int64_t>& range_
   return chunks;
 }
 
+OffloadStaging offload_staging(int64_t total, int64_t capacity, int slots) {
+  FSDP_CHECK(capacity > 0 && slots > 0, ValueError, "offload staging: ", slots,
+             " slots of ", capacity, " elements (both must be positive)");
+  if (total <= 0) return {};
+  const int64_t chunks = (total + capacity - 1) / capacity;
+  return {std::min(total, capacity), int(std::min<int64_t>(slots, chunks))};
+}
+
 }  // namespace fsdp

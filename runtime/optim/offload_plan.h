@@ -30,4 +30,12 @@ struct OffloadChunk {
 std::vector<OffloadChunk> plan_offload_chunks(const std::vector<int64_t>& range_numel,
                                               int64_t capacity);
 
+// The staging a shard of `total` elements needs: buffers of the largest chunk's size (every
+// chunk but the last is full), as many as the pipeline's `slots` or the chunks, if fewer.
+struct OffloadStaging {
+  int64_t slot_numel = 0;
+  int slots = 0;
+};
+OffloadStaging offload_staging(int64_t total, int64_t capacity, int slots);
+
 }  // namespace fsdp

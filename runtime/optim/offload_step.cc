@@ -17,14 +17,11 @@ constexpr int64_t kPartNumel = int64_t(1) << 20;
 OffloadedAdamW::OffloadedAdamW(Context& ctx, const std::vector<OptimizerRange>& ranges,
                                const OffloadOptions& options)
     : ctx_(ctx),
-      options_(options),
       pool_(options.threads > 0 ? options.threads : host_threads_per_process(1)),
       down_(ctx.is_cuda() ? Stream::create_cuda(ctx.device().index) : Stream::cpu()),
       up_(ctx.is_cuda() ? Stream::create_cuda(ctx.device().index) : Stream::cpu()) {
-  FSDP_CHECK(options.slots >= 1 && options.chunk_numel >= 1, ValueError,
-             "cpu offload: ", options.slots, " staging slots of ", options.chunk_numel,
-             " elements (both must be positive)");
   std::vector<int64_t> numel;
+  int64_t total = 0;
   DType grad_dtype = DType::f32, copy_dtype = DType::bf16;
   bool any_copy = false;
   for (size_t i = 0; i < ranges.size(); ++i) {
@@ -44,16 +41,15 @@ OffloadedAdamW::OffloadedAdamW(Context& ctx, const std::vector<OptimizerRange>& 
       any_copy = true;
     }
     numel.push_back(r.main.numel());
+    total += r.main.numel();
   }
+  const OffloadStaging staging = offload_staging(total, options.chunk_numel, options.slots);
   chunks_ = plan_offload_chunks(numel, options.chunk_numel);
-  const int64_t largest = chunks_.empty() ? 0 : std::max_element(chunks_.begin(), chunks_.end(),
-      [](const OffloadChunk& a, const OffloadChunk& b) { return a.numel < b.numel; })->numel;
-  const int slots = int(std::min<size_t>(size_t(options.slots), std::max<size_t>(chunks_.size(), 1)));
-  for (int s = 0; s < slots && largest > 0; ++s) {
-    grad_slot_.push_back(ctx.empty_pinned(Shape{largest}, grad_dtype));
+  for (int s = 0; s < staging.slots; ++s) {
+    grad_slot_.push_back(ctx.empty_pinned(Shape{staging.slot_numel}, grad_dtype));
     staging_bytes_ += grad_slot_.back().nbytes();
     if (any_copy) {
-      copy_slot_.push_back(ctx.empty_pinned(Shape{largest}, copy_dtype));
+      copy_slot_.push_back(ctx.empty_pinned(Shape{staging.slot_numel}, copy_dtype));
       staging_bytes_ += copy_slot_.back().nbytes();
     }
     downloaded_.emplace_back();
@@ -71,8 +67,7 @@ void OffloadedAdamW::download(size_t chunk, const std::vector<OptimizerRange>& r
 
 void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
                           const std::vector<Tensor>& exp_avg,
-                          const std::vector<Tensor>& exp_avg_sq,
-                          const std::vector<double>& weight_decay,
+                          const std::vector<Tensor>& exp_avg_sq, double weight_decay,
                           const ops::AdamWParams& common) {
   if (chunks_.empty()) return;
   // The gradients are final once the compute stream has reached this point (the step's
@@ -102,7 +97,7 @@ void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
       const OptimizerRange& r = ranges[p.range];
       const int64_t begin = p.begin + part.begin, slot_at = p.slot_offset + part.begin;
       ops::AdamWParams a = common;
-      a.weight_decay = weight_decay[p.range];
+      a.weight_decay = r.weight_decay ? weight_decay : 0.0;
       auto slice = [&](const Tensor& t) { return flat(t).narrow(0, begin, part.numel); };
       ops::adamw_step_host_f32(
           host_, slice(r.main), grad_slot_[slot].narrow(0, slot_at, part.numel),

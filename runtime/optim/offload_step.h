@@ -42,10 +42,10 @@ class OffloadedAdamW {
                  const OffloadOptions& options);
 
   // One step over every range with the moments exp_avg[i] / exp_avg_sq[i] (host memory);
-  // weight_decay[i] is range i's decay. Returns when the host's part is done; the compute
-  // stream waits for the uploads.
+  // ranges that decay use `weight_decay`, the others none. Returns when the host's part is
+  // done; the compute stream waits for the uploads.
   void step(const std::vector<OptimizerRange>& ranges, const std::vector<Tensor>& exp_avg,
-            const std::vector<Tensor>& exp_avg_sq, const std::vector<double>& weight_decay,
+            const std::vector<Tensor>& exp_avg_sq, double weight_decay,
             const ops::AdamWParams& common);
 
   size_t staging_bytes() const { return staging_bytes_; }  // page-locked staging slots
@@ -57,7 +57,6 @@ class OffloadedAdamW {
 
   Context& ctx_;
   Context host_;
-  OffloadOptions options_;
   ThreadPool pool_;
   std::vector<OffloadChunk> chunks_;
   std::vector<Tensor> grad_slot_, copy_slot_;  // per slot: gradients down, weights up

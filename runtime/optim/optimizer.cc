@@ -61,9 +61,7 @@ void Optimizer::step(double lr, double grad_scale) {
   adam.step = step_;
   adam.grad_scale = grad_scale;
   if (offload_) {
-    std::vector<double> decay;
-    for (const OptimizerRange& r : ranges_) decay.push_back(r.weight_decay ? config_.weight_decay : 0.0);
-    offload_->step(ranges_, exp_avg_, exp_avg_sq_, decay, adam);
+    offload_->step(ranges_, exp_avg_, exp_avg_sq_, config_.weight_decay, adam);
     return;
   }
   for (size_t i = 0; i < ranges_.size(); ++i) {

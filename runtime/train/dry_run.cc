@@ -2,6 +2,7 @@
 
 #include "models/factory.h"
 #include "runtime/fsdp/memory.h"
+#include "runtime/optim/offload_step.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/trainer_setup.h"
@@ -53,13 +54,16 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  "  activations       ", format_bytes(act), " (estimate)\n",
                  "  predicted peak    ", format_bytes(int64_t(mem.total() + opt) + act), "\n");
   if (fo.offload_main) {
-    // Beside the master weights and moments: host copies of the gradient shard and of the
-    // compute weights, one element each per master weight.
+    // Beside the master weights and moments: the staging buffers the shard streams through
+    // (gradients down, compute weights up; runtime/optim/offload_step.h).
     const int64_t shard = int64_t(mem.host_main_weights / dtype_size(fo.main_dtype));
-    const int64_t staging = shard * int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
+    const OffloadOptions oo;
+    const OffloadStaging st = offload_staging(shard, oo.chunk_numel, oo.slots);
+    const int64_t staging = int64_t(st.slots) * st.slot_numel *
+                            int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
     out += str_cat("host memory per rank (cpu offload, page-locked): main weights ",
                    format_bytes(int64_t(mem.host_main_weights)), ", optimizer state ",
-                   format_bytes(int64_t(opt_state)), ", gradient and weight copies ",
+                   format_bytes(int64_t(opt_state)), ", gradient and weight staging ",
                    format_bytes(staging), "\n");
   }
   return out;

@@ -227,6 +227,7 @@ std::vector<double> Trainer::State::sum_over_ranks(const std::vector<double>& va
 
 Tensor Trainer::State::upload_tokens(size_t slot, const std::vector<int32_t>& tokens, int64_t B,
                                      int64_t T) {
+  if (ctx->device().is_cpu()) return ops::from_host<int32_t>(*ctx, tokens, Shape{B, T});
   if (token_staging.size() <= slot) {
     token_staging.resize(slot + 1);
     tokens_uploaded.resize(slot + 1);
@@ -236,7 +237,6 @@ Tensor Trainer::State::upload_tokens(size_t slot, const std::vector<int32_t>& to
     staged = ctx->empty_pinned(Shape{B, T}, DType::i32);
   tokens_uploaded[slot].synchronize();  // the slot's previous upload has left (long ago)
   std::copy(tokens.begin(), tokens.end(), staged.data<int32_t>());
-  if (ctx->device().is_cpu()) return ops::clone(*ctx, staged);
   Tensor on_device = ctx->empty(Shape{B, T}, DType::i32);
   copy_bytes_async(on_device, staged, ctx->stream());
   tokens_uploaded[slot].record(ctx->stream());

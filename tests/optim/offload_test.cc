@@ -59,6 +59,15 @@ TEST_CASE("offload chunks pack small ranges and split large ones", "[optim]") {
   CHECK(chunks[0].pieces[2].range == 3);
   CHECK(chunks[0].pieces[2].numel == 3);
   CHECK(plan_offload_chunks({}, 8).empty());
+  // Staging: buffers of the largest chunk, no more of them than chunks.
+  CHECK(offload_staging(48, 16, 3).slot_numel == 16);
+  CHECK(offload_staging(48, 16, 3).slots == 3);
+  CHECK(offload_staging(48, 16, 2).slots == 2);
+  CHECK(offload_staging(20, 16, 3).slots == 2);
+  CHECK(offload_staging(5, 16, 3).slot_numel == 5);
+  CHECK(offload_staging(5, 16, 3).slots == 1);
+  CHECK(offload_staging(0, 16, 3).slots == 0);
+  CHECK_THROWS_AS(offload_staging(5, 16, 0), ValueError);
   CHECK(plan_offload_chunks({0, 0}, 8).empty());
   CHECK_THROWS_AS(plan_offload_chunks({4}, 0), ValueError);
   CHECK_THROWS_AS(plan_offload_chunks({-1}, 4), ValueError);
@@ -99,7 +108,7 @@ TEST_CASE("the streamed offload step equals the direct host update, bit for bit"
     a.grad_scale = 0.7;
     for (int64_t s = 1; s <= 2; ++s) {
       a.step = s;
-      offload.step(ranges, m, v, decay, a);
+      offload.step(ranges, m, v, 0.1, a);
       for (size_t i = 0; i < ranges.size(); ++i) {
         ops::AdamWParams b = a;
         b.weight_decay = decay[i];

@@ -61,6 +61,9 @@ struct Trainer::State {
   int64_t n_params = 0;
   // Timing events around the optimizer step (CUDA; host clock on the CPU).
   Event optimizer_start, optimizer_end;
+  // Around the forward and backward of all micro-batches (CUDA): with queue_host_s they show
+  // whether the device waited for the host to queue work.
+  Event micro_batches_start, micro_batches_end;
   // Page-locked staging of each micro-batch's tokens (inputs, targets), and the event after
   // each one's upload: a copy from pageable memory could make the host wait for the device,
   // and then the device would wait for the host to queue the next micro-batch.
@@ -70,6 +73,12 @@ struct Trainer::State {
   Tensor upload_tokens(size_t slot, const std::vector<int32_t>& tokens, int64_t B, int64_t T);
   double optimizer_host_s = 0;
   double issue_host_s = 0;  // the last step's host time up to its wait for the loss
+  double queue_host_s = 0;  // the last step's host time to queue its forwards and backwards
+  // The device time of the last step's forwards and backwards; call after it synchronized.
+  double last_forward_backward_s() const {
+    if (ctx->is_cuda()) return Event::elapsed_ms(micro_batches_start, micro_batches_end) / 1000.0;
+    return queue_host_s;
+  }
   // The last step's optimizer time; call after the step has synchronized.
   double last_optimizer_s() const {
     if (ctx->is_cuda()) return Event::elapsed_ms(optimizer_start, optimizer_end) / 1000.0;
@@ -144,6 +153,8 @@ void Trainer::State::setup() {
   if (ctx->is_cuda()) {
     optimizer_start = Event::create(ctx->device(), /*enable_timing=*/true);
     optimizer_end = Event::create(ctx->device(), /*enable_timing=*/true);
+    micro_batches_start = Event::create(ctx->device(), /*enable_timing=*/true);
+    micro_batches_end = Event::create(ctx->device(), /*enable_timing=*/true);
   }
   const std::vector<int> dp_group = mesh->dp_group(world->rank());
   dp_size = int(dp_group.size());
@@ -249,6 +260,7 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
   sharded->start_step();
+  micro_batches_start.record(ctx->stream());
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
     train_data->next(x.data(), y.data());
@@ -264,6 +276,8 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
     NvtxRange r("backward");
     g.backward(loss);
   }
+  micro_batches_end.record(ctx->stream());
+  queue_host_s = seconds_since(t_issue);
   NvtxRange r("optimizer");
   sharded->finish_grad_sync();
   const double norm = sharded->grad_norm();
@@ -326,7 +340,8 @@ TrainResult Trainer::run_steps() {
   const bool terminal = stdout_is_terminal() && s.options.out == stdout;
   const int64_t total = s.recipe.train.train_iters;
   const int64_t tokens_per_step = s.recipe.train.global_batch_size * s.recipe.model.seq_length;
-  double timed_seconds = 0, timed_optimizer = 0, timed_issue = 0;
+  double timed_seconds = 0, timed_optimizer = 0, timed_issue = 0, timed_queue = 0,
+         timed_forward_backward = 0;
   MemoryStats allocs_before;
   int64_t timed_steps = 0;
   s.ctx->allocator()->reset_peak();
@@ -351,6 +366,8 @@ TrainResult Trainer::run_steps() {
       timed_seconds += dt;
       timed_optimizer += s.last_optimizer_s();
       timed_issue += s.issue_host_s;
+      timed_queue += s.queue_host_s;
+      timed_forward_backward += s.last_forward_backward_s();
       const CollectiveTimes ct = s.sharded->take_collective_times();
       auto add = [](TrainResult::Collective& to, const CollectiveTime& c) {
         to.count += double(c.count);
@@ -406,6 +423,8 @@ TrainResult Trainer::run_steps() {
     result.step_time_s = timed_seconds / double(timed_steps);
     result.optimizer_time_s = timed_optimizer / double(timed_steps);
     result.issue_time_s = timed_issue / double(timed_steps);
+    result.queue_time_s = timed_queue / double(timed_steps);
+    result.forward_backward_s = timed_forward_backward / double(timed_steps);
     const MemoryStats allocs_after = s.ctx->allocator()->stats();
     result.allocs_per_step = double(allocs_after.num_allocs - allocs_before.num_allocs) / double(timed_steps);
     result.system_allocs_per_step =

@@ -68,6 +68,10 @@ struct TrainResult {
   // Mean host time to issue a step's work (before waiting for its loss): near step_time_s
   // when the host, not the device, limits the step.
   double issue_time_s = 0;
+  // The host's time to queue the forwards and backwards of a step's micro-batches, and the
+  // device time from the first forward's start to the last backward's end: when the two are
+  // close, the device waited for the host.
+  double queue_time_s = 0, forward_backward_s = 0;
   // With TrainerOptions::time_collectives: per step, this rank's collectives by kind
   // (count, bytes, device time from reaching each until it ended), averaged like the above.
   struct Collective {

@@ -155,6 +155,8 @@ int run_train_bench(const std::vector<std::string>& args) {
     std::printf("  optimizer        %.1f ms\n", opt_ms);
     std::printf("  host issue       %.1f ms (the host's time to queue the step's work)\n",
                 r.issue_time_s * 1e3);
+    std::printf("  forward+backward %.1f ms on the device, queued by the host in %.1f ms\n",
+                r.forward_backward_s * 1e3, r.queue_time_s * 1e3);
     std::printf("  allocations      %.0f per step, %.1f of them new memory from the system\n",
                 r.allocs_per_step, r.system_allocs_per_step);
     // Device time of this rank's collectives per step, from the moment each one's stream

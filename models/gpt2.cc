@@ -37,8 +37,10 @@ GPT2Block::GPT2Block(const ModelConfig& c)
 }
 
 Tensor GPT2Block::compute(Graph& g, const Tensor& x) {
-  const Tensor h = nn::add(g, x, attn(g, ln_1(g, x)));  // (B, T, C)
-  return nn::add(g, h, mlp(g, ln_2(g, h)));            // (B, T, C)
+  // The mid-block add and ln_2 run as one kernel; the block's last add stays separate, since
+  // the norm after it belongs to the next block (another FSDP unit).
+  const nn::AddNorm h = ln_2.add_and_norm(g, x, attn(g, ln_1(g, x)));  // (B, T, C) twice
+  return nn::add(g, h.sum, mlp(g, h.out));                             // (B, T, C)
 }
 
 GPT2::GPT2(const ModelConfig& config)

@@ -31,8 +31,9 @@ LlamaBlock::LlamaBlock(const ModelConfig& c)
 }
 
 Tensor LlamaBlock::compute(Graph& g, const Tensor& x) {
-  const Tensor h = nn::add(g, x, attn(g, attn_norm(g, x)));  // (B, T, C)
-  return nn::add(g, h, mlp(g, mlp_norm(g, h)));              // (B, T, C)
+  // The mid-block add and mlp_norm run as one kernel (see GPT2Block::compute).
+  const nn::AddNorm h = mlp_norm.add_and_norm(g, x, attn(g, attn_norm(g, x)));  // (B, T, C)
+  return nn::add(g, h.sum, mlp(g, h.out));                                      // (B, T, C)
 }
 
 Llama::Llama(const ModelConfig& config)

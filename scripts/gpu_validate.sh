@@ -17,6 +17,8 @@
 #  10. device time per kernel (Nsight Compute, scripts/kernel_profile.sh) of one micro-batch
 #      step of GPT-2 124M (64 x 1024) and of GPT 1.3B (16 x 2048), each on one GPU (give it
 #      a few minutes: the 1.3B start-up and warm-up step run under the profiler too)
+#  11. bf16 Adam moments: GPT-2 d12 losses over 300 steps with f32 and with bf16 moments
+#      (1 GPU), and GPT 1.3B ZeRO-3 speed and memory with each
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -176,5 +178,31 @@ bash scripts/kernel_profile.sh "${1:-.device}" "$L/profile" gpt2 1 --workload gp
 bash scripts/kernel_profile.sh "${1:-.device}" "$L/profile" gpt1.3b 1 --workload gpt-1.3b --steps 1 \
   --warmup 1 train.global_batch_size=16 ddp.data_parallel_sharding_strategy=no_shard | head -40
 pack
+fi
+if want 11; then
+# 11. bf16 Adam moments against f32 ones: loss (GPT-2 d12, 300 steps) and speed (1.3B)
+for m in f32 bf16; do
+  timeout 150 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
+    dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0 \
+    train.train_iters=300 train.micro_batch_size=8 train.global_batch_size=16 train.eval_interval=0 \
+    logger.log_interval=1 checkpoint.save=null run.output_dir="$L/moments_$m" \
+    optimizer.moments_dtype=$m > "$L/moments_gpt2_$m.txt" 2>&1
+  say "gpt2 d12 moments $m rc=$?"
+done
+python3 - "$L" <<'PY'
+import json, sys
+L = sys.argv[1]
+a = [json.loads(l)["loss"] for l in open(f"{L}/moments_f32/metrics.jsonl")]
+b = [json.loads(l)["loss"] for l in open(f"{L}/moments_bf16/metrics.jsonl")]
+r = [abs(x - y) / abs(x) for x, y in zip(a, b)]
+tail = lambda v: sum(v[-50:]) / len(v[-50:])
+print("steps %d/%d; max rel loss diff %.3e at step %d; mean of last 50: f32 %.4f bf16 %.4f"
+      % (len(a), len(b), max(r), r.index(max(r)) + 1, tail(a), tail(b)))
+PY
+for m in f32 bf16; do
+  timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
+    train.global_batch_size=32 optimizer.moments_dtype=$m > "$L/bench_1.3b_moments_$m.txt" 2>&1
+  say "1.3b moments $m rc=$?"; grep -E "tokens/s per|peak alloc|optimizer  " "$L/bench_1.3b_moments_$m.txt"
+done; pack
 fi
 rm -rf "$work"

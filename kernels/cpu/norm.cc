@@ -24,17 +24,36 @@ void store_param_grad(void* grad, const std::vector<double>& sums, bool accumula
   for (size_t c = 0; c < sums.size(); ++c) store_or_add(g[c], sums[c], accumulate);
 }
 
+// Row n of the norm's input: x's row, or (with a residual) x + residual stored into `sum`,
+// added in T like the add kernel, so the fused forward equals an add followed by the norm.
+template <typename T>
+const T* input_row(const void* x, const void* residual, void* sum, int64_t n, int64_t C) {
+  const T* xr = static_cast<const T*>(x) + n * C;
+  if (!residual) return xr;
+  const T* rr = static_cast<const T*>(residual) + n * C;
+  T* sr = static_cast<T*>(sum) + n * C;
+  for (int64_t c = 0; c < C; ++c) sr[c] = T(xr[c] + rr[c]);
+  return sr;
+}
+
+// dx = addend + v, rounded once.
+template <typename T>
+void store_dx(T* dx, const T* addend, int64_t i, double v) {
+  dx[i] = from_double<T>(addend ? to_double(addend[i]) + v : v);
+}
+
 }  // namespace
 
 void layernorm_forward(const NormDims& d, void* out, void* mean, void* rstd, const void* x,
-                       const void* weight, const void* bias, double eps) {
+                       const void* residual, void* sum, const void* weight, const void* bias,
+                       double eps) {
   dispatch_compute(d.dtype, "layernorm_forward", [&](auto tag) {
     using T = decltype(tag);
     const int64_t C = d.channels;
     const T* w = static_cast<const T*>(weight);
     const T* b = static_cast<const T*>(bias);
     for (int64_t n = 0; n < d.rows; ++n) {
-      const T* xr = static_cast<const T*>(x) + n * C;  // (C)
+      const T* xr = input_row<T>(x, residual, sum, n, C);  // (C)
       T* yr = static_cast<T*>(out) + n * C;
       double m = 0;
       for (int64_t c = 0; c < C; ++c) m += double(xr[c]);
@@ -55,9 +74,9 @@ void layernorm_forward(const NormDims& d, void* out, void* mean, void* rstd, con
 // With xhat = (x - mean) * rstd and g = dout * weight:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
 //   dweight = sum over rows of dout * xhat,   dbias = sum over rows of dout.
-void layernorm_backward(const NormDims& d, void* dx, void* dweight, void* dbias,
-                        const void* dout, const void* x, const void* weight, const void* mean,
-                        const void* rstd, bool accumulate_dx, bool accumulate) {
+void layernorm_backward(const NormDims& d, void* dx, const void* dx_addend, void* dweight,
+                        void* dbias, const void* dout, const void* x, const void* weight,
+                        const void* mean, const void* rstd, bool accumulate) {
   dispatch_norm(d, "layernorm_backward", [&](auto ttag, auto gtag) {
     using T = decltype(ttag);
     using G = decltype(gtag);
@@ -80,11 +99,11 @@ void layernorm_backward(const NormDims& d, void* dx, void* dweight, void* dbias,
       }
       if (!dx) continue;
       T* dxr = static_cast<T*>(dx) + n * C;
+      const T* ar = dx_addend ? static_cast<const T*>(dx_addend) + n * C : nullptr;
       for (int64_t c = 0; c < C; ++c) {
         const double xhat = (double(xr[c]) - m) * r;
         const double g = double(gr[c]) * double(w[c]);
-        store_or_add(dxr[c], r * (g - sum_g / double(C) - xhat * sum_gx / double(C)),
-                     accumulate_dx);
+        store_dx(dxr, ar, c, r * (g - sum_g / double(C) - xhat * sum_gx / double(C)));
       }
     }
     store_param_grad<G>(dweight, dw, accumulate);
@@ -92,14 +111,14 @@ void layernorm_backward(const NormDims& d, void* dx, void* dweight, void* dbias,
   });
 }
 
-void rmsnorm_forward(const NormDims& d, void* out, void* rstd, const void* x, const void* weight,
-                     double eps) {
+void rmsnorm_forward(const NormDims& d, void* out, void* rstd, const void* x, const void* residual,
+                     void* sum, const void* weight, double eps) {
   dispatch_compute(d.dtype, "rmsnorm_forward", [&](auto tag) {
     using T = decltype(tag);
     const int64_t C = d.channels;
     const T* w = static_cast<const T*>(weight);
     for (int64_t n = 0; n < d.rows; ++n) {
-      const T* xr = static_cast<const T*>(x) + n * C;  // (C)
+      const T* xr = input_row<T>(x, residual, sum, n, C);  // (C)
       T* yr = static_cast<T*>(out) + n * C;
       double ss = 0;
       for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * double(xr[c]);
@@ -112,8 +131,9 @@ void rmsnorm_forward(const NormDims& d, void* out, void* rstd, const void* x, co
 
 // With xhat = x * rstd and g = dout * weight: dx = rstd * (g - xhat * mean(g * xhat)),
 // dweight = sum over rows of dout * xhat.
-void rmsnorm_backward(const NormDims& d, void* dx, void* dweight, const void* dout, const void* x,
-                      const void* weight, const void* rstd, bool accumulate_dx, bool accumulate) {
+void rmsnorm_backward(const NormDims& d, void* dx, const void* dx_addend, void* dweight,
+                      const void* dout, const void* x, const void* weight, const void* rstd,
+                      bool accumulate) {
   dispatch_norm(d, "rmsnorm_backward", [&](auto ttag, auto gtag) {
     using T = decltype(ttag);
     using G = decltype(gtag);
@@ -132,10 +152,11 @@ void rmsnorm_backward(const NormDims& d, void* dx, void* dweight, const void* do
       }
       if (!dx) continue;
       T* dxr = static_cast<T*>(dx) + n * C;
+      const T* ar = dx_addend ? static_cast<const T*>(dx_addend) + n * C : nullptr;
       for (int64_t c = 0; c < C; ++c) {
         const double xhat = double(xr[c]) * r;
         const double g = double(gr[c]) * double(w[c]);
-        store_or_add(dxr[c], r * (g - xhat * sum_gx / double(C)), accumulate_dx);
+        store_dx(dxr, ar, c, r * (g - xhat * sum_gx / double(C)));
       }
     }
     store_param_grad<G>(dweight, dw, accumulate);

@@ -22,16 +22,22 @@ void bias_backward(void* dbias, DType grad_dtype, const void* dout, DType dtype,
 
 // ---- norms: one warp per row; dweight/dbias partial sums per block, reduced in fixed order.
 size_t norm_workspace_bytes(const NormDims& d);
+// With residual and sum: sum = x + residual is stored and normalized (a fused residual add).
+// dx = dx_addend + the norm's gradient; dx_addend null (overwrite), dx (accumulate) or another
+// tensor of x's dtype.
 void layernorm_forward(const NormDims& d, void* out, float* mean, float* rstd, const void* x,
-                       const void* weight, const void* bias, double eps, stream_t stream);
-void layernorm_backward(const NormDims& d, void* dx, void* dweight, void* dbias, const void* dout,
-                        const void* x, const void* weight, const float* mean, const float* rstd,
-                        bool accumulate_dx, bool accumulate, void* workspace, stream_t stream);
-void rmsnorm_forward(const NormDims& d, void* out, float* rstd, const void* x, const void* weight,
-                     double eps, stream_t stream);
-void rmsnorm_backward(const NormDims& d, void* dx, void* dweight, const void* dout, const void* x,
-                      const void* weight, const float* rstd, bool accumulate_dx, bool accumulate,
-                      void* workspace, stream_t stream);
+                       const void* residual, void* sum, const void* weight, const void* bias,
+                       double eps, stream_t stream);
+void layernorm_backward(const NormDims& d, void* dx, const void* dx_addend, void* dweight,
+                        void* dbias, const void* dout, const void* x, const void* weight,
+                        const float* mean, const float* rstd, bool accumulate, void* workspace,
+                        stream_t stream);
+void rmsnorm_forward(const NormDims& d, void* out, float* rstd, const void* x,
+                     const void* residual, void* sum, const void* weight, double eps,
+                     stream_t stream);
+void rmsnorm_backward(const NormDims& d, void* dx, const void* dx_addend, void* dweight,
+                      const void* dout, const void* x, const void* weight, const float* rstd,
+                      bool accumulate, void* workspace, stream_t stream);
 
 // ---- activations (contiguous)
 void gelu_forward(void* out, const void* x, int64_t n, DType dtype, stream_t stream);

@@ -17,13 +17,27 @@ constexpr int64_t kBackwardRowsPerBlock = 32;    // target; capped by kMaxBackwa
 constexpr int64_t kMaxBackwardBlocks = 1024;
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
+// With a residual: sum = x + residual (rounded to X, as the add kernel does) is stored and
+// normalized; each lane re-reads only the elements it stored itself, so no barrier is needed.
 template <int W, typename T, typename X, bool kRms>
-__global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const X* x, const T* weight,
-                                    const T* bias, int64_t rows, int64_t C, float eps) {
+__global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const X* x,
+                                    const T* residual, X* sum, const T* weight, const T* bias,
+                                    int64_t rows, int64_t C, float eps) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (row >= rows) return;  // the whole warp leaves together
   const int lane = threadIdx.x % kWarp;
   const X* xr = x + row * C;  // (C)
+  if (residual) {
+    for (int64_t c = lane * W; c < C; c += kWarp * W) {
+      float v[W], r[W];
+      load_floats<W>(xr + c, v);
+      load_floats<W>(residual + row * C + c, r);
+#pragma unroll
+      for (int i = 0; i < W; ++i) v[i] += r[i];
+      store_floats<W>(sum + row * C + c, v);
+    }
+    xr = sum + row * C;
+  }
   float m = 0;
   if (!kRms) {
     float s = 0;
@@ -61,10 +75,11 @@ __global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const X* x
 // Block b handles rows [b * rows_per_block, ...): warp j of it rows j, j + warps, ...
 // partials: (blocks, C) weight sums, then (blocks, C) bias sums.
 template <int W, typename T, typename X, bool kRms>
-__global__ void norm_backward_kernel(X* dx, float* partials, const T* dout, const X* x,
-                                     const T* weight, const float* mean, const float* rstd,
-                                     int64_t rows, int64_t C, int64_t rows_per_block,
-                                     bool accumulate_dx) {
+// dx = dx_addend + the norm's gradient (dx_addend: null, dx itself, or another tensor).
+__global__ void norm_backward_kernel(X* dx, const X* dx_addend, float* partials, const T* dout,
+                                     const X* x, const T* weight, const float* mean,
+                                     const float* rstd, int64_t rows, int64_t C,
+                                     int64_t rows_per_block) {
   // (warps, 2, C) sums, each warp's row stored element-of-pack major: channel c = p * W + i
   // sits at i * (C / W) + p, so the 32 lanes of a warp touch 32 consecutive words (no bank
   // conflicts) when they update element i of their packs.
@@ -105,7 +120,7 @@ __global__ void norm_backward_kernel(X* dx, float* partials, const T* dout, cons
       load_floats<W>(xr + c, v);
       load_floats<W>(gr + c, g);
       load_floats<W>(weight + c, w);
-      if (accumulate_dx) load_floats<W>(dx + row * C + c, old);
+      if (dx_addend) load_floats<W>(dx_addend + row * C + c, old);
 #pragma unroll
       for (int i = 0; i < W; ++i) {
         const float xhat = (v[i] - m) * r;
@@ -139,20 +154,21 @@ int backward_warps(int64_t C) {
 
 template <bool kRms>
 void norm_forward(const NormDims& d, void* out, float* mean, float* rstd, const void* x,
-                  const void* weight, const void* bias, double eps, stream_t stream) {
+                  const void* residual, void* sum, const void* weight, const void* bias,
+                  double eps, stream_t stream) {
   if (d.rows == 0) return;
   const char* what = kRms ? "rmsnorm_forward" : "layernorm_forward";
   dispatch_compute(d.dtype, what, [&](auto tag) {
     using T = decltype(tag);
     dispatch_residual<T>(d.x_dtype, what, [&](auto xtag) {
       using X = decltype(xtag);
-      dispatch_width<T>(d.channels, {out, x, weight, bias}, [&](auto w) {
+      dispatch_width<T>(d.channels, {out, x, residual, sum, weight, bias}, [&](auto w) {
         constexpr int W = decltype(w)::value;
         const unsigned blocks = unsigned((d.rows + kForwardWarps - 1) / kForwardWarps);
         norm_forward_kernel<W, T, X, kRms><<<blocks, kForwardWarps * kWarp, 0, stream>>>(
             static_cast<T*>(out), mean, rstd, static_cast<const X*>(x),
-            static_cast<const T*>(weight), static_cast<const T*>(bias), d.rows, d.channels,
-            float(eps));
+            static_cast<const T*>(residual), static_cast<X*>(sum), static_cast<const T*>(weight),
+            static_cast<const T*>(bias), d.rows, d.channels, float(eps));
         FSDP_CHECK_LAUNCH();
       });
     });
@@ -160,9 +176,9 @@ void norm_forward(const NormDims& d, void* out, float* mean, float* rstd, const 
 }
 
 template <bool kRms>
-void norm_backward(const NormDims& d, void* dx, void* dweight, void* dbias, const void* dout,
-                   const void* x, const void* weight, const float* mean, const float* rstd,
-                   bool accumulate_dx, bool accumulate, void* workspace, stream_t stream) {
+void norm_backward(const NormDims& d, void* dx, const void* dx_addend, void* dweight, void* dbias,
+                   const void* dout, const void* x, const void* weight, const float* mean,
+                   const float* rstd, bool accumulate, void* workspace, stream_t stream) {
   if (d.channels == 0) return;
   const int64_t blocks = backward_blocks(d.rows);
   const int64_t rows_per_block = (d.rows + blocks - 1) / blocks;
@@ -174,16 +190,16 @@ void norm_backward(const NormDims& d, void* dx, void* dweight, void* dbias, cons
     using T = decltype(tag);
     dispatch_residual<T>(d.x_dtype, what, [&](auto xtag) {
       using X = decltype(xtag);
-      dispatch_width<T>(d.channels, {dx, dout, x, weight}, [&](auto w) {
+      dispatch_width<T>(d.channels, {dx, dx_addend, dout, x, weight}, [&](auto w) {
         constexpr int W = decltype(w)::value;
         auto kernel = norm_backward_kernel<W, T, X, kRms>;
         if (shared > kDefaultSharedBytes)
           FSDP_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(shared)));
         kernel<<<unsigned(blocks), warps * kWarp, shared, stream>>>(
-            static_cast<X*>(dx), partials, static_cast<const T*>(dout),
-            static_cast<const X*>(x), static_cast<const T*>(weight), mean, rstd, d.rows,
-            d.channels, rows_per_block, accumulate_dx);
+            static_cast<X*>(dx), static_cast<const X*>(dx_addend), partials,
+            static_cast<const T*>(dout), static_cast<const X*>(x),
+            static_cast<const T*>(weight), mean, rstd, d.rows, d.channels, rows_per_block);
         FSDP_CHECK_LAUNCH();
       });
     });
@@ -202,26 +218,29 @@ size_t norm_workspace_bytes(const NormDims& d) {
 }
 
 void layernorm_forward(const NormDims& d, void* out, float* mean, float* rstd, const void* x,
-                       const void* weight, const void* bias, double eps, stream_t stream) {
-  norm_forward<false>(d, out, mean, rstd, x, weight, bias, eps, stream);
+                       const void* residual, void* sum, const void* weight, const void* bias,
+                       double eps, stream_t stream) {
+  norm_forward<false>(d, out, mean, rstd, x, residual, sum, weight, bias, eps, stream);
 }
 
-void rmsnorm_forward(const NormDims& d, void* out, float* rstd, const void* x, const void* weight,
-                     double eps, stream_t stream) {
-  norm_forward<true>(d, out, nullptr, rstd, x, weight, nullptr, eps, stream);
+void rmsnorm_forward(const NormDims& d, void* out, float* rstd, const void* x,
+                     const void* residual, void* sum, const void* weight, double eps,
+                     stream_t stream) {
+  norm_forward<true>(d, out, nullptr, rstd, x, residual, sum, weight, nullptr, eps, stream);
 }
 
-void layernorm_backward(const NormDims& d, void* dx, void* dweight, void* dbias, const void* dout,
-                        const void* x, const void* weight, const float* mean, const float* rstd,
-                        bool accumulate_dx, bool accumulate, void* workspace, stream_t stream) {
-  norm_backward<false>(d, dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate_dx,
-                       accumulate, workspace, stream);
+void layernorm_backward(const NormDims& d, void* dx, const void* dx_addend, void* dweight,
+                        void* dbias, const void* dout, const void* x, const void* weight,
+                        const float* mean, const float* rstd, bool accumulate, void* workspace,
+                        stream_t stream) {
+  norm_backward<false>(d, dx, dx_addend, dweight, dbias, dout, x, weight, mean, rstd, accumulate,
+                       workspace, stream);
 }
 
-void rmsnorm_backward(const NormDims& d, void* dx, void* dweight, const void* dout, const void* x,
-                      const void* weight, const float* rstd, bool accumulate_dx, bool accumulate,
-                      void* workspace, stream_t stream) {
-  norm_backward<true>(d, dx, dweight, nullptr, dout, x, weight, nullptr, rstd, accumulate_dx,
+void rmsnorm_backward(const NormDims& d, void* dx, const void* dx_addend, void* dweight,
+                      const void* dout, const void* x, const void* weight, const float* rstd,
+                      bool accumulate, void* workspace, stream_t stream) {
+  norm_backward<true>(d, dx, dx_addend, dweight, nullptr, dout, x, weight, nullptr, rstd,
                       accumulate, workspace, stream);
 }
 

@@ -118,6 +118,19 @@ GradSink Graph::grad_sink(const GradTarget& t) {
   return {meta->grad, true};
 }
 
+GradSink Graph::grad_sink_or_addend(const GradTarget& t) {
+  const std::shared_ptr<AutogradMeta>& meta = t.meta;
+  if (!meta || !meta->grad.defined() || (meta->grad_owned && meta->grad.is_contiguous()))
+    return grad_sink(t);
+  meta->grad_known_on_host = false;
+  GradSink sink;
+  sink.addend = ops::contiguous(ctx_, meta->grad);
+  sink.buffer = ctx_.empty(t.shape, t.dtype);
+  meta->grad = sink.buffer;
+  meta->grad_owned = true;
+  return sink;
+}
+
 void Graph::add_into(const GradSink& sink, const Tensor& tmp) {
   if (!sink.defined() || !sink.accumulate) return;
   ops::add(ctx_, sink.buffer, sink.buffer, tmp);

@@ -69,6 +69,9 @@ using BackwardFn = std::function<void(Graph&)>;
 struct GradSink {
   Tensor buffer;
   bool accumulate = false;
+  // Only from grad_sink_or_addend: the gradient t holds already, to be read (never written)
+  // and added to what the kernel writes into `buffer` (accumulate is then false).
+  Tensor addend;
   bool defined() const { return buffer.defined(); }
 };
 
@@ -130,6 +133,11 @@ class Graph {
   // A buffer for an op's kernel to write t's gradient into (see GradSink).
   GradSink grad_sink(const GradTarget& t);
   GradSink grad_sink(const Tensor& t) { return grad_sink(target(t)); }
+  // The same for kernels that can write addend + their result: where grad_sink would copy an
+  // adopted (shared) gradient to add into, the sink is a fresh buffer and the adopted
+  // gradient its read-only `addend`, saving the copy (a residual stream's gradient reaches
+  // each norm's input this way, adopted from the residual add).
+  GradSink grad_sink_or_addend(const GradTarget& t);
   // Finishes a sink that was written through a temporary because the kernel can only
   // overwrite: adds `tmp` into the sink (when sink.accumulate) or is a no-op.
   void add_into(const GradSink& sink, const Tensor& tmp);

@@ -91,69 +91,132 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
 
 // ---------------------------------------------------------------- norms
 
-Tensor layer_norm(Graph& g, const Tensor& x, Parameter& weight, Parameter& bias, double eps) {
-  Context& ctx = g.ctx();
-  const Tensor& w = weight.checked_data();  // (C)
-  const int64_t c = w.numel();
-  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "layer_norm ", weight.name(),
-             ": input ", x.str(), " does not end in ", c, " channels");
-  detail::check_stream_dtype(x, weight, "layer_norm");
-  const Tensor x2 = rows(ctx, x, c);  // (N, C)
-  const int64_t n = x2.size(0);
-  Tensor out = ctx.empty(x.shape(), w.dtype());
-  const Tensor mean = ctx.empty(Shape{n}, stat_dtype(w.dtype()));  // (N)
-  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(w.dtype()));  // (N)
-  ops::layernorm_forward(ctx, out.view(Shape{n, c}), mean, rstd, x2, w, bias.checked_data(), eps);
-  if (!g.should_record({&x}, true)) return out;
+namespace {
 
+// Checks x (..., C) against a norm's weight; returns C.
+int64_t check_norm_input(const Tensor& x, Parameter& weight, const char* op) {
+  const int64_t c = weight.checked_data().numel();
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, op, " ", weight.name(), ": input ",
+             x.str(), " does not end in ", c, " channels");
+  detail::check_stream_dtype(x, weight, op);
+  return c;
+}
+
+// Records the backward of out = norm(x) (bias null for RMSNorm, mean undefined): dx is
+// written where x's gradient lives, added to a gradient x already holds.
+Tensor record_norm(Graph& g, const Tensor& x, const Tensor& x2, Tensor out, const Tensor& mean,
+                   const Tensor& rstd, Parameter& weight, Parameter* bias) {
   out = Graph::track(out);
+  const int64_t n = x2.size(0), c = x2.size(1);
   Parameter* wp = &weight;
-  Parameter* bp = &bias;
-  g.record("layer_norm:" + weight.name(), {out.autograd_meta()},
-           [tx = Graph::target(x), x2, mean, rstd, om = out.autograd_meta(), wp, bp, n, c](Graph& g) {
+  g.record((bias ? "layer_norm:" : "rms_norm:") + weight.name(), {out.autograd_meta()},
+           [tx = Graph::target(x), x2, mean, rstd, om = out.autograd_meta(), wp, bias, n,
+            c](Graph& g) {
              Tensor dout = Graph::grad_of(om);
              if (!dout.defined()) return;
              Context& ctx = g.ctx();
-             autograd::GradSink sx = g.grad_sink(tx);
              // The kernel writes dx and the parameter gradients together; an input that takes
              // no gradient gets a scratch buffer.
+             const autograd::GradSink sx = g.grad_sink_or_addend(tx);
              const Tensor dx = sx.defined() ? sx.buffer.view(Shape{n, c})
                                             : ctx.empty(Shape{n, c}, tx.dtype);
-             ops::layernorm_backward(ctx, dx, wp->grad_for_accumulation(ctx),
-                                     bp->grad_for_accumulation(ctx), rows(ctx, dout, c), x2,
-                                     wp->checked_data(), mean, rstd, sx.accumulate, true);
+             const Tensor addend = sx.addend.defined() ? sx.addend.view(Shape{n, c}) : Tensor();
+             if (bias)
+               ops::layernorm_backward(ctx, dx, wp->grad_for_accumulation(ctx),
+                                       bias->grad_for_accumulation(ctx), rows(ctx, dout, c), x2,
+                                       wp->checked_data(), mean, rstd, sx.accumulate, true,
+                                       addend);
+             else
+               ops::rmsnorm_backward(ctx, dx, wp->grad_for_accumulation(ctx), rows(ctx, dout, c),
+                                     x2, wp->checked_data(), rstd, sx.accumulate, true, addend);
            });
   return out;
 }
 
-Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps) {
+// Records the backward of out = a + b: both inputs take out's gradient.
+Tensor record_add(Graph& g, Tensor out, const Tensor& a, const Tensor& b) {
+  out = Graph::track(out);
+  g.record("add", {out.autograd_meta()}, [ta = Graph::target(a), tb = Graph::target(b), om = out.autograd_meta()](Graph& g) {
+    const Tensor dout = Graph::grad_of(om);
+    if (!dout.defined()) return;
+    // Both inputs adopt the same gradient tensor; Graph copies it before anyone adds to it.
+    // A narrower b (a bf16 branch of an f32 stream) takes it rounded to its own dtype.
+    g.accumulate(ta, dout);
+    if (tb.meta) g.accumulate(tb, tb.dtype == dout.dtype() ? dout : ops::cast(g.ctx(), dout, tb.dtype));
+  });
+  return out;
+}
+
+// The statistics of a norm over x2 (N, C): mean (LayerNorm only) and rstd.
+Tensor stats(Context& ctx, const Parameter& weight, int64_t n) {
+  return ctx.empty(Shape{n}, stat_dtype(weight.data.dtype()));  // (N)
+}
+
+}  // namespace
+
+Tensor layer_norm(Graph& g, const Tensor& x, Parameter& weight, Parameter& bias, double eps) {
   Context& ctx = g.ctx();
-  const Tensor& w = weight.checked_data();  // (C)
-  const int64_t c = w.numel();
-  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "rms_norm ", weight.name(), ": input ",
-             x.str(), " does not end in ", c, " channels");
-  detail::check_stream_dtype(x, weight, "rms_norm");
+  const int64_t c = check_norm_input(x, weight, "layer_norm");
   const Tensor x2 = rows(ctx, x, c);  // (N, C)
   const int64_t n = x2.size(0);
-  Tensor out = ctx.empty(x.shape(), w.dtype());
-  const Tensor rstd = ctx.empty(Shape{n}, stat_dtype(w.dtype()));  // (N)
-  ops::rmsnorm_forward(ctx, out.view(Shape{n, c}), rstd, x2, w, eps);
+  const Tensor out = ctx.empty(x.shape(), weight.data.dtype());
+  const Tensor mean = stats(ctx, weight, n), rstd = stats(ctx, weight, n);
+  ops::layernorm_forward(ctx, out.view(Shape{n, c}), mean, rstd, x2, weight.data,
+                         bias.checked_data(), eps);
   if (!g.should_record({&x}, true)) return out;
+  return record_norm(g, x, x2, out, mean, rstd, weight, &bias);
+}
 
-  out = Graph::track(out);
-  Parameter* wp = &weight;
-  g.record("rms_norm:" + weight.name(), {out.autograd_meta()},
-           [tx = Graph::target(x), x2, rstd, om = out.autograd_meta(), wp, n, c](Graph& g) {
-             Tensor dout = Graph::grad_of(om);
-             if (!dout.defined()) return;
-             Context& ctx = g.ctx();
-             autograd::GradSink sx = g.grad_sink(tx);
-             const Tensor dx = sx.defined() ? sx.buffer.view(Shape{n, c})
-                                            : ctx.empty(Shape{n, c}, tx.dtype);
-             ops::rmsnorm_backward(ctx, dx, wp->grad_for_accumulation(ctx), rows(ctx, dout, c),
-                                   x2, wp->checked_data(), rstd, sx.accumulate, true);
-           });
-  return out;
+Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps) {
+  Context& ctx = g.ctx();
+  const int64_t c = check_norm_input(x, weight, "rms_norm");
+  const Tensor x2 = rows(ctx, x, c);  // (N, C)
+  const int64_t n = x2.size(0);
+  const Tensor out = ctx.empty(x.shape(), weight.data.dtype());
+  const Tensor rstd = stats(ctx, weight, n);
+  ops::rmsnorm_forward(ctx, out.view(Shape{n, c}), rstd, x2, weight.data, eps);
+  if (!g.should_record({&x}, true)) return out;
+  return record_norm(g, x, x2, out, Tensor(), rstd, weight, nullptr);
+}
+
+AddNorm add_layer_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
+                       Parameter& bias, double eps) {
+  Context& ctx = g.ctx();
+  check_same_shape(x, residual, "add_layer_norm");
+  const int64_t c = check_norm_input(x, weight, "add_layer_norm");
+  const Tensor x2 = rows(ctx, x, c), r2 = rows(ctx, residual, c);  // (N, C)
+  const int64_t n = x2.size(0);
+  const Tensor sum = ctx.empty(x.shape(), x.dtype());
+  const Tensor out = ctx.empty(x.shape(), weight.data.dtype());
+  const Tensor mean = stats(ctx, weight, n), rstd = stats(ctx, weight, n);
+  const Tensor sum2 = sum.view(Shape{n, c});
+  ops::add_layernorm_forward(ctx, sum2, out.view(Shape{n, c}), mean, rstd, x2, r2, weight.data,
+                             bias.checked_data(), eps);
+  if (!g.should_record({&x, &residual}, true)) return {sum, out};
+  // The same two nodes as add() then layer_norm(): only the forward is fused.
+  const Tensor tracked = g.should_record({&x, &residual}, false) ? record_add(g, sum, x, residual)
+                                                                 : sum;
+  return {tracked, record_norm(g, tracked, tracked.view(Shape{n, c}), out, mean, rstd, weight,
+                               &bias)};
+}
+
+AddNorm add_rms_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
+                     double eps) {
+  Context& ctx = g.ctx();
+  check_same_shape(x, residual, "add_rms_norm");
+  const int64_t c = check_norm_input(x, weight, "add_rms_norm");
+  const Tensor x2 = rows(ctx, x, c), r2 = rows(ctx, residual, c);  // (N, C)
+  const int64_t n = x2.size(0);
+  const Tensor sum = ctx.empty(x.shape(), x.dtype());
+  const Tensor out = ctx.empty(x.shape(), weight.data.dtype());
+  const Tensor rstd = stats(ctx, weight, n);
+  ops::add_rmsnorm_forward(ctx, sum.view(Shape{n, c}), out.view(Shape{n, c}), rstd, x2, r2,
+                           weight.data, eps);
+  if (!g.should_record({&x, &residual}, true)) return {sum, out};
+  const Tensor tracked = g.should_record({&x, &residual}, false) ? record_add(g, sum, x, residual)
+                                                                 : sum;
+  return {tracked, record_norm(g, tracked, tracked.view(Shape{n, c}), out, Tensor(), rstd, weight,
+                               nullptr)};
 }
 
 // ---------------------------------------------------------------- activations
@@ -208,17 +271,7 @@ Tensor add(Graph& g, const Tensor& a, const Tensor& b) {
   Tensor out = ctx.empty(a.shape(), a.dtype());
   ops::add(ctx, out, a, b);
   if (!g.should_record({&a, &b}, false)) return out;
-
-  out = Graph::track(out);
-  g.record("add", {out.autograd_meta()}, [ta = Graph::target(a), tb = Graph::target(b), om = out.autograd_meta()](Graph& g) {
-    const Tensor dout = Graph::grad_of(om);
-    if (!dout.defined()) return;
-    // Both inputs adopt the same gradient tensor; Graph copies it before anyone adds to it.
-    // A narrower b (a bf16 branch of an f32 stream) takes it rounded to its own dtype.
-    g.accumulate(ta, dout);
-    if (tb.meta) g.accumulate(tb, tb.dtype == dout.dtype() ? dout : ops::cast(g.ctx(), dout, tb.dtype));
-  });
-  return out;
+  return record_add(g, out, a, b);
 }
 
 }  // namespace fsdp::nn

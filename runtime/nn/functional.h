@@ -41,6 +41,19 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe = n
 Tensor layer_norm(Graph& g, const Tensor& x, Parameter& weight, Parameter& bias, double eps);
 Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps);
 
+// The residual add and the norm that reads its result, as one forward kernel:
+// sum = x + residual (add()'s dtypes and rounding) and out = norm(sum). The backward is
+// add()'s and the norm's, so results equal the two ops run one after the other; the fused
+// forward saves one read of the stream per block.
+struct AddNorm {
+  Tensor sum;  // (..., C), x's dtype: the residual stream after the add
+  Tensor out;  // (..., C), the weight's dtype: the norm of sum
+};
+AddNorm add_layer_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
+                       Parameter& bias, double eps);
+AddNorm add_rms_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
+                     double eps);
+
 // GELU (tanh form), elementwise.
 Tensor gelu(Graph& g, const Tensor& x);
 // x (..., 2F) = [gate | up] -> (..., F) = silu(gate) * up.

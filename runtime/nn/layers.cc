@@ -36,11 +36,33 @@ Tensor LayerNorm::compute(Graph& g, const Tensor& x) {
   return layer_norm(g, x, *weight_, *bias_, eps_);
 }
 
+AddNorm LayerNorm::add_and_norm(Graph& g, const Tensor& x, const Tensor& residual) {
+  FSDP_CHECK(!recompute(), ConfigError, "LayerNorm ", name(),
+             ": add_and_norm cannot recompute the norm alone (recompute the enclosing block)");
+  AddNorm r;
+  run_forward(g, [&] {
+    r = add_layer_norm(g, x, residual, *weight_, *bias_, eps_);
+    return r.out;
+  });
+  return r;
+}
+
 RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) {
   weight_ = &add_parameter("weight", Shape{dim}, InitRule::ones(), false);
 }
 
 Tensor RMSNorm::compute(Graph& g, const Tensor& x) { return rms_norm(g, x, *weight_, eps_); }
+
+AddNorm RMSNorm::add_and_norm(Graph& g, const Tensor& x, const Tensor& residual) {
+  FSDP_CHECK(!recompute(), ConfigError, "RMSNorm ", name(),
+             ": add_and_norm cannot recompute the norm alone (recompute the enclosing block)");
+  AddNorm r;
+  run_forward(g, [&] {
+    r = add_rms_norm(g, x, residual, *weight_, eps_);
+    return r.out;
+  });
+  return r;
+}
 
 // ---------------------------------------------------------------- MLPs
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/nn_ops.h"
+#include "runtime/nn/functional.h"
 #include "runtime/nn/module.h"
 
 namespace fsdp::nn {
@@ -74,6 +75,8 @@ class LayerNorm : public UnaryModule {
   std::string kind() const override { return "layernorm"; }
   Parameter& weight() { return *weight_; }
   Parameter& bias() { return *bias_; }
+  // x + residual and its norm, in one forward kernel (nn::add_layer_norm).
+  AddNorm add_and_norm(Graph& g, const Tensor& x, const Tensor& residual);
 
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;
@@ -90,6 +93,8 @@ class RMSNorm : public UnaryModule {
   RMSNorm(int64_t dim, double eps);
   std::string kind() const override { return "rmsnorm"; }
   Parameter& weight() { return *weight_; }
+  // x + residual and its norm, in one forward kernel (nn::add_rms_norm).
+  AddNorm add_and_norm(Graph& g, const Tensor& x, const Tensor& residual);
 
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;

@@ -71,6 +71,31 @@ Tensor scale(Graph& g, const Tensor& x, double s) {
   return y;
 }
 
+// y = s * x through grad_sink_or_addend: the kernel writes addend + s * dy (or accumulates).
+Tensor scale_with_addend(Graph& g, const Tensor& x, double s, std::vector<bool>* used_addend) {
+  Tensor y = g.ctx().empty(x.shape(), x.dtype());
+  ops::scale(g.ctx(), y, x, s);
+  if (!g.should_record({&x}, false)) return y;
+  y = Graph::track(y);
+  g.record("scale+", {y.autograd_meta()},
+           [tx = Graph::target(x), ym = y.autograd_meta(), s, used_addend](Graph& g) {
+             const Tensor dy = Graph::grad_of(ym);
+             if (!dy.defined()) return;
+             const GradSink sink = g.grad_sink_or_addend(tx);
+             if (!sink.defined()) return;
+             used_addend->push_back(sink.addend.defined());
+             if (sink.addend.defined()) {
+               REQUIRE_FALSE(sink.accumulate);
+               REQUIRE(sink.addend.data_ptr() != sink.buffer.data_ptr());
+               ops::copy(g.ctx(), sink.buffer, sink.addend);
+               ops::axpby(g.ctx(), sink.buffer, s, dy, 1.0);
+             } else {
+               ops::axpby(g.ctx(), sink.buffer, s, dy, sink.accumulate ? 1.0 : 0.0);
+             }
+           });
+  return y;
+}
+
 // Sum of all elements, as a one-element tensor; the gradient is the scalar broadcast.
 Tensor sum(Graph& g, const Tensor& x) {
   Tensor y = ops::sum(g.ctx(), x);
@@ -127,6 +152,32 @@ TEST_CASE("an adopted gradient shared by two tensors is copied before it is adde
   g.backward(y, vec(ctx, {1, 10}));
   CHECK(values(ctx, Graph::grad(a)) == std::vector<double>{3, 30});
   CHECK(values(ctx, Graph::grad(b)) == std::vector<double>{1, 10});
+}
+
+TEST_CASE("grad_sink_or_addend reads an adopted gradient instead of copying it", "[autograd]") {
+  Context ctx;
+  Graph g(ctx);
+  Tensor a = Graph::leaf(vec(ctx, {1, 2}));
+  Tensor b = Graph::leaf(vec(ctx, {3, 4}));
+  std::vector<bool> used_addend;
+  // a's gradient from s = a + b is adopted (shared with b) before the scale's backward runs
+  // (it was recorded first, so it runs last): that gradient becomes the addend, and b's
+  // stays as it was.
+  Tensor t = scale_with_addend(g, a, 2.0, &used_addend);
+  Tensor s = add(g, a, b);
+  Tensor y = add(g, s, t);
+  g.backward(y, vec(ctx, {1, 10}));
+  CHECK(values(ctx, Graph::grad(a)) == std::vector<double>{3, 30});
+  CHECK(values(ctx, Graph::grad(b)) == std::vector<double>{1, 10});
+  CHECK(used_addend == std::vector<bool>{true});
+  // A first gradient, or one the tensor owns, needs no addend.
+  Graph g2(ctx);
+  Tensor x = Graph::leaf(vec(ctx, {1, -1}));
+  used_addend.clear();
+  Tensor z = scale_with_addend(g2, x, 3.0, &used_addend);
+  g2.backward(z, vec(ctx, {1, 1}));
+  CHECK(values(ctx, Graph::grad(x)) == std::vector<double>{3, 3});
+  CHECK(used_addend == std::vector<bool>{false});
 }
 
 TEST_CASE("leaf gradients accumulate across backward calls", "[autograd]") {

@@ -62,6 +62,77 @@ TEST_CASE("CUDA layernorm forward/backward match the CPU; weight grads determini
   }
 }
 
+TEST_CASE("CUDA fused residual add + norm: the CPU's values, the unfused kernels' bits",
+          "[kernels][nn][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  // GPT-2 and GPT 1.3B widths (packed loads); 100 channels (scalar path). Streams of the
+  // compute dtype, and an f32 stream beside bf16 weights.
+  struct Case {
+    int64_t rows, C;
+    DType dt, stream;
+  };
+  for (const Case& k : {Case{4096, 768, DType::bf16, DType::bf16}, Case{512, 2048, DType::bf16, DType::f32},
+                        Case{300, 100, DType::f32, DType::f32}, Case{300, 100, DType::bf16, DType::bf16}}) {
+    INFO(k.rows << "x" << k.C << " " << dtype_name(k.dt) << " stream " << dtype_name(k.stream));
+    const Shape s{k.rows, k.C};
+    Dual x = dual_random(cpu, gpu, s, k.dt, 21, -3, 5);
+    Dual r = dual_random(cpu, gpu, s, k.dt, 22, -1, 1);
+    Dual w = dual_random(cpu, gpu, Shape{k.C}, k.dt, 23, 0.5, 1.5);
+    Dual b = dual_random(cpu, gpu, Shape{k.C}, k.dt, 24);
+    const Tensor xs = ops::cast(gpu, x.gpu, k.stream);  // the stream on the GPU
+    Dual sum{ops::empty(cpu, s, x.cpu.dtype()), ops::empty(gpu, s, k.stream)};
+    Dual out = dual_empty(cpu, gpu, s, k.dt), rout = dual_empty(cpu, gpu, s, k.dt);
+    Dual mean = dual_empty(cpu, gpu, Shape{k.rows}, DType::f32);
+    Dual rstd = dual_empty(cpu, gpu, Shape{k.rows}, DType::f32);
+    Dual rrstd = dual_empty(cpu, gpu, Shape{k.rows}, DType::f32);
+    ops::add_layernorm_forward(cpu, sum.cpu, out.cpu, mean.cpu, rstd.cpu, x.cpu, r.cpu, w.cpu,
+                               b.cpu, 1e-5);
+    ops::add_layernorm_forward(gpu, sum.gpu, out.gpu, mean.gpu, rstd.gpu, xs, r.gpu, w.gpu,
+                               b.gpu, 1e-5);
+    if (k.stream == k.dt) CHECK(scaled_error(gpu, sum) < tol(k.dt));
+    CHECK(scaled_error(gpu, out) < tol(k.dt));
+    CHECK(scaled_error(gpu, mean) < 1e-5);
+    CHECK(scaled_error(gpu, rstd) < 1e-5);
+    // The add kernel then the norm kernel give the same bits as the fused kernel.
+    Tensor h = ops::empty(gpu, s, k.stream), o2 = ops::empty(gpu, s, k.dt);
+    Tensor m2 = ops::empty(gpu, Shape{k.rows}, DType::f32);
+    Tensor r2 = ops::empty(gpu, Shape{k.rows}, DType::f32);
+    ops::add(gpu, h, xs, r.gpu);
+    ops::layernorm_forward(gpu, o2, m2, r2, h, w.gpu, b.gpu, 1e-5);
+    CHECK(same_bits(gpu, h, sum.gpu));
+    CHECK(same_bits(gpu, o2, out.gpu));
+    CHECK(same_bits(gpu, m2, mean.gpu));
+    CHECK(same_bits(gpu, r2, rstd.gpu));
+    Tensor rsum = ops::empty(gpu, s, k.stream);
+    ops::add_rmsnorm_forward(cpu, sum.cpu, rout.cpu, rrstd.cpu, x.cpu, r.cpu, w.cpu, 1e-6);
+    ops::add_rmsnorm_forward(gpu, rsum, rout.gpu, rrstd.gpu, xs, r.gpu, w.gpu, 1e-6);
+    CHECK(scaled_error(gpu, rout) < tol(k.dt));
+    CHECK(scaled_error(gpu, rrstd) < 1e-5);
+    ops::rmsnorm_forward(gpu, o2, r2, h, w.gpu, 1e-6);
+    CHECK(same_bits(gpu, rsum, h));
+    CHECK(same_bits(gpu, o2, rout.gpu));
+    CHECK(same_bits(gpu, r2, rrstd.gpu));
+
+    // Backward with an addend equals accumulating into a copy of it, bit for bit, and
+    // leaves the addend unchanged.
+    const Tensor dout = ops::cast(gpu, dual_random(cpu, gpu, s, k.dt, 25).gpu, k.dt);
+    const Tensor addend = ops::cast(gpu, dual_random(cpu, gpu, s, k.dt, 26).gpu, k.stream);
+    const Tensor before = ops::clone(gpu, addend);
+    Tensor acc = ops::clone(gpu, addend), dx = ops::empty(gpu, s, k.stream);
+    Tensor dw = ops::zeros(gpu, Shape{k.C}, DType::f32), db = ops::zeros(gpu, Shape{k.C}, DType::f32);
+    ops::layernorm_backward(gpu, acc, dw, db, dout, h, w.gpu, mean.gpu, rstd.gpu, true, true);
+    ops::layernorm_backward(gpu, dx, dw, db, dout, h, w.gpu, mean.gpu, rstd.gpu, false, true,
+                            addend);
+    CHECK(same_bits(gpu, dx, acc));
+    CHECK(same_bits(gpu, addend, before));
+    Tensor racc = ops::clone(gpu, addend), rdx = ops::empty(gpu, s, k.stream);
+    ops::rmsnorm_backward(gpu, racc, dw, dout, h, w.gpu, rrstd.gpu, true, true);
+    ops::rmsnorm_backward(gpu, rdx, dw, dout, h, w.gpu, rrstd.gpu, false, true, addend);
+    CHECK(same_bits(gpu, rdx, racc));
+  }
+}
+
 TEST_CASE("CUDA rmsnorm forward/backward at Llama widths", "[kernels][nn][gpu]") {
   FSDP_REQUIRE_GPU();
   Context cpu, gpu(Device::cuda(0));

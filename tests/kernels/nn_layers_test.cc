@@ -195,6 +195,61 @@ TEST_CASE("rmsnorm forward and backward", "[kernels][nn]") {
   CHECK(max_rel_diff(values(ctx, dw), gw, 1.0) < kFdTol);
 }
 
+TEST_CASE("fused residual add + norm equals add then norm; dx_addend", "[kernels][nn]") {
+  Context ctx;
+  const int64_t N = 5, C = 12;
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor x = random_tensor(ctx, Shape{N, C}, dt, 11, -2, 2);
+    Tensor r = random_tensor(ctx, Shape{N, C}, dt, 12, -2, 2);
+    Tensor w = random_tensor(ctx, Shape{C}, dt, 13), b = random_tensor(ctx, Shape{C}, dt, 14);
+    // Unfused: h = x + r, then the norms of h.
+    Tensor h = ops::empty(ctx, x.shape(), dt);
+    ops::add(ctx, h, x, r);
+    Tensor out = ops::empty(ctx, x.shape(), dt);
+    Tensor mean = ops::empty(ctx, Shape{N}, dt), rstd = ops::empty(ctx, Shape{N}, dt);
+    ops::layernorm_forward(ctx, out, mean, rstd, h, w, b, 1e-5);
+    Tensor rout = ops::empty(ctx, x.shape(), dt), rrstd = ops::empty(ctx, Shape{N}, dt);
+    ops::rmsnorm_forward(ctx, rout, rrstd, h, w, 1e-6);
+    // Fused: the same sum and the same outputs and statistics, bit for bit.
+    Tensor sum = ops::empty(ctx, x.shape(), dt), out2 = ops::empty(ctx, x.shape(), dt);
+    Tensor mean2 = ops::empty(ctx, Shape{N}, dt), rstd2 = ops::empty(ctx, Shape{N}, dt);
+    ops::add_layernorm_forward(ctx, sum, out2, mean2, rstd2, x, r, w, b, 1e-5);
+    CHECK(values(ctx, sum) == values(ctx, h));
+    CHECK(values(ctx, out2) == values(ctx, out));
+    CHECK(values(ctx, mean2) == values(ctx, mean));
+    CHECK(values(ctx, rstd2) == values(ctx, rstd));
+    Tensor rsum = ops::empty(ctx, x.shape(), dt), rout2 = ops::empty(ctx, x.shape(), dt);
+    Tensor rrstd2 = ops::empty(ctx, Shape{N}, dt);
+    ops::add_rmsnorm_forward(ctx, rsum, rout2, rrstd2, x, r, w, 1e-6);
+    CHECK(values(ctx, rsum) == values(ctx, h));
+    CHECK(values(ctx, rout2) == values(ctx, rout));
+    CHECK(values(ctx, rrstd2) == values(ctx, rrstd));
+    // sum may not overwrite the residual (the kernel reads it while writing sum).
+    CHECK_THROWS_AS(ops::add_layernorm_forward(ctx, r, out2, mean2, rstd2, x, r, w, b, 1e-5),
+                    ValueError);
+
+    // Backward with an addend: dx = addend + the gradient, the addend left as it was, the
+    // same as accumulating into a copy of it.
+    Tensor dout = random_tensor(ctx, Shape{N, C}, dt, 15);
+    Tensor addend = random_tensor(ctx, Shape{N, C}, dt, 16);
+    const std::vector<double> addend_before = values(ctx, addend);
+    Tensor acc = ops::clone(ctx, addend), dx = ops::empty(ctx, x.shape(), dt);
+    Tensor dw = ops::zeros(ctx, Shape{C}, dt), db = ops::zeros(ctx, Shape{C}, dt);
+    ops::layernorm_backward(ctx, acc, dw, db, dout, h, w, mean, rstd, true, true);
+    ops::layernorm_backward(ctx, dx, dw, db, dout, h, w, mean, rstd, false, true, addend);
+    CHECK(values(ctx, dx) == values(ctx, acc));
+    CHECK(values(ctx, addend) == addend_before);
+    Tensor racc = ops::clone(ctx, addend), rdx = ops::empty(ctx, x.shape(), dt);
+    ops::rmsnorm_backward(ctx, racc, dw, dout, h, w, rrstd, true, true);
+    ops::rmsnorm_backward(ctx, rdx, dw, dout, h, w, rrstd, false, true, addend);
+    CHECK(values(ctx, rdx) == values(ctx, racc));
+    // An addend with accumulate_dx is contradictory.
+    CHECK_THROWS_AS(ops::layernorm_backward(ctx, dx, dw, db, dout, h, w, mean, rstd, true, true,
+                                            addend),
+                    ValueError);
+  }
+}
+
 TEST_CASE("gelu and swiglu match their formulas and finite differences", "[kernels][nn]") {
   Context ctx;
   const DType dt = DType::f64;

@@ -160,6 +160,32 @@ TEST_CASE("finite differences: every op's backward", "[nn][gradcheck]") {
                             return nn::rms_norm(g, in[0], *wp, 1e-5);
                           }});
   }
+  SECTION("the residual add fused into layer_norm and rms_norm") {
+    auto w = param(ctx, "weight", Shape{c}, 40);
+    auto bias = param(ctx, "bias", Shape{c}, 41);
+    Parameter* wp = w.get();
+    Parameter* bp = bias.get();
+    // Both outputs feed the result: the sum's gradient arrives adopted from the add, so the
+    // norm's backward adds its gradient to it out of place (Graph::grad_sink_or_addend).
+    check_gradients(ctx, {"add_layer_norm",
+                          {random(ctx, Shape{b, t, c}, 42, 2.0), random(ctx, Shape{b, t, c}, 43)},
+                          {wp, bp}, [=](Graph& g, const std::vector<Tensor>& in) {
+                            const nn::AddNorm r = nn::add_layer_norm(g, in[0], in[1], *wp, *bp, 1e-5);
+                            return nn::add(g, r.sum, nn::gelu(g, r.out));
+                          }});
+    check_gradients(ctx, {"add_rms_norm",
+                          {random(ctx, Shape{b, t, c}, 44, 2.0), random(ctx, Shape{b, t, c}, 45)},
+                          {wp}, [=](Graph& g, const std::vector<Tensor>& in) {
+                            const nn::AddNorm r = nn::add_rms_norm(g, in[0], in[1], *wp, 1e-5);
+                            return nn::add(g, r.sum, nn::gelu(g, r.out));
+                          }});
+    // One tensor as both x and residual.
+    check_gradients(ctx, {"add_layer_norm(x, x)", {random(ctx, Shape{b, t, c}, 46, 2.0)}, {wp, bp},
+                          [=](Graph& g, const std::vector<Tensor>& in) {
+                            const nn::AddNorm r = nn::add_layer_norm(g, in[0], in[0], *wp, *bp, 1e-5);
+                            return nn::add(g, r.sum, r.out);
+                          }});
+  }
   SECTION("gelu, swiglu and the residual add") {
     check_gradients(ctx, {"gelu", {random(ctx, Shape{b, t, c}, 12, 2.0)}, {},
                           [](Graph& g, const std::vector<Tensor>& in) { return nn::gelu(g, in[0]); }});

@@ -12,8 +12,10 @@
 #      recompute, bf16 gradients and Adam moments): 23.0B, else 22.1B
 #   8. a launch without MPI (torchrun-style variables), the NCCL tests (watchdog too), and a
 #      2-GPU training job with a stuck rank (scripts/stuck_rank.sh)
-#   9. CPU offload: GPT-2 d12 losses with and without it (1 GPU), GPT 1.3B ZeRO-3 speed and
-#      memory with it, and the largest GPT with it at ZeRO-3 on 2 GPUs (24.3B, then 26.6B)
+#   9. CPU offload: GPT-2 d12 losses with and without it (1 GPU), and at ZeRO-3 on 2 GPUs
+#      with the update overlapped or not (bitwise the same losses), GPT 1.3B ZeRO-3 speed and
+#      memory with it (overlapped or not), and the largest GPT with it at ZeRO-3 on 2 GPUs
+#      (24.3B, then 26.6B; OFFLOAD_EXTRA adds recipe overrides, e.g. the overlap)
 #  10. device time per kernel (Nsight Compute, scripts/kernel_profile.sh) of one micro-batch
 #      step of GPT-2 124M (64 x 1024) and of GPT 1.3B (16 x 2048), each on one GPU (give it
 #      a few minutes: the 1.3B start-up and warm-up step run under the profiler too)
@@ -153,16 +155,36 @@ for off in false true; do
     optimizer.cpu_offload=$off > "$L/offload_gpt2_$off.txt" 2>&1
   say "gpt2 d12 cpu_offload=$off rc=$?"; grep -E "optimizer state|step +20" "$L/offload_gpt2_$off.txt" | head -3
 done
-timeout 200 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
-  train.global_batch_size=32 optimizer.cpu_offload=true > "$L/bench_1.3b_offload.txt" 2>&1
-say "1.3b offload rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|optimizer" "$L/bench_1.3b_offload.txt"; pack
+# The host update overlapped with the next forward (ZeRO-3): the same losses, bit for bit.
+for ov in false true; do
+  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
+    dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0 \
+    train.train_iters=20 train.micro_batch_size=8 train.global_batch_size=16 train.eval_interval=0 \
+    logger.log_interval=1 checkpoint.save=null run.output_dir="$L/overlap_$ov" \
+    ddp.data_parallel_sharding_strategy=optim_grads_params optimizer.cpu_offload=true \
+    optimizer.overlap_cpu_offload=$ov > "$L/offload_overlap_$ov.txt" 2>&1
+  say "gpt2 d12 zero3 offload overlap=$ov rc=$?"
+done
+python3 - "$L" <<'PY'
+import json, sys
+L = sys.argv[1]
+a = [json.loads(l)["loss"] for l in open(f"{L}/overlap_false/metrics.jsonl")]
+b = [json.loads(l)["loss"] for l in open(f"{L}/overlap_true/metrics.jsonl")]
+print("steps %d/%d, losses identical: %s, last %.6f %.6f" % (len(a), len(b), a == b, a[-1], b[-1]))
+PY
+for ov in false true; do
+  timeout 200 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
+    train.global_batch_size=32 optimizer.cpu_offload=true optimizer.overlap_cpu_offload=$ov \
+    > "$L/bench_1.3b_offload_$ov.txt" 2>&1
+  say "1.3b offload overlap=$ov rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|optimizer " "$L/bench_1.3b_offload_$ov.txt"
+done; pack
 # (24.3B took 89 s to start, pinning 91 GiB of host memory per rank, and 5.8 s per step.)
 for nl in ${OFFLOAD_LAYERS:-53 58}; do
   timeout "${OFFLOAD_LIMIT:-300}" "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --verbose \
     --workload gpt-1.3b --steps 2 --warmup 1 model.n_layer=$nl model.d_model=6144 \
     model.n_head=48 model.d_ff=0 model.activation_recompute=full train.micro_batch_size=1 \
     train.global_batch_size=2 optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false \
-    optimizer.cpu_offload=true logger.log_interval=1 2>&1 |
+    optimizer.cpu_offload=true logger.log_interval=1 ${OFFLOAD_EXTRA:-} 2>&1 |
     while IFS= read -r line; do echo "$(date +%T) $line"; done > "$L/bench_offload_$nl.txt"
   rc=${PIPESTATUS[0]}; say "largest with cpu offload, $nl layers rc=$rc"
   grep -E "parameters|optimizer state|tokens/s|MFU|peak|predicted|step time|optimizer " "$L/bench_offload_$nl.txt" | head -12

@@ -95,9 +95,15 @@ void ShardedModel::on_post_backward(int unit, autograd::Graph&) {
 
 // ---------------------------------------------------------------- gathering (ZeRO-3)
 
-void ShardedModel::issue_gather(int unit) {
+void ShardedModel::issue_gather(int unit, bool prefetch) {
   Unit& u = *units_[size_t(unit)];
   if (u.gather_issued) return;
+  // An optimizer update still running (CPU offload overlapped): the unit's new shard.
+  Event updated;
+  if (weights_fence_) {
+    const auto [first, last] = unit_ranges_[size_t(unit)];
+    if (first < last && !weights_fence_(first, last, !prefetch, &updated)) return;
+  }
   Tensor full;
   if (is_root(unit)) {
     // The root's own buffer: the previous micro-batch's backward may still be reading it.
@@ -111,6 +117,7 @@ void ShardedModel::issue_gather(int unit) {
   u.compute_full = full;
   // The shard is written by the optimizer on the compute stream.
   gather_stream_.wait(params_updated_);
+  gather_stream_.wait(updated);
   if (!communicates(groups_.shard_gather)) {
     StreamScope scope(ctx_, gather_stream_);
     // One rank: its shard is the whole. Several under skip_collectives (the benchmark's
@@ -164,7 +171,7 @@ void ShardedModel::prefetch_from(int unit, int direction) {
   for (int k = 1; k <= options_.prefetch_units; ++k) {
     const int p = pos + direction * k;
     if (p < 0 || p >= int(blocks_.size())) break;
-    issue_gather(blocks_[size_t(p)]);
+    issue_gather(blocks_[size_t(p)], /*prefetch=*/true);
   }
 }
 

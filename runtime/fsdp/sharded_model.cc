@@ -211,6 +211,7 @@ void ShardedModel::allocate() {
                                                        : u.grad_accum;
     }
     // Optimizer views: one per weight-decay range of this rank's shard.
+    const size_t first_range = optimizer_ranges_.size();
     for (const DecayRange& r : p.decay_ranges(rank)) {
       OptimizerRange s;
       s.name = str_cat(u.name, "[", p.shard_begin(rank) + r.shard_offset, ":",
@@ -221,6 +222,7 @@ void ShardedModel::allocate() {
       s.weight_decay = r.weight_decay;
       optimizer_ranges_.push_back(s);
     }
+    unit_ranges_.emplace_back(first_range, optimizer_ranges_.size());
   }
   if (zero3() && !blocks_.empty()) {
     gather_pool_ = std::make_unique<BufferPool>(ctx_, "gathered weights",
@@ -276,6 +278,24 @@ void ShardedModel::initialize_weights() {
     if (on_host) ops::copy(ctx_, u.main, target);
   }
   refresh_compute_weights();
+}
+
+std::vector<size_t> ShardedModel::forward_range_order() const {
+  std::vector<size_t> order;
+  auto add = [&](int unit) {
+    for (size_t r = unit_ranges_[size_t(unit)].first; r < unit_ranges_[size_t(unit)].second; ++r)
+      order.push_back(r);
+  };
+  if (root_ >= 0) add(root_);
+  for (int b : blocks_) add(b);
+  return order;
+}
+
+void ShardedModel::set_weights_fence(WeightsFence fence) {
+  FSDP_CHECK(!fence || zero3(), ConfigError, "a weights fence (an optimizer update overlapped "
+             "with the forward) needs ZeRO-3 (optim_grads_params), whose forward gathers each "
+             "unit's weights");
+  weights_fence_ = std::move(fence);
 }
 
 void ShardedModel::refresh_compute_weights() {

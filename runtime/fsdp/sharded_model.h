@@ -41,8 +41,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -156,6 +158,17 @@ class ShardedModel {
   // them visible to the next forward (ZeRO-1/2: all-gather the updated shards).
   void install_weights();
 
+  // The optimizer ranges in the order the next forward needs them (the root's first, then
+  // the blocks'): an update that runs while the next forward does (CPU offload overlapped)
+  // goes in this order.
+  std::vector<size_t> forward_range_order() const;
+  // ZeRO-3 with an update still running when the next forward starts: before gathering a
+  // unit, `fence(first, last, block, &ready)` is asked whether the new compute weights of
+  // optimizer ranges [first, last) are on their way (block: wait until they are; a prefetch
+  // does not wait) and for the event after which they are on the device. Null: none.
+  using WeightsFence = std::function<bool(size_t first, size_t last, bool block, Event* ready)>;
+  void set_weights_fence(WeightsFence fence);
+
   // After the master weights were written from outside (a checkpoint load): rewrites the
   // compute weights from them and installs those (as after an optimizer step).
   void refresh_compute_weights();
@@ -195,8 +208,9 @@ class ShardedModel {
   void bind_grads(Unit& u, const Tensor& full);
   void unbind_grads(Unit& u);
 
-  // ZeRO-3 gathering.
-  void issue_gather(int unit);
+  // ZeRO-3 gathering. A prefetch returns without gathering when the unit's weights are not
+  // updated yet (the weights fence), rather than hold the host up.
+  void issue_gather(int unit, bool prefetch = false);
   void wait_gathered(int unit);
   void release_gathered(int unit);
   void prefetch_from(int unit, int direction);
@@ -233,6 +247,8 @@ class ShardedModel {
   Event params_updated_;  // compute stream, after the latest write of the compute shards
   std::unique_ptr<BufferPool> gather_pool_, grad_pool_;
   std::vector<OptimizerRange> optimizer_ranges_;
+  std::vector<std::pair<size_t, size_t>> unit_ranges_;  // per unit: [first, last) ranges
+  WeightsFence weights_fence_;
   MemoryBreakdown memory_;
   bool last_micro_batch_ = true;
   int micro_batches_ = 0;

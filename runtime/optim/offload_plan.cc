@@ -26,6 +26,17 @@ std::vector<OffloadChunk> plan_offload_chunks(const std::vector<int64_t>& range_
   return chunks;
 }
 
+std::vector<int64_t> last_chunk_of_ranges(const std::vector<OffloadChunk>& chunks, size_t ranges) {
+  std::vector<int64_t> last(ranges, -1);
+  for (size_t c = 0; c < chunks.size(); ++c)
+    for (const OffloadPiece& p : chunks[c].pieces) {
+      FSDP_CHECK(p.range < ranges, ValueError, "offload plan: piece of range ", p.range,
+                 " among ", ranges, " ranges");
+      last[p.range] = int64_t(c);
+    }
+  return last;
+}
+
 OffloadStaging offload_staging(int64_t total, int64_t capacity, int slots) {
   FSDP_CHECK(capacity > 0 && slots > 0, ValueError, "offload staging: ", slots,
              " slots of ", capacity, " elements (both must be positive)");

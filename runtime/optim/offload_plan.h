@@ -30,6 +30,10 @@ struct OffloadChunk {
 std::vector<OffloadChunk> plan_offload_chunks(const std::vector<int64_t>& range_numel,
                                               int64_t capacity);
 
+// For each of `ranges` ranges, the index of the last chunk holding a piece of it (the chunk
+// after whose upload the range is complete), or -1 for a range with no elements.
+std::vector<int64_t> last_chunk_of_ranges(const std::vector<OffloadChunk>& chunks, size_t ranges);
+
 // The staging a shard of `total` elements needs: buffers of the largest chunk's size (every
 // chunk but the last is full), as many as the pipeline's `slots` or the chunks, if fewer.
 struct OffloadStaging {

@@ -80,7 +80,10 @@ void Optimizer::step(double lr, double grad_scale) {
   }
 }
 
-size_t Optimizer::state_bytes() const { return arena_bytes_; }
+size_t Optimizer::state_bytes() const {
+  // With the overlapped offload, the device also holds the update's gradient snapshot.
+  return arena_bytes_ + (offload_ ? offload_->snapshot_bytes() : 0);
+}
 
 double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0 || norm <= max_norm) return 1.0;

@@ -57,10 +57,25 @@ class Optimizer {
   // Adam's first and second moments of range i (undefined for SGD).
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
-  size_t state_bytes() const;  // what the moments' allocations cost on the device
+  // What the optimizer's allocations cost on the device: the moments (none with CPU offload),
+  // and the overlapped offload's gradient snapshot.
+  size_t state_bytes() const;
   size_t host_state_bytes() const { return host_bytes_; }  // CPU offload: moments and staging
   bool offloaded() const { return offload_ != nullptr; }
   const OffloadedAdamW* offload() const { return offload_.get(); }
+  // CPU offload overlapped with the next forward (OffloadOptions::overlap): waits for the
+  // update in flight, rethrowing its error; call before reading or writing the master
+  // weights or the moments (checkpoints). A no-op otherwise.
+  void finish_update() {
+    if (offload_) offload_->finish();
+  }
+  // Whether range i's new compute weights are queued for the device (see
+  // OffloadedAdamW::range_ready); true with an empty event unless an overlapped update runs.
+  bool range_ready(size_t i, bool block, Event* ready) {
+    if (offload_) return offload_->range_ready(i, block, ready);
+    *ready = Event();
+    return true;
+  }
 
  private:
   Context& ctx_;

@@ -61,6 +61,9 @@ void RunCheckpoints::after_step(int64_t step, bool final) {
 
 void RunCheckpoints::save(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
+  // An optimizer update overlapped with the next forward must have written the master
+  // weights and moments before they are read.
+  if (parts_.optimizer) parts_.optimizer->finish_update();
   const data::DataLoader& data = *parts_.train_data;
   checkpoint::TrainingProgress p;
   p.step = step;

@@ -26,7 +26,12 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   // With cpu offload the moments (and the master weights) are in host memory.
   const size_t opt_state = optimizer_state_bytes(plan, recipe.optimizer.optimizer,
                                                  dtype_from_name(recipe.optimizer.moments_dtype));
-  const size_t opt = fo.offload_main ? 0 : opt_state;
+  size_t opt = fo.offload_main ? 0 : opt_state;
+  if (fo.offload_main && recipe.optimizer.overlap_cpu_offload) {
+    // The overlapped update reads a device snapshot of the gradient shards.
+    const int64_t shard = int64_t(mem.host_main_weights / dtype_size(fo.main_dtype));
+    opt = allocation_size_class(size_t(std::max<int64_t>(shard, 1)) * dtype_size(fo.reduce_dtype));
+  }
   const int64_t act = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
                                                 recipe.model.seq_length, fo.compute_dtype,
                                                 recipe.model.activation_recompute);
@@ -50,7 +55,9 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  "  full gradients    ", format_bytes(int64_t(mem.full_grads)), "\n",
                  "  gather buffers    ", format_bytes(int64_t(mem.gather_pool)), "\n",
                  "  gradient buffers  ", format_bytes(int64_t(mem.grad_pool)), "\n",
-                 "  optimizer state   ", format_bytes(int64_t(opt)), "\n",
+                 "  optimizer state   ", format_bytes(int64_t(opt)),
+                 fo.offload_main && recipe.optimizer.overlap_cpu_offload ? " (gradient snapshot)" : "",
+                 "\n",
                  "  activations       ", format_bytes(act), " (estimate)\n",
                  "  predicted peak    ", format_bytes(int64_t(mem.total() + opt) + act), "\n");
   if (fo.offload_main) {

@@ -68,6 +68,7 @@ struct OptimizerSection {
   double clip_grad = 0;              // 0 = no clipping
   std::string moments_dtype;         // "f32" | "bf16"
   bool cpu_offload = false;
+  bool overlap_cpu_offload = false;  // ZeRO-3: the host update runs beside the next forward
 };
 
 struct SchedulerSection {

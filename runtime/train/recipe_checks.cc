@@ -54,6 +54,14 @@ void check_precision(const Recipe& r) {
   FSDP_CHECK(!r.optimizer.cpu_offload || r.optimizer.optimizer == "adamw", ConfigError,
              "'optimizer.cpu_offload' supports 'optimizer.optimizer' \"adamw\" only, not \"",
              r.optimizer.optimizer, "\"");
+  FSDP_CHECK(!r.optimizer.overlap_cpu_offload || r.optimizer.cpu_offload, ConfigError,
+             "'optimizer.overlap_cpu_offload' is true but 'optimizer.cpu_offload' is false");
+  FSDP_CHECK(!r.optimizer.overlap_cpu_offload ||
+                 r.ddp.data_parallel_sharding_strategy == "optim_grads_params",
+             ConfigError, "'optimizer.overlap_cpu_offload' needs "
+             "'ddp.data_parallel_sharding_strategy' \"optim_grads_params\" (ZeRO-3, whose "
+             "forward gathers each unit's weights and can wait for each), not \"",
+             r.ddp.data_parallel_sharding_strategy, "\"");
 }
 
 void check_paths(const Recipe& r) {

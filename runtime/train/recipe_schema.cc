@@ -93,6 +93,12 @@ std::vector<FieldSpec> build_schema() {
           "host's cores (CUDA only): the GPU holds compute weights, gradients and activations; "
           "each step streams the gradients down and the new weights up in chunks. Launch "
           "without core binding (mpirun --bind-to none): the ranks of a node share its cores."),
+      KEY(optimizer.overlap_cpu_offload).default_to(false).help_text(
+          "With cpu_offload at ZeRO-3 (optim_grads_params): run the host's update in the "
+          "background while the next step's forward runs, unit by unit in forward order (the "
+          "root first): each unit's all-gather waits only for that unit's new weights. The "
+          "gradients are first copied to a device snapshot (2 bytes per parameter of the "
+          "shard with bf16 gradients), so the next backward can reuse their buffers."),
 
       // scheduler
       KEY(scheduler.lr_decay_style).one_of({"constant", "linear", "cosine", "WSD"})

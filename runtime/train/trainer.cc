@@ -176,7 +176,21 @@ void Trainer::State::setup() {
   OptimizerConfig optimizer_config = optimizer_config_of(recipe);
   // CPU offload: the ranks on this host share its cores.
   optimizer_config.offload.threads = host_threads_per_process(world->local_size());
+  if (recipe.optimizer.overlap_cpu_offload) {
+    // The host updates the ranges in the order the next forward gathers them, and each
+    // unit's gather waits for its own ranges only.
+    optimizer_config.offload.overlap = true;
+    optimizer_config.offload.order = sharded->forward_range_order();
+  }
   optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config);
+  if (recipe.optimizer.overlap_cpu_offload) {
+    Optimizer* opt = optimizer.get();
+    // A unit's ranges are consecutive in the update order: the last one's event covers all.
+    sharded->set_weights_fence([opt](size_t first, size_t last, bool block, Event* ready) {
+      (void)first;
+      return opt->range_ready(last - 1, block, ready);
+    });
+  }
   schedule = LrSchedule::from_recipe(recipe);
 
   // Data: this rank's part of every global batch.

@@ -71,6 +71,9 @@ TEST_CASE("offload chunks pack small ranges and split large ones", "[optim]") {
   CHECK(plan_offload_chunks({0, 0}, 8).empty());
   CHECK_THROWS_AS(plan_offload_chunks({4}, 0), ValueError);
   CHECK_THROWS_AS(plan_offload_chunks({-1}, 4), ValueError);
+  // The chunk after which each range is complete (-1: an empty range).
+  CHECK(last_chunk_of_ranges(plan_offload_chunks(numel, 16), numel.size()) ==
+        std::vector<int64_t>{0, -1, 0, 2, 2, 2, 2});  // range 3 spans chunks 0-2
 }
 
 TEST_CASE("the streamed offload step equals the direct host update, bit for bit", "[optim]") {
@@ -123,6 +126,69 @@ TEST_CASE("the streamed offload step equals the direct host update, bit for bit"
   }
 }
 
+TEST_CASE("the overlapped offload step equals the in-step one; ranges complete in order",
+          "[optim]") {
+  // CPU context: the background thread runs the same pipeline with plain copies. The
+  // overlapped step reads a snapshot of the gradients, so changing them after step() returns
+  // (the next backward) must not change the update.
+  Context ctx;
+  const std::vector<int64_t> numel = {1000, 7, 0, 2500, 33};
+  const std::vector<size_t> order = {4, 0, 1, 2, 3};  // a root last in the list goes first
+  auto make = [&](uint32_t seed) {
+    std::vector<OptimizerRange> ranges;
+    for (size_t i = 0; i < numel.size(); ++i) {
+      OptimizerRange r;
+      r.name = "range" + std::to_string(i);
+      r.main = random_tensor(ctx, Shape{numel[i]}, DType::f32, uint32_t(1 + i));
+      r.grad = random_tensor(ctx, Shape{numel[i]}, DType::bf16, uint32_t(seed + i), -1, 1);
+      r.param_copy = ops::zeros(ctx, Shape{numel[i]}, DType::bf16);
+      r.weight_decay = i % 2 == 0;
+      ranges.push_back(r);
+    }
+    return ranges;
+  };
+  std::vector<OptimizerRange> in_step = make(100), overlapped = make(100);
+  std::vector<Tensor> m1, v1, m2, v2;
+  for (int64_t n : numel)
+    for (auto* list : {&m1, &v1, &m2, &v2}) list->push_back(ops::zeros(ctx, Shape{n}, DType::f32));
+  OffloadOptions o;
+  o.chunk_numel = 300;
+  o.slots = 2;
+  o.threads = 2;
+  OffloadedAdamW a(ctx, in_step, o);
+  o.overlap = true;
+  o.order = order;
+  OffloadedAdamW b(ctx, overlapped, o);
+  CHECK(b.snapshot_bytes() >= size_t(3540 * 2));
+  Event ready;
+  CHECK(b.range_ready(3, false, &ready));  // nothing in flight: ready at once
+  ops::AdamWParams p;
+  p.lr = 1e-2;
+  for (int64_t s = 1; s <= 3; ++s) {
+    p.step = s;
+    a.step(in_step, m1, v1, 0.1, p);
+    b.step(overlapped, m2, v2, 0.1, p);
+    // The next backward overwrites the gradients while the update may still run.
+    for (size_t i = 0; i < numel.size(); ++i) {
+      ops::fill(ctx, overlapped[i].grad, 100.0);
+      ops::copy(ctx, overlapped[i].grad, in_step[i].grad);  // the same next gradients
+    }
+    for (size_t k : order) CHECK(b.range_ready(k, true, &ready));
+    b.finish();
+  }
+  for (size_t i = 0; i < numel.size(); ++i) {
+    INFO(in_step[i].name);
+    CHECK(host_values<float>(overlapped[i].main) == host_values<float>(in_step[i].main));
+    CHECK(host_values<uint16_t>(overlapped[i].param_copy) == host_values<uint16_t>(in_step[i].param_copy));
+    CHECK(host_values<float>(m2[i]) == host_values<float>(m1[i]));
+  }
+  // An order that is not a permutation of the ranges is refused.
+  o.order = {0, 0, 1, 2, 3};
+  CHECK_THROWS_AS(OffloadedAdamW(ctx, in_step, o), ValueError);
+  o.order = {0, 1};
+  CHECK_THROWS_AS(OffloadedAdamW(ctx, in_step, o), ValueError);
+}
+
 TEST_CASE("offload refuses mixed gradient dtypes and master weights off the host", "[optim]") {
   Context ctx;
   OptimizerRange a, b;
@@ -142,7 +208,7 @@ TEST_CASE("the optimizer offloaded to the host follows the CUDA optimizer", "[op
   FSDP_REQUIRE_GPU();
   Context gpu(Device::cuda(0)), cpu;
   const std::vector<int64_t> numel = {(1 << 20) + 5, 77, 3 << 20};
-  std::vector<OptimizerRange> on_gpu, offloaded;
+  std::vector<OptimizerRange> on_gpu, offloaded, overlapped;
   for (size_t i = 0; i < numel.size(); ++i) {
     Tensor init = random_tensor(cpu, Shape{numel[i]}, DType::f32, uint32_t(1 + i));
     OptimizerRange r;
@@ -156,6 +222,10 @@ TEST_CASE("the optimizer offloaded to the host follows the CUDA optimizer", "[op
     r.main = gpu.empty_pinned(Shape{numel[i]}, DType::f32);
     ops::copy(cpu, r.main, init);
     offloaded.push_back(r);
+    r.param_copy = ops::zeros(gpu, Shape{numel[i]}, DType::bf16);
+    r.main = gpu.empty_pinned(Shape{numel[i]}, DType::f32);
+    ops::copy(cpu, r.main, init);
+    overlapped.push_back(r);
   }
   OptimizerConfig c;
   c.weight_decay = 0.1;
@@ -165,9 +235,27 @@ TEST_CASE("the optimizer offloaded to the host follows the CUDA optimizer", "[op
   Optimizer reference(gpu, on_gpu, c), host(gpu, offloaded, c);
   REQUIRE(host.offloaded());
   CHECK(host.offload()->chunks() == 5);
+  // The same update in the background, ranges in another order, waited for per range.
+  c.offload.overlap = true;
+  c.offload.order = {2, 0, 1};
+  Optimizer background(gpu, overlapped, c);
   for (int s = 0; s < 3; ++s) {
     reference.step(1e-3, 0.5);
     host.step(1e-3, 0.5);
+    background.step(1e-3, 0.5);
+    for (size_t i : {2, 0, 1}) {
+      Event ready;
+      REQUIRE(background.range_ready(i, true, &ready));
+      gpu.stream().wait(ready);
+    }
+  }
+  background.finish_update();
+  gpu.stream().synchronize();
+  for (size_t i = 0; i < numel.size(); ++i) {
+    INFO("overlapped " << overlapped[i].name);
+    CHECK(host_values<float>(overlapped[i].main) == host_values<float>(offloaded[i].main));
+    CHECK(host_values<uint16_t>(ops::to_device(gpu, overlapped[i].param_copy, Device::cpu())) ==
+          host_values<uint16_t>(ops::to_device(gpu, offloaded[i].param_copy, Device::cpu())));
   }
   for (size_t i = 0; i < numel.size(); ++i) {
     INFO(on_gpu[i].name);

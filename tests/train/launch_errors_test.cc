@@ -97,6 +97,12 @@ TEST_CASE("cpu offload is refused where it has no meaning, naming the key", "[tr
                   ConfigError);
   CHECK_THROWS_WITH(tiny_recipe(s, {batch, "optimizer.cpu_offload=true", "optimizer.optimizer=sgd"}),
                     Contains("optimizer.cpu_offload"));
+  // The overlapped update needs the offload and ZeRO-3's per-unit gathers.
+  CHECK_THROWS_WITH(tiny_recipe(s, {batch, "optimizer.overlap_cpu_offload=true"}),
+                    Contains("optimizer.overlap_cpu_offload"));
+  CHECK_THROWS_WITH(tiny_recipe(s, {batch, "optimizer.cpu_offload=true", "optimizer.overlap_cpu_offload=true",
+                                    "ddp.data_parallel_sharding_strategy=optim"}),
+                    Contains("optim_grads_params"));
 }
 
 TEST_CASE("a global batch that does not split over micro-batches and ranks is refused",

@@ -24,7 +24,9 @@ std::vector<int32_t> target_ids(int64_t n, int64_t vocab, uint32_t seed, int64_t
   const std::vector<double> u = uniform_values(n, seed, 0, 1);
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    t[size_t(i)] = ignore_every > 0 && i % ignore_every == 1 ? -1 : int32_t(u[size_t(i)] * double(vocab - 1));
+    t[size_t(i)] = ignore_every > 0 && i % ignore_every == 1
+                       ? -1
+                       : int32_t(u[size_t(i)] * double(vocab - 1));
   t[0] = int32_t(vocab - 1);  // the last real class
   return t;
 }
@@ -174,7 +176,8 @@ TEST_CASE("classifier_loss without a tape computes the loss only", "[nn]") {
 TEST_CASE("classifier_loss: every target ignored gives 0 and zero gradients", "[nn]") {
   Context ctx;
   const int64_t N = 6, C = 4, V = 8, Vp = 8;
-  const Tensor targets = ops::from_host<int32_t>(ctx, std::vector<int32_t>(size_t(N), -1), Shape{N});
+  const std::vector<int32_t> none(static_cast<size_t>(N), -1);
+  const Tensor targets = ops::from_host<int32_t>(ctx, none, Shape{N});
   const Tensor x = random_tensor(ctx, Shape{N, C}, DType::f32, 31);
   auto w = head(ctx, Vp, C, DType::f32, 32);
   const Result r = run(ctx, x, *w, Tensor(), 1.0, chunked(targets, V, -1, 4));

@@ -115,9 +115,9 @@ __device__ float block_log_sum_exp(OnlineSoftmax acc, float* wm, float* ws) {
 }
 
 // One block per row: the row's loss, then (with write_grad) the row overwritten with
-// (softmax - onehot) * dloss. The target's logit is read before the
-// barrier inside block_log_sum_exp, and every write comes after it, so reading the row and
-// replacing it in place cannot race.
+// (softmax - onehot) * dloss. The target's logit is read before the barrier inside
+// block_log_sum_exp, and every write comes after it, so reading the row and replacing it in
+// place cannot race.
 template <int W, typename T>
 __global__ void cross_entropy_forward_backward_kernel(float* losses, T* logits,
                                                       const int32_t* targets, int64_t Vp,

@@ -100,6 +100,58 @@ TEST_CASE("the chunked classifier gives the logits path's loss and gradients", "
   }
 }
 
+double rel_l2(Context& ctx, const Tensor& ours, const Tensor& ref) {
+  const std::vector<double> a =
+      ops::to_vector<double>(ctx, ops::cast(ctx, ops::to_host(ctx, ours), DType::f64));
+  const std::vector<double> b =
+      ops::to_vector<double>(ctx, ops::cast(ctx, ops::to_host(ctx, ref), DType::f64));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+// The chunked classifier on CUDA (4 rows per chunk of 21 tokens) against the CPU's logits
+// path on the same (rounded) weights: the tolerances of the CUDA-vs-CPU model test
+// (models_test.cc): f32 summation order ~1e-6; bf16 activations through two blocks ~1e-2.
+TEST_CASE("CUDA chunked classifier matches the CPU's logits path", "[models][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  const int64_t B = 3, T = 7;
+  std::vector<int32_t> in, out;
+  for (int64_t i = 0; i < B * T; ++i) {
+    in.push_back(int32_t((i * 5 + 1) % 29));
+    out.push_back(i % 5 == 3 ? -1 : int32_t((i * 13 + 2) % 29));
+  }
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      INFO(family_name(f) << " " << dtype_name(dt));
+      const double tol = dt == DType::f32 ? 1e-4 : 3e-2;
+      const ModelConfig config = small(f, f == Family::GPT2, 4);
+      auto on_gpu = build_model(config);
+      auto on_cpu = build_model(config);
+      nn::materialize(gpu, *on_gpu, dt, 91);
+      const std::vector<nn::Parameter*> gp = on_gpu->named_parameters();
+      const std::vector<nn::Parameter*> cp = on_cpu->named_parameters();
+      for (size_t i = 0; i < gp.size(); ++i)
+        cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
+      const Step want = step(cpu, *on_cpu, ops::from_host<int32_t>(cpu, in, Shape{B, T}),
+                             ops::from_host<int32_t>(cpu, out, Shape{B, T}), true);
+      Graph g(gpu);
+      const Tensor loss = on_gpu->forward(g, ops::from_host<int32_t>(gpu, in, Shape{B, T}),
+                                          ops::from_host<int32_t>(gpu, out, Shape{B, T}));
+      CHECK(ops::item(gpu, loss) == Approx(want.loss).epsilon(tol));
+      g.backward(loss, 1.0);
+      for (size_t i = 0; i < gp.size(); ++i) {
+        INFO(gp[i]->name());
+        CHECK(rel_l2(gpu, gp[i]->grad, cp[i]->grad) <= tol);
+      }
+    }
+  }
+}
+
 TEST_CASE("model.classifier_chunk_rows must not be negative", "[models]") {
   ModelConfig c = small(Family::GPT2, true, -1);
   CHECK_THROWS_AS(c.resolved(), ConfigError);

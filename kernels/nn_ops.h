@@ -149,6 +149,13 @@ void cross_entropy_forward(Context& ctx, const Tensor& losses, const Tensor& lse
 void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size,
                             double dloss);
+// Forward and backward in one kernel, in place (the chunked classifier): losses (N) f32 as
+// cross_entropy_forward and, when write_grad, the logits (N, Vp) overwritten with their
+// gradient (softmax - onehot) * dloss (0 in the padded columns and ignored rows); without
+// write_grad the logits are only read. No log-sum-exp is kept: nothing runs afterwards.
+void cross_entropy_forward_backward(Context& ctx, const Tensor& losses, const Tensor& logits,
+                                    const Tensor& targets, int64_t vocab_size, double dloss,
+                                    bool write_grad);
 
 // ---------------------------------------------------------------- optimizer
 struct AdamWParams {

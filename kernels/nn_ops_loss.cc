@@ -83,4 +83,23 @@ void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& l
 #endif
 }
 
+void cross_entropy_forward_backward(Context& ctx, const Tensor& losses, const Tensor& logits,
+                                    const Tensor& targets, int64_t vocab_size, double dloss,
+                                    bool write_grad) {
+  const char* what = "cross_entropy_forward_backward";
+  const kernels::CrossEntropyDims d = check_logits(ctx, logits, targets, vocab_size, what);
+  check_row_stats(ctx, losses, d, what);
+  const int32_t* t = targets.data<int32_t>();
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::cross_entropy_forward_backward(d, losses.data_ptr(), logits.data_ptr(), t,
+                                                 dloss, write_grad);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::cross_entropy_forward_backward(d, static_cast<float*>(losses.data_ptr()),
+                                                logits.data_ptr(), t, dloss, write_grad,
+                                                ctx.stream().cuda_stream());
+#endif
+}
+
 }  // namespace fsdp::ops

@@ -40,6 +40,9 @@ ModelConfig ModelConfig::resolved() const {
              c.padded_vocab_size, ") is smaller than model.vocab_size (", c.vocab_size, ")");
   FSDP_CHECK(c.norm_eps > 0, ConfigError, "model.norm_eps must be positive, got ", c.norm_eps);
   FSDP_CHECK(c.init_std > 0, ConfigError, "model.init_std must be positive, got ", c.init_std);
+  FSDP_CHECK(c.classifier_chunk_rows >= 0, ConfigError,
+             "model.classifier_chunk_rows must be >= 0 (0 = one chunk), got ",
+             c.classifier_chunk_rows);
   if (c.family == Family::GPT2) {
     FSDP_CHECK(c.n_kv_head == c.n_head, ConfigError,
                "model.n_kv_head: GPT-2 has no grouped-query attention (n_kv_head must equal n_head)");
@@ -59,7 +62,8 @@ std::string ModelConfig::str() const {
                  padded_vocab_size, " seq_len=", seq_len, " eps=", norm_eps,
                  family == Family::Llama ? str_cat(" rope_theta=", rope_theta) : std::string(),
                  " init_std=", init_std, " tied=", tie_embeddings ? "yes" : "no",
-                 " fp32_residual=", fp32_residual_connection ? "yes" : "no");
+                 " fp32_residual=", fp32_residual_connection ? "yes" : "no",
+                 " classifier_chunk_rows=", classifier_chunk_rows);
 }
 
 ModelConfig gpt2_config(int depth) {

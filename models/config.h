@@ -14,6 +14,11 @@ enum class Family : uint8_t {
 const char* family_name(Family f);       // "gpt2", "llama"
 Family family_from_name(const std::string& name);  // throws ConfigError
 
+// 8192 tokens: their bf16 logits take 824 MB at GPT-2's 50304 padded vocabulary (2.1 GB at
+// Llama 3's 128256), while each chunk's matmuls (8192 x C x Vp) stay large enough to fill
+// the GPU; the full logits (6.6 GB at 64 x 1024 tokens of GPT-2) are never held.
+constexpr int64_t kDefaultClassifierChunkRows = 8192;
+
 struct ModelConfig {
   Family family = Family::GPT2;
   int64_t n_layer = 0;
@@ -32,6 +37,10 @@ struct ModelConfig {
   // and their gradients) is f32: the signal is summed without bf16 rounding (autocast's
   // numerics). false keeps it in the compute dtype (llm.c's and Megatron's default).
   bool fp32_residual_connection = false;
+  // The loss path computes the head and its loss classifier_chunk_rows tokens at a time
+  // (nn::classifier_loss): only one (chunk, Vp) logits buffer exists at once. 0 = all
+  // tokens in one chunk.
+  int64_t classifier_chunk_rows = kDefaultClassifierChunkRows;
 
   // The same config with every 0 default filled in, checked: throws ConfigError naming the
   // offending field.

@@ -57,7 +57,7 @@ GPT2::GPT2(const ModelConfig& config)
   add_module("ln_f", ln_f);
 }
 
-Tensor GPT2::compute_logits(Graph& g, const Tensor& idx) {
+Tensor GPT2::compute_hidden(Graph& g, const Tensor& idx) {
   FSDP_CHECK(idx.dim() == 2 && idx.size(1) <= config_.seq_len, ShapeError, "GPT-2: idx ",
              idx.str(), " must be (B, T) with T <= ", config_.seq_len);
   // Token and position embeddings in one kernel (wte and wpe belong to the root unit).
@@ -65,7 +65,7 @@ Tensor GPT2::compute_logits(Graph& g, const Tensor& idx) {
   Tensor x = nn::embedding(g, idx, wte.weight(), &wpe.weight(), stream);  // (B, T, C)
   for (size_t i = 0; i < h.size(); ++i) x = static_cast<GPT2Block&>(h[i])(g, x);
   x = ln_f(g, x);
-  return nn::linear(g, x, wte.weight());  // (B, T, Vp), tied head
+  return x;  // (B, T, C); the head is wte (head_weight)
 }
 
 }  // namespace fsdp::models

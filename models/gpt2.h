@@ -36,7 +36,8 @@ class GPT2 : public LanguageModel {
   nn::LayerNorm ln_f;
 
  protected:
-  Tensor compute_logits(Graph& g, const Tensor& idx) override;
+  Tensor compute_hidden(Graph& g, const Tensor& idx) override;
+  nn::Parameter& head_weight() override { return wte.weight(); }  // tied
 };
 
 }  // namespace fsdp::models

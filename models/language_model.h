@@ -23,9 +23,12 @@ class LanguageModel : public nn::Module {
   // graph's device, T <= seq_len for GPT-2. Returns a one-element f32 tensor (f64 for f64
   // parameters). `n_valid` is the number of targets != -1 when the caller knows it (the
   // trainer does: it avoids reading targets back from the device); -1 counts them.
-  // If `logits` is given it receives the (B, T, Vp) logits; NOTE that backward overwrites
-  // that buffer with the logits' gradient (the fused loss works in place), so copy it first
-  // if it is needed after backward.
+  // Without `logits`, the head and the loss run as one chunked op (nn::classifier_loss,
+  // config.classifier_chunk_rows tokens at a time): the (B, T, Vp) logits never exist.
+  // If `logits` is given it receives the (B, T, Vp) logits, computed whole by the unchunked
+  // path (linear, then cross_entropy); NOTE that backward then overwrites that buffer with
+  // the logits' gradient (the fused loss works in place), so copy it first if it is needed
+  // after backward.
   Tensor forward(Graph& g, const Tensor& idx, const Tensor& targets, int64_t n_valid = -1,
                  Tensor* logits = nullptr);
   // Logits only: (B, T, Vp), for generation and parity checks.
@@ -36,8 +39,13 @@ class LanguageModel : public nn::Module {
 
  protected:
   explicit LanguageModel(const ModelConfig& config) : config_(config.resolved()) {}
-  // idx (B, T) -> logits (B, T, Vp), without the root's hooks (forward/logits add them).
-  virtual Tensor compute_logits(Graph& g, const Tensor& idx) = 0;
+  // idx (B, T) -> the final norm's output (B, T, C), the head's input, without the root's
+  // hooks (forward/logits add them).
+  virtual Tensor compute_hidden(Graph& g, const Tensor& idx) = 0;
+  // The head's weight (Vp, C): its own, or the token embedding's when tied.
+  virtual nn::Parameter& head_weight() = 0;
+  // idx (B, T) -> logits (B, T, Vp) = hidden @ head_weight^T, without the root's hooks.
+  Tensor compute_logits(Graph& g, const Tensor& idx);
   // The residual stream's dtype for parameters of dtype `compute`: f32 beside bf16 when
   // config.fp32_residual_connection, `compute` otherwise.
   DType residual_dtype(DType compute) const;

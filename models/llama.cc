@@ -54,14 +54,13 @@ Llama::Llama(const ModelConfig& config)
   }
 }
 
-Tensor Llama::compute_logits(Graph& g, const Tensor& idx) {
+Tensor Llama::compute_hidden(Graph& g, const Tensor& idx) {
   FSDP_CHECK(idx.dim() == 2, ShapeError, "Llama: idx ", idx.str(), " must be (B, T)");
   const DType stream = residual_dtype(embed.weight().checked_data().dtype());
   Tensor x = nn::embedding(g, idx, embed.weight(), nullptr, stream);  // (B, T, C)
   for (size_t i = 0; i < layers.size(); ++i) x = static_cast<LlamaBlock&>(layers[i])(g, x);
   x = norm(g, x);
-  // (B, T, Vp)
-  return lm_head ? (*lm_head)(g, x) : nn::linear(g, x, embed.weight());
+  return x;  // (B, T, C); the head is lm_head or embed (head_weight)
 }
 
 }  // namespace fsdp::models

@@ -39,7 +39,8 @@ class Llama : public LanguageModel {
   std::unique_ptr<nn::Linear> lm_head;  // (Vp, C); null when tied to embed
 
  protected:
-  Tensor compute_logits(Graph& g, const Tensor& idx) override;
+  Tensor compute_hidden(Graph& g, const Tensor& idx) override;
+  nn::Parameter& head_weight() override { return lm_head ? lm_head->weight() : embed.weight(); }
 };
 
 }  // namespace fsdp::models

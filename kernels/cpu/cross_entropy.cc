@@ -54,4 +54,32 @@ void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void
   });
 }
 
+void cross_entropy_forward_backward(const CrossEntropyDims& d, void* losses, void* logits,
+                                    const int32_t* targets, double dloss, bool write_grad) {
+  dispatch_compute(d.dtype, "cross_entropy_forward_backward", [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t n = 0; n < d.rows; ++n) {
+      check_target(targets[n], n, d.vocab, "cross_entropy_forward_backward");
+      T* x = static_cast<T*>(logits) + n * d.padded_vocab;  // (Vp), becomes its gradient
+      double m = -INFINITY;
+      for (int64_t c = 0; c < d.vocab; ++c) m = std::max(m, double(x[c]));
+      double sum = 0;
+      for (int64_t c = 0; c < d.vocab; ++c) sum += std::exp(double(x[c]) - m);
+      const double log_sum = m + std::log(sum);
+      const int64_t target = targets[n];
+      // The target's logit is read before the write pass below replaces it.
+      static_cast<T*>(losses)[n] = target < 0 ? T(0) : T(log_sum - double(x[target]));
+      if (!write_grad) continue;
+      for (int64_t c = 0; c < d.padded_vocab; ++c) {
+        if (target < 0 || c >= d.vocab) {
+          x[c] = T(0);
+          continue;
+        }
+        const double p = std::exp(double(x[c]) - log_sum);
+        x[c] = T((p - (c == target ? 1.0 : 0.0)) * dloss);
+      }
+    }
+  });
+}
+
 }  // namespace fsdp::kernels::cpu

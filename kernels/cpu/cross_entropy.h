@@ -17,5 +17,11 @@ void cross_entropy_forward(const CrossEntropyDims& d, void* losses, void* lse, c
 // be logits itself.
 void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void* logits,
                             const void* lse, const int32_t* targets, double dloss);
+// Both in one pass over each row (the chunked classifier's kernel): losses (rows) as
+// cross_entropy_forward and, when write_grad, the logits overwritten in place with
+// (softmax - onehot) * dloss (0 in padded columns and ignored rows). Without write_grad the
+// logits are left as they are.
+void cross_entropy_forward_backward(const CrossEntropyDims& d, void* losses, void* logits,
+                                    const int32_t* targets, double dloss, bool write_grad);
 
 }  // namespace fsdp::kernels::cpu

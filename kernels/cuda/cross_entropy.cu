@@ -1,6 +1,8 @@
 // Fused softmax cross-entropy on CUDA (kernels/cuda/nn_kernels.h): one block per row.
 // Forward: a single pass with an online max / sum of exponentials per thread, merged across
 // the block. Backward: one pass writing (softmax - onehot) * dloss, in place if asked.
+// Forward-backward (the chunked classifier): the forward's online pass, then, in the same
+// launch, the backward's write pass over the row in place.
 #include "kernels/cuda/nn_kernels.h"
 #include "kernels/cuda/vec.cuh"
 
@@ -92,6 +94,61 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
   }
 }
 
+// The block-wide merge of every thread's running (max, sum): the row's log-sum-exp, valid
+// in every thread on return. `wm` and `ws` are the block's shared scratch (one per warp).
+__device__ float block_log_sum_exp(OnlineSoftmax acc, float* wm, float* ws) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, acc.m, o);
+    const float os = __shfl_xor_sync(0xffffffffu, acc.s, o);
+    acc.merge(om, os);
+  }
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    wm[warp] = acc.m;
+    ws[warp] = acc.s;
+  }
+  __syncthreads();
+  // Every thread merges the few per-warp partials itself: no second barrier and broadcast.
+  OnlineSoftmax total;
+  for (int w = 0; w < int(blockDim.x / kWarp); ++w) total.merge(wm[w], ws[w]);
+  return total.m + logf(total.s);
+}
+
+// One block per row: the row's loss, then (with write_grad) the row overwritten with
+// (softmax - onehot) * dloss. The target's logit is read before the barrier inside
+// block_log_sum_exp, and every write comes after it, so reading the row and replacing it in
+// place cannot race.
+template <int W, typename T>
+__global__ void cross_entropy_forward_backward_kernel(float* losses, T* logits,
+                                                      const int32_t* targets, int64_t Vp,
+                                                      int64_t V, float dloss, bool write_grad) {
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * Vp;  // (Vp)
+  const int32_t t = targets[row];
+  const float target_logit = (threadIdx.x == 0 && t >= 0) ? to_float(x[t]) : 0.f;
+  OnlineSoftmax acc;
+  for (int64_t c = int64_t(threadIdx.x) * W; c < V; c += int64_t(blockDim.x) * W) {
+    float v[W];
+    load_floats<W>(x + c, v);
+    acc.add_pack<W>(v, int(min(int64_t(W), V - c)));
+  }
+  __shared__ float wm[kThreads / kWarp], ws[kThreads / kWarp];
+  const float log_sum = block_log_sum_exp(acc, wm, ws);
+  if (threadIdx.x == 0) losses[row] = t < 0 ? 0.f : log_sum - target_logit;
+  if (!write_grad) return;
+  for (int64_t c = int64_t(threadIdx.x) * W; c < Vp; c += int64_t(blockDim.x) * W) {
+    float v[W], d[W];
+    load_floats<W>(x + c, v);  // this thread's own pack: read, then overwritten
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const int64_t col = c + j;
+      const bool live = t >= 0 && col < V;
+      d[j] = live ? (__expf(v[j] - log_sum) - (col == t ? 1.f : 0.f)) * dloss : 0.f;
+    }
+    store_floats<W>(x + c, d);
+  }
+}
+
 }  // namespace
 
 void cross_entropy_forward(const CrossEntropyDims& d, float* losses, float* lse,
@@ -119,6 +176,22 @@ void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void
       cross_entropy_backward_kernel<W, T><<<unsigned(d.rows), kThreads, 0, stream>>>(
           static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, d.padded_vocab,
           d.vocab, float(dloss));
+      FSDP_CHECK_LAUNCH();
+    });
+  });
+}
+
+void cross_entropy_forward_backward(const CrossEntropyDims& d, float* losses, void* logits,
+                                    const int32_t* targets, double dloss, bool write_grad,
+                                    stream_t stream) {
+  if (d.rows == 0) return;
+  dispatch_compute(d.dtype, "cross_entropy_forward_backward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_width<T>(d.padded_vocab, {logits}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      cross_entropy_forward_backward_kernel<W, T><<<unsigned(d.rows), kThreads, 0, stream>>>(
+          losses, static_cast<T*>(logits), targets, d.padded_vocab, d.vocab, float(dloss),
+          write_grad);
       FSDP_CHECK_LAUNCH();
     });
   });

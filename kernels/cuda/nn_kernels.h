@@ -67,6 +67,11 @@ void cross_entropy_forward(const CrossEntropyDims& d, float* losses, float* lse,
 void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void* logits,
                             const float* lse, const int32_t* targets, double dloss,
                             stream_t stream);
+// Both in one launch, in place: losses (rows) f32, and with write_grad the logits replaced
+// by (softmax - onehot) * dloss (the chunked classifier).
+void cross_entropy_forward_backward(const CrossEntropyDims& d, float* losses, void* logits,
+                                    const int32_t* targets, double dloss, bool write_grad,
+                                    stream_t stream);
 
 // ---- fused AdamW (param f32; grad bf16/f32; moments f32/bf16; optional copy bf16/f32)
 void adamw_step(const AdamWBuffers& buf, int64_t n, const AdamWScalars& s, stream_t stream);

@@ -94,6 +94,22 @@ Tensor causal_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_k
 Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
                      int64_t n_valid = -1);
 
+// The classifier and its loss as one op: the mean softmax cross-entropy of
+// logits = x (..., C) @ weight (Vp, C)^T against targets (...) (i32 in [0, vocab_size) or
+// -1, ignored), as cross_entropy(linear(x, weight), ...) computes it (same `n_valid` rule),
+// without ever holding the (..., Vp) logits: the rows are processed `chunk_rows` at a time
+// (0 = all in one chunk) through one reused (chunk_rows, Vp) buffer. The weight may be tied
+// (GPT-2's token embedding): its gradient is ADDED to what the embedding sends.
+//
+// When the graph records, the forward also computes the gradients (one kernel per chunk
+// writes each row's loss and replaces its logits by d loss / d logits, then two matmuls
+// give dx and the chunk's share of dW) and keeps dx (..., C) and an f32 dW (Vp, C) for
+// backward, which scales them by the upstream gradient and adds them into x's gradient and
+// weight.grad (read when backward runs, as every op does). Without recording (evaluation),
+// only the losses are computed, chunk by chunk.
+Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tensor& targets,
+                       int64_t vocab_size, int64_t n_valid, int64_t chunk_rows);
+
 // The statistics dtype for a compute dtype: f64 for f64, f32 otherwise.
 DType stat_dtype(DType compute);
 

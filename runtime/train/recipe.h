@@ -33,6 +33,7 @@ struct ModelSection {
   double init_std = 0;
   bool fp32_residual_connection = false;
   std::string activation_recompute;  // "none" | "full" | "selective"
+  int classifier_chunk_rows = 0;     // tokens per chunk of the fused head + loss; 0 = one chunk
 };
 
 struct TokenizerSection {

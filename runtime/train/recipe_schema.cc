@@ -40,6 +40,11 @@ std::vector<FieldSpec> build_schema() {
           .help_text("Recompute activations in backward: none; full (whole blocks, keeping only "
                      "each block's input); selective (each MLP's GELU or SwiGLU output, "
                      "recomputed from its saved input: an elementwise pass, no matmul)."),
+      // 8192 = models::kDefaultClassifierChunkRows (this library does not depend on models).
+      KEY(model.classifier_chunk_rows).default_to(8192).at_least(0).help_text(
+          "Tokens per chunk of the output head fused with the loss: only a (chunk, "
+          "padded_vocab_size) logits buffer exists at a time instead of every token's logits; "
+          "0 = all tokens in one chunk."),
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(

@@ -22,6 +22,7 @@ models::ModelConfig model_config_of(const Recipe& r) {
   c.init_std = r.model.init_std;
   c.tie_embeddings = r.model.tie_embeddings;
   c.fp32_residual_connection = r.model.fp32_residual_connection;
+  c.classifier_chunk_rows = r.model.classifier_chunk_rows;
   return c.resolved();
 }
 
@@ -113,9 +114,14 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   const int64_t mlp = recompute == "selective" ? mlp_input : mlp_input + F;
   int64_t layer_bytes = n * (2 * C * r + (2 * C + qkv + C + mlp) * e);
   if (recompute == "full") layer_bytes = n * C * r;  // only the block input
-  // Logits (kept for the fused loss, whose backward overwrites them in place) and the
-  // embedding output.
-  const int64_t head = n * (c.padded_vocab_size * e + C * r);
+  // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
+  // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
+  // head-weight gradient (Vp, C) (f64 for f64 compute); the per-token losses; the embedding
+  // output. The (n, Vp) logits are never held.
+  const int64_t chunk = c.classifier_chunk_rows == 0 ? n : std::min(c.classifier_chunk_rows, n);
+  const int64_t stat = compute == DType::f64 ? 8 : 4;
+  const int64_t head = chunk * c.padded_vocab_size * e + n * C * e +
+                       c.padded_vocab_size * C * stat + n * stat + n * C * r;
   return L * layer_bytes + head;
 }
 

@@ -1,6 +1,7 @@
 // CUDA norms, activations, rotary and token embeddings, cross-entropy, AdamW and the
 // initializers against their CPU twins, in bf16 and f32, at GPT-2 124M and Llama shapes.
 #include <cmath>
+#include <tuple>
 
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
@@ -371,6 +372,53 @@ TEST_CASE("CUDA fused cross-entropy over GPT-2's padded vocabulary", "[kernels][
     CHECK(scaled_error(gpu, logits) < tol(dt));
     CHECK(max_abs(values(gpu, logits.gpu.slice(1, V, Vp))) == 0.0);
     CHECK(max_abs(values(gpu, logits.gpu.select(0, 3))) == 0.0);
+  }
+}
+
+TEST_CASE("CUDA cross-entropy forward-backward in one pass matches the CPU and the two kernels",
+          "[kernels][nn][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  // GPT-2's padded vocabulary (packed loads), and an odd width (the scalar path).
+  for (auto [N, V, Vp] : {std::tuple<int64_t, int64_t, int64_t>{777, 50257, 50304},
+                          {300, 1000, 1001}}) {
+    std::vector<int32_t> t(size_t(N), 0);
+    const std::vector<double> u = uniform_values(N, 16, 0, 1);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = i % 5 == 2 ? -1 : int32_t(u[i] * (V - 1));
+    t[0] = int32_t(V - 1);  // the last real class
+    Tensor tgt_cpu = ops::from_host<int32_t>(cpu, t, Shape{N});
+    Tensor tgt_gpu = ops::to_device(gpu, tgt_cpu, gpu.device());
+    for (DType dt : {DType::bf16, DType::f32}) {
+      INFO(N << "x" << Vp << " " << dtype_name(dt));
+      Dual logits = dual_random(cpu, gpu, Shape{N, Vp}, dt, 17, -8, 8);
+      ops::fill(gpu, logits.gpu.slice(1, V, Vp), 100.0);  // padding must not count
+      ops::fill(cpu, logits.cpu.slice(1, V, Vp), 100.0);
+      const double dloss = 1.0 / double(N);
+      // The GPU's two-kernel path on a copy: the fused kernel merges the block's partial
+      // sums in the same order, so it must agree bit for bit.
+      Tensor two = ops::clone(gpu, logits.gpu);
+      Tensor two_losses = ops::empty(gpu, Shape{N}, DType::f32);
+      Tensor two_lse = ops::empty(gpu, Shape{N}, DType::f32);
+      ops::cross_entropy_forward(gpu, two_losses, two_lse, two, tgt_gpu, V);
+      ops::cross_entropy_backward(gpu, two, two, two_lse, tgt_gpu, V, dloss);
+
+      // Losses only: the logits stay.
+      Tensor kept = ops::clone(gpu, logits.gpu);
+      Dual losses = dual_empty(cpu, gpu, Shape{N}, DType::f32);
+      ops::cross_entropy_forward_backward(gpu, losses.gpu, kept, tgt_gpu, V, dloss, false);
+      CHECK(same_bits(gpu, kept, logits.gpu));
+      CHECK(same_bits(gpu, losses.gpu, two_losses));
+
+      ops::cross_entropy_forward_backward(cpu, losses.cpu, logits.cpu, tgt_cpu, V, dloss, true);
+      ops::cross_entropy_forward_backward(gpu, losses.gpu, logits.gpu, tgt_gpu, V, dloss, true);
+      CHECK(scaled_error(gpu, losses) < 1e-5);  // f32 sums of exponentials (fast exp)
+      CHECK(scaled_error(gpu, logits) < tol(dt));
+      CHECK(same_bits(gpu, losses.gpu, two_losses));
+      CHECK(same_bits(gpu, logits.gpu, two));
+      CHECK(values(gpu, losses.gpu)[2] == 0.0);  // ignored row
+      CHECK(max_abs(values(gpu, logits.gpu.slice(1, V, Vp))) == 0.0);
+      CHECK(max_abs(values(gpu, logits.gpu.select(0, 2))) == 0.0);
+    }
   }
 }
 

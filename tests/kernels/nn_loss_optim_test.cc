@@ -70,6 +70,65 @@ TEST_CASE("cross-entropy: padded columns excluded, ignored rows, in-place backwa
   CHECK_THROWS_AS(ops::cross_entropy_forward(ctx, losses, lse, logits, targets, 6), ValueError);
 }
 
+TEST_CASE("cross-entropy forward-backward in one pass equals forward then backward",
+          "[kernels][nn]") {
+  Context ctx;
+  const int64_t N = 5, V = 7, Vp = 9;
+  const std::vector<int32_t> t = {6, -1, 0, 3, -1};
+  Tensor targets = ops::from_host<int32_t>(ctx, t, Shape{N});
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(dtype_name(dt));
+    Tensor logits = random_tensor(ctx, Shape{N, Vp}, dt, 3, -4, 4);
+    ops::fill(ctx, logits.slice(1, V, Vp), 40.0);  // padding: excluded from the softmax
+    // The two-kernel reference on a copy.
+    Tensor ref = ops::clone(ctx, logits);
+    Tensor ref_losses = ops::empty(ctx, Shape{N}, dt), lse = ops::empty(ctx, Shape{N}, dt);
+    ops::cross_entropy_forward(ctx, ref_losses, lse, ref, targets, V);
+    const double dloss = 0.37;
+    ops::cross_entropy_backward(ctx, ref, ref, lse, targets, V, dloss);
+
+    // Losses only: the logits must come back untouched.
+    const std::vector<double> before = values(ctx, logits);
+    Tensor losses = ops::full(ctx, Shape{N}, dt, -5.0);
+    ops::cross_entropy_forward_backward(ctx, losses, logits, targets, V, dloss, false);
+    CHECK(values(ctx, logits) == before);
+    CHECK(values(ctx, losses) == values(ctx, ref_losses));
+
+    // Both: the same losses, and the logits replaced by their gradient. The reference's
+    // backward reads the log-sum-exp rounded to the stored dtype, this one the exact value:
+    // equal to that rounding.
+    ops::fill(ctx, losses, -5.0);
+    ops::cross_entropy_forward_backward(ctx, losses, logits, targets, V, dloss, true);
+    CHECK(values(ctx, losses) == values(ctx, ref_losses));
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-15;
+    CHECK(max_rel_diff(values(ctx, logits), values(ctx, ref), 1.0) < tol);
+    const std::vector<double> g = values(ctx, logits);
+    for (int64_t c = 0; c < Vp; ++c) {
+      CHECK(g[size_t(1 * Vp + c)] == 0.0);  // ignored rows
+      CHECK(g[size_t(4 * Vp + c)] == 0.0);
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = V; c < Vp; ++c) CHECK(g[size_t(n * Vp + c)] == 0.0);  // padding
+    // Each counted row's gradient sums to 0 (softmax sums to 1, minus the one-hot).
+    double row_sum = 0;
+    for (int64_t c = 0; c < Vp; ++c) row_sum += g[size_t(3 * Vp + c)];
+    CHECK(std::fabs(row_sum) < 1e-6);
+    CHECK(g[size_t(3 * Vp + 3)] < 0.0);  // the target's entry: p - 1
+  }
+  Tensor logits = random_tensor(ctx, Shape{N, Vp}, DType::f32, 4);
+  Tensor losses = ops::empty(ctx, Shape{N}, DType::f32);
+  Tensor bad = ops::from_host<int32_t>(ctx, {0, 1, 7, 2, 3}, Shape{N});  // 7 = V
+  CHECK_THROWS_AS(ops::cross_entropy_forward_backward(ctx, losses, logits, bad, V, 1.0, true),
+                  IndexError);
+  CHECK_THROWS_AS(ops::cross_entropy_forward_backward(ctx, losses, logits, targets, Vp + 1, 1.0,
+                                                      true),
+                  ValueError);
+  Tensor short_losses = ops::empty(ctx, Shape{N - 1}, DType::f32);
+  CHECK_THROWS_AS(ops::cross_entropy_forward_backward(ctx, short_losses, logits, targets, V, 1.0,
+                                                      true),
+                  ShapeError);
+}
+
 namespace {
 
 // PyTorch's AdamW, written out step by step.

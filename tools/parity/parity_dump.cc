@@ -38,6 +38,10 @@ struct Options {
   // model.fp32_residual_connection (bf16 runs only). On here, unlike the recipes' default:
   // the precision targets of docs/CORRECTNESS.md are met with the f32 residual stream.
   bool fp32_residual = true;
+  // model.classifier_chunk_rows of the training steps (-1: the model's default). The logits
+  // written out come from the logits path; the loss, gradients and steps from the chunked
+  // classifier, so a chunk smaller than batch x seq checks the chunking against PyTorch.
+  int64_t classifier_chunk_rows = -1;
   // Overrides of the preset's shape (0: keep), for small runs.
   std::map<std::string, int64_t> shape;
 };
@@ -47,7 +51,7 @@ const char* kUsage =
     "                   [--dtype bf16|f32|f64] [--batch 4] [--seq 64] [--steps 10] [--seed 1337]\n"
     "                   [--lr 1e-4] [--layers N] [--d-model N] [--heads N] [--kv-heads N]\n"
     "                   [--d-ff N] [--vocab N] [--padded-vocab N] [--seq-len N]\n"
-    "                   [--fp32-residual true|false]\n";
+    "                   [--fp32-residual true|false] [--classifier-chunk-rows N]\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -75,6 +79,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--steps") o.steps = int64_t(number());
     else if (key == "--seed") o.seed = uint64_t(number());
     else if (key == "--lr") o.lr = number();
+    else if (key == "--classifier-chunk-rows") o.classifier_chunk_rows = int64_t(number());
     else if (key == "--layers" || key == "--d-model" || key == "--heads" || key == "--kv-heads" ||
              key == "--d-ff" || key == "--vocab" || key == "--padded-vocab" || key == "--seq-len")
       o.shape[key] = int64_t(number());
@@ -104,6 +109,7 @@ models::ModelConfig model_config(const Options& o) {
   if (o.shape.count("--heads") && !o.shape.count("--kv-heads") && c.family == models::Family::GPT2)
     c.n_kv_head = 0;
   c.fp32_residual_connection = o.fp32_residual;
+  if (o.classifier_chunk_rows >= 0) c.classifier_chunk_rows = o.classifier_chunk_rows;
   return c.resolved();
 }
 
@@ -181,13 +187,16 @@ int run(int argc, char** argv) {
   std::vector<double> losses;
   for (int64_t step = 0; step < o.steps; ++step) {
     for (ParamState& s : states) s.param->grad = Tensor();
-    autograd::Graph g(ctx);
-    Tensor logits;
-    const Tensor loss = model->forward(g, idx, targets, o.batch * o.seq, &logits);
-    // Copied before backward, which turns the logits buffer into their gradient.
     // Outputs are stored in the master dtype (f32, or f64 for an f64 run, whose comparison
-    // would otherwise only see f32 rounding).
-    if (step == 0) outputs.emplace_back("logits", ops::cast(ctx, logits, master_dtype));
+    // would otherwise only see f32 rounding). The logits come from the logits path, without a
+    // tape; the loss path below (the chunked classifier) never holds them whole.
+    if (step == 0) {
+      autograd::Graph eval(ctx);
+      autograd::NoGradGuard no_grad(eval);
+      outputs.emplace_back("logits", ops::cast(ctx, model->logits(eval, idx), master_dtype));
+    }
+    autograd::Graph g(ctx);
+    const Tensor loss = model->forward(g, idx, targets, o.batch * o.seq);
     losses.push_back(ops::item(ctx, loss));
     g.backward(loss, 1.0);
     if (step == 0) {

@@ -32,6 +32,20 @@ const char* collective_name(CollectiveKind kind) {
   return "?";
 }
 
+const char* buffer_registration_name(BufferRegistration kind) {
+  switch (kind) {
+    case BufferRegistration::local: return "local";
+    case BufferRegistration::symmetric: return "symmetric";
+  }
+  return "?";
+}
+
+BufferRegistration buffer_registration_from_name(const std::string& name) {
+  if (name == "local") return BufferRegistration::local;
+  if (name == "symmetric") return BufferRegistration::symmetric;
+  FSDP_THROW(ConfigError, "unknown buffer registration '", name, "' (local | symmetric)");
+}
+
 std::string CollectiveInfo::str() const {
   std::string what = collective_name(kind);
   if (kind != CollectiveKind::barrier) what += str_cat(" of ", count, " x ", dtype_name(dtype));
@@ -262,6 +276,30 @@ void Communicator::group_start() {
 void Communicator::group_end() {
   health_->raise_if_failed();
   issue_group_end();
+}
+
+// ---- buffer registration
+
+Registration Communicator::register_buffer(void* data, size_t bytes, BufferRegistration kind,
+                                           const std::string& what) {
+  health_->raise_if_failed();
+  FSDP_CHECK(data != nullptr && bytes > 0, ValueError, "registering ", what, " with group '",
+             name_, "' (rank ", rank_, " of ", size_, "): empty buffer (", bytes, " bytes at ",
+             data, ")");
+  std::unique_ptr<RegisteredBuffer> impl = issue_register(data, bytes, kind, what);
+  if (!impl) return Registration();
+  return Registration(std::move(impl), data, bytes, kind);
+}
+
+Registration Communicator::register_buffer(const Tensor& t, BufferRegistration kind,
+                                           const std::string& what) {
+  FSDP_CHECK(t.defined(), ValueError, "registering ", what, " with group '", name_,
+             "': the tensor is undefined");
+  FSDP_CHECK(t.device() == device_, DeviceError, "registering ", what, " with group '", name_,
+             "': ", t.str(), " is not on the communicator's device ", device_.str());
+  FSDP_CHECK(t.is_contiguous(), ShapeError, "registering ", what, " with group '", name_,
+             "': ", t.str(), " must be contiguous");
+  return register_buffer(t.data_ptr(), t.nbytes(), kind, what);
 }
 
 // ---- tensor forms

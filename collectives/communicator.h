@@ -72,6 +72,63 @@ class Work {
   std::shared_ptr<WorkState> state_;
 };
 
+// NCCL user-buffer registration (Communicator::register_buffer). What NCCL needs of the
+// memory, as of NCCL 2.28:
+// - local: ncclCommRegister. Only this rank takes part. Intra-node zero-copy (the P2P
+//   transport reading and writing the user buffer directly instead of staging through
+//   NCCL's own buffers) needs memory NCCL can export to the peer process: cuMem (VMM)
+//   allocations, which ncclMemAlloc makes. cudaMalloc memory registers without error but
+//   is used for zero-copy only with NCCL_LEGACY_CUDA_REGISTER=1 (cudaIpc handles). NCCL
+//   2.28 uses it for ring all-gathers (the receive buffer must be registered); its
+//   reduce-scatters over NVLink do not use it.
+// - symmetric: ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC). Collective: every rank of
+//   the communicator registers, in the same order, a buffer of the same size. The memory
+//   must be cuMem-backed (ncclMemAlloc), the window must start at a multiple of 4096 bytes
+//   inside its allocation and lie in one physical allocation. A collective whose send and
+//   receive buffers lie in such windows, at the same offset on every rank, may run NCCL's
+//   symmetric kernels: fewer SMs and lower latency, when every rank is reachable over
+//   NVLink. They take all-gathers, and reduce-scatters / all-reduces of floating types up to
+//   32 bits with sum or avg; NCCL's pre-multiplied sum (a prescale != 1) is not among them.
+// Every rank must pass registered buffers to a collective or none must (NCCL: mixing is
+// undefined). A buffer must stay allocated until its registration is gone.
+enum class BufferRegistration : uint8_t { local, symmetric };
+const char* buffer_registration_name(BufferRegistration kind);  // "local", "symmetric"
+// Accepts "local" | "symmetric"; throws ConfigError naming the value otherwise.
+BufferRegistration buffer_registration_from_name(const std::string& name);
+
+// What a backend keeps for one registered buffer; deregisters it when destroyed.
+class RegisteredBuffer {
+ public:
+  virtual ~RegisteredBuffer() = default;
+};
+
+// A buffer registered with one communicator, deregistered when this handle is destroyed or
+// reset() (move-only). Inactive (nothing registered) when the backend registers nothing:
+// MPI, whose collectives run on host memory. Destroy it only once the device no longer
+// uses the buffer in a collective; it may outlive the communicator (then nothing is left
+// to deregister: destroying or aborting an NCCL communicator drops its registrations).
+class Registration {
+ public:
+  Registration() = default;
+  Registration(std::unique_ptr<RegisteredBuffer> impl, const void* data, size_t bytes,
+               BufferRegistration kind)
+      : impl_(std::move(impl)), data_(data), bytes_(bytes), kind_(kind) {}
+  Registration(Registration&&) noexcept = default;
+  Registration& operator=(Registration&&) noexcept = default;
+
+  bool active() const { return impl_ != nullptr; }
+  const void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  BufferRegistration kind() const { return kind_; }
+  void reset() { impl_.reset(); }
+
+ private:
+  std::unique_ptr<RegisteredBuffer> impl_;
+  const void* data_ = nullptr;
+  size_t bytes_ = 0;
+  BufferRegistration kind_ = BufferRegistration::local;
+};
+
 class Communicator {
  public:
   // Operations issued so far, by kind, and the payload bytes they moved: the output size
@@ -122,6 +179,16 @@ class Communicator {
   Work all_reduce(const Tensor& t, ReduceOp op, const Stream& stream, double prescale = 1.0);
   Work broadcast(const Tensor& t, int root, const Stream& stream);
 
+  // ---- buffer registration (see BufferRegistration for what NCCL requires of the memory)
+  // Registers the device memory [data, data + bytes) with this communicator; `what` names
+  // the buffer in errors ("gathered weights slot 2"). symmetric is collective over the
+  // group and may not be called inside group_start()/group_end(). MPI: a no-op that
+  // returns an inactive Registration.
+  Registration register_buffer(void* data, size_t bytes, BufferRegistration kind,
+                               const std::string& what);
+  // The tensor's bytes (contiguous, on this communicator's device).
+  Registration register_buffer(const Tensor& t, BufferRegistration kind, const std::string& what);
+
   // ---- bookkeeping for tests and messages
   const Counts& counts() const { return counts_; }
   void reset_counts() { counts_ = Counts(); }
@@ -157,6 +224,11 @@ class Communicator {
   virtual Work issue_recv(void* buf, size_t count, DType dtype, int peer,
                           const Stream& stream) = 0;
   virtual void issue_barrier() = 0;
+  // Registers a checked, non-empty range; nullptr where the backend has nothing to register.
+  virtual std::unique_ptr<RegisteredBuffer> issue_register(void* data, size_t bytes,
+                                                           BufferRegistration kind,
+                                                           const std::string& what) = 0;
+
   virtual void issue_group_start() = 0;
   virtual void issue_group_end() = 0;
 

@@ -265,4 +265,10 @@ void MpiCommunicator::issue_group_end() {
   complete(std::move(ops));
 }
 
+std::unique_ptr<RegisteredBuffer> MpiCommunicator::issue_register(void*, size_t,
+                                                                  BufferRegistration,
+                                                                  const std::string&) {
+  return nullptr;
+}
+
 }  // namespace fsdp

@@ -54,6 +54,11 @@ class MpiCommunicator final : public Communicator {
                   const Stream& stream) override;
   Work issue_recv(void* buf, size_t count, DType dtype, int peer, const Stream& stream) override;
   void issue_barrier() override;
+  // Host buffers need no registration: a no-op (returns nullptr), so that code which
+  // registers its buffers runs unchanged on the CPU.
+  std::unique_ptr<RegisteredBuffer> issue_register(void* data, size_t bytes,
+                                                   BufferRegistration kind,
+                                                   const std::string& what) override;
   void issue_group_start() override;
   void issue_group_end() override;
 

@@ -87,6 +87,17 @@ class NcclShared {
   std::unique_ptr<Watchdog> watchdog_;  // last: its thread uses the members above
 };
 
+// Device memory NCCL can register for zero-copy and symmetric collectives (see
+// BufferRegistration): ncclMemAlloc on `device`, which maps cuMem (VMM) memory, rounded up
+// to the allocation granularity, and makes it accessible to every peer GPU. Throws
+// OutOfMemoryError naming `what` when NCCL cannot allocate it. Implemented in
+// nccl_memory.cu.
+void* nccl_mem_alloc(Device device, size_t bytes, const std::string& what);
+// Waits for `device` to finish its work (the memory may still be read by a queued
+// collective), then ncclMemFree. Returns NCCL's error, "" on success: callers are
+// destructors, which report rather than throw.
+std::string nccl_mem_free(Device device, void* data);
+
 class NcclCommunicator final : public Communicator {
  public:
   // A new NCCL unique id (ncclGetUniqueId), as bytes to hand to the other ranks.
@@ -120,6 +131,10 @@ class NcclCommunicator final : public Communicator {
                   const Stream& stream) override;
   Work issue_recv(void* buf, size_t count, DType dtype, int peer, const Stream& stream) override;
   void issue_barrier() override;
+  // ncclCommRegister / ncclCommWindowRegister (nccl_memory.cu).
+  std::unique_ptr<RegisteredBuffer> issue_register(void* data, size_t bytes,
+                                                   BufferRegistration kind,
+                                                   const std::string& what) override;
   void issue_group_start() override;
   void issue_group_end() override;
 

@@ -1,18 +1,25 @@
 #include "runtime/fsdp/buffer_pool.h"
 
+#include "collectives/comm_memory.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 
 namespace fsdp {
 
-BufferPool::BufferPool(Context& ctx, std::string name, int slots, int64_t numel, DType dtype)
-    : name_(std::move(name)), numel_(numel), dtype_(dtype) {
+BufferPool::BufferPool(Context& ctx, std::string name, int slots, int64_t numel, DType dtype,
+                       bool registrable)
+    : name_(std::move(name)), numel_(numel), dtype_(dtype), registrable_(registrable) {
   FSDP_CHECK(slots >= 1, ValueError, "buffer pool '", name_, "' needs at least one slot");
   for (int i = 0; i < slots; ++i) {
     // Zeroed once, so that no slot ever holds garbage (a benchmark that skips the gathers
     // still computes on finite numbers).
-    Tensor slot = ctx.empty(Shape{std::max<int64_t>(numel, 1)}, dtype);
-    ops::fill(ctx, slot, 0.0);
+    Tensor slot;
+    if (registrable) {
+      slot = zeros_registrable(ctx, numel, dtype, str_cat(name_, " slot ", i));
+    } else {
+      slot = ctx.empty(Shape{std::max<int64_t>(numel, 1)}, dtype);
+      ops::fill(ctx, slot, 0.0);
+    }
     buffers_.push_back(slot);
     free_events_.emplace_back();
     held_.push_back(false);
@@ -39,6 +46,11 @@ void BufferPool::release(int slot, const Stream& last_use) {
   held_[size_t(slot)] = false;
   // Re-recording is safe: a stream that waited earlier captured the event's state then.
   free_events_[size_t(slot)].record(last_use);
+}
+
+size_t BufferPool::slot_bytes(int64_t numel, DType dtype, bool registrable) {
+  const size_t bytes = size_t(std::max<int64_t>(numel, 1)) * dtype_size(dtype);
+  return registrable ? registrable_bytes(bytes) : allocation_size_class(bytes);
 }
 
 int BufferPool::in_use() const {

@@ -19,8 +19,11 @@ namespace fsdp {
 
 class BufferPool {
  public:
-  // `slots` buffers of `numel` elements of `dtype` on ctx's device, allocated now.
-  BufferPool(Context& ctx, std::string name, int slots, int64_t numel, DType dtype);
+  // `slots` buffers of `numel` elements of `dtype` on ctx's device, allocated now, from
+  // the caching allocator or, `registrable`, as memory NCCL can register
+  // (collectives/comm_memory.h).
+  BufferPool(Context& ctx, std::string name, int slots, int64_t numel, DType dtype,
+             bool registrable = false);
 
   struct Lease {
     int slot = -1;
@@ -35,16 +38,17 @@ class BufferPool {
   int in_use() const;
   int64_t slot_numel() const { return numel_; }
   // What the slots cost (each one allocation of at least one element).
-  size_t bytes() const {
-    return allocation_size_class(size_t(std::max<int64_t>(numel_, 1)) * dtype_size(dtype_)) *
-           buffers_.size();
-  }
+  size_t bytes() const { return slot_bytes(numel_, dtype_, registrable_) * buffers_.size(); }
+  static size_t slot_bytes(int64_t numel, DType dtype, bool registrable);
+  // Slot s's whole buffer, e.g. to register it with a communicator.
+  const Tensor& slot_buffer(int s) const { return buffers_.at(size_t(s)); }
   const std::string& name() const { return name_; }
 
  private:
   std::string name_;
   int64_t numel_;
   DType dtype_;
+  bool registrable_;
   std::vector<Tensor> buffers_;
   std::vector<Event> free_events_;
   std::vector<bool> held_;

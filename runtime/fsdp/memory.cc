@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "collectives/comm_memory.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/error.h"
 
@@ -37,11 +38,22 @@ int grad_pool_slots(const FsdpOptions& options, int64_t max_block_numel) {
   return int(std::clamp<size_t>(by_budget, 2, 8));
 }
 
+ReduceStaging reduce_staging(const ShardingPlan& plan, const FsdpOptions& options) {
+  ReduceStaging r;
+  for (const UnitPlan& u : plan.units()) {
+    r.out_numel = std::max(r.out_numel, u.shard_numel);
+    if (options.grad_dtype != options.reduce_dtype) r.in_numel = std::max(r.in_numel, u.padded_numel);
+  }
+  return r;
+}
+
 namespace {
 
-// What one buffer of n elements of `dtype` costs: the allocator's size class of its bytes.
-size_t cost(int64_t n, DType dtype) {
-  return allocation_size_class(size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype));
+// What one buffer of n elements of `dtype` costs: the allocator's size class of its bytes,
+// or, for registrable memory (nccl_ub), whole allocation granules.
+size_t cost(int64_t n, DType dtype, bool registrable = false) {
+  const size_t bytes = size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype);
+  return registrable ? registrable_bytes(bytes) : allocation_size_class(bytes);
 }
 
 }  // namespace
@@ -72,26 +84,39 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
   const bool zero3 = s == ShardingStrategy::OptimGradsParams;
   const bool grads_sharded = zero3 || s == ShardingStrategy::OptimGrads;
   const PersistentLayout l = persistent_layout(plan, o);
-  auto arena_cost = [](const ArenaLayout& a, DType dtype) { return a.empty() ? 0 : cost(a.numel, dtype); };
+  // nccl_ub: the shard group's collective buffers are registrable memory (see
+  // ShardedModel::allocate).
+  const bool ub = o.nccl_ub && plan.dp_size() > 1;
+  const bool zero1 = s == ShardingStrategy::Optim;
+  auto arena_cost = [](const ArenaLayout& a, DType dtype, bool registrable = false) {
+    return a.empty() ? 0 : cost(a.numel, dtype, registrable);
+  };
   MemoryBreakdown b;
   (o.offload_main ? b.host_main_weights : b.main_weights) = arena_cost(l.main, o.main_dtype);
-  b.compute_weights = arena_cost(l.compute, o.compute_dtype);
+  b.compute_weights = arena_cost(l.compute, o.compute_dtype, ub);
   if (grads_sharded) {
     b.grad_accumulation = arena_cost(l.grad_accum, o.reduce_dtype);
   } else {
-    b.full_grads = arena_cost(l.grad_accum, o.reduce_dtype) + arena_cost(l.grad_full, o.grad_dtype);
-    b.grad_accumulation = arena_cost(l.grad_shard, o.reduce_dtype);
+    b.full_grads = arena_cost(l.grad_accum, o.reduce_dtype, ub && zero1) +
+                   arena_cost(l.grad_full, o.grad_dtype);
+    b.grad_accumulation = arena_cost(l.grad_shard, o.reduce_dtype, ub && zero1);
   }
   // The root's own full buffers (ZeRO-3 weights; ZeRO-2/3 gradients), then the pools.
   const UnitPlan& root = plan.units().back();
-  if (zero3) b.gather_pool += cost(root.padded_numel, o.compute_dtype);
-  if (grads_sharded) b.grad_pool += cost(root.padded_numel, o.grad_dtype);
+  if (zero3) b.gather_pool += cost(root.padded_numel, o.compute_dtype, ub);
+  if (grads_sharded) b.grad_pool += cost(root.padded_numel, o.grad_dtype, ub);
   int64_t max_block = 0;
   for (size_t i = 0; i + 1 < plan.units().size(); ++i)
     max_block = std::max(max_block, plan.units()[i].padded_numel);
   if (plan.units().size() > 1) {
-    if (zero3) b.gather_pool += size_t(gather_pool_slots(o)) * cost(max_block, o.compute_dtype);
-    if (grads_sharded) b.grad_pool += size_t(grad_pool_slots(o, max_block)) * cost(max_block, o.grad_dtype);
+    if (zero3) b.gather_pool += size_t(gather_pool_slots(o)) * cost(max_block, o.compute_dtype, ub);
+    if (grads_sharded)
+      b.grad_pool += size_t(grad_pool_slots(o, max_block)) * cost(max_block, o.grad_dtype, ub);
+  }
+  if (ub && grads_sharded) {
+    const ReduceStaging staging = reduce_staging(plan, o);
+    b.grad_pool += cost(staging.out_numel, o.reduce_dtype, true);
+    if (staging.in_numel > 0) b.grad_pool += cost(staging.in_numel, o.reduce_dtype, true);
   }
   return b;
 }

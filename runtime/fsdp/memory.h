@@ -40,6 +40,15 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& opt
 size_t optimizer_state_bytes(const ShardingPlan& plan, const std::string& optimizer,
                              DType moments_dtype, int rank = 0);
 
+// nccl_ub with sharded gradients (ZeRO-2/3): elements of reduce_dtype in the persistent
+// reduce-scatter output (the largest unit's shard) and input (the largest unit, when the
+// gradients are cast to the reduce dtype before the reduction; else 0).
+struct ReduceStaging {
+  int64_t out_numel = 0;
+  int64_t in_numel = 0;
+};
+ReduceStaging reduce_staging(const ShardingPlan& plan, const FsdpOptions& options);
+
 // Slots of the two buffer pools for these options.
 int gather_pool_slots(const FsdpOptions& options);
 int grad_pool_slots(const FsdpOptions& options, int64_t max_block_numel);

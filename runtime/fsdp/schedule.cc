@@ -185,8 +185,18 @@ void ShardedModel::reduce_unit(int unit) {
   const bool shard_comm = communicates(groups_.shard_reduce);
   const bool rep_comm = communicates(groups_.replicate);
   const int64_t my_begin = p.shard_begin(groups_.shard_rank());
-  const double shard_prescale = options_.average_in_collective ? 1.0 : 1.0 / n_shard;
+  double shard_prescale = options_.average_in_collective ? 1.0 : 1.0 / n_shard;
   const double rep_prescale = options_.average_in_collective ? 1.0 : 1.0 / n_rep;
+  // nccl_ub: the shard group's reductions are plain sums and 1/dp is applied after them
+  // (NCCL's symmetric kernels take sum and avg only, not a pre-multiplied sum; our own
+  // scaling costs nothing where an accumulation follows anyway).
+  ReduceOp shard_op = op;
+  double shard_after = 1.0;
+  if (registered_memory()) {
+    shard_op = ReduceOp::Sum;
+    shard_prescale = 1.0;
+    shard_after = 1.0 / n_shard;
+  }
 
   // The reductions run on the reduce stream once this unit's gradients are final.
   reduce_stream_.wait(mark(ctx_.stream()));
@@ -195,16 +205,25 @@ void ShardedModel::reduce_unit(int unit) {
   if (grads_sharded()) {
     // ZeRO-2/3: reduce-scatter this micro-batch's full gradients and add them to the shard.
     Tensor src = u.grad_full;
-    if (options_.grad_dtype != options_.reduce_dtype) src = ops::cast(ctx_, src, options_.reduce_dtype);
+    if (options_.grad_dtype != options_.reduce_dtype) {
+      if (reduce_in_.defined()) {
+        // Registered staging, reused in this stream's order by every unit.
+        src = reduce_in_.narrow(0, 0, p.padded_numel);
+        ops::copy(ctx_, src, u.grad_full);
+      } else {
+        src = ops::cast(ctx_, src, options_.reduce_dtype);
+      }
+    }
     if (!shard_comm) {
       ops::axpby(ctx_, u.grad_accum, 1.0, src.narrow(0, my_begin, p.shard_numel), 1.0);
     } else {
-      Tensor part = ctx_.empty(Shape{p.shard_numel}, options_.reduce_dtype);
+      Tensor part = reduce_out_.defined() ? reduce_out_.narrow(0, 0, p.shard_numel)
+                                          : ctx_.empty(Shape{p.shard_numel}, options_.reduce_dtype);
       const Event t0 = timing_start(reduce_stream_);
-      groups_.shard_reduce->reduce_scatter(part, src, op, reduce_stream_, shard_prescale);
+      groups_.shard_reduce->reduce_scatter(part, src, shard_op, reduce_stream_, shard_prescale);
       timing_end(t0, reduce_stream_, 1, src.nbytes());
       issued_.reduce_scatters++;
-      ops::axpby(ctx_, u.grad_accum, 1.0, part, 1.0);
+      ops::axpby(ctx_, u.grad_accum, shard_after, part, 1.0);
     }
     if (last_micro_batch_ && rep_comm) {
       const Event t0 = timing_start(reduce_stream_);
@@ -239,9 +258,11 @@ void ShardedModel::reduce_unit(int unit) {
     ops::copy(ctx_, u.grad_shard, u.grad_accum.narrow(0, my_begin, p.shard_numel));
   } else {
     const Event t0 = timing_start(reduce_stream_);
-    groups_.shard_reduce->reduce_scatter(u.grad_shard, u.grad_accum, op, reduce_stream_, shard_prescale);
+    groups_.shard_reduce->reduce_scatter(u.grad_shard, u.grad_accum, shard_op, reduce_stream_,
+                                         shard_prescale);
     timing_end(t0, reduce_stream_, 1, u.grad_accum.nbytes());
     issued_.reduce_scatters++;
+    if (shard_after != 1.0) ops::scale(ctx_, u.grad_shard, u.grad_shard, shard_after);
   }
   if (rep_comm) {
     const Event t0 = timing_start(reduce_stream_);

@@ -9,6 +9,7 @@
 
 #include "runtime/fsdp/memory.h"
 
+#include "collectives/comm_memory.h"
 #include "kernels/ops.h"
 #include "runtime/fsdp/unit.h"
 #include "runtime/nn/init.h"
@@ -42,6 +43,18 @@ ShardedModel::ShardedModel(Context& ctx, nn::Module& model, const DataParallelGr
 }
 
 ShardedModel::~ShardedModel() {
+  if (!registrations_.empty() && !groups_.shard_gather->health()->failed()) {
+    // A registration goes only once no queued collective can touch its buffer. (After a
+    // failure the communicators are aborted and took their registrations with them; a
+    // synchronize could wait forever on a kernel spinning for a lost peer.)
+    try {
+      gather_stream_.synchronize();
+      reduce_stream_.synchronize();
+    } catch (const std::exception&) {
+      // The failure was, or will be, reported where the work was issued.
+    }
+  }
+  registrations_.clear();
   for (auto& [module, id] : hooks_) module->remove_hook(id);
   for (auto& u : units_) {
     for (nn::Parameter* p : u->params) {
@@ -143,14 +156,26 @@ void ShardedModel::allocate() {
   int64_t max_block_numel = 0;
   for (int b : blocks_) max_block_numel = std::max(max_block_numel, units_[size_t(b)]->plan->padded_numel);
 
-  // One zeroed allocation per buffer class; each unit's buffers are views into it.
+  // One zeroed allocation per buffer class; each unit's buffers are views into it. With
+  // nccl_ub, the ones a shard-group collective reads or writes are registrable memory.
   const PersistentLayout layout = persistent_layout(plan_, options_);
-  auto arena = [&](const ArenaLayout& a, DType dtype, size_t& account) {
-    if (a.empty()) return Tensor();
-    Tensor t = zeros_on(ctx_, a.numel, dtype);
-    account += bytes_of(t);
-    return t;
+  const bool ub = registered_memory();
+  auto buffer = [&](int64_t n, DType dtype, bool registrable, const std::string& what,
+                    size_t& account) {
+    if (!registrable) {
+      Tensor t = zeros_on(ctx_, n, dtype);
+      account += bytes_of(t);
+      return t;
+    }
+    account += registrable_bytes(size_t(n) * dtype_size(dtype));
+    return zeros_registrable(ctx_, n, dtype, what).narrow(0, 0, n);
   };
+  auto arena = [&](const ArenaLayout& a, DType dtype, size_t& account, bool registrable = false,
+                   const char* what = "") {
+    if (a.empty()) return Tensor();
+    return buffer(a.numel, dtype, registrable, what, account);
+  };
+  const bool zero1 = options_.strategy == ShardingStrategy::Optim;
   const bool full_grads = !grads_sharded();
   Tensor main;
   if (options_.offload_main && ctx_.is_cuda()) {
@@ -164,11 +189,15 @@ void ShardedModel::allocate() {
   } else {
     main = arena(layout.main, options_.main_dtype, memory_.main_weights);
   }
-  Tensor compute = arena(layout.compute, options_.compute_dtype, memory_.compute_weights);
+  Tensor compute = arena(layout.compute, options_.compute_dtype, memory_.compute_weights, ub,
+                         "compute weights");
+  // ZeRO-1 reduce-scatters the accumulated full gradients into the gradient shards.
   Tensor grad_accum = arena(layout.grad_accum, options_.reduce_dtype,
-                            full_grads ? memory_.full_grads : memory_.grad_accumulation);
+                            full_grads ? memory_.full_grads : memory_.grad_accumulation,
+                            ub && zero1, "accumulated gradients");
   Tensor grad_full = arena(layout.grad_full, options_.grad_dtype, memory_.full_grads);
-  Tensor grad_shard = arena(layout.grad_shard, options_.reduce_dtype, memory_.grad_accumulation);
+  Tensor grad_shard = arena(layout.grad_shard, options_.reduce_dtype, memory_.grad_accumulation,
+                            ub && zero1, "gradient shards");
   auto view = [](const Tensor& t, const ArenaLayout& a, size_t u, int64_t n) {
     return t.narrow(0, a.offsets[u], n);
   };
@@ -182,8 +211,8 @@ void ShardedModel::allocate() {
       u.compute_shard = view(compute, layout.compute, i, p.shard_numel);
       if (is_root(u.index)) {
         // The root stays gathered from its forward to the end of its backward: its own buffer.
-        u.root_gathered = zeros_on(ctx_, p.padded_numel, options_.compute_dtype);
-        memory_.gather_pool += bytes_of(u.root_gathered);
+        u.root_gathered = buffer(p.padded_numel, options_.compute_dtype, ub,
+                                 "the root's gathered weights", memory_.gather_pool);
       }
     } else {
       u.compute_full = view(compute, layout.compute, i, p.padded_numel);
@@ -196,8 +225,8 @@ void ShardedModel::allocate() {
       u.grad_accum = view(grad_accum, layout.grad_accum, i, p.shard_numel);
       u.grad_shard = u.grad_accum;
       if (is_root(u.index)) {
-        u.root_grad = zeros_on(ctx_, p.padded_numel, options_.grad_dtype);
-        memory_.grad_pool += bytes_of(u.root_grad);
+        u.root_grad = buffer(p.padded_numel, options_.grad_dtype, ub,
+                             "the root's full gradients", memory_.grad_pool);
       }
     } else {
       // no_shard and optim accumulate full gradients over the micro-batches; when backward
@@ -227,14 +256,56 @@ void ShardedModel::allocate() {
   if (zero3() && !blocks_.empty()) {
     gather_pool_ = std::make_unique<BufferPool>(ctx_, "gathered weights",
                                                 gather_pool_slots(options_), max_block_numel,
-                                                options_.compute_dtype);
+                                                options_.compute_dtype, ub);
     memory_.gather_pool += gather_pool_->bytes();
   }
   if (grads_sharded() && !blocks_.empty()) {
     grad_pool_ = std::make_unique<BufferPool>(ctx_, "full gradients",
                                               grad_pool_slots(options_, max_block_numel),
-                                              max_block_numel, options_.grad_dtype);
+                                              max_block_numel, options_.grad_dtype, ub);
     memory_.grad_pool += grad_pool_->bytes();
+  }
+  if (ub && grads_sharded()) {
+    // Reduce-scatters write a persistent registered output instead of a fresh temporary
+    // (and read a registered input when the gradients are cast to the reduce dtype first).
+    const ReduceStaging staging = reduce_staging(plan_, options_);
+    reduce_out_ = buffer(staging.out_numel, options_.reduce_dtype, true,
+                         "reduce-scatter output", memory_.grad_pool);
+    if (staging.in_numel > 0)
+      reduce_in_ = buffer(staging.in_numel, options_.reduce_dtype, true,
+                          "reduce-scatter input", memory_.grad_pool);
+  }
+  if (ub) register_buffers(compute, grad_accum, grad_shard);
+}
+
+void ShardedModel::register_buffers(const Tensor& compute, const Tensor& grad_accum,
+                                    const Tensor& grad_shard) {
+  const BufferRegistration kind = options_.nccl_ub_kind;
+  // Whole allocations (a symmetric window must lie in one, the same size on every rank),
+  // in the same order on every rank: symmetric registration is collective per group.
+  auto add = [&](Communicator* c, const Tensor& t, const std::string& what) {
+    if (!t.defined() || !communicates(c)) return;
+    registrations_.push_back(c->register_buffer(t.storage()->data(), t.storage()->bytes(),
+                                                kind, what));
+  };
+  add(groups_.shard_gather, compute, "compute weights");
+  if (zero3()) {
+    add(groups_.shard_gather, units_[size_t(root_)]->root_gathered, "the root's gathered weights");
+    if (gather_pool_)
+      for (int s = 0; s < gather_pool_->slots(); ++s)
+        add(groups_.shard_gather, gather_pool_->slot_buffer(s), str_cat("gathered weights slot ", s));
+  }
+  if (options_.strategy == ShardingStrategy::Optim) {
+    add(groups_.shard_reduce, grad_accum, "accumulated gradients");
+    add(groups_.shard_reduce, grad_shard, "gradient shards");
+  }
+  if (grads_sharded()) {
+    add(groups_.shard_reduce, units_[size_t(root_)]->root_grad, "the root's full gradients");
+    if (grad_pool_)
+      for (int s = 0; s < grad_pool_->slots(); ++s)
+        add(groups_.shard_reduce, grad_pool_->slot_buffer(s), str_cat("full gradients slot ", s));
+    add(groups_.shard_reduce, reduce_out_, "reduce-scatter output");
+    add(groups_.shard_reduce, reduce_in_, "reduce-scatter input");
   }
 }
 

@@ -86,6 +86,19 @@ struct FsdpOptions {
   // Benchmarks: time every collective of the step with CUDA events on its stream (from the
   // moment its stream reaches it until it ends: waiting for the peers included).
   bool time_collectives = false;
+  // NCCL user-buffer registration (ddp.nccl_ub). With a shard group of more than one rank,
+  // every buffer the shard group's collectives read or write is allocated registrable
+  // (collectives/comm_memory.h: ncclMemAlloc on a GPU, outside the caching allocator) and
+  // registered with its communicator as `nccl_ub_kind`: the compute weights, the gathered
+  // weights (pool slots and the root's buffer) with the gather communicator; the full
+  // gradients (pool slots, the root's buffer; ZeRO-1's accumulation and shard) and a
+  // persistent reduce-scatter output (plus an input of the reduce dtype when gradients are
+  // cast first) with the reduce communicator. Reduce-scatters then sum in the collective and
+  // apply 1/dp in the accumulation that follows, since NCCL's symmetric kernels take no
+  // pre-multiplied sum (same values; bitwise the same when dp is a power of two). Where the
+  // backend registers nothing (MPI) the same buffers and schedule run unregistered.
+  bool nccl_ub = false;
+  BufferRegistration nccl_ub_kind = BufferRegistration::symmetric;
 };
 
 // What the collectives of one step took on the device (FsdpOptions::time_collectives).
@@ -201,6 +214,10 @@ class ShardedModel {
   struct Unit;
   void build_plan();
   void allocate();
+  // nccl_ub: registers every collective buffer with its communicator (see FsdpOptions).
+  void register_buffers(const Tensor& compute, const Tensor& grad_accum, const Tensor& grad_shard);
+  // Whether the shard group's buffers are registrable (nccl_ub with more than one shard).
+  bool registered_memory() const { return options_.nccl_ub && groups_.shard_size() > 1; }
   void initialize_weights();
   void attach_hooks();
   void bind_weights(Unit& u, const Tensor& full);
@@ -260,6 +277,12 @@ class ShardedModel {
   };
   std::vector<TimedSpan> timed_;
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
+  // nccl_ub: the reduce-scatter output (and, when gradients are cast before the reduction,
+  // its input) as persistent registered buffers; reused by every unit in the reduce
+  // stream's order.
+  Tensor reduce_out_, reduce_in_;
+  // Last: deregistered before any buffer they cover can be freed.
+  std::vector<Registration> registrations_;
 };
 
 // Builds a ShardedModel (the public entry point, in the manner of PyTorch's fully_shard).

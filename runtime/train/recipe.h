@@ -95,6 +95,8 @@ struct DdpSection {
   int prefetch_units = 0;
   double max_inflight_reduce_mb = 0;
   std::string unit;                  // "block"
+  bool nccl_ub = false;              // NCCL user-buffer registration (CUDA)
+  std::string nccl_ub_registration;  // "symmetric" | "local"
 };
 
 struct DistSection {

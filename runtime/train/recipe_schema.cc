@@ -147,6 +147,16 @@ std::vector<FieldSpec> build_schema() {
           "Full-gradient buffers awaiting reduction, in MB (2 to 8 unit-sized buffers)."),
       KEY(ddp.unit).one_of({"block"}).default_to("block").help_text(
           "Granularity of sharding units: one transformer block each (plus the root unit)."),
+      KEY(ddp.nccl_ub).default_to(false).help_text(
+          "NCCL user-buffer registration (Megatron-FSDP's nccl_ub; CUDA only, ignored on the "
+          "CPU): the shard group's all-gather and reduce-scatter buffers are allocated with "
+          "ncclMemAlloc (2 MiB granules, outside the caching allocator) and registered with "
+          "NCCL, so that the collectives can run zero-copy, on fewer SMs, beside the matmuls. "
+          "Reduce-scatters then sum and apply 1/dp afterwards."),
+      KEY(ddp.nccl_ub_registration).one_of({"symmetric", "local"}).default_to("symmetric")
+          .help_text("With ddp.nccl_ub: symmetric = NCCL windows (ncclCommWindowRegister: "
+                     "NCCL's symmetric kernels for all-gathers and reduce-scatters over "
+                     "NVLink); local = ncclCommRegister (zero-copy ring all-gathers)."),
 
       // dist
       KEY(dist.device).one_of({"auto", "cpu", "cuda"}).default_to("auto").help_text(

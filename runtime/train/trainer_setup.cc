@@ -49,6 +49,9 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
              "optimizer.cpu_offload needs dist.device=cuda (on the CPU every buffer is in host "
              "memory already)");
   o.offload_main = r.optimizer.cpu_offload;
+  // The MPI backend registers nothing: on the CPU the option would only round buffers up.
+  o.nccl_ub = r.ddp.nccl_ub && gpu;
+  o.nccl_ub_kind = buffer_registration_from_name(r.ddp.nccl_ub_registration);
   return o;
 }
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "collectives/comm_memory.h"
 #include "collectives/mesh.h"
 #include "collectives/world.h"
 #include "runtime/core/context.h"
@@ -478,6 +479,55 @@ TEST_CASE("mesh communicators: sizes, ranks and members of every group") {
     CHECK(&comms.axis(MeshAxis::dp_shard) == &comms.all_gather_comm(DpGroup::dp_shard));
   }
   if (n > 1) CHECK_THROWS_AS(MeshCommunicators(*world, Mesh({1, 1, 1, 1, 1}, 1)), ConfigError);
+}
+
+TEST_CASE("buffer registration: a no-op on MPI; names; registrable memory on the CPU") {
+  CHECK(std::string(buffer_registration_name(BufferRegistration::local)) == "local");
+  CHECK(std::string(buffer_registration_name(BufferRegistration::symmetric)) == "symmetric");
+  CHECK(buffer_registration_from_name("local") == BufferRegistration::local);
+  CHECK(buffer_registration_from_name("symmetric") == BufferRegistration::symmetric);
+  CHECK_THROWS_WITH(buffer_registration_from_name("window"), Contains("'window'"));
+
+  // Whole 2 MiB granules, at least one.
+  CHECK(registrable_bytes(0) == kRegistrableGranularity);
+  CHECK(registrable_bytes(1) == kRegistrableGranularity);
+  CHECK(registrable_bytes(kRegistrableGranularity) == kRegistrableGranularity);
+  CHECK(registrable_bytes(kRegistrableGranularity + 1) == 2 * kRegistrableGranularity);
+
+  auto world = mpi_world();
+  Communicator& comm = world->comm();
+  Context ctx;
+  const size_t before = ctx.allocator()->stats().in_use;
+  {
+    Tensor t = zeros_registrable(ctx, 1000, DType::f32, "a test buffer");
+    CHECK(t.numel() == 1000);
+    CHECK(t.dtype() == DType::f32);
+    CHECK(t.storage()->bytes() == kRegistrableGranularity);
+    // The host allocator's accounting equals what the GPU path reports.
+    CHECK(ctx.allocator()->stats().in_use - before == kRegistrableGranularity);
+    for (float v : t.to_vector<float>()) REQUIRE(v == 0.0f);
+
+    for (BufferRegistration kind : {BufferRegistration::local, BufferRegistration::symmetric}) {
+      Registration r = comm.register_buffer(t, kind, "a test buffer");
+      CHECK_FALSE(r.active());
+      // The registered buffer still works in collectives (every rank sums its rank + 1).
+      t.data<float>()[0] = float(comm.rank() + 1);
+      comm.all_reduce(t.narrow(0, 0, 1), ReduceOp::Sum, Stream());
+      CHECK(t.data<float>()[0] == float(comm.size() * (comm.size() + 1) / 2));
+    }
+    CHECK_THROWS_AS(comm.register_buffer(nullptr, 16, BufferRegistration::local, "nothing"),
+                    ValueError);
+    CHECK_THROWS_WITH(comm.register_buffer(t.data_ptr(), 0, BufferRegistration::local, "empty"),
+                      Contains("empty"));
+    CHECK_THROWS_AS(comm.register_buffer(Tensor(), BufferRegistration::local, "undefined"),
+                    ValueError);
+    CHECK_THROWS_AS(
+        comm.register_buffer(t.view(Shape{10, 100}).transpose(0, 1), BufferRegistration::local,
+                             "strided"),
+        ShapeError);
+  }
+  // Freed with the last view.
+  CHECK(ctx.allocator()->stats().in_use == before);
 }
 
 }  // namespace

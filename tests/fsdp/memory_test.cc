@@ -1,6 +1,8 @@
 // The memory each rank holds for a sharded model, from the plan alone: at ZeRO-3 the
 // persistent bytes per parameter are (2 bf16 weights + 4 f32 main + 4 f32 gradients +
 // 8 Adam) / N = 18 / N, and 16 / N with bf16 gradients (issue 6's budget).
+#include <algorithm>
+
 #include "models/factory.h"
 #include "runtime/fsdp/memory.h"
 #include "tests/test_support.h"
@@ -72,4 +74,64 @@ TEST_CASE("what each strategy keeps per parameter", "[fsdp][memory]") {
   // ZeRO-2: full weights; gradients sharded too.
   CHECK(persistent_bytes_per_param(gpt2, n, DType::f32, ShardingStrategy::OptimGrads) ==
         Approx(2 + (4 + 4 + 8) / double(n)).epsilon(0.01));
+}
+
+TEST_CASE("nccl_ub: registrable buffers cost whole 2 MiB granules, plus the reduce staging",
+          "[fsdp][memory]") {
+  auto model = models::build_model(models::gpt2_config(12));
+  for (ShardingStrategy s : {ShardingStrategy::Optim, ShardingStrategy::OptimGrads,
+                             ShardingStrategy::OptimGradsParams}) {
+    for (DType grads : {DType::f32, DType::bf16}) {
+      INFO(strategy_name(s) << " grads " << dtype_name(grads));
+      FsdpOptions o;
+      o.strategy = s;
+      o.compute_dtype = DType::bf16;
+      o.grad_dtype = grads;
+      o.reduce_dtype = DType::f32;  // bf16 gradients are cast before the reduction
+      PlanOptions po;
+      po.dp_size = 2;
+      po.strategy = s;
+      const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, o.unit_kind), po);
+      const MemoryBreakdown off = estimate_memory(plan, o);
+      o.nccl_ub = true;
+      const MemoryBreakdown on = estimate_memory(plan, o);
+      const size_t granule = size_t(2) << 20;
+      // Buffers no collective touches are unchanged.
+      CHECK(on.main_weights == off.main_weights);
+      CHECK(on.compute_weights % granule == 0);
+      CHECK(on.compute_weights >= off.compute_weights);
+      CHECK(on.compute_weights < off.compute_weights + granule);
+      const bool zero3 = s == ShardingStrategy::OptimGradsParams;
+      if (zero3) {
+        CHECK(on.gather_pool % granule == 0);
+        CHECK(on.gather_pool >= off.gather_pool);
+      }
+      if (s == ShardingStrategy::Optim) {
+        CHECK(on.full_grads % granule == 0);
+        CHECK(on.grad_pool == off.grad_pool);
+      } else {
+        // The pools and root buffers in granules, plus the reduce-scatter output (the largest
+        // shard, f32) and, for bf16 gradients, its f32 input (the largest unit).
+        const ReduceStaging staging = reduce_staging(plan, o);
+        int64_t max_shard = 0, max_unit = 0;
+        for (const UnitPlan& u : plan.units()) {
+          max_shard = std::max(max_shard, u.shard_numel);
+          max_unit = std::max(max_unit, u.padded_numel);
+        }
+        CHECK(staging.out_numel == max_shard);
+        CHECK(staging.in_numel == (grads == DType::f32 ? 0 : max_unit));
+        CHECK(on.grad_pool % granule == 0);
+        CHECK(on.grad_pool >= off.grad_pool + size_t(max_shard) * 4 +
+                                   (grads == DType::f32 ? 0 : size_t(max_unit) * 4));
+      }
+      // Nothing changes without a second rank to talk to.
+      PlanOptions single = po;
+      single.dp_size = 1;
+      const ShardingPlan one = ShardingPlan::build(unit_specs(*model, o.unit_kind), single);
+      o.nccl_ub = false;
+      const MemoryBreakdown one_off = estimate_memory(one, o);
+      o.nccl_ub = true;
+      CHECK(estimate_memory(one, o).total() == one_off.total());
+    }
+  }
 }

@@ -13,6 +13,7 @@
 #include "runtime/data/llmc_shards.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
+#include "runtime/train/trainer_setup.h"
 #include "tests/test_support.h"
 #include "tests/train/scratch_dir.h"
 
@@ -85,6 +86,22 @@ TEST_CASE("an impossible mesh is refused on every rank, naming the key", "[train
   check_refused(s, tiny_recipe(s, {"dist.dp_shard=" + std::to_string(n + 1)}), "dist.dp_shard");
   // Tensor parallelism is not implemented: refused even where 2 would divide the world.
   check_refused(s, tiny_recipe(s, {"dist.tp=2"}), "dist.tp");
+}
+
+TEST_CASE("ddp.nccl_ub reaches the sharding options on CUDA and is ignored on the CPU",
+          "[train]") {
+  for (bool cuda : {false, true}) {
+    Recipe r = parse_recipe("{}", {"ddp.nccl_ub=true", "ddp.nccl_ub_registration=local",
+                                   std::string("dist.device=") + (cuda ? "cuda" : "cpu")});
+    r.resolve_device(cuda);
+    const FsdpOptions o = fsdp_options_of(r);
+    CHECK(o.nccl_ub == cuda);
+    CHECK(o.nccl_ub_kind == BufferRegistration::local);
+  }
+  Recipe off = parse_recipe("{}", {"dist.device=cuda"});
+  off.resolve_device(true);
+  CHECK_FALSE(fsdp_options_of(off).nccl_ub);
+  CHECK(fsdp_options_of(off).nccl_ub_kind == BufferRegistration::symmetric);
 }
 
 TEST_CASE("cpu offload is refused where it has no meaning, naming the key", "[train][mpi]") {

@@ -33,6 +33,19 @@ TEST_CASE("an empty recipe gets every schema default", "[recipe]") {
   CHECK(Recipe().to_json_string() == r.to_json_string());
 }
 
+TEST_CASE("ddp.nccl_ub: off by default; symmetric or local registration", "[recipe]") {
+  Recipe r = parse_recipe("{}");
+  CHECK_FALSE(r.ddp.nccl_ub);
+  CHECK(r.ddp.nccl_ub_registration == "symmetric");
+  Recipe on = parse_recipe(R"({"ddp": {"nccl_ub": true}})", {"ddp.nccl_ub_registration=local"});
+  CHECK(on.ddp.nccl_ub);
+  CHECK(on.ddp.nccl_ub_registration == "local");
+  CHECK(parse_recipe("{}", {"ddp.nccl_ub=true"}).ddp.nccl_ub);
+  CHECK_THROWS_WITH(parse_recipe("{}", {"ddp.nccl_ub_registration=window"}),
+                    Catch::Contains("ddp.nccl_ub_registration"));
+  CHECK_THROWS_AS(parse_recipe(R"({"ddp": {"nccl_ub": "yes"}})"), ConfigError);
+}
+
 TEST_CASE("derived keys are resolved from the others", "[recipe]") {
   Recipe r = parse_recipe("{}");
   CHECK(r.model.d_ff == 4 * 768);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "collectives/check.h"
+#include "collectives/comm_memory.h"
 #include "collectives/mpi_communicator.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
@@ -73,10 +74,34 @@ class Runner {
  public:
   Runner(World& world, const CollectivesBenchOptions& opt, size_t max_bytes)
       : world_(world), opt_(opt), ctx_(world.device()), comm_(world.comm()) {
-    // Never initialized: the values do not change the speed of the collectives.
-    send_ = ctx_.empty(Shape{int64_t(max_bytes)}, DType::u8);
-    recv_ = ctx_.empty(Shape{int64_t(max_bytes)}, DType::u8);
+    if (!opt.registration) {
+      // Never initialized: the values do not change the speed of the collectives.
+      send_ = ctx_.empty(Shape{int64_t(max_bytes)}, DType::u8);
+      recv_ = ctx_.empty(Shape{int64_t(max_bytes)}, DType::u8);
+      return;
+    }
+    // Memory NCCL can register (ncclMemAlloc), registered whole, in the same order on every
+    // rank (symmetric registration is collective).
+    send_ = zeros_registrable(ctx_, int64_t(max_bytes), DType::u8, "the send buffer");
+    recv_ = zeros_registrable(ctx_, int64_t(max_bytes), DType::u8, "the receive buffer");
+    for (const Tensor* t : {&send_, &recv_}) {
+      registrations_.push_back(comm_.register_buffer(
+          t->storage()->data(), t->storage()->bytes(), *opt.registration,
+          t == &send_ ? "the send buffer" : "the receive buffer"));
+    }
   }
+  ~Runner() {
+    // Deregister only once no queued collective uses the buffers.
+    if (!registrations_.empty() && !world_.health()->failed()) {
+      try {
+        ctx_.stream().synchronize();
+      } catch (const std::exception&) {
+      }
+    }
+    registrations_.clear();
+  }
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
 
   // Elements per rank (all-gather, reduce-scatter) or in all (all-reduce) for `size` bytes.
   size_t count_for(CollectiveKind op, size_t size) const {
@@ -220,6 +245,7 @@ class Runner {
   Context ctx_;
   Communicator& comm_;
   Tensor send_, recv_;
+  std::vector<Registration> registrations_;  // --register: of send_ and recv_
 };
 
 }  // namespace
@@ -227,7 +253,8 @@ class Runner {
 const char* collectives_bench_usage() {
   return "usage: bench collectives [--ops ag,rs,ar] [--min-bytes 1M] [--max-bytes 1G]\n"
          "                         [--step-factor 2|4] [--dtype bf16] [--iters N] [--warmup N]\n"
-         "                         [--rounds N] [--backend auto|nccl|mpi] [--timeout-s S] [--check]\n";
+         "                         [--rounds N] [--backend auto|nccl|mpi] [--timeout-s S] [--check]\n"
+         "                         [--register none|local|symmetric]\n";
 }
 
 size_t parse_byte_size(const std::string& flag, const std::string& text) {
@@ -290,6 +317,16 @@ CollectivesBenchOptions parse_collectives_bench_args(const std::vector<std::stri
       opt.rounds = parse_positive(flag, value);
     } else if (flag == "--timeout-s") {
       opt.timeout_s = parse_positive(flag, value);
+    } else if (flag == "--register") {
+      if (value == "none") {
+        opt.registration.reset();
+      } else {
+        try {
+          opt.registration = buffer_registration_from_name(value);
+        } catch (const ConfigError&) {
+          FSDP_THROW(ConfigError, "--register ", value, ": expected none, local or symmetric");
+        }
+      }
     } else if (flag == "--backend") {
       if (value == "auto") opt.backend = Backend::Auto;
       else if (value == "nccl") opt.backend = Backend::Nccl;
@@ -326,9 +363,14 @@ int run_collectives_bench(const std::vector<std::string>& args) {
   const bool print = world.rank() == 0;
   if (print) {
     std::printf("# bench collectives: %d ranks, backend %s, dtype %s, %d iterations after %d "
-                "warm-up, median of %d rounds%s\n",
+                "warm-up, median of %d rounds%s, buffers %s\n",
                 n, backend_name(world.backend()), dtype_name(opt.dtype), opt.iters, opt.warmup,
-                opt.rounds, opt.check ? ", results checked" : "");
+                opt.rounds, opt.check ? ", results checked" : "",
+                !opt.registration ? "unregistered"
+                : gpu             ? (*opt.registration == BufferRegistration::local
+                                         ? "registered (local)"
+                                         : "registered (symmetric window)")
+                                  : "unregistered (registration is a no-op on MPI)");
     std::printf("#%41s %-30s %-30s\n", "", "------------ ours ------------",
                 "------------ raw -------------");
     std::printf("# %-14s %10s %12s %10s %9s %9s %10s %9s %9s %9s\n", "op", "size", "count",

@@ -5,16 +5,20 @@
 //
 //   mpirun -np 2 bench collectives [--ops ag,rs,ar] [--min-bytes 1M] [--max-bytes 1G]
 //       [--step-factor 2] [--dtype bf16] [--iters 20] [--warmup 5] [--rounds 3]
-//       [--backend auto|nccl|mpi] [--timeout-s 600] [--check]
+//       [--backend auto|nccl|mpi] [--timeout-s 600] [--check] [--register none|local|symmetric]
 //
 // size is the largest buffer of the operation (the all-gather's output, the
 // reduce-scatter's input, the all-reduce's buffer), as in nccl-tests; algbw = size / time;
 // busbw = algbw x (n-1)/n for all-gather and reduce-scatter, x 2(n-1)/n for all-reduce.
 // Times are the median of --rounds alternating rounds of --iters back-to-back operations
 // (CUDA events on GPUs). --check also verifies each size's result once before timing.
+// --register local|symmetric allocates the send and receive buffers with ncclMemAlloc and
+// registers them with the communicator (ncclCommRegister / ncclCommWindowRegister): both
+// "ours" and "raw" then run on registered buffers (a no-op on MPI).
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +43,7 @@ struct CollectivesBenchOptions {
   Backend backend = Backend::Auto;
   double timeout_s = 600;
   bool check = false;
+  std::optional<BufferRegistration> registration;  // --register; nullopt: none
   bool help = false;
 };
 

@@ -141,16 +141,23 @@ int run_train_bench(const std::vector<std::string>& args) {
 
   if (rank == 0) {
     const double step_ms = r.step_time_s * 1e3, opt_ms = r.optimizer_time_s * 1e3;
-    std::printf("# bench train: %s (%s), %d rank(s), %s, %lld timed steps after %lld warm-up\n",
+    // ddp.nccl_ub (a KEY=VALUE override like any other) applies on CUDA only.
+    const bool ub = recipe.ddp.nccl_ub && recipe.dist.device != "cpu";
+    std::printf("# bench train: %s (%s), %d rank(s), %s%s, %lld timed steps after %lld warm-up\n",
                 name.c_str(), config.c_str(), size,
-                recipe.ddp.data_parallel_sharding_strategy.c_str(), (long long)steps,
-                (long long)warmup);
+                recipe.ddp.data_parallel_sharding_strategy.c_str(),
+                ub ? str_cat(", nccl_ub (", recipe.ddp.nccl_ub_registration, ")").c_str() : "",
+                (long long)steps, (long long)warmup);
     std::printf("tokens/s total     %s\n", train::format_count(r.tokens_per_sec).c_str());
     std::printf("tokens/s per GPU   %s\n", train::format_count(r.tokens_per_sec / size).c_str());
     std::printf("TFLOP/s per GPU    %.1f\n", r.tflops_per_device);
     std::printf("MFU                %.1f%%\n", 100 * r.mfu);
     std::printf("peak allocated     %s\n", train::format_bytes(r.peak_allocated_bytes).c_str());
     std::printf("peak reserved      %s\n", train::format_bytes(r.peak_reserved_bytes).c_str());
+    if (ub) {
+      std::printf("  (nccl_ub: the registered collective buffers come from ncclMemAlloc, outside "
+                  "these figures; --verbose prints them)\n");
+    }
     std::printf("step time          %.1f ms\n", step_ms);
     std::printf("  optimizer        %.1f ms\n", opt_ms);
     std::printf("  host issue       %.1f ms (the host's time to queue the step's work)\n",

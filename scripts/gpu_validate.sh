@@ -155,7 +155,9 @@ for off in false true; do
     optimizer.cpu_offload=$off > "$L/offload_gpt2_$off.txt" 2>&1
   say "gpt2 d12 cpu_offload=$off rc=$?"; grep -E "optimizer state|step +20" "$L/offload_gpt2_$off.txt" | head -3
 done
-# The host update overlapped with the next forward (ZeRO-3): the same losses, bit for bit.
+# The host update overlapped with the next forward (ZeRO-3): the same update; two GPU runs
+# are not bitwise reproducible (step 1's gradient norm, before any overlap, differs in the
+# 6th digit between runs), so the comparison is the largest relative loss difference.
 for ov in false true; do
   timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
     dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0 \
@@ -170,7 +172,8 @@ import json, sys
 L = sys.argv[1]
 a = [json.loads(l)["loss"] for l in open(f"{L}/overlap_false/metrics.jsonl")]
 b = [json.loads(l)["loss"] for l in open(f"{L}/overlap_true/metrics.jsonl")]
-print("steps %d/%d, losses identical: %s, last %.6f %.6f" % (len(a), len(b), a == b, a[-1], b[-1]))
+r = [abs(x - y) / abs(x) for x, y in zip(a, b)]
+print("steps %d/%d, max relative loss difference %.2e, last %.6f %.6f" % (len(a), len(b), max(r), a[-1], b[-1]))
 PY
 for ov in false true; do
   timeout 200 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \

@@ -21,6 +21,12 @@
 #      a few minutes: the 1.3B start-up and warm-up step run under the profiler too)
 #  11. bf16 Adam moments: GPT-2 d12 losses over 300 steps with f32 and with bf16 moments
 #      (1 GPU), and GPT 1.3B ZeRO-3 speed and memory with each
+#  12. one GPU, issue 8's options: GPT-2 124M with the chunked classifier against the whole
+#      logits (model.classifier_chunk_rows=0), and with CUDA graphs (train.cuda_graphs) at
+#      micro-batch 64 and 8
+#  13. two GPUs, NCCL user-buffer registration (ddp.nccl_ub): all-gather and reduce-scatter
+#      1M-256M unregistered / symmetric windows, GPT-2 124M ZeRO-1 and ZeRO-3 and GPT 1.3B
+#      ZeRO-3 (with the compute baseline) without and with it
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -228,6 +234,41 @@ for m in f32 bf16; do
   timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
     train.global_batch_size=32 optimizer.moments_dtype=$m > "$L/bench_1.3b_moments_$m.txt" 2>&1
   say "1.3b moments $m rc=$?"; grep -E "tokens/s per|peak alloc|optimizer  " "$L/bench_1.3b_moments_$m.txt"
+done; pack
+fi
+if want 12; then
+# 12. The chunked classifier and CUDA graphs, one GPU
+g2() {  # name, extra bench arguments...
+  local name="$1"; shift
+  timeout 120 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
+    ddp.data_parallel_sharding_strategy=no_shard "$@" > "$L/bench_gpt2_$name.txt" 2>&1
+  say "gpt2 $name rc=$?"; grep -E "tokens/s total|MFU|peak alloc|step time|forward" "$L/bench_gpt2_$name.txt"
+}
+g2 chunked
+g2 whole_logits model.classifier_chunk_rows=0
+g2 graphs train.cuda_graphs=true
+g2 mb8 train.micro_batch_size=8 train.global_batch_size=64
+g2 mb8_graphs train.micro_batch_size=8 train.global_batch_size=64 train.cuda_graphs=true
+pack
+fi
+
+if want 13; then
+# 13. NCCL user-buffer registration, two GPUs
+for r in none symmetric; do
+  timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" collectives --ops ag,rs --min-bytes 1M \
+    --max-bytes 256M --register $r --check > "$L/coll_$r.txt" 2>&1
+  say "collectives register=$r rc=$?"; grep -E "^ *(all_gather|reduce_scatter|all-gather|reduce-scatter)" "$L/coll_$r.txt" | head -12
+done
+for st in optim optim_grads_params; do for ub in false true; do
+  [ $st = optim ] && [ $ub = true ] && continue
+  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 4 --warmup 2 \
+    ddp.data_parallel_sharding_strategy=$st ddp.nccl_ub=$ub > "$L/bench_gpt2_2gpu_${st}_ub$ub.txt" 2>&1
+  say "gpt2 2 gpus $st nccl_ub=$ub rc=$?"; grep -E "tokens/s total|MFU|all-gathers|reduce-scatters" "$L/bench_gpt2_2gpu_${st}_ub$ub.txt"
+done; done
+for ub in false true; do
+  timeout 180 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
+    --compute-baseline train.global_batch_size=32 ddp.nccl_ub=$ub > "$L/bench_1.3b_ub$ub.txt" 2>&1
+  say "1.3b nccl_ub=$ub rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|compute|exposed|all-gathers|reduce-scatters" "$L/bench_1.3b_ub$ub.txt"
 done; pack
 fi
 rm -rf "$work"

@@ -1,6 +1,7 @@
 #include "runtime/train/cuda_graph.h"
 
 #include <exception>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "runtime/core/allocator.h"
@@ -91,6 +92,19 @@ class PoolUse {
   CudaCachingAllocator& alloc_;
 };
 
+#if FSDP_WITH_CUDA
+// Runs a CUDA graph call checked by FSDP_CALL, saying what failed in train.cuda_graphs' terms.
+template <typename F>
+void graph_step(const char* what, F&& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    FSDP_THROW(CudaError, "train.cuda_graphs: ", what, " failed (set train.cuda_graphs=false to "
+               "train without graphs): ", e.what());
+  }
+}
+#endif
+
 }  // namespace
 
 MicroBatchGraph::MicroBatchGraph(Context& ctx, CudaGraphPlan plan, std::function<void()> join_side_streams)
@@ -165,7 +179,11 @@ Tensor MicroBatchGraph::capture(const Tensor& idx, const Tensor& tgt, const Body
   Tensor loss;
   {
     PoolUse use(*m.alloc, m.pool);
-    FSDP_CALL(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    // Thread-local: a call that cannot be captured (a synchronization, cudaMalloc) fails on
+    // this thread; other threads (the collective watchdog, offload workers) are unaffected.
+    graph_step("beginning the capture of a micro-batch", [&] {
+      FSDP_CALL(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    });
     try {
       loss = body(m.idx, m.tgt);
       // Work forked onto side streams must join the capture before it ends.
@@ -180,7 +198,11 @@ Tensor MicroBatchGraph::capture(const Tensor& idx, const Tensor& tgt, const Body
                  "back, a device allocation outside the graph's pool, or work on a stream that "
                  "did not join the capture). Set train.cuda_graphs=false. Cause: ", e.what());
     }
-    FSDP_CALL(cudaStreamEndCapture(stream, &m.graph));
+    // An operation that cannot be captured but reported no error of its own (inside a
+    // library) invalidates the capture: this is where that shows.
+    graph_step("ending the capture of a micro-batch (an operation in its forward or backward "
+               "could not be captured)",
+               [&] { FSDP_CALL(cudaStreamEndCapture(stream, &m.graph)); });
   }
   // Only the loss may outlive the captured work: any other block of the pool still held
   // would be a tensor kept somewhere that every replay overwrites.
@@ -189,10 +211,11 @@ Tensor MicroBatchGraph::capture(const Tensor& idx, const Tensor& tgt, const Body
              " allocations made inside the captured micro-batch outlive it, but only its loss "
              "should (state created lazily inside it, which the eager warm-up did not create?)");
   m.loss = loss;
-  FSDP_CALL(cudaGraphInstantiate(&m.exec, m.graph, 0));
+  graph_step("instantiating the captured micro-batch",
+             [&] { FSDP_CALL(cudaGraphInstantiate(&m.exec, m.graph, 0)); });
   captures_++;
   join_side_streams_();
-  FSDP_CALL(cudaGraphLaunch(m.exec, stream));
+  graph_step("launching the captured micro-batch", [&] { FSDP_CALL(cudaGraphLaunch(m.exec, stream)); });
   replays_++;
   return m.loss;
 }
@@ -208,7 +231,8 @@ Tensor MicroBatchGraph::launch(const Tensor& idx, const Tensor& tgt) {
   ops::copy(ctx_, m.idx, idx);
   ops::copy(ctx_, m.tgt, tgt);
   join_side_streams_();
-  FSDP_CALL(cudaGraphLaunch(m.exec, m.stream.cuda_stream()));
+  graph_step("replaying the captured micro-batch",
+             [&] { FSDP_CALL(cudaGraphLaunch(m.exec, m.stream.cuda_stream())); });
   replays_++;
   return m.loss;
 }

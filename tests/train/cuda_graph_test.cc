@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
+#include "runtime/core/context.h"
 #include "runtime/core/error.h"
 #include "runtime/data/llmc_shards.h"
 #include "runtime/train/cuda_graph.h"
@@ -146,6 +148,95 @@ TEST_CASE("the Trainer refuses train.cuda_graphs on a CPU run before anything st
 }
 
 // ---------------------------------------------------------------- GPU
+
+namespace {
+
+// (2, 4) i32 tokens base, base + 1, ...
+Tensor tokens(Context& ctx, int base) {
+  std::vector<int32_t> v(8);
+  for (int i = 0; i < 8; ++i) v[size_t(i)] = base + i;
+  return ops::from_host<int32_t>(ctx, v, Shape{2, 4});
+}
+
+}  // namespace
+
+TEST_CASE("MicroBatchGraph replays with each micro-batch's inputs and accumulates like eager runs",
+          "[train][cuda_graphs][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context ctx(Device::cuda(0));
+  // A persistent buffer the body accumulates into, as backward does into parameter gradients.
+  const Tensor acc = ops::zeros(ctx, Shape{2, 4}, DType::f32);
+  auto body = [&](const Tensor& idx, const Tensor& tgt) {
+    Tensor x = ops::cast(ctx, idx, DType::f32);
+    const Tensor y = ops::cast(ctx, tgt, DType::f32);
+    ops::mul(ctx, x, x, y);
+    ops::axpby(ctx, acc, 1.0, x);
+    return ops::sum(ctx, x);
+  };
+  MicroBatchGraph graph(ctx, CudaGraphPlan::of(cuda_recipe(), 1, 1, false), [] {});
+  std::vector<double> want_acc(8, 0.0);
+  for (int m = 0; m < 5; ++m) {
+    INFO("micro-batch " << m);
+    double want = 0;
+    for (int i = 0; i < 8; ++i) {
+      want += double(m + i) * double(10 * m + i);
+      want_acc[size_t(i)] += double(m + i) * double(10 * m + i);
+    }
+    const Tensor loss = graph.run(true, tokens(ctx, m), tokens(ctx, 10 * m), body);
+    CHECK(ops::item(ctx, loss) == want);
+  }
+  CHECK(graph.captures() == 1);
+  CHECK(graph.replays() == 4);  // the capturing launch and three replays; the first was eager
+  CHECK(ops::to_vector<double>(ctx, acc) == want_acc);
+}
+
+TEST_CASE("MicroBatchGraph refuses, by name, what cannot be captured", "[train][cuda_graphs][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context ctx(Device::cuda(0));
+  auto body = [&](const Tensor& idx, const Tensor&) { return ops::sum(ctx, ops::cast(ctx, idx, DType::f32)); };
+  const CudaGraphPlan plan = CudaGraphPlan::of(cuda_recipe(), 1, 1, false);
+  Tensor kept;  // outlives the graphs below
+  SECTION("a host read-back (synchronization) inside the micro-batch") {
+    MicroBatchGraph graph(ctx, plan, [] {});
+    auto reads = [&](const Tensor& idx, const Tensor& tgt) {
+      Tensor loss = body(idx, tgt);
+      (void)ops::item(ctx, loss);
+      return loss;
+    };
+    CHECK(ops::item(ctx, graph.run(true, tokens(ctx, 0), tokens(ctx, 0), reads)) == 28.0);  // eager
+    std::string error = "no CudaError";
+    try {
+      graph.run(true, tokens(ctx, 1), tokens(ctx, 1), reads);
+    } catch (const CudaError& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Contains("train.cuda_graphs") && Contains("capturing"));
+  }
+  SECTION("more memory at capture than the warm-up used") {
+    MicroBatchGraph graph(ctx, plan, [] {});
+    int calls = 0;
+    auto growing = [&](const Tensor& idx, const Tensor& tgt) {
+      Tensor loss = body(idx, tgt);
+      if (++calls == 2) ops::fill(ctx, ctx.empty(Shape{1 << 20}, DType::f32), 1.0);
+      return loss;
+    };
+    graph.run(true, tokens(ctx, 0), tokens(ctx, 0), growing);
+    CHECK_THROWS_WITH(graph.run(true, tokens(ctx, 1), tokens(ctx, 1), growing),
+                      Contains("train.cuda_graphs") && Contains("private memory pool"));
+  }
+  SECTION("a tensor made inside the micro-batch that outlives it") {
+    MicroBatchGraph graph(ctx, plan, [] {});
+    auto leaking = [&](const Tensor& idx, const Tensor& tgt) {
+      kept = ops::cast(ctx, idx, DType::f32);
+      return body(idx, tgt);
+    };
+    graph.run(true, tokens(ctx, 0), tokens(ctx, 0), leaking);
+    CHECK_THROWS_WITH(graph.run(true, tokens(ctx, 1), tokens(ctx, 1), leaking),
+                      Contains("train.cuda_graphs") && Contains("outlive"));
+  }
+  // The context still works after a failed capture.
+  CHECK(ops::item(ctx, body(tokens(ctx, 2), tokens(ctx, 2))) == 44.0);
+}
 
 namespace {
 

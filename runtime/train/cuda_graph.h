@@ -14,8 +14,12 @@
 //   an error, reported as such): the trainer passes n_valid, so cross_entropy reads nothing
 //   back; the backward seed's value is known on the host; the allocator neither queries
 //   events nor calls the system while a pool is in use.
-// - Lazily created state (cuBLASLt workspace and plans, cuDNN plans, kernel attributes) is
-//   created by the eager warm-up micro-batch, before capture.
+// - Lazily created state (cuBLASLt workspace and plans, cuDNN handle and plans, kernel
+//   attributes) is created by the eager warm-up micro-batch, before capture. cuBLASLt runs
+//   with one fixed workspace per stream (kernels/cuda/blas.cu refuses to create one inside a
+//   capture); cuDNN attention takes its workspace from the allocator at each call, which while
+//   capturing is the graph's pool: the same block, at the same address, in every replay.
+//   Given a workspace, neither library allocates device memory itself.
 // - Host-side state that would freeze in a replay: there is no dropout or other random op in
 //   the models (nothing to advance per micro-batch); activation recompute keeps its
 //   bookkeeping per autograd graph, so re-running it once at capture records its kernels;

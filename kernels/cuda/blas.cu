@@ -100,8 +100,17 @@ struct Blas::Impl {
 
   void* workspace(CUstream_st* stream) {
     auto it = workspaces.find(stream);
-    if (it == workspaces.end())
+    if (it == workspaces.end()) {
+      // Allocated while the stream is captured into a CUDA graph (train.cuda_graphs), the
+      // workspace would be memory of that graph that every replay may overwrite: each
+      // stream's workspace must exist before its first capture.
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      FSDP_CALL(cudaStreamIsCapturing(stream, &capturing));
+      FSDP_CHECK(capturing == cudaStreamCaptureStatusNone, CudaError,
+                 "cuBLASLt: the first matmul on a stream is being captured into a CUDA graph; "
+                 "its workspace must be created before the capture (run the work eagerly once)");
       it = workspaces.emplace(stream, ctx.empty(Shape{int64_t(kWorkspaceBytes)}, DType::u8)).first;
+    }
     return it->second.data_ptr();
   }
 

@@ -126,6 +126,12 @@ CudaCachingAllocator::~CudaCachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
   try {
     release_cached_locked();
+    for (auto& [id, pool] : pools_) {
+      for (auto& [key, blocks] : pool.free)
+        for (const Block& b : blocks) system_free_locked(b);
+      for (const Block& b : pool.held) system_free_locked(b);
+    }
+    pools_.clear();
   } catch (...) {
     // Destructors cannot report; the process is tearing this device down anyway.
   }
@@ -182,6 +188,8 @@ void* CudaCachingAllocator::allocate(size_t bytes, const Stream& stream) {
              " for a stream of ", stream.device().str());
   const size_t size = allocation_size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  if (active_pool_ != 0 && std::this_thread::get_id() == pool_thread_)
+    return pool_allocate_locked(size, stream);
   if (!pending_free_.empty()) collect_pending_locked();
   Block b;
   auto it = free_.find({stream.cuda_stream(), size});
@@ -197,6 +205,11 @@ void* CudaCachingAllocator::allocate(size_t bytes, const Stream& stream) {
   }
   live_[b.ptr] = b;
   note_alloc(stats_, size);
+  if (tracing_ && std::this_thread::get_id() == trace_thread_) {
+    const auto key = std::make_pair(b.stream, b.size);
+    traced_.insert(b.ptr);
+    trace_peak_[key] = std::max(trace_peak_[key], ++trace_live_[key]);
+  }
   return b.ptr;
 }
 
@@ -208,6 +221,13 @@ void CudaCachingAllocator::deallocate(void* ptr) {
   Block b = std::move(it->second);
   live_.erase(it);
   stats_.in_use -= b.size;
+  // A traced block used on other streams stays counted: a pool would hold it (see .h).
+  if (tracing_ && traced_.erase(b.ptr) > 0 && b.other_streams.empty())
+    trace_live_[{b.stream, b.size}]--;
+  if (b.pool != 0) {
+    pool_free_locked(std::move(b));
+    return;
+  }
   if (b.other_streams.empty()) {
     free_[{b.stream, b.size}].push_back(b.ptr);
     cached_[b.ptr] = b;
@@ -246,9 +266,16 @@ void CudaCachingAllocator::release_cached_locked() {
   free_.clear();
 }
 
+void CudaCachingAllocator::system_free_locked(const Block& b) {
+  DeviceGuard guard(Device::cuda(device_));
+  FSDP_CALL(cudaFree(b.ptr));
+  stats_.reserved -= b.size;
+}
+
 #else  // CPU-only build: the constructor already refused.
 
 void* CudaCachingAllocator::system_alloc_locked(size_t) { return nullptr; }
+void CudaCachingAllocator::system_free_locked(const Block&) {}
 void CudaCachingAllocator::collect_pending_locked() {}
 void* CudaCachingAllocator::allocate(size_t, const Stream&) { return nullptr; }
 void CudaCachingAllocator::deallocate(void*) {}
@@ -271,6 +298,142 @@ void CudaCachingAllocator::reset_peak() {
 void CudaCachingAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
   release_cached_locked();
+}
+
+// ---------------------------------------------------------------- private pools
+
+void* CudaCachingAllocator::pool_allocate_locked(size_t size, const Stream& stream) {
+  PrivatePool& pool = pools_.at(active_pool_);
+  auto it = pool.free.find({stream.cuda_stream(), size});
+  FSDP_CHECK(it != pool.free.end() && !it->second.empty(), InternalError,
+             "CUDA graph capture: the graph's private memory pool has no free block of ",
+             mib(size), " for this stream: the captured work allocates more than the traced "
+             "eager run of the same work did (is it not the same work every time?)");
+  Block b = std::move(it->second.back());
+  it->second.pop_back();
+  pool.live++;
+  live_[b.ptr] = b;
+  note_alloc(stats_, size);
+  return b.ptr;
+}
+
+void CudaCachingAllocator::pool_free_locked(Block b) {
+  const int id = b.pool;
+  PrivatePool& pool = pools_.at(id);
+  pool.live--;
+  if (pool.destroyed) {
+    system_free_locked(b);
+    if (pool.live == 0) pools_.erase(id);
+    return;
+  }
+  if (!b.other_streams.empty()) {
+    // Other streams may still use it: reusable only from end_pool_use() on.
+    pool.held.push_back(std::move(b));
+    return;
+  }
+  pool.free[{b.stream, b.size}].push_back(std::move(b));
+}
+
+void CudaCachingAllocator::begin_trace() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FSDP_CHECK(!tracing_, InternalError, "allocator: begin_trace() while a trace is in progress");
+  tracing_ = true;
+  trace_thread_ = std::this_thread::get_id();
+  trace_live_.clear();
+  trace_peak_.clear();
+  traced_.clear();
+}
+
+std::vector<CudaCachingAllocator::PoolDemand> CudaCachingAllocator::end_trace() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FSDP_CHECK(tracing_, InternalError, "allocator: end_trace() without begin_trace()");
+  std::vector<PoolDemand> demand;
+  for (const auto& [key, peak] : trace_peak_)
+    if (peak > 0) demand.push_back(PoolDemand{key.first, key.second, peak});
+  tracing_ = false;
+  trace_live_.clear();
+  trace_peak_.clear();
+  traced_.clear();
+  return demand;
+}
+
+int CudaCachingAllocator::create_pool(const std::vector<PoolDemand>& demand) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FSDP_CHECK(active_pool_ == 0, InternalError, "allocator: create_pool() while a pool is in use");
+  const int id = next_pool_++;
+  PrivatePool& pool = pools_[id];
+  try {
+    for (const PoolDemand& d : demand) {
+      for (int64_t i = 0; i < d.blocks; ++i) {
+        // The shared cache's free blocks of this stream and size first: after a traced eager
+        // run they are the very blocks that run used, so the pool costs no new memory.
+        Block b;
+        auto it = free_.find({d.stream, d.size});
+        if (it != free_.end() && !it->second.empty()) {
+          void* p = it->second.back();
+          it->second.pop_back();
+          b = cached_.at(p);
+          cached_.erase(p);
+        } else {
+          b.ptr = system_alloc_locked(d.size);
+          b.size = d.size;
+          b.stream = d.stream;
+        }
+        b.pool = id;
+        pool.free[{d.stream, d.size}].push_back(std::move(b));
+      }
+    }
+  } catch (...) {
+    for (auto& [key, blocks] : pool.free)
+      for (const Block& b : blocks) system_free_locked(b);
+    pools_.erase(id);
+    throw;
+  }
+  return id;
+}
+
+void CudaCachingAllocator::begin_pool_use(int pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  FSDP_CHECK(it != pools_.end() && !it->second.destroyed, InternalError, "allocator: pool ", pool,
+             " does not exist");
+  FSDP_CHECK(active_pool_ == 0, InternalError, "allocator: pool ", active_pool_,
+             " is already in use");
+  active_pool_ = pool;
+  pool_thread_ = std::this_thread::get_id();
+}
+
+void CudaCachingAllocator::end_pool_use() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (active_pool_ == 0) return;
+  PrivatePool& pool = pools_.at(active_pool_);
+  for (Block& b : pool.held) {
+    b.other_streams.clear();
+    pool.free[{b.stream, b.size}].push_back(std::move(b));
+  }
+  pool.held.clear();
+  active_pool_ = 0;
+}
+
+int64_t CudaCachingAllocator::pool_live_blocks(int pool) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  return it == pools_.end() ? 0 : it->second.live;
+}
+
+void CudaCachingAllocator::destroy_pool(int pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  if (active_pool_ == pool) active_pool_ = 0;
+  PrivatePool& p = it->second;
+  for (auto& [key, blocks] : p.free)
+    for (const Block& b : blocks) system_free_locked(b);
+  for (const Block& b : p.held) system_free_locked(b);
+  p.free.clear();
+  p.held.clear();
+  p.destroyed = true;
+  if (p.live == 0) pools_.erase(it);
 }
 
 }  // namespace fsdp

@@ -9,6 +9,10 @@
 //   that allocates the same sizes every iteration stops calling cudaMalloc after the first.
 //   A block also used on another stream (record_stream) is reused only after events
 //   recorded on those streams at free time have completed.
+//   Private pools serve CUDA graph capture (runtime/train/cuda_graph.h): memory a captured
+//   graph uses must keep its addresses for as long as the graph may be replayed, so it comes
+//   from blocks reserved for that graph before capture (never cudaMalloc while capturing),
+//   and every such block, whenever it is freed, goes back to its pool only.
 //
 // Every allocator reports bytes in use, the peak in use, and bytes reserved from the system.
 #pragma once
@@ -18,7 +22,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "runtime/core/device.h"
@@ -108,6 +114,34 @@ class CudaCachingAllocator : public Allocator {
   void reset_peak() override;
   void release_cached() override;
 
+  // ---- private pools (CUDA graphs)
+  // How many blocks of one size class, for one stream, a region of work held at once.
+  struct PoolDemand {
+    CUstream_st* stream = nullptr;
+    size_t size = 0;  // a size class
+    int64_t blocks = 0;
+  };
+  // Counts, until end_trace(), the blocks that allocations made by the calling thread hold
+  // at once, per (stream, size class): what a private pool needs to serve the same work
+  // again. A block freed while other streams still used it stays counted (a pool does not
+  // reuse such a block before end_pool_use()). One trace at a time.
+  void begin_trace();
+  std::vector<PoolDemand> end_trace();
+  // A new private pool holding `demand`: cached free blocks first, cudaMalloc for the rest
+  // (call it outside capture). Returns its id (> 0).
+  int create_pool(const std::vector<PoolDemand>& demand);
+  // Until end_pool_use(), every allocation by the calling thread is served from `pool`'s
+  // free blocks of the same stream and size class, never from the system or the shared
+  // cache; none left is an InternalError (the work differs from what was traced). Blocks
+  // freed meanwhile are reused for later allocations of the same stream (stream order makes
+  // that safe), except those also used on other streams, which wait for end_pool_use().
+  void begin_pool_use(int pool);
+  void end_pool_use();
+  // The pool's blocks handed out and not freed (what escaped the work that used the pool).
+  int64_t pool_live_blocks(int pool) const;
+  // The pool's owner is gone: its free blocks return to the system now, its live ones when
+  // they are freed.
+  void destroy_pool(int pool);
 
  private:
   struct Block {
@@ -116,10 +150,20 @@ class CudaCachingAllocator : public Allocator {
     CUstream_st* stream = nullptr;            // the stream it was allocated for
     std::vector<Stream> other_streams;        // streams that also used it
     std::vector<Event> pending;               // events to wait for before reuse
+    int pool = 0;                             // the private pool it belongs to (0: none)
+  };
+  struct PrivatePool {
+    std::map<std::pair<CUstream_st*, size_t>, std::vector<Block>> free;
+    std::vector<Block> held;  // freed during use while other streams used them
+    int64_t live = 0;         // blocks handed out
+    bool destroyed = false;
   };
   void* system_alloc_locked(size_t size);
   void collect_pending_locked();
   void release_cached_locked();
+  void* pool_allocate_locked(size_t size, const Stream& stream);
+  void pool_free_locked(Block b);
+  void system_free_locked(const Block& b);
 
   int device_;
   mutable std::mutex mu_;
@@ -129,6 +173,16 @@ class CudaCachingAllocator : public Allocator {
   std::map<std::pair<CUstream_st*, size_t>, std::vector<void*>> free_;
   std::unordered_map<void*, Block> cached_;   // free blocks, by pointer
   std::vector<Block> pending_free_;           // freed, waiting on other streams' events
+  // Private pools by id, the one in use (0: none) and the thread using it.
+  std::map<int, PrivatePool> pools_;
+  int next_pool_ = 1;
+  int active_pool_ = 0;
+  std::thread::id pool_thread_;
+  // The trace in progress (begin_trace): its thread, live and peak counts per (stream, size).
+  bool tracing_ = false;
+  std::thread::id trace_thread_;
+  std::map<std::pair<CUstream_st*, size_t>, int64_t> trace_live_, trace_peak_;
+  std::unordered_set<void*> traced_;  // live blocks allocated during the trace
 };
 
 }  // namespace fsdp

@@ -434,6 +434,10 @@ void Recipe::resolve_device(bool cuda_available) {
   if (dist.device == "auto") dist.device = cuda_available ? "cuda" : "cpu";
   FSDP_CHECK(dist.device != "cuda" || cuda_available, ConfigError,
              "'dist.device' is \"cuda\" but no CUDA device is available (use \"cpu\" or \"auto\")");
+  FSDP_CHECK(!train.cuda_graphs || dist.device == "cuda", ConfigError,
+             "'train.cuda_graphs' is true but 'dist.device' is \"", dist.device, "\"",
+             cuda_available ? "" : " (no CUDA device is visible)",
+             ": CUDA graphs need a GPU (set train.cuda_graphs=false)");
   MixedPrecisionSection& mp = mixed_precision;
   if (mp.compute_dtype == "auto") mp.compute_dtype = dist.device == "cuda" ? "bf16" : "f32";
   if (mp.grad_reduce_dtype == "auto") {

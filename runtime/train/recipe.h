@@ -56,6 +56,7 @@ struct TrainSection {
   int64_t global_batch_size = 0;     // sequences per optimizer step; 0 = micro_batch_size × dp
   int64_t eval_interval = 0;         // 0 = never
   int64_t eval_iters = 0;
+  bool cuda_graphs = false;          // replay each micro-batch's forward+backward as a CUDA graph
 };
 
 struct OptimizerSection {

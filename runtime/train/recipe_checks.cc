@@ -64,6 +64,21 @@ void check_precision(const Recipe& r) {
              r.ddp.data_parallel_sharding_strategy, "\"");
 }
 
+// train.cuda_graphs: what can be told from the recipe alone (runtime/train/cuda_graph.h
+// checks the rest once the world is known).
+void check_cuda_graphs(const Recipe& r) {
+  if (!r.train.cuda_graphs) return;
+  FSDP_CHECK(r.dist.device != "cpu", ConfigError,
+             "'train.cuda_graphs' is true but 'dist.device' is \"cpu\": CUDA graphs need a GPU "
+             "(set train.cuda_graphs=false)");
+  FSDP_CHECK(r.ddp.data_parallel_sharding_strategy == "no_shard", ConfigError,
+             "'train.cuda_graphs' supports 'ddp.data_parallel_sharding_strategy' \"no_shard\" "
+             "only, not \"", r.ddp.data_parallel_sharding_strategy,
+             "\": the other strategies gather weights or reduce gradients inside each "
+             "micro-batch's forward/backward, on side streams ordered by host-side events that a "
+             "graph replay would skip");
+}
+
 void check_paths(const Recipe& r) {
   FSDP_CHECK(!r.dataset.train_path.empty(), ConfigError, "'dataset.train_path' is empty");
   FSDP_CHECK(!r.run.output_dir.empty(), ConfigError, "'run.output_dir' is empty");
@@ -82,6 +97,7 @@ void check_consistency(const Recipe& r) {
   check_batches(r.train);
   check_schedule(r);
   check_precision(r);
+  check_cuda_graphs(r);
   FSDP_CHECK(r.dist.dp_shard == -1 || r.dist.dp_shard >= 1, ConfigError,
              "'dist.dp_shard' must be -1 (fill the world) or >= 1, got ", r.dist.dp_shard);
   check_paths(r);

@@ -75,6 +75,17 @@ std::vector<FieldSpec> build_schema() {
           "Steps between validation runs; 0 = never."),
       KEY(train.eval_iters).default_to(10).at_least(0).help_text(
           "Global batches of validation data per evaluation (the same samples for any number of ranks)."),
+      KEY(train.cuda_graphs).default_to(false).help_text(
+          "Capture one micro-batch's forward and backward as a CUDA graph (after one eager "
+          "warm-up micro-batch) and replay it for later micro-batches: one launch instead of "
+          "hundreds, for small micro-batches where the host issuing kernels limits the step. "
+          "Needs dist.device cuda and ddp.data_parallel_sharding_strategy no_shard (the other "
+          "strategies gather weights or reduce-scatter gradients inside forward/backward, with "
+          "host-side event bookkeeping a replay would skip). On one data-parallel rank every "
+          "micro-batch is replayed; on several, the last micro-batch of each step runs eagerly "
+          "(its backward all-reduces the gradients), so it needs train.global_batch_size >= 2 * "
+          "micro_batch_size * data-parallel size. The graph keeps one micro-batch's activation "
+          "memory reserved for the whole run."),
 
       // optimizer
       KEY(optimizer.optimizer).one_of({"adamw", "sgd"}).default_to("adamw").help_text(

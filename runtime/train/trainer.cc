@@ -18,6 +18,7 @@
 #include "runtime/data/tokenizer.h"
 #include "runtime/fsdp/memory.h"
 #include "runtime/train/checkpointing.h"
+#include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/plot.h"
@@ -85,6 +86,9 @@ struct Trainer::State {
     return optimizer_host_s;
   }
   double flops_per_token = 0;
+  // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
+  // replay (null when off). Declared last: destroyed before the model and the context.
+  std::unique_ptr<MicroBatchGraph> graphs;
 
   void setup();
   void print(const std::string& line) const {
@@ -140,6 +144,10 @@ void Trainer::State::setup() {
   (void)model_config_of(recipe);
   (void)fsdp_options_of(recipe);
   (void)optimizer_config_of(recipe);
+  const int planned_dp = recipe.dist.dp_outer * recipe.dist.dp_shard;
+  const CudaGraphPlan graph_plan =
+      CudaGraphPlan::of(recipe, planned_dp, recipe.grad_accum_steps(planned_dp),
+                        planned_dp > 1 && !options.skip_collectives);
   WorldOptions wo;
   wo.backend = recipe.dist.device == "cuda" ? Backend::Nccl : Backend::Mpi;
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
@@ -191,6 +199,11 @@ void Trainer::State::setup() {
       return opt->range_ready(last - 1, block, ready);
     });
   }
+  if (graph_plan.enabled()) {
+    FSDP_ASSERT(dp_size == planned_dp, "data-parallel size ", dp_size, " differs from the planned ", planned_dp);
+    // The compute stream waits for the reduce stream (no_shard: gradient accumulation there).
+    graphs = std::make_unique<MicroBatchGraph>(*ctx, graph_plan, [this] { sharded->finish_grad_sync(); });
+  }
   schedule = LrSchedule::from_recipe(recipe);
 
   // Data: this rank's part of every global batch.
@@ -227,6 +240,10 @@ void Trainer::State::setup() {
                 " x ", T, " tokens (", accum, " micro-batches of ", B, " per rank, ", dp_size,
                 " data-parallel ranks), ", strategy_name(strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
+  if (graphs)
+    print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
+                  "replayed for ", graphs->plan().graphs_last() ? "every later micro-batch"
+                                                                : "the micro-batches before each step's last"));
   const MemoryBreakdown mem = sharded->memory();
   const size_t opt_bytes = optimizer->state_bytes();
   const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
@@ -280,15 +297,21 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
     train_data->next(x.data(), y.data());
     Tensor idx = upload_tokens(size_t(2 * m), x, B, T);
     Tensor tgt = upload_tokens(size_t(2 * m + 1), y, B, T);
-    autograd::Graph g(*ctx);
-    Tensor loss;
-    {
-      NvtxRange r("forward");
-      loss = model->forward(g, idx, tgt, B * T);
-    }
+    // One micro-batch's forward and backward; with train.cuda_graphs it is captured once and
+    // replayed (the autograd graph lives inside, so nothing it holds escapes but the loss).
+    auto body = [&](const Tensor& tokens, const Tensor& targets) {
+      autograd::Graph g(*ctx);
+      Tensor loss;
+      {
+        NvtxRange r("forward");
+        loss = model->forward(g, tokens, targets, B * T);
+      }
+      NvtxRange r("backward");
+      g.backward(loss);
+      return loss;
+    };
+    const Tensor loss = graphs ? graphs->run(m == accum - 1, idx, tgt, body) : body(idx, tgt);
     ops::axpby(*ctx, loss_sum, 1.0, loss, 1.0);
-    NvtxRange r("backward");
-    g.backward(loss);
   }
   micro_batches_end.record(ctx->stream());
   queue_host_s = seconds_since(t_issue);
@@ -432,6 +455,7 @@ TrainResult Trainer::run_steps() {
   }
 
   result.steps = s.step;
+  result.cuda_graph_replays = s.graphs ? s.graphs->replays() : 0;
   if (s.options.profile_timed_steps && timed_steps > 0) profiler_capture(false);
   if (timed_steps > 0) {
     result.step_time_s = timed_seconds / double(timed_steps);

@@ -81,6 +81,8 @@ struct TrainResult {
   // Device allocations per timed step, and how many of them needed new memory from the
   // system (cudaMalloc can wait for the device, stalling the host that queues the work).
   double allocs_per_step = 0, system_allocs_per_step = 0;
+  // Micro-batches run as CUDA graph launches (train.cuda_graphs) since the Trainer started.
+  int64_t cuda_graph_replays = 0;
   double tflops_per_device = 0;      // model FLOP/s per device (GPU runs)
   double mfu = 0;                    // model FLOPs utilization (GPU runs)
   int64_t peak_allocated_bytes = 0;  // this rank's device allocator peaks

@@ -166,6 +166,9 @@ int run_train_bench(const std::vector<std::string>& args) {
                 r.forward_backward_s * 1e3, r.queue_time_s * 1e3);
     std::printf("  allocations      %.0f per step, %.1f of them new memory from the system\n",
                 r.allocs_per_step, r.system_allocs_per_step);
+    if (recipe.train.cuda_graphs)
+      std::printf("  cuda graphs      %lld micro-batches replayed in the run (warm-up included)\n",
+                  (long long)r.cuda_graph_replays);
     // Device time of this rank's collectives per step, from the moment each one's stream
     // reached it until it ended (waiting for the peers included), and the bus bandwidth
     // that time implies ((n-1)/n of the buffer for gathers and scatters, 2(n-1)/n for

@@ -13,16 +13,6 @@
 #include "runtime/nn/op_support.h"
 
 namespace fsdp::nn {
-namespace {
-
-int64_t count_valid(Context& ctx, const Tensor& targets) {
-  int64_t n = 0;
-  for (int32_t t : ops::to_vector<int32_t>(ctx, targets)) n += t != -1;
-  return n;
-}
-
-}  // namespace
-
 Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tensor& targets,
                        int64_t vocab_size, int64_t n_valid, int64_t chunk_rows) {
   Context& ctx = g.ctx();
@@ -43,7 +33,7 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
   const Tensor x2 = detail::rows(ctx, x, c);  // (N, C)
   const int64_t n = x2.size(0);
   const Tensor tgt = ops::contiguous(ctx, targets).view(Shape{n});  // (N)
-  if (n_valid < 0) n_valid = count_valid(ctx, tgt);
+  if (n_valid < 0) n_valid = detail::count_valid_targets(ctx, tgt);
   FSDP_CHECK(n_valid <= n, ValueError, "classifier_loss: n_valid = ", n_valid,
              " valid targets among ", n, " rows");
   // The mean over valid targets (0 when every target is ignored): each row's loss enters

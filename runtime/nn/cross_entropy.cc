@@ -6,16 +6,6 @@
 #include "runtime/nn/op_support.h"
 
 namespace fsdp::nn {
-namespace {
-
-int64_t count_valid_targets(Context& ctx, const Tensor& targets) {
-  int64_t n = 0;
-  for (int32_t t : ops::to_vector<int32_t>(ctx, targets)) n += t != -1;
-  return n;
-}
-
-}  // namespace
-
 Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int64_t vocab_size,
                      int64_t n_valid) {
   Context& ctx = g.ctx();
@@ -30,7 +20,7 @@ Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int6
   const Tensor logits2 = detail::rows(ctx, logits, vp);  // (N, Vp)
   const int64_t n = logits2.size(0);
   const Tensor tgt = ops::contiguous(ctx, targets).view(Shape{n});  // (N)
-  if (n_valid < 0) n_valid = count_valid_targets(ctx, tgt);
+  if (n_valid < 0) n_valid = detail::count_valid_targets(ctx, tgt);
   FSDP_CHECK(n_valid <= n, ValueError, "cross_entropy: ", n_valid, " valid targets among ", n,
              " rows");
   const DType sd = stat_dtype(logits.dtype());

@@ -18,6 +18,14 @@ inline Tensor rows(Context& ctx, const Tensor& t, int64_t cols) {
   return c.view(Shape{c.numel() / cols, cols});
 }
 
+// How many of the i32 targets are not ignored (-1): the losses' mean divides by it. Reads
+// the targets back to the host (callers that know it pass n_valid instead).
+inline int64_t count_valid_targets(Context& ctx, const Tensor& targets) {
+  int64_t n = 0;
+  for (int32_t t : ops::to_vector<int32_t>(ctx, targets)) n += t != -1;
+  return n;
+}
+
 // `shape` with its last dimension replaced by `last`.
 inline Shape with_last(const Shape& shape, int64_t last) {
   std::vector<int64_t> dims = shape.dims();

@@ -27,6 +27,7 @@
 #  13. two GPUs, NCCL user-buffer registration (ddp.nccl_ub): all-gather and reduce-scatter
 #      1M-256M unregistered / symmetric windows, GPT-2 124M ZeRO-1 and ZeRO-3 and GPT 1.3B
 #      ZeRO-3 (with the compute baseline) without and with it
+#  14. two GPUs, bucket size: GPT-2 124M at ZeRO-3 with 1, 2 and 4 blocks per unit
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -269,6 +270,16 @@ for ub in false true; do
   timeout 180 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
     --compute-baseline train.global_batch_size=32 ddp.nccl_ub=$ub > "$L/bench_1.3b_ub$ub.txt" 2>&1
   say "1.3b nccl_ub=$ub rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|compute|exposed|all-gathers|reduce-scatters" "$L/bench_1.3b_ub$ub.txt"
+done; pack
+fi
+if want 14; then
+# 14. Blocks per FSDP unit (the bucket of each all-gather and reduce-scatter), two GPUs
+for k in 1 2 4; do
+  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 4 --warmup 2 \
+    ddp.data_parallel_sharding_strategy=optim_grads_params ddp.blocks_per_unit=$k \
+    > "$L/bench_gpt2_z3_units$k.txt" 2>&1
+  say "gpt2 2 gpus zero3 blocks_per_unit=$k rc=$?"
+  grep -E "tokens/s total|MFU|peak alloc|all-gathers|reduce-scatters" "$L/bench_gpt2_z3_units$k.txt"
 done; pack
 fi
 rm -rf "$work"

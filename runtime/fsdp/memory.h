@@ -15,11 +15,20 @@
 
 namespace fsdp {
 
-// The units of `model` as fully_shard() forms them: one per module of kind `unit_kind` in
-// forward order (named by module), then "root" with every other parameter (a parameter shared
-// by several modules appears once, in the root).
+// The modules of kind `unit_kind` in forward order, grouped `per_unit` consecutive ones at a
+// time (the last group may be shorter): each group is one unit, its collectives one bucket.
+std::vector<std::vector<nn::Module*>> unit_module_groups(nn::Module& model,
+                                                         const std::string& unit_kind,
+                                                         int per_unit = 1);
+// A group's unit name: the module's name, or "first..last" for several.
+std::string unit_group_name(const std::vector<nn::Module*>& group);
+
+// The units of `model` as fully_shard() forms them: one per group of `per_unit` modules of
+// kind `unit_kind` in forward order (named by unit_group_name), then "root" with every other
+// parameter (a parameter shared by several modules appears once, in the root).
 std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
-                                                                       const std::string& unit_kind);
+                                                                       const std::string& unit_kind,
+                                                                       int per_unit = 1);
 
 // The persistent buffers of a sharded model, one arena per class (see sharded_model.h's
 // table); offsets[u] is unit u's buffer, -1 when it has none in that class.

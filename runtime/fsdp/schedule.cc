@@ -24,17 +24,28 @@ Event mark(const Stream& stream) {
 // ---------------------------------------------------------------- hooks
 
 void ShardedModel::attach_hooks() {
+  // A unit of several blocks is gathered before its first block's forward and released after
+  // its last's; in backward, gathered (and given fresh gradient buffers) before its last
+  // block's backward, reduced after its first's. Every block's forward, recomputed in
+  // backward included, waits for the gather.
   for (auto& up : units_) {
     const int u = up->index;
-    nn::Module* m = up->module;
-    hooks_.emplace_back(m, m->add_hook(nn::HookPoint::PreForward,
-                                       [this, u](nn::Module&, autograd::Graph& g) { on_pre_forward(u, g); }));
-    hooks_.emplace_back(m, m->add_hook(nn::HookPoint::PostForward,
-                                       [this, u](nn::Module&, autograd::Graph& g) { on_post_forward(u, g); }));
-    hooks_.emplace_back(m, m->add_hook(nn::HookPoint::PreBackward,
-                                       [this, u](nn::Module&, autograd::Graph& g) { on_pre_backward(u, g); }));
-    hooks_.emplace_back(m, m->add_hook(nn::HookPoint::PostBackward,
-                                       [this, u](nn::Module&, autograd::Graph& g) { on_post_backward(u, g); }));
+    nn::Module* first = up->modules.front();
+    nn::Module* last = up->modules.back();
+    for (nn::Module* m : up->modules) {
+      const bool is_first = m == first;
+      hooks_.emplace_back(m, m->add_hook(nn::HookPoint::PreForward,
+                                         [this, u, is_first](nn::Module&, autograd::Graph& g) {
+                                           if (is_first || g.recomputing()) on_pre_forward(u, g);
+                                           else wait_gathered(u);
+                                         }));
+    }
+    hooks_.emplace_back(last, last->add_hook(nn::HookPoint::PostForward,
+                                             [this, u](nn::Module&, autograd::Graph& g) { on_post_forward(u, g); }));
+    hooks_.emplace_back(last, last->add_hook(nn::HookPoint::PreBackward,
+                                             [this, u](nn::Module&, autograd::Graph& g) { on_pre_backward(u, g); }));
+    hooks_.emplace_back(first, first->add_hook(nn::HookPoint::PostBackward,
+                                               [this, u](nn::Module&, autograd::Graph& g) { on_post_backward(u, g); }));
   }
 }
 

@@ -88,18 +88,17 @@ DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrate
 // ---------------------------------------------------------------- plan
 
 void ShardedModel::build_plan() {
-  const auto specs = unit_specs(model_, options_.unit_kind);
+  const auto specs = unit_specs(model_, options_.unit_kind, options_.blocks_per_unit);
+  const auto groups = unit_module_groups(model_, options_.unit_kind, options_.blocks_per_unit);
   // Units in the order of the specs: the blocks in forward order, then the root.
   std::map<std::string, nn::Parameter*> by_name;
   for (nn::Parameter* p : model_.named_parameters()) by_name[p->name()] = p;
-  std::map<std::string, nn::Module*> modules;
-  for (nn::Module* m : model_.modules_of_kind(options_.unit_kind)) modules[m->name()] = m;
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string& uname = specs[i].first;
     auto u = std::make_unique<Unit>();
     u->name = uname;
     const bool root = i + 1 == specs.size();
-    u->module = root ? &model_ : modules.at(uname);
+    u->modules = root ? std::vector<nn::Module*>{&model_} : groups.at(i);
     if (root)
       root_ = int(units_.size());
     else

@@ -70,6 +70,10 @@ struct FsdpOptions {
   int prefetch_units = 1;                          // all-gathers issued ahead of use
   int64_t max_inflight_reduce_bytes = 256 << 20;  // full-gradient buffers awaiting reduction
   std::string unit_kind = "block";
+  // Consecutive blocks per unit: a unit's weights are gathered and its gradients reduced as
+  // one collective each (the bucket), so more blocks per unit means fewer, larger messages
+  // and more memory held gathered.
+  int blocks_per_unit = 1;
   int64_t shard_block = 4096;  // shard granularity in elements (see plan.h)
   uint64_t seed = 1234;        // parameter initialization
   // Side streams (CUDA) for all-gathers and for reductions; false: that kind of collective

@@ -15,7 +15,7 @@ namespace fsdp {
 struct ShardedModel::Unit {
   int index = 0;
   std::string name;
-  nn::Module* module = nullptr;          // the block, or the whole model for the root
+  std::vector<nn::Module*> modules;      // the unit's blocks in forward order, or the model
   const UnitPlan* plan = nullptr;
   std::vector<nn::Parameter*> params;    // aligned with plan->params
 

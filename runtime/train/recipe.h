@@ -96,6 +96,7 @@ struct DdpSection {
   int prefetch_units = 0;
   double max_inflight_reduce_mb = 0;
   std::string unit;                  // "block"
+  int blocks_per_unit = 1;           // consecutive blocks in one unit (one collective each)
   bool nccl_ub = false;              // NCCL user-buffer registration (CUDA)
   std::string nccl_ub_registration;  // "symmetric" | "local"
 };

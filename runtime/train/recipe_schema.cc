@@ -158,6 +158,10 @@ std::vector<FieldSpec> build_schema() {
           "Full-gradient buffers awaiting reduction, in MB (2 to 8 unit-sized buffers)."),
       KEY(ddp.unit).one_of({"block"}).default_to("block").help_text(
           "Granularity of sharding units: one transformer block each (plus the root unit)."),
+      KEY(ddp.blocks_per_unit).default_to(1).at_least(1).help_text(
+          "Consecutive blocks per sharding unit (the bucket): each unit's weights are gathered "
+          "and its gradients reduced in one collective, so more blocks per unit means fewer, "
+          "larger messages and more memory held gathered."),
       KEY(ddp.nccl_ub).default_to(false).help_text(
           "NCCL user-buffer registration (Megatron-FSDP's nccl_ub; CUDA only, ignored on the "
           "CPU): the shard group's all-gather and reduce-scatter buffers are allocated with "

@@ -182,6 +182,23 @@ void CudaCachingAllocator::collect_pending_locked() {
   }
 }
 
+CudaCachingAllocator::Block CudaCachingAllocator::cached_or_new_locked(CUstream_st* stream,
+                                                                       size_t size) {
+  auto it = free_.find({stream, size});
+  if (it != free_.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    Block b = std::move(cached_.at(p));
+    cached_.erase(p);
+    return b;
+  }
+  Block b;
+  b.ptr = system_alloc_locked(size);
+  b.size = size;
+  b.stream = stream;
+  return b;
+}
+
 void* CudaCachingAllocator::allocate(size_t bytes, const Stream& stream) {
   FSDP_CHECK(bytes > 0, ValueError, "CUDA allocator: zero-byte allocation");
   FSDP_CHECK(stream.device() == device(), DeviceError, "allocation on ", device().str(),
@@ -191,18 +208,7 @@ void* CudaCachingAllocator::allocate(size_t bytes, const Stream& stream) {
   if (active_pool_ != 0 && std::this_thread::get_id() == pool_thread_)
     return pool_allocate_locked(size, stream);
   if (!pending_free_.empty()) collect_pending_locked();
-  Block b;
-  auto it = free_.find({stream.cuda_stream(), size});
-  if (it != free_.end() && !it->second.empty()) {
-    void* p = it->second.back();
-    it->second.pop_back();
-    b = cached_.at(p);
-    cached_.erase(p);
-  } else {
-    b.ptr = system_alloc_locked(size);
-    b.size = size;
-    b.stream = stream.cuda_stream();
-  }
+  Block b = cached_or_new_locked(stream.cuda_stream(), size);
   live_[b.ptr] = b;
   note_alloc(stats_, size);
   if (tracing_ && std::this_thread::get_id() == trace_thread_) {
@@ -367,18 +373,7 @@ int CudaCachingAllocator::create_pool(const std::vector<PoolDemand>& demand) {
       for (int64_t i = 0; i < d.blocks; ++i) {
         // The shared cache's free blocks of this stream and size first: after a traced eager
         // run they are the very blocks that run used, so the pool costs no new memory.
-        Block b;
-        auto it = free_.find({d.stream, d.size});
-        if (it != free_.end() && !it->second.empty()) {
-          void* p = it->second.back();
-          it->second.pop_back();
-          b = cached_.at(p);
-          cached_.erase(p);
-        } else {
-          b.ptr = system_alloc_locked(d.size);
-          b.size = d.size;
-          b.stream = d.stream;
-        }
+        Block b = cached_or_new_locked(d.stream, d.size);
         b.pool = id;
         pool.free[{d.stream, d.size}].push_back(std::move(b));
       }

@@ -159,6 +159,8 @@ class CudaCachingAllocator : public Allocator {
     bool destroyed = false;
   };
   void* system_alloc_locked(size_t size);
+  // A cached free block of this stream and size class, or a new one from the system.
+  Block cached_or_new_locked(CUstream_st* stream, size_t size);
   void collect_pending_locked();
   void release_cached_locked();
   void* pool_allocate_locked(size_t size, const Stream& stream);

@@ -179,44 +179,44 @@ Tensor rms_norm(Graph& g, const Tensor& x, Parameter& weight, double eps) {
   return record_norm(g, x, x2, out, Tensor(), rstd, weight, nullptr);
 }
 
-AddNorm add_layer_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
-                       Parameter& bias, double eps) {
+namespace {
+
+// x + residual and its norm (bias null: RMSNorm) in one forward kernel; the backward is the
+// add's and the norm's nodes.
+AddNorm add_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
+                 Parameter* bias, double eps, const char* op) {
   Context& ctx = g.ctx();
-  check_same_shape(x, residual, "add_layer_norm");
-  const int64_t c = check_norm_input(x, weight, "add_layer_norm");
+  check_same_shape(x, residual, op);
+  const int64_t c = check_norm_input(x, weight, op);
   const Tensor x2 = rows(ctx, x, c), r2 = rows(ctx, residual, c);  // (N, C)
   const int64_t n = x2.size(0);
   const Tensor sum = ctx.empty(x.shape(), x.dtype());
   const Tensor out = ctx.empty(x.shape(), weight.data.dtype());
-  const Tensor mean = stats(ctx, weight, n), rstd = stats(ctx, weight, n);
-  const Tensor sum2 = sum.view(Shape{n, c});
-  ops::add_layernorm_forward(ctx, sum2, out.view(Shape{n, c}), mean, rstd, x2, r2, weight.data,
-                             bias.checked_data(), eps);
+  const Tensor mean = bias ? stats(ctx, weight, n) : Tensor(), rstd = stats(ctx, weight, n);
+  const Tensor sum2 = sum.view(Shape{n, c}), out2 = out.view(Shape{n, c});
+  if (bias)
+    ops::add_layernorm_forward(ctx, sum2, out2, mean, rstd, x2, r2, weight.data,
+                               bias->checked_data(), eps);
+  else
+    ops::add_rmsnorm_forward(ctx, sum2, out2, rstd, x2, r2, weight.data, eps);
   if (!g.should_record({&x, &residual}, true)) return {sum, out};
-  // The same two nodes as add() then layer_norm(): only the forward is fused.
+  // The same two nodes as add() then the norm: only the forward is fused.
   const Tensor tracked = g.should_record({&x, &residual}, false) ? record_add(g, sum, x, residual)
                                                                  : sum;
   return {tracked, record_norm(g, tracked, tracked.view(Shape{n, c}), out, mean, rstd, weight,
-                               &bias)};
+                               bias)};
+}
+
+}  // namespace
+
+AddNorm add_layer_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
+                       Parameter& bias, double eps) {
+  return add_norm(g, x, residual, weight, &bias, eps, "add_layer_norm");
 }
 
 AddNorm add_rms_norm(Graph& g, const Tensor& x, const Tensor& residual, Parameter& weight,
                      double eps) {
-  Context& ctx = g.ctx();
-  check_same_shape(x, residual, "add_rms_norm");
-  const int64_t c = check_norm_input(x, weight, "add_rms_norm");
-  const Tensor x2 = rows(ctx, x, c), r2 = rows(ctx, residual, c);  // (N, C)
-  const int64_t n = x2.size(0);
-  const Tensor sum = ctx.empty(x.shape(), x.dtype());
-  const Tensor out = ctx.empty(x.shape(), weight.data.dtype());
-  const Tensor rstd = stats(ctx, weight, n);
-  ops::add_rmsnorm_forward(ctx, sum.view(Shape{n, c}), out.view(Shape{n, c}), rstd, x2, r2,
-                           weight.data, eps);
-  if (!g.should_record({&x, &residual}, true)) return {sum, out};
-  const Tensor tracked = g.should_record({&x, &residual}, false) ? record_add(g, sum, x, residual)
-                                                                 : sum;
-  return {tracked, record_norm(g, tracked, tracked.view(Shape{n, c}), out, Tensor(), rstd, weight,
-                               nullptr)};
+  return add_norm(g, x, residual, weight, nullptr, eps, "add_rms_norm");
 }
 
 // ---------------------------------------------------------------- activations

@@ -168,13 +168,13 @@ TEST_CASE("the overlapped offload step equals the in-step one; ranges complete i
     p.step = s;
     a.step(in_step, m1, v1, 0.1, p);
     b.step(overlapped, m2, v2, 0.1, p);
-    // The next backward overwrites the gradients while the update may still run.
-    for (size_t i = 0; i < numel.size(); ++i) {
-      ops::fill(ctx, overlapped[i].grad, 100.0);
-      ops::copy(ctx, overlapped[i].grad, in_step[i].grad);  // the same next gradients
-    }
+    // The next backward overwrites the gradients while the update may still run: the
+    // update must read its snapshot, not these.
+    for (size_t i = 0; i < numel.size(); ++i) ops::fill(ctx, overlapped[i].grad, 100.0);
     for (size_t k : order) CHECK(b.range_ready(k, true, &ready));
     b.finish();
+    for (size_t i = 0; i < numel.size(); ++i)  // the next step's gradients, as in_step's
+      ops::copy(ctx, overlapped[i].grad, in_step[i].grad);
   }
   for (size_t i = 0; i < numel.size(); ++i) {
     INFO(in_step[i].name);

@@ -182,23 +182,6 @@ void CudaCachingAllocator::collect_pending_locked() {
   }
 }
 
-CudaCachingAllocator::Block CudaCachingAllocator::cached_or_new_locked(CUstream_st* stream,
-                                                                       size_t size) {
-  auto it = free_.find({stream, size});
-  if (it != free_.end() && !it->second.empty()) {
-    void* p = it->second.back();
-    it->second.pop_back();
-    Block b = std::move(cached_.at(p));
-    cached_.erase(p);
-    return b;
-  }
-  Block b;
-  b.ptr = system_alloc_locked(size);
-  b.size = size;
-  b.stream = stream;
-  return b;
-}
-
 void* CudaCachingAllocator::allocate(size_t bytes, const Stream& stream) {
   FSDP_CHECK(bytes > 0, ValueError, "CUDA allocator: zero-byte allocation");
   FSDP_CHECK(stream.device() == device(), DeviceError, "allocation on ", device().str(),
@@ -361,6 +344,24 @@ std::vector<CudaCachingAllocator::PoolDemand> CudaCachingAllocator::end_trace() 
   trace_peak_.clear();
   traced_.clear();
   return demand;
+}
+
+// (Both builds: system_alloc_locked is defined in each.)
+CudaCachingAllocator::Block CudaCachingAllocator::cached_or_new_locked(CUstream_st* stream,
+                                                                       size_t size) {
+  auto it = free_.find({stream, size});
+  if (it != free_.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    Block b = std::move(cached_.at(p));
+    cached_.erase(p);
+    return b;
+  }
+  Block b;
+  b.ptr = system_alloc_locked(size);
+  b.size = size;
+  b.stream = stream;
+  return b;
 }
 
 int CudaCachingAllocator::create_pool(const std::vector<PoolDemand>& demand) {

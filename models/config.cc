@@ -110,4 +110,21 @@ ModelConfig model_config(const std::string& name) {
              "' (known: gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-small)");
 }
 
+std::map<std::string, std::string> config_metadata(const ModelConfig& c) {
+  return {{"family", family_name(c.family)},
+          {"n_layer", std::to_string(c.n_layer)},
+          {"d_model", std::to_string(c.d_model)},
+          {"n_head", std::to_string(c.n_head)},
+          {"n_kv_head", std::to_string(c.n_kv_head)},
+          {"d_ff", std::to_string(c.d_ff)},
+          {"vocab_size", std::to_string(c.vocab_size)},
+          {"padded_vocab_size", std::to_string(c.padded_vocab_size)},
+          {"seq_len", std::to_string(c.seq_len)},
+          {"norm_eps", str_cat(c.norm_eps)},
+          {"rope_theta", str_cat(c.rope_theta)},
+          {"init_std", str_cat(c.init_std)},
+          {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
+          {"fp32_residual_connection", c.fp32_residual_connection ? "true" : "false"}};
+}
+
 }  // namespace fsdp::models

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace fsdp::models {
@@ -48,6 +49,10 @@ struct ModelConfig {
   int64_t head_dim() const { return d_model / n_head; }
   std::string str() const;  // one line, for logs
 };
+
+// The config as string key/values (family, n_layer, ..., fp32_residual_connection), the
+// metadata that weight files written for other programs carry (tools/parity reads it).
+std::map<std::string, std::string> config_metadata(const ModelConfig& c);
 
 // llm.c's GPT-2 sizes by depth: d12 (124M), d24 (350M), d36 (774M), d48 (1558M); vocabulary
 // 50257 padded to 50304, 1024 positions.

@@ -161,8 +161,7 @@ std::string CheckpointMetadata::to_json() const {
   j["version"] = version;
   j["step"] = step;
   j["progress"] = {{"consumed_samples", consumed_samples},
-                   {"consumed_tokens", consumed_tokens},
-                   {"data_position", data_position}};
+                   {"consumed_tokens", consumed_tokens}};
   j["rng"] = {{"kind", "counter-based"}, {"init_seed", init_seed}, {"data_seed", data_seed}};
   Json units_json = Json::array();
   for (const UnitRecord& u : units) {
@@ -221,7 +220,8 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
   const Json& progress = f.member(j, "", "progress");
   m.consumed_samples = f.count(f.member(progress, "progress", "consumed_samples"), "progress.consumed_samples");
   m.consumed_tokens = f.count(f.member(progress, "progress", "consumed_tokens"), "progress.consumed_tokens");
-  m.data_position = uint64_t(f.count(f.member(progress, "progress", "data_position"), "progress.data_position"));
+  // Checkpoints written before the position was counted in samples also hold
+  // "data_position" (global micro-batches); consumed_samples says the same in samples.
   const Json& rng = f.member(j, "", "rng");
   m.init_seed = uint64_t(f.integer(f.member(rng, "rng", "init_seed"), "rng.init_seed"));
   m.data_seed = uint64_t(f.integer(f.member(rng, "rng", "data_seed"), "rng.data_seed"));

@@ -20,12 +20,12 @@
 // of it, at which element offset of that file's unit tensors. A reader with any other
 // layout finds the elements it needs from the pieces alone. The plan's own layout (units,
 // offsets, shard size, strategy, world size) and its hash are recorded too, as are the
-// step, the consumed samples and tokens, the data-loader position, the seeds, the resolved
+// step, the consumed samples (the data loader's position) and tokens, the seeds, the resolved
 // recipe, and a SHA-256 of every file and of every tensor's bytes.
 //
 // JSON layout (version 1):
 //   {"format": "fsdp.cpp checkpoint", "version": 1, "step": 100,
-//    "progress": {"consumed_samples", "consumed_tokens", "data_position"},
+//    "progress": {"consumed_samples", "consumed_tokens"},
 //    "rng": {"kind": "counter-based", "init_seed", "data_seed"},
 //    "layout": {"strategy", "world_size", "shard_size", "replicas", "mesh", "plan_hash",
 //               "shard_block", "units": [{"name", "numel", "padded_numel", "shard_numel",
@@ -104,10 +104,10 @@ struct UnitRecord {
 struct CheckpointMetadata {
   int version = kFormatVersion;
   int64_t step = 0;
-  // Progress through the data.
+  // Progress through the data: consumed_samples is the data loader's position (global
+  // samples read by all ranks together), whatever the world and micro-batch sizes.
   int64_t consumed_samples = 0;
   int64_t consumed_tokens = 0;
-  uint64_t data_position = 0;  // DataLoader::position(): global micro-batches consumed
   // Random numbers are counter-based (keyed by seed and index), so the seeds are the state.
   uint64_t init_seed = 0;
   uint64_t data_seed = 0;

@@ -110,7 +110,6 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
   m.step = progress.step;
   m.consumed_samples = progress.consumed_samples;
   m.consumed_tokens = progress.consumed_tokens;
-  m.data_position = progress.data_position;
   m.init_seed = progress.init_seed;
   m.data_seed = progress.data_seed;
   m.strategy = strategy_name(plan.strategy());

@@ -38,7 +38,6 @@ struct TrainingProgress {
   int64_t step = 0;  // optimizer steps completed
   int64_t consumed_samples = 0;
   int64_t consumed_tokens = 0;
-  uint64_t data_position = 0;  // DataLoader::position()
   uint64_t init_seed = 0;      // parameter initialization
   uint64_t data_seed = 0;      // sample shuffling
   std::string mesh;            // the device mesh, as Mesh::str() prints it

@@ -43,7 +43,7 @@ std::unique_ptr<SampleSource> open_megatron(const DataSpec& spec, int64_t seq_le
   uint64_t begin, end;
   split_range(data->num_documents(), spec.split, spec.holdout_fraction, begin, end);
   return std::make_unique<MegatronSource>(std::move(data), seq_len, seed,
-                                          spec.shuffle.value_or(true), begin, end);
+                                          spec.shuffle, begin, end);
 }
 
 }  // namespace
@@ -78,13 +78,13 @@ std::unique_ptr<SampleSource> open_sample_source(const DataSpec& spec, int64_t s
 DataLoader::DataLoader(const DataSpec& spec, int64_t micro_batch_size, int64_t seq_len,
                        int dp_rank, int dp_size, uint64_t seed)
     : DataLoader(open_sample_source(spec, seq_len, seed), micro_batch_size, dp_rank, dp_size,
-                 seed, spec.shuffle.value_or(spec.format == DataFormat::megatron)) {}
+                 seed, spec.shuffle) {}
 
 DataLoader::DataLoader(std::unique_ptr<SampleSource> source, int64_t micro_batch_size,
                        int dp_rank, int dp_size, uint64_t seed, bool shuffle_samples)
     : source_(std::move(source)), micro_batch_size_(micro_batch_size), dp_rank_(dp_rank),
       dp_size_(dp_size), seed_(seed), shuffle_samples_(shuffle_samples),
-      next_microbatch_(uint64_t(dp_rank)) {
+      next_sample_(uint64_t(dp_rank) * uint64_t(micro_batch_size)) {
   FSDP_CHECK(source_ != nullptr, ValueError, "DataLoader needs a sample source");
   FSDP_CHECK(micro_batch_size_ >= 1, ValueError, "micro-batch size must be at least 1, got ",
              micro_batch_size_);
@@ -93,41 +93,44 @@ DataLoader::DataLoader(std::unique_ptr<SampleSource> source, int64_t micro_batch
   sample_.resize(size_t(source_->seq_len()) + 1);
 }
 
-void DataLoader::seek(uint64_t global_microbatch) {
-  FSDP_CHECK(global_microbatch % uint64_t(dp_size_) == 0, ValueError,
-             "cannot resume at global micro-batch ", global_microbatch, ": with ", dp_size_,
-             " data-parallel ranks the position must be a multiple of ", dp_size_);
-  next_microbatch_ = global_microbatch + uint64_t(dp_rank_);
+void DataLoader::seek(uint64_t global_samples) {
+  next_sample_ = global_samples + uint64_t(dp_rank_) * uint64_t(micro_batch_size_);
 }
 
-void DataLoader::read_global_sample(uint64_t g, int32_t* out) {
+DataLoader::SampleRef DataLoader::locate(uint64_t global_sample) {
   const uint64_t n = source_->num_samples();
-  const uint64_t epoch = g / n;
-  uint64_t index = g % n;
+  SampleRef ref{global_sample / n, global_sample % n};
   if (shuffle_samples_) {
-    if (order_.empty() || order_epoch_ != epoch) {
-      order_ = seeded_permutation(n, seed_, ShuffleStream::samples, epoch);
-      order_epoch_ = epoch;
+    if (order_.empty() || order_epoch_ != ref.epoch) {
+      order_ = seeded_permutation(n, seed_, ShuffleStream::samples, ref.epoch);
+      order_epoch_ = ref.epoch;
     }
-    index = order_[index];
+    ref.index = order_[ref.index];
   }
-  source_->read_sample(epoch, index, out);
+  return ref;
+}
+
+std::vector<DataLoader::SampleRef> DataLoader::sample_refs(uint64_t first, uint64_t count) {
+  std::vector<SampleRef> refs;
+  refs.reserve(count);
+  for (uint64_t g = first; g < first + count; ++g) refs.push_back(locate(g));
+  return refs;
 }
 
 void DataLoader::next(int32_t* inputs, int32_t* targets) {
   const int64_t T = source_->seq_len();
-  const uint64_t first = next_microbatch_ * uint64_t(micro_batch_size_);
   for (int64_t b = 0; b < micro_batch_size_; ++b) {
-    read_global_sample(first + uint64_t(b), sample_.data());
+    const SampleRef ref = locate(next_sample_ + uint64_t(b));
+    source_->read_sample(ref.epoch, ref.index, sample_.data());
     std::copy(sample_.begin(), sample_.begin() + T, inputs + b * T);       // tokens [0, T)
     std::copy(sample_.begin() + 1, sample_.begin() + T + 1, targets + b * T);  // [1, T]
   }
-  next_microbatch_ += uint64_t(dp_size_);
+  next_sample_ += uint64_t(dp_size_) * uint64_t(micro_batch_size_);
 }
 
 std::string DataLoader::describe() const {
   return str_cat(source_->describe(), "; micro-batch ", micro_batch_size_, ", rank ", dp_rank_,
-                 " of ", dp_size_, shuffle_samples_ ? ", samples shuffled per epoch" : "");
+                 " of ", dp_size_, shuffle_samples_ ? ", samples shuffled per epoch" : ", samples in file order");
 }
 
 }  // namespace fsdp::data

@@ -2,17 +2,19 @@
 // rank, from any data format, in an order that does not depend on the number of ranks.
 //
 // Order. The data set is a sequence of samples of T + 1 tokens (SampleSource). Global sample
-// g is sample g % N of epoch g / N (N samples per epoch); with shuffling on, epoch e reads its
-// samples in a seeded permutation drawn anew for each epoch. Global micro-batch k holds global
-// samples [k*B, (k+1)*B). Data-parallel rank r reads global micro-batches r, r + dp, r + 2dp, ...
-// So at every micro-step the dp ranks together read dp consecutive global micro-batches, the
-// same ones a single process reads in dp steps: runs with different world sizes see identical
-// global batches.
+// g is sample g % N of epoch g / N (N samples per epoch); with shuffling on (the default, for
+// every format), epoch e reads its samples in a seeded permutation of all N drawn anew for
+// each epoch: a uniform shuffle of the windows across every file of the data set, so two
+// consecutive samples are rarely neighbours in the text. At every micro-step the dp ranks
+// together read the next dp * B global samples, rank r the B from r * B on: runs with
+// different world sizes (and micro-batch sizes) see identical global batches.
+//
+// Position. The loader's position is the number of global samples all ranks have consumed
+// together, so it survives a change of world size or micro-batch size on resume.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,9 +37,9 @@ struct DataSpec {
   // that last part (tokens for text and llm.c, whole documents for Megatron).
   DataSplit split = DataSplit::all;
   double holdout_fraction = 0;
-  // Shuffle sample order (and, for Megatron, document order) per epoch. Unset: on for
-  // Megatron, off for the token streams (text, llm.c), as those formats' own loaders do.
-  std::optional<bool> shuffle;
+  // Shuffle the sample order per epoch (and, for Megatron, the document order); off reads
+  // the data in file order (validation, debugging).
+  bool shuffle = true;
   // text only: the tokenizer files; empty = the shipped GPT-2 files (locate_asset).
   std::string vocab_file;
   std::string merges_file;
@@ -60,11 +62,18 @@ class DataLoader {
   // inputs shifted left by one token.
   void next(int32_t* inputs, int32_t* targets);
 
-  // Global micro-batches consumed by all ranks together: dp_size per next() call.
-  uint64_t position() const { return next_microbatch_ - uint64_t(dp_rank_); }
-  // Resume at a position() of an earlier run (any world size that divides it): ValueError
-  // unless global_microbatch is a multiple of dp_size.
-  void seek(uint64_t global_microbatch);
+  // Global samples consumed by all ranks together: dp_size * micro_batch_size per next().
+  uint64_t position() const { return next_sample_ - uint64_t(dp_rank_ * micro_batch_size_); }
+  // Resume at a position() of an earlier run, of any world size and micro-batch size.
+  void seek(uint64_t global_samples);
+
+  // Where global samples [first, first + count) come from (what a step read, for replaying
+  // it elsewhere): each one's epoch and index in the source.
+  struct SampleRef {
+    uint64_t epoch = 0, index = 0;
+  };
+  std::vector<SampleRef> sample_refs(uint64_t first, uint64_t count);
+  const SampleSource& source() const { return *source_; }
 
   uint64_t num_samples() const { return source_->num_samples(); }  // per epoch
   // DataError naming file and byte offset of the first token >= vocab_size (or < 0).
@@ -77,8 +86,7 @@ class DataLoader {
   std::string describe() const;
 
  private:
-  // Global sample g, T + 1 tokens, into out.
-  void read_global_sample(uint64_t g, int32_t* out);
+  SampleRef locate(uint64_t global_sample);  // epoch and (shuffled) index of a global sample
 
   std::unique_ptr<SampleSource> source_;
   int64_t micro_batch_size_;
@@ -86,7 +94,7 @@ class DataLoader {
   int dp_size_;
   uint64_t seed_;
   bool shuffle_samples_;
-  uint64_t next_microbatch_;  // the global micro-batch this rank reads next
+  uint64_t next_sample_;  // the global sample this rank's next micro-batch starts with
 
   std::vector<int32_t> sample_;  // (T + 1) scratch
   uint64_t order_epoch_ = 0;     // epoch whose permutation `order_` holds

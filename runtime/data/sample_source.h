@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace fsdp::data {
@@ -18,6 +19,12 @@ class SampleSource {
   virtual void read_sample(uint64_t epoch, uint64_t index, int32_t* out) = 0;
   // DataError naming the file and byte offset of the first token outside [0, vocab_size).
   virtual void check_vocab(int64_t vocab_size) const = 0;
+  // Where sample `index` of epoch `epoch` starts in the concatenation of the data files'
+  // tokens, for sources that cut one token stream into samples (the sample is the T + 1
+  // tokens from there); null for sources that assemble samples otherwise.
+  virtual std::optional<uint64_t> stream_offset(uint64_t /*epoch*/, uint64_t /*index*/) const {
+    return std::nullopt;
+  }
   // One line for logs: format, path, size.
   virtual std::string describe() const = 0;
 };

@@ -23,6 +23,9 @@ class TokenStreamSource : public SampleSource {
   uint64_t num_samples() const override { return num_samples_; }
   void read_sample(uint64_t epoch, uint64_t index, int32_t* out) override;
   void check_vocab(int64_t vocab_size) const override;
+  std::optional<uint64_t> stream_offset(uint64_t /*epoch*/, uint64_t index) const override {
+    return begin_ + index * uint64_t(seq_len_);
+  }
   std::string describe() const override;
 
   uint64_t total_tokens() const { return piece_starts_.back(); }  // in all pieces

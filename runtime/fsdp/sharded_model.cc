@@ -398,6 +398,29 @@ int64_t ShardedModel::main_offset(int unit) const {
   return units_.at(size_t(unit))->plan->shard_begin(groups_.shard_rank());
 }
 
+std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor>& shards) {
+  FSDP_CHECK(shards.size() == units_.size(), ValueError, "param_sums_of_squares: ",
+             shards.size(), " shards for ", units_.size(), " units");
+  std::vector<int64_t> first_param;  // per unit: its first parameter's index in plan order
+  int64_t n_params = 0;
+  for (const auto& up : units_) {
+    first_param.push_back(n_params);
+    n_params += int64_t(up->plan->params.size());
+  }
+  // Per parameter, its pieces in this rank's shard summed on the device; then one
+  // all-reduce and one read-back.
+  Tensor sums = ops::zeros(ctx_, Shape{n_params}, DType::f64);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (const ShardSegment& s : units_[u]->plan->segments(groups_.shard_rank())) {
+      Tensor slot = sums.narrow(0, first_param[u] + s.param, 1);
+      ops::axpby(ctx_, slot, 1.0, ops::sum_squares(ctx_, shards[u].narrow(0, s.shard_offset, s.numel)));
+    }
+  }
+  if (communicates(groups_.shard_gather))
+    groups_.shard_gather->all_reduce(sums, ReduceOp::Sum, ctx_.stream());
+  return ops::to_vector<double>(ctx_, sums);
+}
+
 void ShardedModel::gather_full_weights(int unit, const Tensor& out) {
   Unit& u = *units_.at(size_t(unit));
   FSDP_CHECK(out.numel() == u.plan->padded_numel && out.dtype() == options_.compute_dtype,

@@ -40,12 +40,8 @@ std::optional<int64_t> RunCheckpoints::resume() {
   const auto t0 = std::chrono::steady_clock::now();
   const checkpoint::CheckpointMetadata m = checkpoint::load_checkpoint(
       *parts_.ctx, parts_.world, *parts_.model, parts_.optimizer, dir);
-  data::DataLoader& data = *parts_.train_data;
-  FSDP_CHECK(m.data_position % uint64_t(data.dp_size()) == 0, CheckpointError, dir,
-             ": the data position ", m.data_position, " (global micro-batches consumed) is not a "
-             "multiple of this run's ", data.dp_size(), " data-parallel ranks: resume with a "
-             "data-parallel size that divides it");
-  data.seek(m.data_position);
+  // The position is in samples: any world size and micro-batch size continue from it.
+  parts_.train_data->seek(uint64_t(m.consumed_samples));
   last_saved_step_ = m.step;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   print_(str_cat("resumed from ", dir, " at step ", m.step, " (saved by ", m.world_size, " ranks, ",
@@ -67,8 +63,7 @@ void RunCheckpoints::save(int64_t step) {
   const data::DataLoader& data = *parts_.train_data;
   checkpoint::TrainingProgress p;
   p.step = step;
-  p.data_position = data.position();
-  p.consumed_samples = int64_t(p.data_position) * data.micro_batch_size();
+  p.consumed_samples = int64_t(data.position());
   p.consumed_tokens = p.consumed_samples * data.seq_len();
   p.init_seed = uint64_t(recipe_.run.seed);
   p.data_seed = uint64_t(recipe_.dataset.seed);

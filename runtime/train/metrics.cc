@@ -68,6 +68,11 @@ std::string metrics_json_line(const StepMetrics& m) {
   if (m.val_loss) obj["val_loss"] = number(*m.val_loss);
   if (m.tflops) obj["tflops"] = number(*m.tflops);
   if (m.mfu) obj["mfu"] = number(*m.mfu);
+  if (!m.update_norms.empty()) {
+    Json norms = Json::object();
+    for (const auto& [group, norm] : m.update_norms) norms[group] = number(norm);
+    obj["update_norms"] = norms;
+  }
   return obj.dump();
 }
 
@@ -89,10 +94,16 @@ StepMetrics parse_metrics_line(const std::string& line) {
   m.val_loss = read_optional(obj, "val_loss");
   m.tflops = read_optional(obj, "tflops");
   m.mfu = read_optional(obj, "mfu");
+  if (obj.contains("update_norms")) {
+    const Json& norms = obj["update_norms"];
+    FSDP_CHECK(norms.is_object(), DataError, "metrics field 'update_norms' is not an object");
+    for (auto it = norms.begin(); it != norms.end(); ++it)
+      m.update_norms[it.key()] = read_number(norms, it.key().c_str());
+  }
   return m;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, std::optional<int64_t> resume_step)
+StepLogWriter::StepLogWriter(const std::string& path, std::optional<int64_t> resume_step)
     : path_(path) {
   make_parent_dirs(path);
   if (resume_step) {
@@ -110,13 +121,13 @@ MetricsWriter::MetricsWriter(const std::string& path, std::optional<int64_t> res
     FSDP_CHECK(!ec, IoError, "cannot replace '", path, "': ", ec.message());
   }
   out_.open(path, resume_step ? std::ios::app : std::ios::trunc);
-  FSDP_CHECK(out_, IoError, "cannot open metrics file '", path, "' for writing");
+  FSDP_CHECK(out_, IoError, "cannot open '", path, "' for writing");
 }
 
-void MetricsWriter::write(const StepMetrics& m) {
-  out_ << metrics_json_line(m) << '\n';
+void StepLogWriter::write_line(const std::string& json_line) {
+  out_ << json_line << '\n';
   out_.flush();  // a killed run keeps every line it logged
-  FSDP_CHECK(out_, IoError, "cannot write to metrics file '", path_, "'");
+  FSDP_CHECK(out_, IoError, "cannot write to '", path_, "'");
 }
 
 std::vector<StepMetrics> read_metrics_file(const std::string& path) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@ struct StepMetrics {
   std::optional<double> val_loss;    // when validation ran at this step
   std::optional<double> tflops;      // achieved model TFLOP/s per device
   std::optional<double> mfu;         // model FLOPs utilization, a fraction of peak
+  // logger.log_update_norms: ||new - old master weights|| per tensor group (empty: off).
+  std::map<std::string, double> update_norms;
 };
 
 // The JSON object of one record, on one line (no newline). Non-finite numbers are written
@@ -31,19 +34,22 @@ std::string metrics_json_line(const StepMetrics& m);
 // DataError naming what is missing or malformed.
 StepMetrics parse_metrics_line(const std::string& line);
 
-// Appends records to a metrics.jsonl file, one flushed line per write.
-class MetricsWriter {
+// Appends one JSON line per step to a file (metrics.jsonl, the samples log), flushed as
+// each is written.
+class StepLogWriter {
  public:
   // A fresh run (no resume_step) truncates `path`. A run resumed after step k keeps the lines
   // of steps <= k, drops later ones (they will be trained again) and a torn last line, and
   // appends after them. Creates missing parent directories. Throws IoError.
-  explicit MetricsWriter(const std::string& path,
+  explicit StepLogWriter(const std::string& path,
                          std::optional<int64_t> resume_step = std::nullopt);
 
-  MetricsWriter(const MetricsWriter&) = delete;
-  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  StepLogWriter(const StepLogWriter&) = delete;
+  StepLogWriter& operator=(const StepLogWriter&) = delete;
 
-  void write(const StepMetrics& m);
+  void write(const StepMetrics& m) { write_line(metrics_json_line(m)); }
+  // One JSON object with an integer "step" member, without the newline.
+  void write_line(const std::string& json_line);
   const std::string& path() const { return path_; }
 
  private:

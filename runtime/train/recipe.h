@@ -48,6 +48,7 @@ struct DatasetSection {
   std::optional<std::string> val_path;
   int64_t seed = 0;
   double val_fraction = 0;           // text only: the tail of the text held out
+  bool shuffle = true;               // training samples in a seeded permutation per epoch
 };
 
 struct TrainSection {
@@ -119,6 +120,8 @@ struct CheckpointSection {
 struct LoggerSection {
   int64_t log_interval = 0;
   std::optional<std::string> metrics_file;  // relative to run.output_dir; nullopt = none
+  std::optional<std::string> samples_file;  // relative to run.output_dir; nullopt = none
+  bool log_update_norms = false;            // per tensor group, in metrics_file
 };
 
 struct RunSection {

@@ -54,6 +54,9 @@ void check_precision(const Recipe& r) {
   FSDP_CHECK(!r.optimizer.cpu_offload || r.optimizer.optimizer == "adamw", ConfigError,
              "'optimizer.cpu_offload' supports 'optimizer.optimizer' \"adamw\" only, not \"",
              r.optimizer.optimizer, "\"");
+  FSDP_CHECK(!r.logger.log_update_norms || !r.optimizer.cpu_offload, ConfigError,
+             "'logger.log_update_norms' cannot be used with 'optimizer.cpu_offload' (the master "
+             "weights it compares live in host memory); set one of them false");
   FSDP_CHECK(!r.optimizer.overlap_cpu_offload || r.optimizer.cpu_offload, ConfigError,
              "'optimizer.overlap_cpu_offload' is true but 'optimizer.cpu_offload' is false");
   FSDP_CHECK(!r.optimizer.overlap_cpu_offload ||

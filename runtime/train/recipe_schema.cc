@@ -62,6 +62,11 @@ std::vector<FieldSpec> build_schema() {
       KEY(dataset.val_path).default_to(nullptr).help_text(
           "Validation data in the same format; null = none (text: the held-out tail)."),
       KEY(dataset.seed).default_to(1234).help_text("Seed of the sample shuffle."),
+      KEY(dataset.shuffle).default_to(true).help_text(
+          "Read the training samples in a seeded permutation drawn anew each epoch, over every "
+          "window of every file (text, llm.c shards, Megatron samples and documents), as llm.c's "
+          "and Megatron's loaders do; false = file order (for debugging: consecutive windows of "
+          "one document learn less per token). Validation data is always read in file order."),
       KEY(dataset.val_fraction).default_to(0.05).at_least(0).less_than(1).help_text(
           "Text only: fraction of the text held out for validation when val_path is null."),
 
@@ -200,6 +205,16 @@ std::vector<FieldSpec> build_schema() {
           "Steps between step lines and metrics records."),
       KEY(logger.metrics_file).default_to("metrics.jsonl").help_text(
           "JSON-lines metrics file inside run.output_dir; null = none."),
+      KEY(logger.samples_file).default_to(nullptr).help_text(
+          "JSON-lines file inside run.output_dir naming every step's training samples in "
+          "global-batch order ([epoch, index, token offset in the concatenated data files]; "
+          "the offset is null for Megatron data), so that another program can replay the run "
+          "on the same batches (tools/parity/curve.py); null = none."),
+      KEY(logger.log_update_norms).default_to(false).help_text(
+          "Record each step's update norm, ||new - old master weights||, per tensor group (a "
+          "parameter name with its layer numbers replaced by *, e.g. h.*.attn.qkv.weight) in "
+          "the metrics file (logged steps only; costs a device copy of the master-weight "
+          "shards; not with optimizer.cpu_offload)."),
 
       // run
       KEY(run.name).default_to("fsdp").help_text("Name of the run, printed and saved."),

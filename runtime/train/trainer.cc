@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "collectives/bootstrap.h"
 #include "collectives/world.h"
 #include "kernels/ops.h"
@@ -24,6 +26,7 @@
 #include "runtime/train/plot.h"
 #include "runtime/train/schedule.h"
 #include "runtime/train/trainer_setup.h"
+#include "runtime/train/update_norms.h"
 
 namespace fsdp::train {
 
@@ -52,7 +55,9 @@ struct Trainer::State {
   std::unique_ptr<ShardedModel> sharded;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<data::DataLoader> train_data, val_data;
-  std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<StepLogWriter> metrics;
+  std::unique_ptr<StepLogWriter> samples_log;  // logger.samples_file (rank 0)
+  std::unique_ptr<UpdateNorms> update_norms;   // logger.log_update_norms
   std::unique_ptr<RunCheckpoints> checkpoints;
   std::vector<StepMetrics> history;
   LrSchedule schedule;
@@ -100,6 +105,8 @@ struct Trainer::State {
   // Sums `values` over every rank (tiny host vectors: losses, flags).
   std::vector<double> sum_over_ranks(const std::vector<double>& values);
   double train_step(double lr, double* grad_norm);
+  // logger.samples_file: the global batch the next step reads (rank 0 writes it).
+  void log_samples();
   double evaluate();
   std::string sample_text();
 };
@@ -231,9 +238,12 @@ void Trainer::State::setup() {
     std::filesystem::create_directories(recipe.run.output_dir);
     recipe.write_resolved(recipe.run.output_dir + "/run_config.json");
     if (recipe.logger.metrics_file)
-      metrics = std::make_unique<MetricsWriter>(recipe.run.output_dir + "/" + *recipe.logger.metrics_file, resumed);
+      metrics = std::make_unique<StepLogWriter>(recipe.run.output_dir + "/" + *recipe.logger.metrics_file, resumed);
     if (metrics && resumed) history = read_metrics_file(metrics->path());
+    if (recipe.logger.samples_file)
+      samples_log = std::make_unique<StepLogWriter>(recipe.run.output_dir + "/" + *recipe.logger.samples_file, resumed);
   }
+  if (recipe.logger.log_update_norms) update_norms = std::make_unique<UpdateNorms>(*ctx, *sharded);
 
   print(str_cat("model: ", model_config.str(), ", ", n_params, " parameters"));
   print(str_cat("training: ", recipe.train.train_iters, " steps of ", recipe.train.global_batch_size,
@@ -323,6 +333,7 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
   const double clip = clip_coefficient(norm, recipe.optimizer.clip_grad);
   const auto t_optimizer = Clock::now();
   optimizer_start.record(ctx->stream());
+  if (update_norms) update_norms->before_step();
   optimizer->step(lr, sharded->grad_multiplier() * clip);
   sharded->install_weights();
   optimizer_end.record(ctx->stream());
@@ -330,6 +341,23 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
   *grad_norm = norm;
   issue_host_s = seconds_since(t_issue);
   return ops::item(*ctx, loss_sum);
+}
+
+void Trainer::State::log_samples() {
+  if (!samples_log) return;
+  // On rank 0 the loader's position is where this step's global batch starts.
+  const uint64_t first = train_data->position();
+  const uint64_t count = uint64_t(recipe.train.global_batch_size);
+  nlohmann::ordered_json samples = nlohmann::ordered_json::array();
+  for (const data::DataLoader::SampleRef& r : train_data->sample_refs(first, count)) {
+    const std::optional<uint64_t> offset = train_data->source().stream_offset(r.epoch, r.index);
+    samples.push_back({r.epoch, r.index, offset ? nlohmann::ordered_json(*offset) : nullptr});
+  }
+  nlohmann::ordered_json line;
+  line["step"] = step + 1;
+  line["first_sample"] = first;
+  line["samples"] = samples;
+  samples_log->write_line(line.dump());
 }
 
 double Trainer::State::evaluate() {
@@ -391,6 +419,7 @@ TrainResult Trainer::run_steps() {
     const auto t0 = Clock::now();
     const double lr = s.schedule.lr_at(s.step);
     double norm = 0;
+    s.log_samples();
     const double local_loss = s.train_step(lr, &norm);
     // One small all-reduce carries the losses and any rank's stop request.
     const bool stop_here = s.options.stop_requested && s.options.stop_requested();
@@ -399,6 +428,7 @@ TrainResult Trainer::run_steps() {
     const double dt = seconds_since(t0);
     s.step++;
     result.losses.push_back(loss);
+    result.grad_norms.push_back(norm);
     if (timed) {
       timed_seconds += dt;
       timed_optimizer += s.last_optimizer_s();
@@ -420,6 +450,7 @@ TrainResult Trainer::run_steps() {
     }
 
     StepMetrics m;
+    if (s.update_norms) m.update_norms = s.update_norms->after_step();
     m.step = s.step;
     m.loss = loss;
     m.lr = lr;

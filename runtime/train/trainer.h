@@ -58,6 +58,7 @@ struct TrainResult {
   int64_t first_step = 0;            // steps completed before this run (resume), 0 if fresh
   int64_t steps = 0;                 // steps completed at the end
   std::vector<double> losses;        // mean loss of each step this run trained
+  std::vector<double> grad_norms;    // each step's global gradient norm, before clipping
   std::vector<double> val_losses;    // each evaluation's mean validation loss
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any

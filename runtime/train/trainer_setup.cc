@@ -79,6 +79,7 @@ data::DataSpec train_data_of(const Recipe& r) {
   s.path = r.dataset.train_path;
   s.vocab_file = r.tokenizer.vocab_file;
   s.merges_file = r.tokenizer.merges_file;
+  s.shuffle = r.dataset.shuffle;
   if (!r.dataset.val_path && r.dataset.val_fraction > 0) {
     s.split = data::DataSplit::head;
     s.holdout_fraction = r.dataset.val_fraction;
@@ -88,6 +89,7 @@ data::DataSpec train_data_of(const Recipe& r) {
 
 data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
   data::DataSpec s = train_data_of(r);
+  s.shuffle = false;  // the first eval_iters batches, the same at every evaluation
   *has_val = true;
   if (r.dataset.val_path) {
     s.path = *r.dataset.val_path;

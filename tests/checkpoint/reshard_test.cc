@@ -29,7 +29,7 @@ void check_bitwise(const std::vector<double>& got, const std::vector<double>& wa
 checkpoint::TrainingProgress progress_at(int64_t step) {
   checkpoint::TrainingProgress p;
   p.step = step;
-  p.data_position = uint64_t(step * TinyTraining::kGlobalMicroBatches);
+  p.consumed_samples = step * TinyTraining::kGlobalMicroBatches;
   return p;
 }
 

@@ -9,6 +9,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/data/assets.h"
+#include "runtime/data/llmc_shards.h"
 #include "runtime/data/megatron_indexed.h"
 #include "runtime/data/megatron_source.h"
 #include "runtime/data/tokenizer.h"
@@ -108,7 +109,7 @@ TEST_CASE("all ranks together read exactly what one process reads", "[data][load
           CHECK(next_batch(*ranks[r]) == reference[step * dp + r]);
         }
       }
-      for (int r = 0; r < dp; ++r) CHECK(ranks[r]->position() == uint64_t(steps_single));
+      for (int r = 0; r < dp; ++r) CHECK(ranks[r]->position() == uint64_t(steps_single * B));
     }
   }
 }
@@ -159,19 +160,19 @@ TEST_CASE("position and seek resume the same global batches", "[data][loader]") 
     auto single = make_loader(kind, 2, 0, 1, 3);
     std::vector<Batch> reference;
     for (int s = 0; s < 16; ++s) reference.push_back(next_batch(*single));
-    CHECK(single->position() == 16);
+    CHECK(single->position() == 32);  // samples
 
     // A 2-rank run stops after 3 steps; a 4-rank run resumes from its position.
     auto r1 = make_loader(kind, 2, 1, 2, 3);
     for (int s = 0; s < 3; ++s) next_batch(*r1);
-    CHECK(r1->position() == 6);
+    CHECK(r1->position() == 12);
     auto resumed = make_loader(kind, 2, 0, 1, 3);
-    resumed->seek(8);
+    resumed->seek(16);
     CHECK(next_batch(*resumed) == reference[8]);
     for (int r = 0; r < 4; ++r) {
       auto loader = make_loader(kind, 2, r, 4, 3);
-      loader->seek(8);
-      CHECK(loader->position() == 8);
+      loader->seek(16);
+      CHECK(loader->position() == 16);
       CHECK(next_batch(*loader) == reference[8 + r]);
       CHECK(next_batch(*loader) == reference[12 + r]);
     }
@@ -179,8 +180,87 @@ TEST_CASE("position and seek resume the same global batches", "[data][loader]") 
     single->seek(0);
     CHECK(next_batch(*single) == reference[0]);
   }
-  auto loader = make_loader(Kind::stream, 2, 1, 4, 3);
-  CHECK_THROWS_AS(loader->seek(6), fsdp::ValueError);
+}
+
+TEST_CASE("a resume with another micro-batch size continues at the next unread sample",
+          "[data][loader]") {
+  // The samples of the reference run, one per micro-batch.
+  for (const Kind kind : {Kind::stream, Kind::shuffled_stream, Kind::megatron}) {
+    INFO("source kind " << int(kind));
+    auto one = make_loader(kind, 1, 0, 1, 3);
+    std::vector<Batch> samples;
+    for (int s = 0; s < 30; ++s) samples.push_back(next_batch(*one));
+    // Two steps of 2 ranks x micro-batch 2 consumed samples [0, 8)...
+    auto before = make_loader(kind, 2, 0, 2, 3);
+    next_batch(*before);
+    next_batch(*before);
+    REQUIRE(before->position() == 8);
+    // ...and one rank with micro-batch 3 reads samples 8, 9, 10 next, then 11, 12, 13.
+    auto after = make_loader(kind, 3, 0, 1, 3);
+    after->seek(before->position());
+    for (int step = 0; step < 2; ++step) {
+      const Batch b = next_batch(*after);
+      for (int i = 0; i < 3; ++i) {
+        const Batch& want = samples[size_t(8 + 3 * step + i)];
+        CHECK(Tokens(b.inputs.begin() + i * kT, b.inputs.begin() + (i + 1) * kT) == want.inputs);
+        CHECK(Tokens(b.targets.begin() + i * kT, b.targets.begin() + (i + 1) * kT) == want.targets);
+      }
+    }
+    CHECK(after->position() == 14);
+  }
+}
+
+TEST_CASE("the default loader shuffles every format: consecutive samples are not neighbours",
+          "[data][loader]") {
+  // An llm.c shard counting 0, 1, 2, ...: a sample's first token says where it starts.
+  const std::string shard = scratch_path("counting_000000.bin");
+  Tokens tokens(4000);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  fsdp::data::write_llmc_shard(shard, tokens.data(), tokens.size());
+  DataSpec spec;  // defaults, as a recipe leaves them
+  spec.format = DataFormat::llmc;
+  spec.path = shard;
+  const int64_t T = 16, B = 8;
+  DataLoader loader(spec, B, T, 0, 1, /*seed=*/1234);
+  int neighbours = 0, pairs = 0;
+  int32_t previous = -1;
+  for (int step = 0; step < 10; ++step) {
+    const Batch b = next_batch(loader);
+    for (int64_t i = 0; i < B; ++i) {
+      const int32_t first = b.inputs[size_t(i * T)];
+      if (previous >= 0) {
+        ++pairs;
+        if (first == previous + T) ++neighbours;
+      }
+      previous = first;
+    }
+  }
+  // 79 pairs of 249 samples: an ordered reader has 79 neighbours, a shuffle about 0.3.
+  CHECK(pairs == 79);
+  CHECK(neighbours <= 2);
+  // dataset.shuffle=false reads in file order.
+  spec.shuffle = false;
+  DataLoader ordered(spec, B, T, 0, 1, 1234);
+  const Batch b = next_batch(ordered);
+  for (int64_t i = 0; i < B; ++i) CHECK(b.inputs[size_t(i * T)] == int32_t(i * T));
+}
+
+TEST_CASE("sample_refs and stream offsets name the samples a step reads", "[data][loader]") {
+  DataLoader loader(counting_stream(83), 3, 0, 1, /*seed=*/4, true);  // 20 samples per epoch
+  const std::vector<DataLoader::SampleRef> refs = loader.sample_refs(18, 6);  // crosses an epoch
+  REQUIRE(refs.size() == 6);
+  CHECK(refs[0].epoch == 0);
+  CHECK(refs[2].epoch == 1);
+  loader.seek(18);
+  for (int step = 0; step < 2; ++step) {
+    const Batch b = next_batch(loader);
+    for (int i = 0; i < 3; ++i) {
+      const DataLoader::SampleRef& r = refs[size_t(3 * step + i)];
+      const auto offset = loader.source().stream_offset(r.epoch, r.index);
+      REQUIRE(offset.has_value());
+      CHECK(b.inputs[size_t(i * kT)] == int32_t(*offset));  // token value = stream offset
+    }
+  }
 }
 
 TEST_CASE("bad loader arguments are rejected", "[data][loader]") {
@@ -202,6 +282,7 @@ TEST_CASE("plain text is tokenized with EOT before each file and split head/tail
   DataSpec spec;
   spec.format = DataFormat::text;
   spec.path = scratch_path("text_*.txt");
+  spec.shuffle = false;                 // file order: the stream's layout is what is tested
   DataLoader all(spec, 1, 3, 0, 1, 0);  // shipped GPT-2 tokenizer by default
   CHECK(all.num_samples() == 2);        // (8 - 1) / 3
   Batch x = next_batch(all);

@@ -144,6 +144,7 @@ TEST_CASE("an llm.c glob reads shards in sorted order as one stream", "[data][ll
   DataSpec spec;
   spec.format = DataFormat::llmc;
   spec.path = scratch_path("glob_*.bin");
+  spec.shuffle = false;  // file order: the stream's layout is what is tested
   const int64_t B = 2, T = 3;
   DataLoader loader(spec, B, T, /*dp_rank=*/0, /*dp_size=*/1, /*seed=*/1);
   CHECK(loader.num_samples() == 4);  // (14 - 1) / 3

@@ -86,9 +86,9 @@ TEST_CASE("a non-finite loss is written as null and read back as NaN", "[metrics
   CHECK_THROWS_AS(parse_metrics_line("{\"step\": 1, "), DataError);
 }
 
-TEST_CASE("MetricsWriter flushes each line as it is written", "[metrics]") {
+TEST_CASE("StepLogWriter flushes each line as it is written", "[metrics]") {
   std::string path = fsdp::testing::scratch_dir("metrics_flush") + "/sub/dir/metrics.jsonl";
-  MetricsWriter writer(path);  // creates the missing directories
+  StepLogWriter writer(path);  // creates the missing directories
   writer.write(record(1, 6.0));
   // Read while the writer is still open: a killed run would leave exactly this.
   REQUIRE(file_lines(path).size() == 1);
@@ -105,14 +105,14 @@ TEST_CASE("MetricsWriter flushes each line as it is written", "[metrics]") {
 TEST_CASE("a fresh run truncates, a resumed run keeps what came before", "[metrics]") {
   std::string path = fsdp::testing::scratch_dir("metrics_resume") + "/metrics.jsonl";
   {
-    MetricsWriter w(path);
+    StepLogWriter w(path);
     for (int step = 1; step <= 5; ++step) w.write(record(step, 10.0 - step));
   }
   // Killed mid-line after step 5.
   std::ofstream(path, std::ios::app) << "{\"step\": 6, \"lo";
 
   {
-    MetricsWriter resumed(path, /*resume_step=*/3);  // the checkpoint was at step 3
+    StepLogWriter resumed(path, /*resume_step=*/3);  // the checkpoint was at step 3
     resumed.write(record(4, 1.5));
   }
   std::vector<StepMetrics> after = read_metrics_file(path);
@@ -122,12 +122,12 @@ TEST_CASE("a fresh run truncates, a resumed run keeps what came before", "[metri
   CHECK(after[3].step == 4);
   CHECK(after[3].loss == 1.5);  // the retrained step, not the old one
 
-  { MetricsWriter fresh(path); }
+  { StepLogWriter fresh(path); }
   CHECK(read_metrics_file(path).empty());
 
   // Resuming where no file exists yet simply starts one.
   std::string other = fsdp::testing::scratch_dir("metrics_resume_new") + "/metrics.jsonl";
-  MetricsWriter(other, 7).write(record(8, 2.0));
+  StepLogWriter(other, 7).write(record(8, 2.0));
   CHECK(read_metrics_file(other).size() == 1);
 }
 

@@ -7,6 +7,9 @@
 //   convert import HF_DIR SAVE_DIR [--padded-vocab N]
 //       Writes the Hugging Face model as SAVE_DIR/step_000000 (weights only) and
 //       SAVE_DIR/latest; `train --config ... checkpoint.load=SAVE_DIR` starts from it.
+//   convert init OUT.safetensors --config RECIPE [key=value ...]
+//       Writes the weights a run of the recipe starts from (fsdp.cpp names, one file), for
+//       replaying the run elsewhere (tools/parity/curve.py).
 //
 // Exit codes: 0 success, 2 bad command line or unsupported model, 1 any other failure.
 #include <cstdio>
@@ -16,13 +19,15 @@
 #include "runtime/core/error.h"
 #include "tools/convert/hf_export.h"
 #include "tools/convert/hf_import.h"
+#include "tools/convert/initial_weights.h"
 
 namespace {
 
 const char* kUsage =
     "usage:\n"
     "  convert export CHECKPOINT OUT_DIR [--dtype f32|bf16] [--no-check-batch]\n"
-    "  convert import HF_DIR SAVE_DIR [--padded-vocab N]\n";
+    "  convert import HF_DIR SAVE_DIR [--padded-vocab N]\n"
+    "  convert init OUT.safetensors --config RECIPE [key=value ...]\n";
 
 struct UsageError : fsdp::ConfigError {
   using ConfigError::ConfigError;
@@ -37,6 +42,8 @@ int run(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   fsdp::convert::ExportOptions export_options;
   int64_t padded_vocab = 0;
+  std::string recipe_path;
+  std::vector<std::string> overrides;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> const std::string& {
@@ -47,6 +54,10 @@ int run(const std::vector<std::string>& args) {
       const std::string d = value();
       if (d != "f32" && d != "bf16") throw UsageError("--dtype must be f32 or bf16, not " + d);
       export_options.dtype = d == "bf16" ? fsdp::DType::bf16 : fsdp::DType::f32;
+    } else if (a == "--config") {
+      recipe_path = value();
+    } else if (command == "init" && a.find('=') != std::string::npos) {
+      overrides.push_back(a);
     } else if (a == "--no-check-batch") {
       export_options.check_batch = false;
     } else if (a == "--padded-vocab") {
@@ -60,6 +71,15 @@ int run(const std::vector<std::string>& args) {
     } else {
       positional.push_back(a);
     }
+  }
+  if (command == "init") {
+    if (positional.size() != 1 || recipe_path.empty())
+      throw UsageError("init takes one output file and --config RECIPE");
+    const fsdp::train::Recipe recipe = fsdp::train::load_recipe(recipe_path, overrides);
+    const fsdp::models::ModelConfig c = fsdp::convert::write_initial_weights(recipe, positional[0]);
+    std::printf("wrote the initial weights of %s (seed %lld) to %s\n", c.str().c_str(),
+                (long long)recipe.run.seed, positional[0].c_str());
+    return 0;
   }
   if (positional.size() != 2) throw UsageError(command + " takes two directories");
 
@@ -76,7 +96,7 @@ int run(const std::vector<std::string>& args) {
     std::printf("imported %s into %s\n", model.config.str().c_str(), dir.c_str());
     return 0;
   }
-  throw UsageError("unknown command \"" + command + "\" (export or import)");
+  throw UsageError("unknown command \"" + command + "\" (export, import or init)");
 }
 
 }  // namespace

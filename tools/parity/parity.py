@@ -30,145 +30,16 @@ depends on it.
 
 import argparse
 import json
-import math
 import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from twin_models import GPT2, Llama, loss_of
+
 TOLERANCE = {"bf16": 1e-2, "f32": 1e-5, "f64": 1e-9}
-
-
-# ----------------------------------------------------------------------------- the models
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def rotary(x, theta):
-    """Hugging Face Llama's rotary embedding of x (B, H, T, D)."""
-    d, t = x.shape[-1], x.shape[-2]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d))
-    freqs = torch.outer(torch.arange(t, dtype=torch.float64, device=x.device), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return x * emb.cos().to(x.dtype) + rotate_half(x) * emb.sin().to(x.dtype)
-
-
-class Attention(nn.Module):
-    """Causal self-attention with a fused qkv projection: rows [q heads | k heads | v heads]."""
-
-    def __init__(self, cfg, bias, rope_theta):
-        super().__init__()
-        self.h, self.hkv = cfg["n_head"], cfg["n_kv_head"]
-        self.d = cfg["d_model"] // self.h
-        self.rope_theta = rope_theta
-        self.qkv = nn.Linear(cfg["d_model"], (self.h + 2 * self.hkv) * self.d, bias=bias)
-        self.proj = nn.Linear(self.h * self.d, cfg["d_model"], bias=bias)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1)
-        q = q.view(b, t, self.h, self.d).transpose(1, 2)     # (B, H, T, D)
-        k = k.view(b, t, self.hkv, self.d).transpose(1, 2)   # (B, Hkv, T, D)
-        v = v.view(b, t, self.hkv, self.d).transpose(1, 2)
-        if self.rope_theta:
-            q, k = rotary(q, self.rope_theta), rotary(k, self.rope_theta)
-        rep = self.h // self.hkv  # Hugging Face's repeat_kv: query head i uses kv head i // rep
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.d)  # (B, H, T, T)
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-        y = torch.softmax(scores, dim=-1) @ v                  # (B, H, T, D)
-        return self.proj(y.transpose(1, 2).reshape(b, t, self.h * self.d))
-
-
-class GPT2Block(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        c, eps = cfg["d_model"], cfg["norm_eps"]
-        self.ln_1 = nn.LayerNorm(c, eps=eps)
-        self.attn = Attention(cfg, bias=True, rope_theta=0)
-        self.ln_2 = nn.LayerNorm(c, eps=eps)
-        self.mlp = nn.Module()
-        self.mlp.fc = nn.Linear(c, cfg["d_ff"])
-        self.mlp.proj = nn.Linear(cfg["d_ff"], c)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        h = F.gelu(self.mlp.fc(self.ln_2(x)), approximate="tanh")
-        return x + self.mlp.proj(h)
-
-
-class GPT2(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.wte = nn.Embedding(cfg["padded_vocab_size"], cfg["d_model"])
-        self.wpe = nn.Embedding(cfg["seq_len"], cfg["d_model"])
-        self.h = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg["n_layer"]))
-        self.ln_f = nn.LayerNorm(cfg["d_model"], eps=cfg["norm_eps"])
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
-        for block in self.h:
-            x = block(x)
-        return self.ln_f(x) @ self.wte.weight.t()  # tied head, (B, T, Vp)
-
-
-class LlamaBlock(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        c, eps = cfg["d_model"], cfg["norm_eps"]
-        self.attn_norm = RMSNorm(c, eps)
-        self.attn = Attention(cfg, bias=False, rope_theta=cfg["rope_theta"])
-        self.mlp_norm = RMSNorm(c, eps)
-        self.mlp = nn.Module()
-        self.mlp.gate_up = nn.Linear(c, 2 * cfg["d_ff"], bias=False)  # rows [gate; up]
-        self.mlp.proj = nn.Linear(cfg["d_ff"], c, bias=False)
-
-    def forward(self, x):
-        x = x + self.attn(self.attn_norm(x))
-        gate, up = self.mlp.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
-        return x + self.mlp.proj(F.silu(gate) * up)
-
-
-class Llama(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.embed = nn.Embedding(cfg["padded_vocab_size"], cfg["d_model"])
-        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg["n_layer"]))
-        self.norm = RMSNorm(cfg["d_model"], cfg["norm_eps"])
-        self.tied = cfg["tie_embeddings"]
-        if not self.tied:
-            self.lm_head = nn.Linear(cfg["d_model"], cfg["padded_vocab_size"], bias=False)
-
-    def forward(self, idx):
-        x = self.embed(idx)
-        for block in self.layers:
-            x = block(x)
-        x = self.norm(x)
-        return x @ self.embed.weight.t() if self.tied else self.lm_head(x)
-
-
-def loss_of(logits, targets, vocab):
-    """Mean cross-entropy over the real vocabulary (padded columns excluded), -1 ignored."""
-    return F.cross_entropy(logits[..., :vocab].reshape(-1, vocab), targets.reshape(-1).long(),
-                           ignore_index=-1)
 
 
 # ----------------------------------------------------------------------------- the check

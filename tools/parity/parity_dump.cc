@@ -113,22 +113,6 @@ models::ModelConfig model_config(const Options& o) {
   return c.resolved();
 }
 
-std::map<std::string, std::string> config_metadata(const models::ModelConfig& c) {
-  return {{"family", models::family_name(c.family)},
-          {"n_layer", std::to_string(c.n_layer)},
-          {"d_model", std::to_string(c.d_model)},
-          {"n_head", std::to_string(c.n_head)},
-          {"n_kv_head", std::to_string(c.n_kv_head)},
-          {"d_ff", std::to_string(c.d_ff)},
-          {"vocab_size", std::to_string(c.vocab_size)},
-          {"padded_vocab_size", std::to_string(c.padded_vocab_size)},
-          {"seq_len", std::to_string(c.seq_len)},
-          {"norm_eps", str_cat(c.norm_eps)},
-          {"rope_theta", str_cat(c.rope_theta)},
-          {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
-          {"fp32_residual_connection", c.fp32_residual_connection ? "true" : "false"}};
-}
-
 // Tokens of a seeded stream (splitmix64): idx = stream[0:T], targets = stream[1:T+1] per row.
 void make_batch(const Options& o, int64_t vocab, std::vector<int32_t>& idx, std::vector<int32_t>& tgt) {
   uint64_t state = o.seed;
@@ -175,7 +159,7 @@ int run(int argc, char** argv) {
     weights.emplace_back(p->name(), s.master);
     states.push_back(s);
   }
-  checkpoint::save_safetensors(ctx, o.out + "/weights.safetensors", weights, config_metadata(config));
+  checkpoint::save_safetensors(ctx, o.out + "/weights.safetensors", weights, models::config_metadata(config));
 
   std::vector<int32_t> idx_host, tgt_host;
   make_batch(o, config.vocab_size, idx_host, tgt_host);
@@ -218,7 +202,7 @@ int run(int argc, char** argv) {
     }
   }
   outputs.emplace_back("losses", ops::from_vector(ctx, losses, Shape{int64_t(losses.size())}, DType::f64));
-  std::map<std::string, std::string> meta = config_metadata(config);
+  std::map<std::string, std::string> meta = models::config_metadata(config);
   meta["dtype"] = dtype_name(dtype);
   meta["device"] = ctx.device().str();
   meta["steps"] = std::to_string(o.steps);

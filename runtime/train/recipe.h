@@ -69,7 +69,7 @@ struct OptimizerSection {
   double adam_beta2 = 0;
   double adam_eps = 0;
   double clip_grad = 0;              // 0 = no clipping
-  std::string moments_dtype;         // "f32" | "bf16"
+  std::string moments_dtype;         // "f32" | "bf16" | "f64"
   bool cpu_offload = false;
   bool overlap_cpu_offload = false;  // ZeRO-3: the host update runs beside the next forward
 };

@@ -54,6 +54,9 @@ void check_precision(const Recipe& r) {
   FSDP_CHECK(!r.optimizer.cpu_offload || r.optimizer.optimizer == "adamw", ConfigError,
              "'optimizer.cpu_offload' supports 'optimizer.optimizer' \"adamw\" only, not \"",
              r.optimizer.optimizer, "\"");
+  FSDP_CHECK(r.optimizer.moments_dtype != "f64" || mp.main_params_dtype == "f64", ConfigError,
+             "'optimizer.moments_dtype' \"f64\" needs 'mixed_precision.main_params_dtype' "
+             "\"f64\", not \"", mp.main_params_dtype, "\"");
   FSDP_CHECK(!r.logger.log_update_norms || !r.optimizer.cpu_offload, ConfigError,
              "'logger.log_update_norms' cannot be used with 'optimizer.cpu_offload' (the master "
              "weights it compares live in host memory); set one of them false");

@@ -107,8 +107,9 @@ std::vector<FieldSpec> build_schema() {
       KEY(optimizer.adam_eps).default_to(1e-8).at_least(0).help_text("Adam denominator epsilon."),
       KEY(optimizer.clip_grad).default_to(1.0).at_least(0).help_text(
           "Clip the global gradient norm to this; 0 = no clipping."),
-      KEY(optimizer.moments_dtype).one_of({"f32", "bf16"}).default_to("f32").help_text(
-          "Element type of the Adam moments."),
+      KEY(optimizer.moments_dtype).one_of({"f32", "bf16", "f64"}).default_to("f32").help_text(
+          "Element type of the Adam moments; f64 with mixed_precision.main_params_dtype f64 "
+          "only (exact reference runs on the CPU)."),
       KEY(optimizer.cpu_offload).default_to(false).help_text(
           "Keep the main weights and Adam moments in pinned host memory and run AdamW on the "
           "host's cores (CUDA only): the GPU holds compute weights, gradients and activations; "

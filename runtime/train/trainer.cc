@@ -58,6 +58,10 @@ struct Trainer::State {
   std::unique_ptr<StepLogWriter> metrics;
   std::unique_ptr<StepLogWriter> samples_log;  // logger.samples_file (rank 0)
   std::unique_ptr<UpdateNorms> update_norms;   // logger.log_update_norms
+  // The tokenizer of the end-of-run sample; null when no sample is printed (not asked for,
+  // or the model's vocabulary cannot hold the tokenizer's: a finished run never fails there).
+  std::unique_ptr<data::Gpt2Tokenizer> sample_tokenizer;
+  void prepare_sample();
   std::unique_ptr<RunCheckpoints> checkpoints;
   std::vector<StepMetrics> history;
   LrSchedule schedule;
@@ -244,6 +248,7 @@ void Trainer::State::setup() {
       samples_log = std::make_unique<StepLogWriter>(recipe.run.output_dir + "/" + *recipe.logger.samples_file, resumed);
   }
   if (recipe.logger.log_update_norms) update_norms = std::make_unique<UpdateNorms>(*ctx, *sharded);
+  prepare_sample();
 
   print(str_cat("model: ", model_config.str(), ", ", n_params, " parameters"));
   print(str_cat("training: ", recipe.train.train_iters, " steps of ", recipe.train.global_batch_size,
@@ -380,10 +385,27 @@ double Trainer::State::evaluate() {
   return sum_over_ranks({sum})[0] / double(micro_batches * dp_size);
 }
 
+void Trainer::State::prepare_sample() {
+  if (!options.print_sample) return;
+  // Decided the same way on every rank, before training, so that every rank generates or none.
+  std::string why_not;
+  try {
+    auto tok = std::make_unique<data::Gpt2Tokenizer>(data::locate_asset(recipe.tokenizer.vocab_file),
+                                                     data::locate_asset(recipe.tokenizer.merges_file));
+    if (tok->vocab_size() > recipe.model.vocab_size)
+      why_not = str_cat("model.vocab_size ", recipe.model.vocab_size, " is smaller than the tokenizer's ",
+                        tok->vocab_size());
+    else
+      sample_tokenizer = std::move(tok);
+  } catch (const Error& e) {
+    why_not = e.what();
+  }
+  if (!why_not.empty()) print(str_cat("no text sample at the end of the run: ", why_not));
+}
+
 std::string Trainer::State::sample_text() {
   // Every rank generates (a sharded model gathers its weights collectively); rank 0 prints.
-  data::Gpt2Tokenizer tok(data::locate_asset(recipe.tokenizer.vocab_file),
-                          data::locate_asset(recipe.tokenizer.merges_file));
+  data::Gpt2Tokenizer& tok = *sample_tokenizer;
   std::vector<int32_t> prompt = tok.encode(options.sample_prompt);
   models::SampleOptions so;
   so.n_tokens = options.sample_tokens;
@@ -519,7 +541,7 @@ TrainResult Trainer::run_steps() {
     write_loss_chart(chart, loss_series(s.history), s.recipe.run.name);
     s.print(str_cat("loss picture: ", chart));
   }
-  if (s.options.print_sample && !result.stopped) {
+  if (s.sample_tokenizer && !result.stopped) {
     result.sample = s.sample_text();
     s.print(str_cat("sample: ", result.sample));
   }

@@ -127,9 +127,11 @@ void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse);
 // k and v (B, T, Hkv, D) (H % Hkv == 0), any strides for B, T, H with D contiguous (they
 // are usually views into one fused qkv projection); out (B, T, H, D) contiguous;
 // lse (B, H, T) f32 holds the softmax's log-sum-exp for the backward. scale = 1/sqrt(D)
-// when 0. On CUDA it uses cuDNN's fused attention (bf16, D a multiple of 8 up to 128,
-// strides multiples of 8 elements, 16-byte aligned data), or our own kernel otherwise (f32,
-// any D up to 512, any strides) or when KernelOptions::use_cudnn_attention is false.
+// when 0. On CUDA, f32 runs as cuBLAS matmuls around a causal softmax (exact f32 at matmul
+// speed; kernels/cuda/attention_gemm.h); bf16 uses cuDNN's fused attention (D a multiple of
+// 8 up to 128, strides multiples of 8 elements, 16-byte aligned data), or our own kernel
+// otherwise (any D up to 512, any strides) or when KernelOptions::use_cudnn_attention is
+// false.
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                        const Tensor& k, const Tensor& v, double scale = 0.0);
 // dq (B, T, H, D), dk and dv (B, T, Hkv, D), same stride rules; overwritten.

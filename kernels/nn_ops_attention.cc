@@ -1,6 +1,7 @@
 // Dispatch of causal grouped-query attention (kernels/nn_ops.h): the CPU reference, or on
-// CUDA cuDNN's fused attention when it supports the problem and KernelOptions allow it, and
-// our own kernels otherwise.
+// CUDA: f32 through cuBLAS matmuls (attention_gemm.h; exact f32 at matmul speed), bf16
+// through cuDNN's fused attention when it supports the problem and KernelOptions allow it,
+// and our own kernels otherwise.
 #include <cmath>
 
 #include "kernels/checks.h"
@@ -8,6 +9,7 @@
 #include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
+#include "kernels/cuda/attention_gemm.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/nn_kernels.h"
 #endif
@@ -79,6 +81,15 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const
   }
 #if FSDP_WITH_CUDA
   float* lse_f = static_cast<float*>(lse.data_ptr());
+  if (q.dtype() == DType::f32) {
+    Tensor workspace = ctx.empty(
+        Shape{int64_t(kernels::cuda::attention_gemm_workspace_bytes(d, false))}, DType::u8);
+    kernels::cuda::attention_gemm_forward(
+        ctx.extension<kernels::cuda::Blas>(), d, static_cast<float*>(out.data_ptr()), lse_f,
+        static_cast<const float*>(q.data_ptr()), static_cast<const float*>(k.data_ptr()),
+        static_cast<const float*>(v.data_ptr()), workspace.data_ptr(), ctx.stream().cuda_stream());
+    return;
+  }
   if (use_cudnn(ctx, d, q.dtype(), false,
                 {out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()})) {
     ctx.extension<kernels::cuda::CudnnAttention>().forward(d, out.data_ptr(), lse_f, q.data_ptr(),
@@ -111,6 +122,16 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
   }
 #if FSDP_WITH_CUDA
   const float* lse_f = static_cast<const float*>(lse.data_ptr());
+  if (q.dtype() == DType::f32) {
+    Tensor workspace = ctx.empty(
+        Shape{int64_t(kernels::cuda::attention_gemm_workspace_bytes(d, true))}, DType::u8);
+    auto f32 = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+    kernels::cuda::attention_gemm_backward(ctx.extension<kernels::cuda::Blas>(), d, f32(dq),
+                                           f32(dk), f32(dv), f32(dout), f32(out), lse_f, f32(q),
+                                           f32(k), f32(v), workspace.data_ptr(),
+                                           ctx.stream().cuda_stream());
+    return;
+  }
   if (use_cudnn(ctx, d, q.dtype(), true,
                 {dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), out.data_ptr(),
                  q.data_ptr(), k.data_ptr(), v.data_ptr()})) {

@@ -32,6 +32,7 @@ import math
 import os
 import struct
 import sys
+import time
 
 import numpy as np
 import torch
@@ -261,8 +262,12 @@ def train_curve(twin, data, recipe, batches, want_update_norms, label):
     """Trains twin on batches(step) for every step; returns the curve."""
     evals = eval_steps(recipe, data)
     curve = {"loss": [], "grad_norm": [], "lr": [], "val_loss": {}, "update_norms": {}}
+    train_seconds = 0.0
     for step in range(1, recipe["train"]["train_iters"] + 1):
+        t0 = time.perf_counter()
         r = twin.step(step - 1, batches(step), want_update_norms)
+        if step > 1:  # the first step warms up
+            train_seconds += time.perf_counter() - t0
         for k in ("loss", "grad_norm", "lr"):
             curve[k].append(r[k])
         for g, v in r.get("update_norms", {}).items():
@@ -273,6 +278,13 @@ def train_curve(twin, data, recipe, batches, want_update_norms, label):
             val = curve["val_loss"].get(str(step))
             print(f"{label} step {step}: loss {r['loss']:.6f} grad norm {r['grad_norm']:.4f}"
                   + (f" val {val:.6f}" if val is not None else ""), flush=True)
+    t = recipe["train"]
+    steps = t["train_iters"] - 1
+    if steps > 0 and train_seconds > 0:
+        # The step's loss.item() waits for the device, so the wall time is the device's.
+        curve["tokens_per_sec"] = steps * t["global_batch_size"] * recipe["model"]["seq_length"] / train_seconds
+        print(f"{label}: {curve['tokens_per_sec']:.0f} tokens/s (steps 2..{steps + 1}"
+              + (", with update norms" if want_update_norms else "") + ")", flush=True)
     return curve
 
 

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The training-quality checks (docs/CORRECTNESS.md, "Loss curves"), on one GPU, from the
+# bundle of scripts/gpu_bundle.sh and a python3 with PyTorch and numpy, from the repository
+# root. Every run trains GPT-2-style models on the shipped Austen text, tokenized to llm.c
+# shards by `tokenize --val-fraction 0.05`, for 300 steps of 16 x 1024 tokens (AdamW lr 6e-4,
+# betas 0.9/0.95, 30 warm-up steps, cosine to 0, weight decay 0.1, clip 1.0; validation on
+# the first 3 batches of the validation file every 50 steps). Parts, chosen by PARTS:
+#
+#   golden  the golden curves of tests/train/golden: fsdp.cpp's initial weights and batches
+#           of the two tiny recipes, replayed by PyTorch in f64 on the CPU (LOG_DIR/golden/)
+#   seeds   GPT-2 d12 with the recipe's defaults: fsdp.cpp with 3 seeds on the llm.c shards
+#           and 3 on the text itself (dataset.type=text), PyTorch with 3 seeds of its own
+#           initialization and sampler (curve.py independent)
+#   gpt2    GPT-2 d12, same weights and batches (curve.py replay): bf16, then bf16 with each
+#           of fsdp.cpp's options that change the arithmetic (whole-batch classifier, f32
+#           residual stream, full recompute)
+#   f32     the same in f32 on both sides (TF32 off)
+#   llama   a Llama of the same size (12 x 768, 12 heads sharing 4 kv heads, untied), same
+#           weights and batches, in bf16 (LLAMA_PRECISIONS="bf16 f32" adds f32)
+#
+#   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
+L="${2:-${OUT:-/tmp}/curves}"
+mkdir -p "$L"
+B="$bundle"
+work="$(mktemp -d)"
+PARTS="${PARTS:-golden seeds gpt2 f32 llama}"
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+say() { echo "== $* ($(date +%T))"; }
+curve() { python3 tools/parity/curve.py "$@"; }
+
+"$B/tools/tokenize" --val-fraction 0.05 --out "$work/austen" third_party/text/austen.txt > "$L/tokenize.log"
+GPT2=(--config configs/gpt2-124m.json
+  dataset.train_path="$work/austen_train_*.bin" dataset.val_path="$work/austen_val_*.bin"
+  train.train_iters=300 train.micro_batch_size=16 train.global_batch_size=16
+  train.eval_interval=50 train.eval_iters=3 scheduler.lr_warmup_iters=30
+  scheduler.lr_decay_iters=300 optimizer.min_lr=0 ddp.data_parallel_sharding_strategy=no_shard
+  checkpoint.save=null checkpoint.load=null logger.log_interval=1)
+LLAMA=(model.family=llama model.n_kv_head=4 model.d_ff=2048 model.tie_embeddings=false
+  model.rope_theta=10000)
+REPLAY=(logger.samples_file=samples.jsonl logger.log_update_norms=true)
+
+# train NAME ARGS...: one fsdp.cpp run into $L/NAME (its step lines in $L/NAME.log).
+train() {
+  local name=$1; shift
+  timeout 580 "$B/tools/train" "$@" run.output_dir="$L/$name" > "$L/$name.log" 2>&1
+  say "fsdp.cpp $name rc=$? $(grep -E '^step 300/' "$L/$name.log" | cut -c1-80)"
+}
+
+# replay NAME PRECISION ARGS...: fsdp.cpp trains with ARGS, then its PyTorch twin from the
+# same initial weights on the same batches.
+replay() {
+  local name=$1 precision=$2; shift 2
+  train "$name" "$@" "${REPLAY[@]}" mixed_precision.compute_dtype="$precision"
+  "$B/tools/convert" init "$L/$name/init.safetensors" "$@" > /dev/null
+  timeout 580 python3 tools/parity/curve.py replay "$L/$name" --weights "$L/$name/init.safetensors" \
+    --out "$L/$name/curve.json" --svg "$L/$name/curve.svg" > "$L/$name/replay.log" 2>&1
+  say "replay $name rc=$?"; tail -1 "$L/$name/replay.log"
+}
+
+if want golden; then
+  mkdir -p "$L/golden"
+  python3 - "$work/austen_bytes.bin" <<'PY'
+import sys, numpy as np
+tokens = np.frombuffer(open("third_party/text/austen.txt", "rb").read(), np.uint8).astype(np.uint16)
+header = np.zeros(256, np.int32); header[:3] = (20240520, 1, len(tokens))
+open(sys.argv[1], "wb").write(header.tobytes() + tokens.tobytes())
+PY
+  for m in gpt2_tiny llama_tiny; do
+    R=(--config tests/train/golden/$m.json dataset.train_path="$work/austen_bytes.bin")
+    timeout 120 "$B/tools/train" "${R[@]}" run.output_dir="$L/golden/$m" > "$L/golden/$m.log" 2>&1
+    "$B/tools/convert" init "$L/golden/$m/init.safetensors" "${R[@]}" > /dev/null
+    CUDA_VISIBLE_DEVICES= timeout 300 python3 tools/parity/curve.py replay "$L/golden/$m" \
+      --weights "$L/golden/$m/init.safetensors" --device cpu --out "$L/golden/$m/curve.json" \
+      --golden "$L/golden/${m}_curve.json" > "$L/golden/$m.replay.log" 2>&1
+    say "golden $m rc=$?"; tail -1 "$L/golden/$m.replay.log"
+  done
+fi
+
+if want seeds; then
+  for s in 1 2 3; do
+    train "seed$s" "${GPT2[@]}" run.seed=$s dataset.seed=$s
+    train "text_seed$s" "${GPT2[@]}" run.seed=$s dataset.seed=$s dataset.type=text \
+      dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0.05
+    timeout 580 python3 tools/parity/curve.py independent "$L/seed$s" --seed $s --precision bf16 \
+      --out "$L/torch_seed$s.json" > "$L/torch_seed$s.log" 2>&1
+    say "pytorch seed $s rc=$?"
+  done
+  curve table --steps 50,100,200,300 fsdp.cpp="$L/seed1" fsdp.cpp="$L/seed2" fsdp.cpp="$L/seed3" \
+    text="$L/text_seed1" text="$L/text_seed2" text="$L/text_seed3" \
+    pytorch="$L/torch_seed1.json" pytorch="$L/torch_seed2.json" pytorch="$L/torch_seed3.json" \
+    | tee "$L/seeds_table.txt"
+fi
+
+if want gpt2; then
+  replay gpt2_bf16 bf16 "${GPT2[@]}"
+  replay gpt2_bf16_whole_classifier bf16 "${GPT2[@]}" model.classifier_chunk_rows=0
+  replay gpt2_bf16_fp32_residual bf16 "${GPT2[@]}" model.fp32_residual_connection=true
+  replay gpt2_bf16_full_recompute bf16 "${GPT2[@]}" model.activation_recompute=full
+fi
+want f32 && replay gpt2_f32 f32 "${GPT2[@]}"
+if want llama; then
+  for p in ${LLAMA_PRECISIONS:-bf16}; do replay llama_$p $p "${GPT2[@]}" "${LLAMA[@]}"; done
+fi
+
+# One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).
+for f in "$L"/*/curve.json; do
+  [ -f "$f" ] || continue
+  python3 - "$f" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); s = c["summary"]
+print(f"{sys.argv[1].split('/')[-2]:<32} {c['precision']:>5}  val diff "
+      + " ".join(f"@{k} {v:+.4f}" for k, v in s["val_loss_diff"].items())
+      + f"  |train diff| max {s['max_abs_loss_diff']:.3f}, mean last 50 {s['mean_loss_diff_last_50']:+.4f}")
+PY
+done | tee "$L/replay_table.txt"
+rm -rf "$work"

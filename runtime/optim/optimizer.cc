@@ -13,8 +13,9 @@ Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const Opt
     : ctx_(ctx), ranges_(std::move(ranges)), config_(config) {
   FSDP_CHECK(config.kind == "adamw" || config.kind == "sgd", ConfigError,
              "optimizer.optimizer: unknown optimizer '", config.kind, "' (adamw or sgd)");
-  FSDP_CHECK(config.moments_dtype == DType::f32 || config.moments_dtype == DType::bf16,
-             ConfigError, "optimizer.moments_dtype must be f32 or bf16");
+  FSDP_CHECK(config.moments_dtype == DType::f32 || config.moments_dtype == DType::bf16 ||
+                 config.moments_dtype == DType::f64,
+             ConfigError, "optimizer.moments_dtype must be f32, bf16 or f64");
   ArenaLayout layout;
   size_t on_host = 0;
   for (const OptimizerRange& r : ranges_) {

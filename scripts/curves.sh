@@ -116,3 +116,5 @@ print(f"{sys.argv[1].split('/')[-2]:<32} {c['precision']:>5}  val diff "
 PY
 done | tee "$L/replay_table.txt"
 rm -rf "$work"
+# Everything but the weights and sample lists, in one file beside LOG_DIR.
+tar czf "$L.tgz" --exclude=init.safetensors --exclude=samples.jsonl -C "$(dirname "$L")" "$(basename "$L")"

@@ -17,6 +17,9 @@
 #   f32     the same in f32 on both sides (TF32 off)
 #   llama   a Llama of the same size (12 x 768, 12 heads sharing 4 kv heads, untied), same
 #           weights and batches, in bf16 (LLAMA_PRECISIONS="bf16 f32" adds f32)
+#   noise   the noise floor of an f32 comparison: fsdp.cpp's f32 GPT-2 and Llama runs again
+#           with micro-batches of 8 (two per step), a change of rounding only; compare their
+#           metrics with the f32 runs' (curve.py table)
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -102,6 +105,11 @@ fi
 want f32 && replay gpt2_f32 f32 "${GPT2[@]}"
 if want llama; then
   for p in ${LLAMA_PRECISIONS:-bf16}; do replay llama_$p $p "${GPT2[@]}" "${LLAMA[@]}"; done
+fi
+
+if want noise; then
+  train gpt2_f32_mb8 "${GPT2[@]}" mixed_precision.compute_dtype=f32 train.micro_batch_size=8
+  train llama_f32_mb8 "${GPT2[@]}" "${LLAMA[@]}" mixed_precision.compute_dtype=f32 train.micro_batch_size=8
 fi
 
 # One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).

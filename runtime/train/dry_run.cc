@@ -21,7 +21,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   po.dp_size = fo.strategy == ShardingStrategy::NoShard ? 1 : mesh.size(MeshAxis::dp_shard);
   po.block = fo.shard_block;
   po.strategy = fo.strategy;
-  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, fo.unit_kind, fo.blocks_per_unit), po);
+  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit), po);
   const MemoryBreakdown mem = estimate_memory(plan, fo);
   // With cpu offload the moments (and the master weights) are in host memory.
   const size_t opt_state = optimizer_state_bytes(plan, recipe.optimizer.optimizer,

@@ -41,7 +41,7 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   o.average_in_collective = r.ddp.average_in_collective;
   o.prefetch_units = r.ddp.prefetch_units;
   o.max_inflight_reduce_bytes = int64_t(r.ddp.max_inflight_reduce_mb * 1024 * 1024);
-  o.unit_kind = r.ddp.unit;
+  o.unit_kind = unit_kind_from_name(r.ddp.unit);
   o.blocks_per_unit = r.ddp.blocks_per_unit;
   o.seed = uint64_t(r.run.seed);
   o.overlap_gather = r.ddp.overlap_param_gather;

@@ -149,105 +149,108 @@ Tensor zeros_on(Context& ctx, int64_t n, DType dtype) {
 
 }  // namespace
 
-void ShardedModel::allocate() {
-  Context& ctx = shared_.ctx;
-  const FsdpOptions& o = shared_.options;
-  const int rank = shared_.groups.shard_rank();
-  int64_t max_block_numel = 0;
-  for (int b : blocks_) max_block_numel = std::max(max_block_numel, unit(b).plan().padded_numel);
+Tensor ShardedModel::new_buffer(int64_t n, DType dtype, bool registrable, const std::string& what,
+                                size_t& account) {
+  account += buffer_cost(n, dtype, registrable);
+  if (!registrable) return zeros_on(shared_.ctx, n, dtype);
+  return zeros_registrable(shared_.ctx, n, dtype, what).narrow(0, 0, n);
+}
 
+ShardedModel::Arenas ShardedModel::allocate_arenas() {
   // One zeroed allocation per buffer class; each unit's buffers are views into it. With
   // nccl_ub, the ones a shard-group collective reads or writes are registrable memory.
-  const PersistentLayout layout = persistent_layout(plan_, o);
+  Context& ctx = shared_.ctx;
+  const FsdpOptions& o = shared_.options;
+  Arenas a;
+  a.layout = persistent_layout(plan_, o);
   const bool ub = shared_.registered_memory();
-  auto buffer = [&](int64_t n, DType dtype, bool registrable, const std::string& what,
-                    size_t& account) {
-    account += buffer_cost(n, dtype, registrable);
-    if (!registrable) return zeros_on(ctx, n, dtype);
-    return zeros_registrable(ctx, n, dtype, what).narrow(0, 0, n);
-  };
-  auto arena = [&](const ArenaLayout& a, DType dtype, size_t& account, bool registrable = false,
+  auto arena = [&](const ArenaLayout& l, DType dtype, size_t& account, bool registrable = false,
                    const char* what = "") {
-    if (a.empty()) return Tensor();
-    return buffer(a.numel, dtype, registrable, what, account);
+    return l.empty() ? Tensor() : new_buffer(l.numel, dtype, registrable, what, account);
   };
   const bool zero1 = o.strategy == ShardingStrategy::Optim;
-  const bool full_grads = !shared_.grads_sharded();
-  Tensor main;
   if (o.offload_main && ctx.is_cuda()) {
     // CPU offload: the master weights in page-locked host memory, zeroed.
-    if (!layout.main.empty()) {
-      main = ctx.empty_pinned(Shape{std::max<int64_t>(layout.main.numel, 1)}, o.main_dtype);
+    if (!a.layout.main.empty()) {
+      Tensor main = ctx.empty_pinned(Shape{std::max<int64_t>(a.layout.main.numel, 1)}, o.main_dtype);
       std::memset(main.data_ptr(), 0, main.nbytes());
-      memory_.host_main_weights += buffer_cost(layout.main.numel, o.main_dtype);
-      main = main.narrow(0, 0, layout.main.numel);
+      memory_.host_main_weights += buffer_cost(a.layout.main.numel, o.main_dtype);
+      a.main = main.narrow(0, 0, a.layout.main.numel);
     }
   } else {
-    main = arena(layout.main, o.main_dtype, memory_.main_weights);
+    a.main = arena(a.layout.main, o.main_dtype, memory_.main_weights);
   }
-  Tensor compute = arena(layout.compute, o.compute_dtype, memory_.compute_weights, ub,
-                         "compute weights");
+  a.compute = arena(a.layout.compute, o.compute_dtype, memory_.compute_weights, ub, "compute weights");
   // ZeRO-1 reduce-scatters the accumulated full gradients into the gradient shards.
-  Tensor grad_accum = arena(layout.grad_accum, o.reduce_dtype,
-                            full_grads ? memory_.full_grads : memory_.grad_accumulation,
-                            ub && zero1, "accumulated gradients");
-  Tensor grad_full = arena(layout.grad_full, o.grad_dtype, memory_.full_grads);
-  Tensor grad_shard = arena(layout.grad_shard, o.reduce_dtype, memory_.grad_accumulation,
-                            ub && zero1, "gradient shards");
-  auto view = [](const Tensor& t, const ArenaLayout& a, size_t u, int64_t n) {
-    return t.narrow(0, a.offsets[u], n);
-  };
+  a.grad_accum = arena(a.layout.grad_accum, o.reduce_dtype,
+                       shared_.grads_sharded() ? memory_.grad_accumulation : memory_.full_grads,
+                       ub && zero1, "accumulated gradients");
+  a.grad_full = arena(a.layout.grad_full, o.grad_dtype, memory_.full_grads);
+  a.grad_shard = arena(a.layout.grad_shard, o.reduce_dtype, memory_.grad_accumulation, ub && zero1,
+                       "gradient shards");
+  return a;
+}
 
-  for (auto& up : units_) {
-    FsdpUnit& u = *up;
-    const UnitPlan& p = u.plan();
-    const size_t i = size_t(u.index());
-    u.main = view(main, layout.main, i, p.shard_numel);
-    if (shared_.zero3()) {
-      u.compute_shard = view(compute, layout.compute, i, p.shard_numel);
-      if (u.is_root()) {
-        // The root stays gathered from its forward to the end of its backward: its own buffer.
-        u.root_gathered = buffer(p.padded_numel, o.compute_dtype, ub,
-                                 "the root's gathered weights", memory_.gather_pool);
-      }
-    } else {
-      // Full weights are always present (install_weights refreshes them).
-      const Tensor full = view(compute, layout.compute, i, p.padded_numel);
-      u.compute_shard = full.narrow(0, p.shard_begin(rank), p.shard_numel);
-      u.adopt_full_weights(full);
+void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
+  const FsdpOptions& o = shared_.options;
+  const UnitPlan& p = u.plan();
+  const int rank = shared_.groups.shard_rank();
+  const bool ub = shared_.registered_memory();
+  const size_t i = size_t(u.index());
+  auto view = [i](const Tensor& t, const ArenaLayout& l, int64_t n) { return t.narrow(0, l.offsets[i], n); };
+  u.main = view(a.main, a.layout.main, p.shard_numel);
+  if (shared_.zero3()) {
+    u.compute_shard = view(a.compute, a.layout.compute, p.shard_numel);
+    if (u.is_root()) {
+      // The root stays gathered from its forward to the end of its backward: its own buffer.
+      u.root_gathered = new_buffer(p.padded_numel, o.compute_dtype, ub, "the root's gathered weights",
+                                   memory_.gather_pool);
     }
-    if (shared_.grads_sharded()) {
-      u.grad_accum = view(grad_accum, layout.grad_accum, i, p.shard_numel);
-      u.grad_shard = u.grad_accum;
-      if (u.is_root()) {
-        u.root_grad = buffer(p.padded_numel, o.grad_dtype, ub, "the root's full gradients",
-                             memory_.grad_pool);
-      }
-    } else {
-      // no_shard and optim accumulate full gradients over the micro-batches; when backward
-      // writes another dtype than they accumulate in, each micro-batch has its own buffer.
-      u.grad_accum = view(grad_accum, layout.grad_accum, i, p.padded_numel);
-      u.grad_full = layout.grad_full.offsets[i] >= 0 ? view(grad_full, layout.grad_full, i, p.padded_numel)
-                                                     : u.grad_accum;
-      u.bind_grads(u.grad_full);
-      // optim: the reduce-scatter's output; no_shard: the plan has one shard, the whole buffer.
-      u.grad_shard = layout.grad_shard.offsets[i] >= 0 ? view(grad_shard, layout.grad_shard, i, p.shard_numel)
-                                                       : u.grad_accum;
-    }
-    // Optimizer views: one per weight-decay range of this rank's shard.
-    u.first_range = optimizer_ranges_.size();
-    for (const DecayRange& r : p.decay_ranges(rank)) {
-      OptimizerRange range;
-      range.name = str_cat(u.name(), "[", p.shard_begin(rank) + r.shard_offset, ":",
-                           p.shard_begin(rank) + r.shard_offset + r.numel, "]");
-      range.main = u.main.narrow(0, r.shard_offset, r.numel);
-      range.grad = u.grad_shard.narrow(0, r.shard_offset, r.numel);
-      range.param_copy = u.compute_shard.narrow(0, r.shard_offset, r.numel);
-      range.weight_decay = r.weight_decay;
-      optimizer_ranges_.push_back(range);
-    }
-    u.end_range = optimizer_ranges_.size();
+  } else {
+    // Full weights are always present (install_weights refreshes them).
+    const Tensor full = view(a.compute, a.layout.compute, p.padded_numel);
+    u.compute_shard = full.narrow(0, p.shard_begin(rank), p.shard_numel);
+    u.adopt_full_weights(full);
   }
+  if (shared_.grads_sharded()) {
+    u.grad_accum = view(a.grad_accum, a.layout.grad_accum, p.shard_numel);
+    u.grad_shard = u.grad_accum;
+    if (u.is_root()) {
+      u.root_grad = new_buffer(p.padded_numel, o.grad_dtype, ub, "the root's full gradients",
+                               memory_.grad_pool);
+    }
+  } else {
+    // no_shard and optim accumulate full gradients over the micro-batches; when backward
+    // writes another dtype than they accumulate in, each micro-batch has its own buffer.
+    u.grad_accum = view(a.grad_accum, a.layout.grad_accum, p.padded_numel);
+    u.grad_full = a.layout.grad_full.offsets[i] >= 0 ? view(a.grad_full, a.layout.grad_full, p.padded_numel)
+                                                     : u.grad_accum;
+    u.bind_grads(u.grad_full);
+    // optim: the reduce-scatter's output; no_shard: the plan has one shard, the whole buffer.
+    u.grad_shard = a.layout.grad_shard.offsets[i] >= 0 ? view(a.grad_shard, a.layout.grad_shard, p.shard_numel)
+                                                       : u.grad_accum;
+  }
+  // Optimizer views: one per weight-decay range of this rank's shard.
+  u.first_range = optimizer_ranges_.size();
+  for (const DecayRange& r : p.decay_ranges(rank)) {
+    OptimizerRange range;
+    range.name = str_cat(u.name(), "[", p.shard_begin(rank) + r.shard_offset, ":",
+                         p.shard_begin(rank) + r.shard_offset + r.numel, "]");
+    range.main = u.main.narrow(0, r.shard_offset, r.numel);
+    range.grad = u.grad_shard.narrow(0, r.shard_offset, r.numel);
+    range.param_copy = u.compute_shard.narrow(0, r.shard_offset, r.numel);
+    range.weight_decay = r.weight_decay;
+    optimizer_ranges_.push_back(range);
+  }
+  u.end_range = optimizer_ranges_.size();
+}
+
+void ShardedModel::allocate_pools() {
+  Context& ctx = shared_.ctx;
+  const FsdpOptions& o = shared_.options;
+  const bool ub = shared_.registered_memory();
+  int64_t max_block_numel = 0;
+  for (int b : blocks_) max_block_numel = std::max(max_block_numel, unit(b).plan().padded_numel);
   if (shared_.zero3() && !blocks_.empty()) {
     shared_.gather_pool = std::make_unique<BufferPool>(ctx, "gathered weights", gather_pool_slots(o),
                                                        max_block_numel, o.compute_dtype, ub);
@@ -263,13 +266,19 @@ void ShardedModel::allocate() {
     // Reduce-scatters write a persistent registered output instead of a fresh temporary
     // (and read a registered input when the gradients are cast to the reduce dtype first).
     const ReduceStaging staging = reduce_staging(plan_, o);
-    shared_.reduce_out = buffer(staging.out_numel, o.reduce_dtype, true, "reduce-scatter output",
-                                memory_.grad_pool);
+    shared_.reduce_out = new_buffer(staging.out_numel, o.reduce_dtype, true, "reduce-scatter output",
+                                    memory_.grad_pool);
     if (staging.in_numel > 0)
-      shared_.reduce_in = buffer(staging.in_numel, o.reduce_dtype, true, "reduce-scatter input",
-                                 memory_.grad_pool);
+      shared_.reduce_in = new_buffer(staging.in_numel, o.reduce_dtype, true, "reduce-scatter input",
+                                     memory_.grad_pool);
   }
-  if (ub) register_buffers(compute, grad_accum, grad_shard);
+}
+
+void ShardedModel::allocate() {
+  const Arenas a = allocate_arenas();
+  for (auto& u : units_) lay_out_unit(*u, a);
+  allocate_pools();
+  if (shared_.registered_memory()) register_buffers(a.compute, a.grad_accum, a.grad_shard);
 }
 
 void ShardedModel::register_buffers(const Tensor& compute, const Tensor& grad_accum,

@@ -51,6 +51,7 @@
 #include "collectives/mesh.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/core/context.h"
+#include "runtime/fsdp/buffer_layout.h"
 #include "runtime/fsdp/buffer_pool.h"
 #include "runtime/fsdp/options.h"
 #include "runtime/fsdp/plan.h"
@@ -134,7 +135,19 @@ class ShardedModel {
  private:
   void build_units();
   void check_plan_across_ranks();
+  // The buffers: one arena per persistent class (buffer_layout.h), each unit's views into
+  // them and its optimizer ranges, then the pools; allocate() does all three.
+  struct Arenas {
+    PersistentLayout layout;
+    Tensor main, compute, grad_accum, grad_full, grad_shard;
+  };
   void allocate();
+  Arenas allocate_arenas();
+  void lay_out_unit(FsdpUnit& u, const Arenas& a);
+  void allocate_pools();
+  // A zeroed buffer of n elements (registrable memory for nccl_ub), its cost added to `account`.
+  Tensor new_buffer(int64_t n, DType dtype, bool registrable, const std::string& what,
+                    size_t& account);
   // nccl_ub: registers every collective buffer with its communicator (see FsdpOptions).
   void register_buffers(const Tensor& compute, const Tensor& grad_accum, const Tensor& grad_shard);
   void initialize_weights();

@@ -48,9 +48,9 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
   return b;
 }
 
-size_t optimizer_state_bytes(const ShardingPlan& plan, const std::string& optimizer,
+size_t optimizer_state_bytes(const ShardingPlan& plan, OptimizerKind optimizer,
                              DType moments_dtype, int rank) {
-  if (optimizer != "adamw") return 0;
+  if (!has_moments(optimizer)) return 0;
   // Each moment is one arena over the weight-decay ranges of every unit's shard (see
   // runtime/optim/optimizer.cc, which lays them out the same way).
   ArenaLayout moments;

@@ -8,6 +8,7 @@
 
 #include "runtime/fsdp/options.h"
 #include "runtime/fsdp/plan.h"
+#include "runtime/optim/optimizer_kind.h"
 
 namespace fsdp {
 
@@ -16,7 +17,7 @@ namespace fsdp {
 MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& options);
 
 // Adam's two moments over `rank`'s main-weight elements (one pair per weight-decay range).
-size_t optimizer_state_bytes(const ShardingPlan& plan, const std::string& optimizer,
+size_t optimizer_state_bytes(const ShardingPlan& plan, OptimizerKind optimizer,
                              DType moments_dtype, int rank = 0);
 
 }  // namespace fsdp

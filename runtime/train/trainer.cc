@@ -189,7 +189,7 @@ void Trainer::State::setup_world() {
       CudaGraphPlan::of(recipe, planned_dp, recipe.grad_accum_steps(planned_dp),
                         planned_dp > 1 && !options.skip_collectives);
   WorldOptions wo;
-  wo.backend = recipe.dist.device == "cuda" ? Backend::Nccl : Backend::Mpi;
+  wo.backend = device_type_of(recipe) == DeviceType::CUDA ? Backend::Nccl : Backend::Mpi;
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
   wo.print_summary = options.out != nullptr;
   wo.on_failure = options.on_comm_failure;
@@ -215,7 +215,7 @@ void Trainer::State::setup_model_and_sharding() {
   // The model as specs; fully_shard materializes and initializes only this rank's shards.
   model_config = model_config_of(recipe);
   model = models::build_model(model_config);
-  models::set_activation_recompute(*model, recipe.model.activation_recompute);
+  models::set_activation_recompute(*model, recompute_of(recipe));
   n_params = model->num_parameters();
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
                                            int(model_config.d_model), int(model_config.seq_len));
@@ -297,7 +297,7 @@ void Trainer::State::print_startup_report() const {
   const MemoryBreakdown mem = sharded->memory();
   const size_t opt_bytes = optimizer->state_bytes();
   const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
-                                                recipe.model.activation_recompute);
+                                                recompute_of(recipe));
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()

@@ -29,7 +29,7 @@ double persistent_bytes_per_param(const models::ModelConfig& c, int dp, DType gr
   po.strategy = s;
   const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, unit_module_kind(o.unit_kind)), po);
   const MemoryBreakdown m = estimate_memory(plan, o);
-  const size_t adam = optimizer_state_bytes(plan, "adamw", DType::f32);
+  const size_t adam = optimizer_state_bytes(plan, OptimizerKind::adamw, DType::f32);
   if (padding) *padding = double(plan.total_padded_numel()) / double(plan.total_numel());
   return double(m.compute_weights + m.main_weights + m.grad_accumulation + m.full_grads + adam) /
          double(model->num_parameters());

@@ -76,7 +76,7 @@ std::vector<double> train(const RunOptions& o, const DataParallelGroups& groups,
   models::ModelConfig mc = small_gpt(o.llama);
   mc.classifier_chunk_rows = o.chunk_rows;
   auto model = models::build_model(mc);
-  if (o.recompute) models::set_activation_recompute(*model, "full");
+  if (o.recompute) models::set_activation_recompute(*model, models::Recompute::full);
   FsdpOptions fo;
   fo.strategy = o.strategy;
   fo.compute_dtype = DType::f32;
@@ -345,7 +345,7 @@ TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[
     oc.moments_dtype = moments;
     const size_t before = ctx.allocator()->stats().in_use;
     Optimizer opt(ctx, sharded->optimizer_ranges(), oc);
-    const size_t est = optimizer_state_bytes(sharded->plan(), "adamw", moments, world.rank());
+    const size_t est = optimizer_state_bytes(sharded->plan(), OptimizerKind::adamw, moments, world.rank());
     CHECK(opt.state_bytes() == est);
     CHECK(ctx.allocator()->stats().in_use - before == est);
   }

@@ -25,7 +25,7 @@
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/plot.h"
 #include "runtime/train/run_stats.h"
-#include "runtime/train/schedule.h"
+#include "runtime/train/lr_schedule.h"
 #include "runtime/train/trainer_setup.h"
 #include "runtime/train/update_norms.h"
 

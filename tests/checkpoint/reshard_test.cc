@@ -119,10 +119,7 @@ TEST_CASE("a checkpoint saved by N ranks under ZeRO-3 resumes on N/2 ranks under
 
 TEST_CASE("replicated state (no_shard, HSDP) is written once per shard and loads into any layout",
           "[checkpoint][mpi]") {
-  WorldOptions wo;
-  wo.backend = Backend::Mpi;
-  wo.print_summary = false;
-  World world(wo);
+  World world(testing::quiet_mpi_world());
   const int n = world.size();
   const std::string dir = testing::shared_scratch_dir("replicas");
   struct Layout {

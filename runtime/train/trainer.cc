@@ -22,6 +22,7 @@
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/plot.h"
 #include "runtime/train/run_stats.h"
@@ -219,6 +220,8 @@ void Trainer::State::setup_model_and_sharding() {
   n_params = model->num_parameters();
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
                                            int(model_config.d_model), int(model_config.seq_len));
+  // A run whose predicted memory exceeds the device is refused before anything is allocated.
+  check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(), world->local_size());
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;

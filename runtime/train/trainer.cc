@@ -269,6 +269,7 @@ void Trainer::State::setup_output() {
   CheckpointedParts parts{ctx.get(), &world->comm(), mesh.get(), data_parallel_groups(*comms, strategy),
                           sharded.get(), optimizer.get(), train_data.get()};
   checkpoints = std::make_unique<RunCheckpoints>(recipe, parts, [this](const std::string& l) { print(l); });
+  checkpoints->check_save_directory();
   std::optional<int64_t> resumed;
   if (options.resume) resumed = checkpoints->resume();
   if (resumed) step = *resumed;

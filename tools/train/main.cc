@@ -36,6 +36,14 @@ int launcher_rank() {
   try {
     return fsdp::parse_launch_env(fsdp::process_environment()).rank;
   } catch (const fsdp::Error&) {
+    // An inconsistent launch environment (the error is reported later): the first rank
+    // variable that reads as a number still names this process.
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"}) {
+      const char* v = std::getenv(var);
+      char* end = nullptr;
+      const long r = v ? std::strtol(v, &end, 10) : -1;
+      if (v && *v && end && *end == '\0' && r >= 0 && r < (1L << 30)) return int(r);
+    }
     return 0;
   }
 }

@@ -525,4 +525,14 @@ int64_t Recipe::grad_accum_steps(int dp_size) const {
   return train.global_batch_size / (int64_t(train.micro_batch_size) * dp_size);
 }
 
+std::string first_difference(const Recipe& a, const Recipe& b,
+                             const std::vector<std::string>& ignore) {
+  for (const FieldSpec& spec : recipe_schema()) {
+    if (std::find(ignore.begin(), ignore.end(), spec.path) != ignore.end()) continue;
+    const Json va = field_json(spec, a), vb = field_json(spec, b);
+    if (va != vb) return str_cat(spec.path, " (", show(va), " vs ", show(vb), ")");
+  }
+  return "";
+}
+
 }  // namespace fsdp::train

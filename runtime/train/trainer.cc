@@ -19,6 +19,7 @@
 #include "runtime/core/thread_pool.h"
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/checkpoint/rank_agreement.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
@@ -113,6 +114,10 @@ struct Trainer::State {
 
   // Set-up, in order.
   void setup_world();
+  // ConfigError on every rank if the ranks were started with different recipes, naming the
+  // first key that differs (a different lr would train silently; a different train_iters
+  // would end in a mismatched collective).
+  void check_same_recipe_on_every_rank();
   void setup_model_and_sharding();
   void setup_data();
   void setup_output();
@@ -199,6 +204,7 @@ void Trainer::State::setup_world() {
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());
+  check_same_recipe_on_every_rank();
   clock = std::make_unique<StepClock>(*ctx);
   const std::vector<int> dp_group = mesh->dp_group(world->rank());
   dp_size = int(dp_group.size());
@@ -209,6 +215,24 @@ void Trainer::State::setup_world() {
     // The compute stream waits for the reduce stream (no_shard: gradient accumulation
     // there); the sharded model exists by the time a micro-batch runs.
     graphs = std::make_unique<MicroBatchGraph>(*ctx, graph_plan, [this] { sharded->finish_grad_sync(); });
+  }
+}
+
+void Trainer::State::check_same_recipe_on_every_rank() {
+  // Everything that decides what is computed must agree; file paths may differ (a node's
+  // local copy of the data, its own mount point).
+  static const std::vector<std::string> kPaths = {
+      "tokenizer.vocab_file", "tokenizer.merges_file", "dataset.train_path", "dataset.val_path",
+      "checkpoint.save", "checkpoint.load", "run.output_dir"};
+  const std::vector<std::string> all =
+      checkpoint::all_gather_strings(*ctx, &world->comm(), recipe.to_json_string());
+  const Recipe first = parse_recipe(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::string where = first_difference(first, parse_recipe(all[r]), kPaths);
+    FSDP_CHECK(where.empty(), ConfigError, "the ranks were started with different recipes: rank 0 "
+               "and rank ", r, " differ first at ", where,
+               "; launch every rank with the same --config and overrides");
   }
 }
 

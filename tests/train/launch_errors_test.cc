@@ -166,3 +166,20 @@ TEST_CASE("a run predicted not to fit in memory is refused before anything is al
   }
   CHECK_FALSE(std::filesystem::exists(s.output));
 }
+
+TEST_CASE("ranks started with different recipes are refused, naming the first differing key",
+          "[train][mpi]") {
+  const int n = testing::world_size();
+  if (n == 1) return;  // needs a second rank to disagree with
+  Scratch s("recipes_differ");
+  const std::string batch = "train.global_batch_size=" + std::to_string(2 * n);
+  // The last rank asks for another learning rate.
+  const std::string lr = testing::world_rank() == n - 1 ? "optimizer.lr=0.002" : "optimizer.lr=0.001";
+  try {
+    Trainer trainer(tiny_recipe(s, {batch, lr}), quiet());
+    FAIL("the run was not refused");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("different recipes") && Contains("optimizer.lr"));
+  }
+  CHECK_FALSE(std::filesystem::exists(s.output));
+}

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -132,8 +133,11 @@ struct Trainer::State {
   }
   // Sums `values` over every rank (tiny host vectors: losses, flags).
   std::vector<double> sum_over_ranks(const std::vector<double>& values);
-  // One optimizer step; returns this rank's summed micro-batch losses.
-  double train_step(double lr, double* grad_norm);
+  // One optimizer step; returns this rank's summed micro-batch losses, or nullopt when a
+  // stop was requested between its micro-batches (the step is dropped: no update).
+  std::optional<double> train_step(double lr, double* grad_norm);
+  // Whether any rank was asked to stop (collective; every rank calls it at the same point).
+  bool stop_agreed();
   // logger.samples_file: the global batch the next step reads (rank 0 writes it).
   void log_samples();
   double evaluate();
@@ -365,7 +369,12 @@ std::vector<double> Trainer::State::sum_over_ranks(const std::vector<double>& va
   return ops::to_vector<double>(*ctx, t);
 }
 
-double Trainer::State::train_step(double lr, double* grad_norm) {
+bool Trainer::State::stop_agreed() {
+  const bool mine = options.stop_requested && options.stop_requested();
+  return sum_over_ranks({mine ? 1.0 : 0.0})[0] > 0;
+}
+
+std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   clock->start_step();
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
@@ -392,6 +401,12 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
     };
     const Tensor loss = graphs ? graphs->run(m == accum - 1, idx, tgt, body) : body(idx, tgt);
     ops::axpby(*ctx, loss_sum, 1.0, loss, 1.0);
+    // A stop request inside a long step: between micro-batches, every rank at the same ones.
+    const int64_t poll_every = ctx->is_cuda() ? 8 : 1;
+    if (options.stop_requested && m + 1 < accum && (m + 1) % poll_every == 0 && stop_agreed()) {
+      sharded->finish_grad_sync();
+      return std::nullopt;
+    }
   }
   clock->micro_batches_queued();
   NvtxRange r("optimizer");
@@ -490,10 +505,19 @@ TrainResult Trainer::run_steps() {
     const double lr = s.schedule.lr_at(s.step);
     double norm = 0;
     s.log_samples();
-    const double local_loss = s.train_step(lr, &norm);
+    const uint64_t step_start = s.train_data->position();
+    const std::optional<double> local_loss = s.train_step(lr, &norm);
+    if (!local_loss) {
+      // Stopped between micro-batches: the step is dropped and its data will be read again.
+      s.train_data->seek(step_start);
+      s.print(str_cat("stop requested: ending during step ", s.step + 1, ", which is dropped"));
+      s.checkpoints->after_step(s.step, /*final=*/true);
+      result.stopped = true;
+      break;
+    }
     // One small all-reduce carries the losses and any rank's stop request.
     const bool stop_here = s.options.stop_requested && s.options.stop_requested();
-    const std::vector<double> summed = s.sum_over_ranks({local_loss, stop_here ? 1.0 : 0.0});
+    const std::vector<double> summed = s.sum_over_ranks({*local_loss, stop_here ? 1.0 : 0.0});
     const double loss = summed[0] / double(s.accum * s.dp_size);
     const double dt = seconds_since(t0);
     s.step++;

@@ -194,3 +194,22 @@ TEST_CASE("--no-resume and checkpoint.load=null start fresh; a load path without
 
   CHECK_THROWS_AS(run_training(tiny_recipe(dir, data, {"checkpoint.load=" + dir + "/run"})), ConfigError);
 }
+
+TEST_CASE("a lost latest marker resumes from the newest complete step, not from scratch",
+          "[checkpoint][mpi]") {
+  const std::string dir = testing::shared_scratch_dir("no_latest");
+  const std::string data = write_tokens(dir);
+  // The reference: 20 steps without a break.
+  const TrainResult full = run_training(tiny_recipe(dir, data, {"checkpoint.save=" + dir + "/reference"}));
+  // 10 steps saved at 5 and 10, then the marker is lost (deleted by hand, a copy without it).
+  run_training(tiny_recipe(dir, data, {"train.train_iters=10", "checkpoint.save_interval=5",
+                                       "scheduler.lr_decay_iters=20"}));
+  testing::barrier_all_ranks();
+  if (testing::world_rank() == 0) std::filesystem::remove(dir + "/ckpt/latest");
+  testing::barrier_all_ranks();
+  const TrainResult resumed = run_training(tiny_recipe(dir, data, {}));
+  CHECK(resumed.first_step == 10);
+  check_bitwise(resumed.losses, tail(full.losses, 10));
+  // The earlier step is kept (most_recent_k 0 in these recipes keeps every save).
+  CHECK(std::filesystem::exists(dir + "/ckpt/step_000005/metadata.json"));
+}

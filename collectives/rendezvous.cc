@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -194,6 +195,8 @@ std::string fetch(const std::string& host, int port, int rank, int size,
                  : reply[0] == kDuplicateRank ? " (another process already claimed this rank)"
                                              : " (not a valid rank)",
                  ": check RANK/WORLD_SIZE of every process");
+      FSDP_CHECK(reply[1] <= kMaxRendezvousPayload, LaunchError, "rendezvous at ", where,
+                 ": rank 0 announced a payload of ", reply[1], " bytes (not one of ours?)");
       std::string payload(reply[1], '\0');
       FSDP_CHECK(recv_all(s.fd(), &payload[0], payload.size(), deadline), LaunchError,
                  "rendezvous at ", where, ": the connection closed before the payload arrived");
@@ -206,13 +209,26 @@ std::string fetch(const std::string& host, int port, int rank, int size,
              " within ", seconds(timeout), " (last error: ", last_error, ")");
 }
 
+}  // namespace
+
 // ---- file
 
-std::string file_header(int size, size_t payload_bytes) {
-  return str_cat("FSDP-RENDEZVOUS 1 ", size, " ", payload_bytes, "\n");
+std::string format_rendezvous_record(const RendezvousRecord& record) {
+  return str_cat("FSDP-RENDEZVOUS 1 ", record.size, " ", record.payload.size(), "\n") + record.payload;
 }
 
-}  // namespace
+std::optional<RendezvousRecord> parse_rendezvous_record(const std::string& contents) {
+  const size_t eol = contents.find('\n');
+  if (eol == std::string::npos || eol > 64) return std::nullopt;
+  std::istringstream fields(contents.substr(0, eol));
+  std::string magic, rest;
+  long long version = 0, size = 0, bytes = -1;
+  if (!(fields >> magic >> version >> size >> bytes) || (fields >> rest)) return std::nullopt;
+  if (magic != "FSDP-RENDEZVOUS" || version != 1 || size < 1 || size > (1LL << 24) || bytes < 0 ||
+      size_t(bytes) > kMaxRendezvousPayload || contents.size() - eol - 1 != size_t(bytes))
+    return std::nullopt;
+  return RendezvousRecord{int(size), contents.substr(eol + 1)};
+}
 
 std::string tcp_rendezvous(const std::string& host, int port, int rank, int size,
                            const std::string& payload, std::chrono::milliseconds timeout) {
@@ -238,8 +254,7 @@ std::string file_rendezvous(const std::string& path, int rank, int size,
       std::ofstream out(temp, std::ios::binary | std::ios::trunc);
       FSDP_CHECK(out.good(), IoError, "rendezvous: cannot write FSDP_RENDEZVOUS_FILE=", path,
                  " (via ", temp, ")");
-      out << file_header(size, payload.size());
-      out.write(payload.data(), std::streamsize(payload.size()));
+      out << format_rendezvous_record({size, payload});
       FSDP_CHECK(out.good(), IoError, "rendezvous: writing ", temp, " failed");
     }
     FSDP_CHECK(std::rename(temp.c_str(), path.c_str()) == 0, IoError, "rendezvous: cannot ",
@@ -255,24 +270,17 @@ std::string file_rendezvous(const std::string& path, int rank, int size,
     if (::stat(path.c_str(), &st) == 0) {
       if (st.st_mtime < oldest) {
         seen = "only a stale file from an earlier job";
-      } else {
+      } else if (uint64_t(st.st_size) <= kMaxRendezvousPayload + 64) {
         std::ifstream in(path, std::ios::binary);
-        std::string header;
-        std::getline(in, header);
-        std::istringstream fields(header);
-        std::string magic;
-        int version = 0, their_size = 0;
-        size_t bytes = 0;
-        fields >> magic >> version >> their_size >> bytes;
-        if (magic == "FSDP-RENDEZVOUS" && version == 1) {
-          FSDP_CHECK(their_size == size, LaunchError, "rendezvous: FSDP_RENDEZVOUS_FILE=", path,
-                     " was written by a job of ", their_size, " ranks, but this one has ",
-                     size);
-          std::string payload_in(bytes, '\0');
-          in.read(&payload_in[0], std::streamsize(bytes));
-          if (in.gcount() == std::streamsize(bytes)) return payload_in;
+        const std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (const std::optional<RendezvousRecord> record = parse_rendezvous_record(contents)) {
+          FSDP_CHECK(record->size == size, LaunchError, "rendezvous: FSDP_RENDEZVOUS_FILE=", path,
+                     " was written by a job of ", record->size, " ranks, but this one has ", size);
+          return record->payload;
         }
         seen = "a file that is not a complete rendezvous record";
+      } else {
+        seen = "a file too large to be a rendezvous record";
       }
     }
     std::this_thread::sleep_for(kRetryPause / 2);

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <optional>
 #include <string>
 
 namespace fsdp {
@@ -25,5 +27,20 @@ std::string file_rendezvous(const std::string& path, int rank, int size,
                             const std::string& payload, std::chrono::milliseconds timeout);
 
 void remove_rendezvous_file(const std::string& path);
+
+// The payload is small (an NCCL unique id is 128 bytes); anything longer is not ours.
+constexpr size_t kMaxRendezvousPayload = size_t(1) << 16;
+
+// A rendezvous file as rank 0 writes it: the line "FSDP-RENDEZVOUS 1 <ranks> <bytes>", then
+// the payload's bytes.
+struct RendezvousRecord {
+  int size = 0;  // ranks of the job that wrote it
+  std::string payload;
+};
+std::string format_rendezvous_record(const RendezvousRecord& record);
+// The record in `contents`, or nullopt while it is not one or not complete (a reader polls
+// again): a wrong header, a payload length over kMaxRendezvousPayload, or fewer bytes than
+// the header announces.
+std::optional<RendezvousRecord> parse_rendezvous_record(const std::string& contents);
 
 }  // namespace fsdp

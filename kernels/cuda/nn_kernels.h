@@ -50,7 +50,8 @@ void swiglu_backward(void* dx, const void* dout, const void* x, int64_t rows, in
 
 // ---- rotary embeddings, in place on a strided (B, T, H, D) tensor
 void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                const HeadStrides& strides, double theta, bool inverse, stream_t stream);
+                const HeadStrides& strides, double theta, bool inverse, int64_t position_offset,
+                stream_t stream);
 
 // ---- embeddings. Token ids must lie in [0, vocab) (not checked on the device).
 void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, const void* wte,

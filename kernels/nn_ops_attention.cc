@@ -11,7 +11,7 @@
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/attention_gemm.h"
 #include "kernels/cuda/cudnn_attention.h"
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/attention.h"
 #endif
 
 namespace fsdp::ops {

@@ -4,7 +4,7 @@
 #include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/cross_entropy.h"
 #endif
 
 namespace fsdp::ops {

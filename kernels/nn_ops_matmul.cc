@@ -5,8 +5,8 @@
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/basic.h"
-#include "kernels/cuda/blas.h"
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/column_sum.h"
 #endif
 
 namespace fsdp::ops {

@@ -3,11 +3,13 @@
 
 #include "kernels/checks.h"
 #include "kernels/cpu/adamw_f32.h"
-#include "kernels/cpu/optim_init.h"
+#include "kernels/cpu/adamw.h"
+#include "kernels/cpu/init.h"
 #include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/init.h"
 #endif
 
 namespace fsdp::ops {

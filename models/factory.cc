@@ -17,16 +17,30 @@ int64_t count_parameters(const ModelConfig& config) {
   return build_model(config)->num_parameters();
 }
 
-void set_activation_recompute(LanguageModel& model, const std::string& mode) {
-  FSDP_CHECK(mode == "none" || mode == "full" || mode == "selective", ConfigError,
-             "activation recompute '", mode, "' is not one of: none, full, selective");
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::none: return "none";
+    case Recompute::full: return "full";
+    case Recompute::selective: return "selective";
+  }
+  return "?";
+}
+
+Recompute recompute_from_name(const std::string& name) {
+  if (name == "none") return Recompute::none;
+  if (name == "full") return Recompute::full;
+  if (name == "selective") return Recompute::selective;
+  FSDP_THROW(ConfigError, "activation recompute '", name, "' is not one of: none, full, selective");
+}
+
+void set_activation_recompute(LanguageModel& model, Recompute mode) {
   for (nn::Module* m : model.modules()) {
     m->set_recompute(false);
     if (auto* mlp = dynamic_cast<nn::MLP*>(m)) mlp->recompute_activation = false;
   }
   for (nn::Module* block : model.blocks()) {
-    if (mode == "full") block->set_recompute(true);
-    if (mode == "selective")
+    if (mode == Recompute::full) block->set_recompute(true);
+    if (mode == Recompute::selective)
       for (nn::Module* m : block->modules_of_kind("mlp"))
         if (auto* mlp = dynamic_cast<nn::MLP*>(m)) mlp->recompute_activation = true;
   }

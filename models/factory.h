@@ -17,10 +17,13 @@ std::unique_ptr<LanguageModel> build_model(const ModelConfig& config);
 // GPT-2 d12: 124,475,904.
 int64_t count_parameters(const ModelConfig& config);
 
-// Activation recompute by recipe name: "none"; "full" recomputes every block; "selective"
-// recomputes every MLP's activation (GELU or SwiGLU output, the largest tensor a block
-// saves) from its saved input, an elementwise pass instead of any matmul.
-// Throws ConfigError for other names.
-void set_activation_recompute(LanguageModel& model, const std::string& mode);
+// Activation recompute: none; full recomputes every block (keeping only its input);
+// selective recomputes every MLP's activation (GELU or SwiGLU output, the largest tensor a
+// block saves) from its saved input, an elementwise pass instead of any matmul.
+enum class Recompute : uint8_t { none, full, selective };
+const char* recompute_name(Recompute mode);  // "none", "full", "selective"
+// Accepts those names; throws ConfigError naming the value otherwise.
+Recompute recompute_from_name(const std::string& name);
+void set_activation_recompute(LanguageModel& model, Recompute mode);
 
 }  // namespace fsdp::models

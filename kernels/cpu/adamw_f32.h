@@ -3,7 +3,7 @@
 // The same formula and roundings as the CUDA kernel (adamw_update<float>, scalar_math.h),
 // in loops the compiler vectorizes, so offloading the optimizer does not change its
 // numerics and the host's cores run at memory speed. (The reference kernel, adamw_step in
-// optim_init.h, computes in double: it is the model the others are tested against.)
+// adamw.h, computes in double: it is the model the others are tested against.)
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// GELU (tanh form) and SwiGLU on CUDA (kernels/cuda/nn_kernels.h): elementwise, W elements
+// GELU (tanh form) and SwiGLU on CUDA : elementwise, W elements
 // per thread through 128-bit loads where the data allows, f32 math.
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {

@@ -1,11 +1,11 @@
-// Our own causal grouped-query attention on CUDA (kernels/cuda/nn_kernels.h): the fallback
+// Our own causal grouped-query attention on CUDA : the fallback
 // where cuDNN's fused attention cannot run (f32, unusual head sizes or strides, no cuDNN).
 // Correctness first: one warp per query row (forward, dq) or key row (dk, dv) with an online
 // softmax over 32-key tiles; no atomics, so results are deterministic. Each lane owns head
 // dimensions lane, lane + 32, ... (up to kMaxDimsPerLane of them).
 #include <cmath>
 
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {

@@ -14,7 +14,7 @@
 
 #include <cstddef>
 
-#include "kernels/cuda/blas.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/nn_shapes.h"
 #include "kernels/cuda/basic.h"
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {

@@ -3,6 +3,7 @@
 // (blocks, n) in f32, then one pass adds each column's partials in block order.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/basic.h"
@@ -20,5 +21,12 @@ void column_partials(const void* x, DType dtype, int64_t m, int64_t n, float* pa
 // bf16 or f32.
 void finish_column_sums(const float* partials, int64_t blocks, int64_t n, void* out,
                         DType out_dtype, bool accumulate, stream_t stream);
+
+// The bias gradient built on them (the twin of kernels/cpu/matmul.h's bias_backward):
+// dbias (n) (+)= sum over the m rows of dout (m, n). Deterministic: fixed
+// row blocks write partial sums, then one pass adds the partials in block order.
+size_t column_sum_workspace_bytes(int64_t m, int64_t n);
+void bias_backward(void* dbias, DType grad_dtype, const void* dout, DType dtype, int64_t m,
+                   int64_t n, bool accumulate, void* workspace, stream_t stream);
 
 }  // namespace fsdp::kernels::cuda

@@ -1,9 +1,9 @@
-// Fused softmax cross-entropy on CUDA (kernels/cuda/nn_kernels.h): one block per row.
+// Fused softmax cross-entropy on CUDA : one block per row.
 // Forward: a single pass with an online max / sum of exponentials per thread, merged across
 // the block. Backward: one pass writing (softmax - onehot) * dloss, in place if asked.
 // Forward-backward (the chunked classifier): the forward's online pass, then, in the same
 // launch, the backward's write pass over the row in place.
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {

@@ -28,7 +28,7 @@ class CudnnAttention {
   // Whether every pointer is 16-byte aligned, as the fused kernels need.
   static bool aligned(std::initializer_list<const void*> pointers);
 
-  // Same contract as kernels/cuda/nn_kernels.h attention_forward / attention_backward.
+  // Same contract as kernels/cuda/attention.h attention_forward / attention_backward.
   void forward(const AttentionDims& d, void* out, float* lse, const void* q, const void* k,
                const void* v);
   void backward(const AttentionDims& d, void* dq, void* dk, void* dv, const void* dout,

@@ -1,4 +1,4 @@
-// Token/position embeddings and rotary embeddings on CUDA (kernels/cuda/nn_kernels.h).
+// Token/position embeddings and rotary embeddings on CUDA .
 //
 // The token-embedding gradient is a scatter-add that must not depend on thread timing, so
 // it never adds floats atomically. Instead: (1) count each token id's occurrences and scan
@@ -11,7 +11,8 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/column_sum.h"
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {

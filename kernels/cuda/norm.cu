@@ -1,4 +1,4 @@
-// LayerNorm and RMSNorm on CUDA (kernels/cuda/nn_kernels.h). One warp per row; statistics
+// LayerNorm and RMSNorm on CUDA . One warp per row; statistics
 // and all sums in f32. x and dx may be f32 beside bf16 weights and outputs (an f32 residual
 // stream feeding a bf16 network). The parameter gradients are summed deterministically: each warp
 // accumulates its rows into its own shared-memory row, a block adds its warps in order into
@@ -6,7 +6,8 @@
 #include <algorithm>
 
 #include "kernels/cuda/column_sum.h"
-#include "kernels/cuda/nn_kernels.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {

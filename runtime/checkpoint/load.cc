@@ -17,7 +17,7 @@ namespace {
 std::vector<std::string> kinds_to_read(const CheckpointMetadata& m, const Optimizer* optimizer,
                                        const std::string& dir) {
   if (!optimizer) return {kMainWeights};
-  const std::string& ours = optimizer->config().kind;
+  const std::string ours = optimizer_kind_name(optimizer->config().kind);
   if (m.optimizer == "none" || m.optimizer_steps == 0) {
     if (m.optimizer == ours && ours == "adamw") return m.state_kinds();
     return {kMainWeights};  // nothing learned yet: fresh optimizer state
@@ -115,7 +115,7 @@ CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedMode
   }
   const CheckpointMetadata& m = reader->metadata();
   // The step count goes with the state it was counted for (bias correction of the moments).
-  if (optimizer) optimizer->set_steps_taken(optimizer->config().kind == m.optimizer ? m.optimizer_steps : 0);
+  if (optimizer) optimizer->set_steps_taken(optimizer_kind_name(optimizer->config().kind) == m.optimizer ? m.optimizer_steps : 0);
   model.refresh_compute_weights();
   ctx.synchronize();
   return m;

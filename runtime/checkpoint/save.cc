@@ -121,7 +121,7 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
   m.shard_block = plan.options().block;
   m.main_dtype = state.dtype(kMainWeights);
   if (optimizer) {
-    m.optimizer = optimizer->config().kind;
+    m.optimizer = optimizer_kind_name(optimizer->config().kind);
     m.optimizer_steps = optimizer->steps_taken();
     if (m.optimizer == "adamw") m.moments_dtype = state.dtype(kExpAvg);
   }

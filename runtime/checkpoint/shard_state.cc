@@ -43,7 +43,7 @@ ShardState::ShardState(const ShardedModel& model, const Optimizer* optimizer)
 }
 
 std::vector<std::string> ShardState::kinds() const {
-  if (optimizer_ && optimizer_->config().kind == "adamw") return {kMainWeights, kExpAvg, kExpAvgSq};
+  if (optimizer_ && has_moments(optimizer_->config().kind)) return {kMainWeights, kExpAvg, kExpAvgSq};
   return {kMainWeights};
 }
 

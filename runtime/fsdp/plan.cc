@@ -5,6 +5,7 @@
 #include <set>
 
 #include "runtime/core/error.h"
+#include "runtime/nn/module.h"
 
 namespace fsdp {
 
@@ -188,6 +189,48 @@ std::string ShardingPlan::describe() const {
                 (long long)total_numel(), (long long)total_padded_numel());
   out += line;
   return out;
+}
+
+// ---------------------------------------------------------------- units of a model
+
+std::vector<std::vector<nn::Module*>> unit_module_groups(nn::Module& model,
+                                                         const std::string& module_kind,
+                                                         int per_unit) {
+  FSDP_CHECK(per_unit >= 1, ConfigError, "blocks per FSDP unit must be at least 1, got ", per_unit);
+  std::vector<std::vector<nn::Module*>> groups;
+  for (nn::Module* m : model.modules_of_kind(module_kind)) {
+    FSDP_CHECK(m != &model, ConfigError, "the root module cannot be a unit of kind '", module_kind, "'");
+    if (groups.empty() || int(groups.back().size()) == per_unit) groups.emplace_back();
+    groups.back().push_back(m);
+  }
+  return groups;
+}
+
+std::string unit_group_name(const std::vector<nn::Module*>& group) {
+  if (group.size() == 1) return group.front()->name();
+  return group.front()->name() + ".." + group.back()->name();
+}
+
+std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
+                                                                       const std::string& module_kind,
+                                                                       int per_unit) {
+  std::vector<std::pair<std::string, std::vector<ParamSpec>>> specs;
+  std::set<nn::Parameter*> in_blocks;
+  for (const std::vector<nn::Module*>& group : unit_module_groups(model, module_kind, per_unit)) {
+    std::vector<ParamSpec> ps;
+    for (nn::Module* m : group)
+      for (nn::Parameter* p : m->named_parameters()) {
+        FSDP_CHECK(in_blocks.insert(p).second, ConfigError, "parameter '", p->name(),
+                   "' is shared between two units; shared parameters must live in the root unit");
+        ps.push_back({p->name(), p->shape(), p->weight_decay()});
+      }
+    specs.emplace_back(unit_group_name(group), std::move(ps));
+  }
+  std::vector<ParamSpec> root;
+  for (nn::Parameter* p : model.named_parameters())
+    if (!in_blocks.count(p)) root.push_back({p->name(), p->shape(), p->weight_decay()});
+  specs.emplace_back("root", std::move(root));
+  return specs;
 }
 
 }  // namespace fsdp

@@ -14,7 +14,8 @@
 // process on the CPU.
 //
 // Nothing here allocates or communicates: the plan is computed identically on every rank
-// from the model's parameter specs and checked across ranks through hash().
+// from the model's parameter specs (unit_specs, at the end) and checked across ranks
+// through hash().
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,10 @@
 #include <vector>
 
 #include "runtime/core/shape.h"
+
+namespace fsdp::nn {
+class Module;
+}
 
 namespace fsdp {
 
@@ -119,5 +124,23 @@ class ShardingPlan {
   std::vector<UnitPlan> units_;
   PlanOptions options_;
 };
+
+// ---- units of a model (what fully_shard groups, and the dry run's estimate with it)
+
+// The modules of `module_kind` in forward order, grouped `per_unit` consecutive ones at a
+// time (the last group may be shorter): each group is one unit, its collectives one bucket.
+std::vector<std::vector<nn::Module*>> unit_module_groups(nn::Module& model,
+                                                         const std::string& module_kind,
+                                                         int per_unit = 1);
+// A group's unit name: the module's name, or "first..last" for several.
+std::string unit_group_name(const std::vector<nn::Module*>& group);
+
+// The units of `model` as fully_shard() forms them: one per group of `per_unit` modules of
+// `module_kind` in forward order (named by unit_group_name), then "root" with every other
+// parameter (a parameter shared by several modules appears once, in the root). The input
+// of ShardingPlan::build.
+std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
+                                                                       const std::string& module_kind,
+                                                                       int per_unit = 1);
 
 }  // namespace fsdp

@@ -7,18 +7,16 @@
 #include <cstring>
 #include <map>
 
-#include "runtime/fsdp/memory.h"
-
 #include "collectives/comm_memory.h"
 #include "kernels/ops.h"
-#include "runtime/fsdp/unit.h"
+#include "runtime/fsdp/buffer_layout.h"
 #include "runtime/nn/init.h"
 
 namespace fsdp {
 
 ShardedModel::ShardedModel(Context& ctx, nn::Module& model, const DataParallelGroups& groups,
                            const FsdpOptions& options)
-    : ctx_(ctx), model_(model), groups_(groups), options_(options) {
+    : model_(model), shared_(ctx, options, groups) {
   FSDP_CHECK(bool(groups.shard_gather) == bool(groups.shard_reduce), ValueError,
              "fully_shard: give both the gather and the reduce communicator of the shard "
              "group, or neither");
@@ -30,38 +28,28 @@ ShardedModel::ShardedModel(Context& ctx, nn::Module& model, const DataParallelGr
              ConfigError, "no_shard replicates everything: its data-parallel group is the "
              "replicate group, not a shard group");
   FSDP_CHECK(options.prefetch_units >= 0, ConfigError, "ddp.prefetch_units must be >= 0");
-  // Collectives on their own streams (high priority: scheduled ahead of compute when both
-  // are ready), unless overlap is turned off for that kind.
-  gather_stream_ = ctx.is_cuda() && options.overlap_gather ? Stream::create_cuda(ctx.device().index, -1)
-                                                           : ctx.compute_stream();
-  reduce_stream_ = ctx.is_cuda() && options.overlap_reduce ? Stream::create_cuda(ctx.device().index, -1)
-                                                           : ctx.compute_stream();
-  build_plan();
+  build_units();
+  check_plan_across_ranks();
   allocate();
   initialize_weights();
   attach_hooks();
 }
 
 ShardedModel::~ShardedModel() {
-  if (!registrations_.empty() && !groups_.shard_gather->health()->failed()) {
+  if (!registrations_.empty() && !shared_.groups.shard_gather->health()->failed()) {
     // A registration goes only once no queued collective can touch its buffer. (After a
     // failure the communicators are aborted and took their registrations with them; a
     // synchronize could wait forever on a kernel spinning for a lost peer.)
     try {
-      gather_stream_.synchronize();
-      reduce_stream_.synchronize();
+      shared_.gather_stream.synchronize();
+      shared_.reduce_stream.synchronize();
     } catch (const std::exception&) {
       // The failure was, or will be, reported where the work was issued.
     }
   }
   registrations_.clear();
   for (auto& [module, id] : hooks_) module->remove_hook(id);
-  for (auto& u : units_) {
-    for (nn::Parameter* p : u->params) {
-      p->data = Tensor();
-      p->grad = Tensor();
-    }
-  }
+  for (auto& u : units_) u->drop_param_views();
 }
 
 std::unique_ptr<ShardedModel> fully_shard(Context& ctx, nn::Module& model,
@@ -85,50 +73,66 @@ DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrate
   return g;
 }
 
-// ---------------------------------------------------------------- plan
+// ---------------------------------------------------------------- units
 
-void ShardedModel::build_plan() {
-  const auto specs = unit_specs(model_, options_.unit_kind, options_.blocks_per_unit);
-  const auto groups = unit_module_groups(model_, options_.unit_kind, options_.blocks_per_unit);
-  // Units in the order of the specs: the blocks in forward order, then the root.
+void ShardedModel::build_units() {
+  const FsdpOptions& o = shared_.options;
+  const char* kind = unit_module_kind(o.unit_kind);
+  const auto specs = unit_specs(model_, kind, o.blocks_per_unit);
+  const auto groups = unit_module_groups(model_, kind, o.blocks_per_unit);
+  PlanOptions po;
+  po.dp_size = shared_.groups.shard_size();
+  po.block = o.shard_block;
+  po.strategy = o.strategy;
+  plan_ = ShardingPlan::build(specs, po);
+
+  // Units in the order of the specs: the blocks in forward order, then the root; each
+  // unit's parameters in the plan's order (decayed first).
   std::map<std::string, nn::Parameter*> by_name;
   for (nn::Parameter* p : model_.named_parameters()) by_name[p->name()] = p;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string& uname = specs[i].first;
-    auto u = std::make_unique<Unit>();
-    u->name = uname;
-    const bool root = i + 1 == specs.size();
-    u->modules = root ? std::vector<nn::Module*>{&model_} : groups.at(i);
+  for (size_t i = 0; i < plan_.units().size(); ++i) {
+    const UnitPlan& up = plan_.units()[i];
+    const bool root = i + 1 == plan_.units().size();
+    std::vector<nn::Parameter*> params;
+    for (const ParamPlacement& pp : up.params) params.push_back(by_name.at(pp.name));
+    units_.push_back(std::make_unique<FsdpUnit>(
+        shared_, int(i), up, root ? std::vector<nn::Module*>{&model_} : groups.at(i),
+        std::move(params), root));
     if (root)
-      root_ = int(units_.size());
+      root_ = int(i);
     else
-      blocks_.push_back(int(units_.size()));
-    units_.push_back(std::move(u));
+      blocks_.push_back(int(i));
   }
 
-  PlanOptions po;
-  po.dp_size = groups_.shard_size();
-  po.block = options_.shard_block;
-  po.strategy = options_.strategy;
-  plan_ = ShardingPlan::build(specs, po);
-  for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = *units_[i];
-    u.index = int(i);
-    u.plan = &plan_.units()[i];
-    // Parameters in the plan's order (decayed first).
-    for (const ParamPlacement& pp : u.plan->params) u.params.push_back(by_name.at(pp.name));
-  }
+  // Prefetch neighbours: in forward the root precedes block 0, in backward it follows the
+  // last block. The root and the last block keep their weights from forward to backward.
+  const int n = int(blocks_.size()), k = o.prefetch_units;
+  auto blocks_from = [&](int pos, int direction) {
+    std::vector<FsdpUnit*> out;
+    for (int j = 1; j <= k; ++j) {
+      const int p = pos + direction * j;
+      if (p < 0 || p >= n) break;
+      out.push_back(&unit(blocks_[size_t(p)]));
+    }
+    return out;
+  };
+  unit(root_).set_neighbours(blocks_from(-1, +1), blocks_from(n, -1), /*keep_for_backward=*/true);
+  for (int p = 0; p < n; ++p)
+    unit(blocks_[size_t(p)]).set_neighbours(blocks_from(p, +1), blocks_from(p, -1), p == n - 1);
+}
 
+void ShardedModel::check_plan_across_ranks() {
   // Every rank must run the same plan: compare hashes over both groups.
+  Context& ctx = shared_.ctx;
   const uint64_t h = plan_.hash();
-  for (Communicator* c : {groups_.shard_gather, groups_.replicate}) {
+  for (Communicator* c : {shared_.groups.shard_gather, shared_.groups.replicate}) {
     if (!c || c->size() == 1) continue;
-    Tensor mine = ctx_.empty_host(Shape{1}, DType::i64);
+    Tensor mine = ctx.empty_host(Shape{1}, DType::i64);
     mine.data<int64_t>()[0] = int64_t(h);
-    Tensor dev = ops::to_device(ctx_, mine, ctx_.device());
-    Tensor all = ctx_.empty(Shape{c->size()}, DType::i64);
-    c->all_gather(all, dev, ctx_.stream()).synchronize();
-    for (int64_t v : ops::to_vector<int64_t>(ctx_, all))
+    Tensor dev = ops::to_device(ctx, mine, ctx.device());
+    Tensor all = ctx.empty(Shape{c->size()}, DType::i64);
+    c->all_gather(all, dev, ctx.stream()).synchronize();
+    for (int64_t v : ops::to_vector<int64_t>(ctx, all))
       FSDP_CHECK(uint64_t(v) == h, LaunchError, "sharding plans differ across the ranks of group '",
                  c->name(), "' (rank ", c->rank(), " has hash ", h, ", another has ", uint64_t(v),
                  "): every rank must build the same model with the same recipe");
@@ -143,218 +147,197 @@ Tensor zeros_on(Context& ctx, int64_t n, DType dtype) {
   return ops::zeros(ctx, Shape{std::max<int64_t>(n, 1)}, dtype).narrow(0, 0, n);
 }
 
-// What an allocated buffer costs (its allocator size class; a buffer of n = 0 holds one).
-size_t bytes_of(const Tensor& t) {
-  return t.defined() ? allocation_size_class(size_t(std::max<int64_t>(t.numel(), 1)) * t.element_size()) : 0;
-}
-
 }  // namespace
 
-void ShardedModel::allocate() {
-  const int rank = groups_.shard_rank();
-  int64_t max_block_numel = 0;
-  for (int b : blocks_) max_block_numel = std::max(max_block_numel, units_[size_t(b)]->plan->padded_numel);
+Tensor ShardedModel::new_buffer(int64_t n, DType dtype, bool registrable, const std::string& what,
+                                size_t& account) {
+  account += buffer_cost(n, dtype, registrable);
+  if (!registrable) return zeros_on(shared_.ctx, n, dtype);
+  return zeros_registrable(shared_.ctx, n, dtype, what).narrow(0, 0, n);
+}
 
+ShardedModel::Arenas ShardedModel::allocate_arenas() {
   // One zeroed allocation per buffer class; each unit's buffers are views into it. With
   // nccl_ub, the ones a shard-group collective reads or writes are registrable memory.
-  const PersistentLayout layout = persistent_layout(plan_, options_);
-  const bool ub = registered_memory();
-  auto buffer = [&](int64_t n, DType dtype, bool registrable, const std::string& what,
-                    size_t& account) {
-    if (!registrable) {
-      Tensor t = zeros_on(ctx_, n, dtype);
-      account += bytes_of(t);
-      return t;
-    }
-    account += registrable_bytes(size_t(n) * dtype_size(dtype));
-    return zeros_registrable(ctx_, n, dtype, what).narrow(0, 0, n);
-  };
-  auto arena = [&](const ArenaLayout& a, DType dtype, size_t& account, bool registrable = false,
+  Context& ctx = shared_.ctx;
+  const FsdpOptions& o = shared_.options;
+  Arenas a;
+  a.layout = persistent_layout(plan_, o);
+  const bool ub = shared_.registered_memory();
+  auto arena = [&](const ArenaLayout& l, DType dtype, size_t& account, bool registrable = false,
                    const char* what = "") {
-    if (a.empty()) return Tensor();
-    return buffer(a.numel, dtype, registrable, what, account);
+    return l.empty() ? Tensor() : new_buffer(l.numel, dtype, registrable, what, account);
   };
-  const bool zero1 = options_.strategy == ShardingStrategy::Optim;
-  const bool full_grads = !grads_sharded();
-  Tensor main;
-  if (options_.offload_main && ctx_.is_cuda()) {
+  const bool zero1 = o.strategy == ShardingStrategy::Optim;
+  if (o.offload_main && ctx.is_cuda()) {
     // CPU offload: the master weights in page-locked host memory, zeroed.
-    if (!layout.main.empty()) {
-      main = ctx_.empty_pinned(Shape{std::max<int64_t>(layout.main.numel, 1)}, options_.main_dtype);
+    if (!a.layout.main.empty()) {
+      Tensor main = ctx.empty_pinned(Shape{std::max<int64_t>(a.layout.main.numel, 1)}, o.main_dtype);
       std::memset(main.data_ptr(), 0, main.nbytes());
-      memory_.host_main_weights += bytes_of(main);
-      main = main.narrow(0, 0, layout.main.numel);
+      memory_.host_main_weights += buffer_cost(a.layout.main.numel, o.main_dtype);
+      a.main = main.narrow(0, 0, a.layout.main.numel);
     }
   } else {
-    main = arena(layout.main, options_.main_dtype, memory_.main_weights);
+    a.main = arena(a.layout.main, o.main_dtype, memory_.main_weights);
   }
-  Tensor compute = arena(layout.compute, options_.compute_dtype, memory_.compute_weights, ub,
-                         "compute weights");
+  a.compute = arena(a.layout.compute, o.compute_dtype, memory_.compute_weights, ub, "compute weights");
   // ZeRO-1 reduce-scatters the accumulated full gradients into the gradient shards.
-  Tensor grad_accum = arena(layout.grad_accum, options_.reduce_dtype,
-                            full_grads ? memory_.full_grads : memory_.grad_accumulation,
-                            ub && zero1, "accumulated gradients");
-  Tensor grad_full = arena(layout.grad_full, options_.grad_dtype, memory_.full_grads);
-  Tensor grad_shard = arena(layout.grad_shard, options_.reduce_dtype, memory_.grad_accumulation,
-                            ub && zero1, "gradient shards");
-  auto view = [](const Tensor& t, const ArenaLayout& a, size_t u, int64_t n) {
-    return t.narrow(0, a.offsets[u], n);
-  };
+  a.grad_accum = arena(a.layout.grad_accum, o.reduce_dtype,
+                       shared_.grads_sharded() ? memory_.grad_accumulation : memory_.full_grads,
+                       ub && zero1, "accumulated gradients");
+  a.grad_full = arena(a.layout.grad_full, o.grad_dtype, memory_.full_grads);
+  a.grad_shard = arena(a.layout.grad_shard, o.reduce_dtype, memory_.grad_accumulation, ub && zero1,
+                       "gradient shards");
+  return a;
+}
 
-  for (auto& up : units_) {
-    Unit& u = *up;
-    const UnitPlan& p = *u.plan;
-    const size_t i = size_t(u.index);
-    u.main = view(main, layout.main, i, p.shard_numel);
-    if (zero3()) {
-      u.compute_shard = view(compute, layout.compute, i, p.shard_numel);
-      if (is_root(u.index)) {
-        // The root stays gathered from its forward to the end of its backward: its own buffer.
-        u.root_gathered = buffer(p.padded_numel, options_.compute_dtype, ub,
-                                 "the root's gathered weights", memory_.gather_pool);
-      }
-    } else {
-      u.compute_full = view(compute, layout.compute, i, p.padded_numel);
-      u.compute_shard = u.compute_full.narrow(0, p.shard_begin(rank), p.shard_numel);
-      bind_weights(u, u.compute_full);
-      u.gather_issued = true;  // full weights are always present (install_weights refreshes)
-      u.bound = true;
+void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
+  const FsdpOptions& o = shared_.options;
+  const UnitPlan& p = u.plan();
+  const int rank = shared_.groups.shard_rank();
+  const bool ub = shared_.registered_memory();
+  const size_t i = size_t(u.index());
+  auto view = [i](const Tensor& t, const ArenaLayout& l, int64_t n) { return t.narrow(0, l.offsets[i], n); };
+  u.main = view(a.main, a.layout.main, p.shard_numel);
+  if (shared_.zero3()) {
+    u.compute_shard = view(a.compute, a.layout.compute, p.shard_numel);
+    if (u.is_root()) {
+      // The root stays gathered from its forward to the end of its backward: its own buffer.
+      u.root_gathered = new_buffer(p.padded_numel, o.compute_dtype, ub, "the root's gathered weights",
+                                   memory_.gather_pool);
     }
-    if (grads_sharded()) {
-      u.grad_accum = view(grad_accum, layout.grad_accum, i, p.shard_numel);
-      u.grad_shard = u.grad_accum;
-      if (is_root(u.index)) {
-        u.root_grad = buffer(p.padded_numel, options_.grad_dtype, ub,
-                             "the root's full gradients", memory_.grad_pool);
-      }
-    } else {
-      // no_shard and optim accumulate full gradients over the micro-batches; when backward
-      // writes another dtype than they accumulate in, each micro-batch has its own buffer.
-      u.grad_accum = view(grad_accum, layout.grad_accum, i, p.padded_numel);
-      u.grad_full = layout.grad_full.offsets[i] >= 0 ? view(grad_full, layout.grad_full, i, p.padded_numel)
+  } else {
+    // Full weights are always present (install_weights refreshes them).
+    const Tensor full = view(a.compute, a.layout.compute, p.padded_numel);
+    u.compute_shard = full.narrow(0, p.shard_begin(rank), p.shard_numel);
+    u.adopt_full_weights(full);
+  }
+  if (shared_.grads_sharded()) {
+    u.grad_accum = view(a.grad_accum, a.layout.grad_accum, p.shard_numel);
+    u.grad_shard = u.grad_accum;
+    if (u.is_root()) {
+      u.root_grad = new_buffer(p.padded_numel, o.grad_dtype, ub, "the root's full gradients",
+                               memory_.grad_pool);
+    }
+  } else {
+    // no_shard and optim accumulate full gradients over the micro-batches; when backward
+    // writes another dtype than they accumulate in, each micro-batch has its own buffer.
+    u.grad_accum = view(a.grad_accum, a.layout.grad_accum, p.padded_numel);
+    u.grad_full = a.layout.grad_full.offsets[i] >= 0 ? view(a.grad_full, a.layout.grad_full, p.padded_numel)
                                                      : u.grad_accum;
-      bind_grads(u, u.grad_full);
-      // optim: the reduce-scatter's output; no_shard: the plan has one shard, the whole buffer.
-      u.grad_shard = layout.grad_shard.offsets[i] >= 0 ? view(grad_shard, layout.grad_shard, i, p.shard_numel)
+    u.bind_grads(u.grad_full);
+    // optim: the reduce-scatter's output; no_shard: the plan has one shard, the whole buffer.
+    u.grad_shard = a.layout.grad_shard.offsets[i] >= 0 ? view(a.grad_shard, a.layout.grad_shard, p.shard_numel)
                                                        : u.grad_accum;
-    }
-    // Optimizer views: one per weight-decay range of this rank's shard.
-    const size_t first_range = optimizer_ranges_.size();
-    for (const DecayRange& r : p.decay_ranges(rank)) {
-      OptimizerRange s;
-      s.name = str_cat(u.name, "[", p.shard_begin(rank) + r.shard_offset, ":",
-                       p.shard_begin(rank) + r.shard_offset + r.numel, "]");
-      s.main = u.main.narrow(0, r.shard_offset, r.numel);
-      s.grad = u.grad_shard.narrow(0, r.shard_offset, r.numel);
-      s.param_copy = u.compute_shard.narrow(0, r.shard_offset, r.numel);
-      s.weight_decay = r.weight_decay;
-      optimizer_ranges_.push_back(s);
-    }
-    unit_ranges_.emplace_back(first_range, optimizer_ranges_.size());
   }
-  if (zero3() && !blocks_.empty()) {
-    gather_pool_ = std::make_unique<BufferPool>(ctx_, "gathered weights",
-                                                gather_pool_slots(options_), max_block_numel,
-                                                options_.compute_dtype, ub);
-    memory_.gather_pool += gather_pool_->bytes();
+  // Optimizer views: one per weight-decay range of this rank's shard.
+  u.first_range = optimizer_ranges_.size();
+  for (const DecayRange& r : p.decay_ranges(rank)) {
+    OptimizerRange range;
+    range.name = str_cat(u.name(), "[", p.shard_begin(rank) + r.shard_offset, ":",
+                         p.shard_begin(rank) + r.shard_offset + r.numel, "]");
+    range.main = u.main.narrow(0, r.shard_offset, r.numel);
+    range.grad = u.grad_shard.narrow(0, r.shard_offset, r.numel);
+    range.param_copy = u.compute_shard.narrow(0, r.shard_offset, r.numel);
+    range.weight_decay = r.weight_decay;
+    optimizer_ranges_.push_back(range);
   }
-  if (grads_sharded() && !blocks_.empty()) {
-    grad_pool_ = std::make_unique<BufferPool>(ctx_, "full gradients",
-                                              grad_pool_slots(options_, max_block_numel),
-                                              max_block_numel, options_.grad_dtype, ub);
-    memory_.grad_pool += grad_pool_->bytes();
+  u.end_range = optimizer_ranges_.size();
+}
+
+void ShardedModel::allocate_pools() {
+  Context& ctx = shared_.ctx;
+  const FsdpOptions& o = shared_.options;
+  const bool ub = shared_.registered_memory();
+  int64_t max_block_numel = 0;
+  for (int b : blocks_) max_block_numel = std::max(max_block_numel, unit(b).plan().padded_numel);
+  if (shared_.zero3() && !blocks_.empty()) {
+    shared_.gather_pool = std::make_unique<BufferPool>(ctx, "gathered weights", gather_pool_slots(o),
+                                                       max_block_numel, o.compute_dtype, ub);
+    memory_.gather_pool += shared_.gather_pool->bytes();
   }
-  if (ub && grads_sharded()) {
+  if (shared_.grads_sharded() && !blocks_.empty()) {
+    shared_.grad_pool = std::make_unique<BufferPool>(ctx, "full gradients",
+                                                     grad_pool_slots(o, max_block_numel),
+                                                     max_block_numel, o.grad_dtype, ub);
+    memory_.grad_pool += shared_.grad_pool->bytes();
+  }
+  if (ub && shared_.grads_sharded()) {
     // Reduce-scatters write a persistent registered output instead of a fresh temporary
     // (and read a registered input when the gradients are cast to the reduce dtype first).
-    const ReduceStaging staging = reduce_staging(plan_, options_);
-    reduce_out_ = buffer(staging.out_numel, options_.reduce_dtype, true,
-                         "reduce-scatter output", memory_.grad_pool);
+    const ReduceStaging staging = reduce_staging(plan_, o);
+    shared_.reduce_out = new_buffer(staging.out_numel, o.reduce_dtype, true, "reduce-scatter output",
+                                    memory_.grad_pool);
     if (staging.in_numel > 0)
-      reduce_in_ = buffer(staging.in_numel, options_.reduce_dtype, true,
-                          "reduce-scatter input", memory_.grad_pool);
+      shared_.reduce_in = new_buffer(staging.in_numel, o.reduce_dtype, true, "reduce-scatter input",
+                                     memory_.grad_pool);
   }
-  if (ub) register_buffers(compute, grad_accum, grad_shard);
+}
+
+void ShardedModel::allocate() {
+  const Arenas a = allocate_arenas();
+  for (auto& u : units_) lay_out_unit(*u, a);
+  allocate_pools();
+  if (shared_.registered_memory()) register_buffers(a.compute, a.grad_accum, a.grad_shard);
 }
 
 void ShardedModel::register_buffers(const Tensor& compute, const Tensor& grad_accum,
                                     const Tensor& grad_shard) {
-  const BufferRegistration kind = options_.nccl_ub_kind;
+  const BufferRegistration kind = shared_.options.nccl_ub_kind;
+  const DataParallelGroups& g = shared_.groups;
   // Whole allocations (a symmetric window must lie in one, the same size on every rank),
   // in the same order on every rank: symmetric registration is collective per group.
   auto add = [&](Communicator* c, const Tensor& t, const std::string& what) {
-    if (!t.defined() || !communicates(c)) return;
+    if (!t.defined() || !shared_.communicates(c)) return;
     registrations_.push_back(c->register_buffer(t.storage()->data(), t.storage()->bytes(),
                                                 kind, what));
   };
-  add(groups_.shard_gather, compute, "compute weights");
-  if (zero3()) {
-    add(groups_.shard_gather, units_[size_t(root_)]->root_gathered, "the root's gathered weights");
-    if (gather_pool_)
-      for (int s = 0; s < gather_pool_->slots(); ++s)
-        add(groups_.shard_gather, gather_pool_->slot_buffer(s), str_cat("gathered weights slot ", s));
+  add(g.shard_gather, compute, "compute weights");
+  if (shared_.zero3()) {
+    add(g.shard_gather, unit(root_).root_gathered, "the root's gathered weights");
+    if (shared_.gather_pool)
+      for (int s = 0; s < shared_.gather_pool->slots(); ++s)
+        add(g.shard_gather, shared_.gather_pool->slot_buffer(s), str_cat("gathered weights slot ", s));
   }
-  if (options_.strategy == ShardingStrategy::Optim) {
-    add(groups_.shard_reduce, grad_accum, "accumulated gradients");
-    add(groups_.shard_reduce, grad_shard, "gradient shards");
+  if (shared_.options.strategy == ShardingStrategy::Optim) {
+    add(g.shard_reduce, grad_accum, "accumulated gradients");
+    add(g.shard_reduce, grad_shard, "gradient shards");
   }
-  if (grads_sharded()) {
-    add(groups_.shard_reduce, units_[size_t(root_)]->root_grad, "the root's full gradients");
-    if (grad_pool_)
-      for (int s = 0; s < grad_pool_->slots(); ++s)
-        add(groups_.shard_reduce, grad_pool_->slot_buffer(s), str_cat("full gradients slot ", s));
-    add(groups_.shard_reduce, reduce_out_, "reduce-scatter output");
-    add(groups_.shard_reduce, reduce_in_, "reduce-scatter input");
+  if (shared_.grads_sharded()) {
+    add(g.shard_reduce, unit(root_).root_grad, "the root's full gradients");
+    if (shared_.grad_pool)
+      for (int s = 0; s < shared_.grad_pool->slots(); ++s)
+        add(g.shard_reduce, shared_.grad_pool->slot_buffer(s), str_cat("full gradients slot ", s));
+    add(g.shard_reduce, shared_.reduce_out, "reduce-scatter output");
+    add(g.shard_reduce, shared_.reduce_in, "reduce-scatter input");
   }
-}
-
-void ShardedModel::bind_weights(Unit& u, const Tensor& full) {
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    const ParamPlacement& pp = u.plan->params[i];
-    u.params[i]->data = full.narrow(0, pp.offset, pp.numel).view(pp.shape);
-  }
-}
-
-void ShardedModel::unbind_weights(Unit& u) {
-  for (nn::Parameter* p : u.params) p->data = Tensor();
-}
-
-void ShardedModel::bind_grads(Unit& u, const Tensor& full) {
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    const ParamPlacement& pp = u.plan->params[i];
-    u.params[i]->grad = full.narrow(0, pp.offset, pp.numel).view(pp.shape);
-  }
-}
-
-void ShardedModel::unbind_grads(Unit& u) {
-  for (nn::Parameter* p : u.params) p->grad = Tensor();
 }
 
 // ---------------------------------------------------------------- initialization
 
 void ShardedModel::initialize_weights() {
-  const int rank = groups_.shard_rank();
+  Context& ctx = shared_.ctx;
+  const int rank = shared_.groups.shard_rank();
   for (auto& up : units_) {
-    Unit& u = *up;
+    FsdpUnit& u = *up;
     // Master weights in host memory (offload) are drawn on the device, a unit at a time,
     // and copied over: the counter-based initializer gives the same values anywhere.
-    const bool on_host = u.main.defined() && u.main.device() != ctx_.device();
-    const Tensor target = on_host ? ctx_.empty(u.main.shape(), u.main.dtype()) : u.main;
+    const bool on_host = u.main.defined() && u.main.device() != ctx.device();
+    const Tensor target = on_host ? ctx.empty(u.main.shape(), u.main.dtype()) : u.main;
     // Only this rank's shard is ever initialized: each element from (seed, name, index).
-    for (const ShardSegment& s : u.plan->segments(rank)) {
-      nn::init_parameter_range(ctx_, *u.params[size_t(s.param)], options_.seed, s.param_offset,
-                               target.narrow(0, s.shard_offset, s.numel));
+    for (const ShardSegment& s : u.plan().segments(rank)) {
+      nn::init_parameter_range(ctx, *u.params()[size_t(s.param)], shared_.options.seed,
+                               s.param_offset, target.narrow(0, s.shard_offset, s.numel));
     }
-    if (on_host) ops::copy(ctx_, u.main, target);
+    if (on_host) ops::copy(ctx, u.main, target);
   }
   refresh_compute_weights();
 }
 
 std::vector<size_t> ShardedModel::forward_range_order() const {
   std::vector<size_t> order;
-  auto add = [&](int unit) {
-    for (size_t r = unit_ranges_[size_t(unit)].first; r < unit_ranges_[size_t(unit)].second; ++r)
-      order.push_back(r);
+  auto add = [&](int u) {
+    for (size_t r = unit(u).first_range; r < unit(u).end_range; ++r) order.push_back(r);
   };
   if (root_ >= 0) add(root_);
   for (int b : blocks_) add(b);
@@ -362,16 +345,17 @@ std::vector<size_t> ShardedModel::forward_range_order() const {
 }
 
 void ShardedModel::set_weights_fence(WeightsFence fence) {
-  FSDP_CHECK(!fence || zero3(), ConfigError, "a weights fence (an optimizer update overlapped "
-             "with the forward) needs ZeRO-3 (optim_grads_params), whose forward gathers each "
-             "unit's weights");
-  weights_fence_ = std::move(fence);
+  FSDP_CHECK(!fence || shared_.zero3(), ConfigError, "a weights fence (an optimizer update "
+             "overlapped with the forward) needs ZeRO-3 (optim_grads_params), whose forward "
+             "gathers each unit's weights");
+  shared_.weights_fence = std::move(fence);
 }
 
 void ShardedModel::refresh_compute_weights() {
+  Context& ctx = shared_.ctx;
   for (OptimizerRange& s : optimizer_ranges_) {
-    if (s.main.device() == ctx_.device()) {
-      ops::copy(ctx_, s.param_copy, s.main);
+    if (s.main.device() == ctx.device()) {
+      ops::copy(ctx, s.param_copy, s.main);
       continue;
     }
     // Master weights in pinned host memory (CPU offload): move them over in pieces in their
@@ -382,9 +366,9 @@ void ShardedModel::refresh_compute_weights() {
     const Tensor main = s.main.view(Shape{n}), copy = s.param_copy.view(Shape{n});
     for (int64_t b = 0; b < n; b += kPiece) {
       const int64_t k = std::min(kPiece, n - b);
-      const Tensor staged = ctx_.empty(Shape{k}, main.dtype());
-      copy_bytes(staged, main.narrow(0, b, k), ctx_.stream());
-      ops::copy(ctx_, copy.narrow(0, b, k), staged);
+      const Tensor staged = ctx.empty(Shape{k}, main.dtype());
+      copy_bytes(staged, main.narrow(0, b, k), ctx.stream());
+      ops::copy(ctx, copy.narrow(0, b, k), staged);
     }
   }
   install_weights();
@@ -392,51 +376,55 @@ void ShardedModel::refresh_compute_weights() {
 
 // ---------------------------------------------------------------- state access
 
-Tensor ShardedModel::main_shard(int unit) const { return units_.at(size_t(unit))->main; }
-Tensor ShardedModel::compute_shard(int unit) const { return units_.at(size_t(unit))->compute_shard; }
-int64_t ShardedModel::main_offset(int unit) const {
-  return units_.at(size_t(unit))->plan->shard_begin(groups_.shard_rank());
+Tensor ShardedModel::main_shard(int u) const { return unit(u).main; }
+Tensor ShardedModel::compute_shard(int u) const { return unit(u).compute_shard; }
+int64_t ShardedModel::main_offset(int u) const {
+  return unit(u).plan().shard_begin(shared_.groups.shard_rank());
 }
 
 std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor>& shards) {
+  Context& ctx = shared_.ctx;
   FSDP_CHECK(shards.size() == units_.size(), ValueError, "param_sums_of_squares: ",
              shards.size(), " shards for ", units_.size(), " units");
   std::vector<int64_t> first_param;  // per unit: its first parameter's index in plan order
   int64_t n_params = 0;
   for (const auto& up : units_) {
     first_param.push_back(n_params);
-    n_params += int64_t(up->plan->params.size());
+    n_params += int64_t(up->plan().params.size());
   }
   // Per parameter, its pieces in this rank's shard summed on the device; then one
   // all-reduce and one read-back.
-  Tensor sums = ops::zeros(ctx_, Shape{n_params}, DType::f64);
+  Tensor sums = ops::zeros(ctx, Shape{n_params}, DType::f64);
   for (size_t u = 0; u < units_.size(); ++u) {
-    for (const ShardSegment& s : units_[u]->plan->segments(groups_.shard_rank())) {
+    for (const ShardSegment& s : units_[u]->plan().segments(shared_.groups.shard_rank())) {
       Tensor slot = sums.narrow(0, first_param[u] + s.param, 1);
-      ops::axpby(ctx_, slot, 1.0, ops::sum_squares(ctx_, shards[u].narrow(0, s.shard_offset, s.numel)));
+      ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
     }
   }
-  if (communicates(groups_.shard_gather))
-    groups_.shard_gather->all_reduce(sums, ReduceOp::Sum, ctx_.stream());
-  return ops::to_vector<double>(ctx_, sums);
+  if (shared_.communicates(shared_.groups.shard_gather))
+    shared_.groups.shard_gather->all_reduce(sums, ReduceOp::Sum, ctx.stream());
+  return ops::to_vector<double>(ctx, sums);
 }
 
-void ShardedModel::gather_full_weights(int unit, const Tensor& out) {
-  Unit& u = *units_.at(size_t(unit));
-  FSDP_CHECK(out.numel() == u.plan->padded_numel && out.dtype() == options_.compute_dtype,
-             ShapeError, "gather_full_weights(", u.name, "): output must be ",
-             u.plan->padded_numel, " x ", dtype_name(options_.compute_dtype), ", got ", out.str());
-  if (!zero3() || groups_.shard_size() == 1) {
-    ops::copy(ctx_, out, zero3() ? u.compute_shard : u.compute_full);
+void ShardedModel::gather_full_weights(int u, const Tensor& out) {
+  Context& ctx = shared_.ctx;
+  FsdpUnit& un = unit(u);
+  const DType dtype = shared_.options.compute_dtype;
+  FSDP_CHECK(out.numel() == un.plan().padded_numel && out.dtype() == dtype, ShapeError,
+             "gather_full_weights(", un.name(), "): output must be ", un.plan().padded_numel,
+             " x ", dtype_name(dtype), ", got ", out.str());
+  if (!shared_.zero3() || shared_.groups.shard_size() == 1) {
+    ops::copy(ctx, out, shared_.zero3() ? un.compute_shard : un.compute_full);
     return;
   }
-  groups_.shard_gather->all_gather(out, u.compute_shard, ctx_.stream()).wait(ctx_.stream());
-  issued_.all_gathers++;
+  shared_.calls.all_gather(*shared_.groups.shard_gather, out, un.compute_shard, ctx.stream());
 }
 
 // ---------------------------------------------------------------- reports
 
 std::string ShardedModel::memory_report() const {
+  const FsdpOptions& o = shared_.options;
+  const DataParallelGroups& g = shared_.groups;
   auto gib = [](size_t b) { return double(b) / (1024.0 * 1024.0 * 1024.0); };
   char buf[1024];
   std::snprintf(buf, sizeof buf,
@@ -448,14 +436,13 @@ std::string ShardedModel::memory_report() const {
                 "  gather buffers   %9.3f GiB  (%d slots + root)\n"
                 "  gradient buffers %9.3f GiB  (%d slots + root)\n"
                 "  total            %9.3f GiB",
-                strategy_name(options_.strategy), groups_.shard_rank(), groups_.shard_size(),
-                groups_.replicate_size(), gib(memory_.compute_weights),
-                dtype_name(options_.compute_dtype), gib(memory_.main_weights),
-                dtype_name(options_.main_dtype), gib(memory_.grad_accumulation),
-                dtype_name(options_.reduce_dtype), gib(memory_.full_grads),
-                gib(memory_.gather_pool), gather_pool_ ? gather_pool_->slots() : 0,
-                gib(memory_.grad_pool), grad_pool_ ? grad_pool_->slots() : 0,
-                gib(memory_.total()));
+                strategy_name(o.strategy), g.shard_rank(), g.shard_size(), g.replicate_size(),
+                gib(memory_.compute_weights), dtype_name(o.compute_dtype),
+                gib(memory_.main_weights), dtype_name(o.main_dtype),
+                gib(memory_.grad_accumulation), dtype_name(o.reduce_dtype),
+                gib(memory_.full_grads), gib(memory_.gather_pool),
+                shared_.gather_pool ? shared_.gather_pool->slots() : 0, gib(memory_.grad_pool),
+                shared_.grad_pool ? shared_.grad_pool->slots() : 0, gib(memory_.total()));
   std::string report = buf;
   if (memory_.host_main_weights > 0) {
     std::snprintf(buf, sizeof buf, "\n  main weights in pinned host memory (cpu offload): %.3f GiB",

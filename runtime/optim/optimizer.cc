@@ -11,8 +11,6 @@ namespace fsdp {
 
 Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const OptimizerConfig& config)
     : ctx_(ctx), ranges_(std::move(ranges)), config_(config) {
-  FSDP_CHECK(config.kind == "adamw" || config.kind == "sgd", ConfigError,
-             "optimizer.optimizer: unknown optimizer '", config.kind, "' (adamw or sgd)");
   FSDP_CHECK(config.moments_dtype == DType::f32 || config.moments_dtype == DType::bf16 ||
                  config.moments_dtype == DType::f64,
              ConfigError, "optimizer.moments_dtype must be f32, bf16 or f64");
@@ -27,9 +25,9 @@ Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const Opt
   const bool offload = ctx.is_cuda() && on_host > 0;
   FSDP_CHECK(!offload || on_host == ranges_.size(), ValueError,
              "optimizer: some ranges' master weights are on the host and some on the device");
-  FSDP_CHECK(!offload || config.kind == "adamw", ConfigError,
-             "optimizer.cpu_offload supports adamw only, not ", config.kind);
-  if (config.kind == "adamw" && !layout.empty()) {
+  FSDP_CHECK(!offload || config.kind == OptimizerKind::adamw, ConfigError,
+             "optimizer.cpu_offload supports adamw only, not ", optimizer_kind_name(config.kind));
+  if (has_moments(config.kind) && !layout.empty()) {
     // Each moment is one zeroed allocation; the ranges' moments are views into it.
     for (auto* moments : {&exp_avg_, &exp_avg_sq_}) {
       Tensor arena;
@@ -69,7 +67,7 @@ void Optimizer::step(double lr, double grad_scale) {
     const OptimizerRange& r = ranges_[i];
     if (r.main.numel() == 0) continue;
     const double wd = r.weight_decay ? config_.weight_decay : 0.0;
-    if (config_.kind == "adamw") {
+    if (config_.kind == OptimizerKind::adamw) {
       ops::AdamWParams p = adam;
       p.weight_decay = wd;
       ops::adamw_step(ctx_, r.main, r.grad, exp_avg_[i], exp_avg_sq_[i], p, r.param_copy);

@@ -23,6 +23,7 @@
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/optim/offload_step.h"
+#include "runtime/optim/optimizer_kind.h"
 
 namespace fsdp {
 
@@ -35,7 +36,7 @@ struct OptimizerRange {
 };
 
 struct OptimizerConfig {
-  std::string kind = "adamw";  // "adamw" | "sgd"
+  OptimizerKind kind = OptimizerKind::adamw;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.0;
   DType moments_dtype = DType::f32;

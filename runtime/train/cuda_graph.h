@@ -16,7 +16,7 @@
 //   events nor calls the system while a pool is in use.
 // - Lazily created state (cuBLASLt workspace and plans, cuDNN handle and plans, kernel
 //   attributes) is created by the eager warm-up micro-batch, before capture. cuBLASLt runs
-//   with one fixed workspace per stream (kernels/cuda/blas.cu refuses to create one inside a
+//   with one fixed workspace per stream (kernels/cuda/matmul.cu refuses to create one inside a
 //   capture); cuDNN attention takes its workspace from the allocator at each call, which while
 //   capturing is the graph's pool: the same block, at the same address, in every replay.
 //   Given a workspace, neither library allocates device memory itself.

@@ -21,10 +21,10 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   po.dp_size = fo.strategy == ShardingStrategy::NoShard ? 1 : mesh.size(MeshAxis::dp_shard);
   po.block = fo.shard_block;
   po.strategy = fo.strategy;
-  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, fo.unit_kind, fo.blocks_per_unit), po);
+  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit), po);
   const MemoryBreakdown mem = estimate_memory(plan, fo);
   // With cpu offload the moments (and the master weights) are in host memory.
-  const size_t opt_state = optimizer_state_bytes(plan, recipe.optimizer.optimizer,
+  const size_t opt_state = optimizer_state_bytes(plan, optimizer_kind_from_name(recipe.optimizer.optimizer),
                                                  dtype_from_name(recipe.optimizer.moments_dtype));
   size_t opt = fo.offload_main ? 0 : opt_state;
   if (fo.offload_main && recipe.optimizer.overlap_cpu_offload) {
@@ -34,7 +34,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   }
   const int64_t act = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
                                                 recipe.model.seq_length, fo.compute_dtype,
-                                                recipe.model.activation_recompute);
+                                                recompute_of(recipe));
   const int64_t n_params = model->num_parameters();
   const int64_t tokens = recipe.train.global_batch_size * recipe.model.seq_length;
   std::string out = recipe.summary();

@@ -9,6 +9,8 @@ namespace {
 // key's path and the member it fills cannot disagree.
 #define KEY(member) FieldSpec(#member, [](Recipe& r) -> FieldRef { return &r.member; })
 
+// One long function on purpose: it is the table of every key, one row each, read top to
+// bottom like the recipe's sections.
 std::vector<FieldSpec> build_schema() {
   const std::vector<std::string> dtypes_auto = {"auto", "bf16", "f32", "f64"};
   return {

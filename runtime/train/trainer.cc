@@ -1,4 +1,5 @@
-// Trainer: set-up (world, model, sharding, optimizer, data, output) and the training loop.
+// Trainer: set-up (world, model and sharding, data, output) and the training loop. The
+// run's accounting (timing, throughput, memory) is in run_stats.h.
 #include "runtime/train/trainer.h"
 
 #include <algorithm>
@@ -18,13 +19,13 @@
 #include "runtime/core/thread_pool.h"
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
-#include "runtime/fsdp/memory.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/plot.h"
-#include "runtime/train/schedule.h"
+#include "runtime/train/run_stats.h"
+#include "runtime/train/lr_schedule.h"
 #include "runtime/train/trainer_setup.h"
 #include "runtime/train/update_norms.h"
 
@@ -38,6 +39,36 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Uploads each micro-batch's (B, T) tokens through page-locked staging, one slot per
+// tensor of the step: a copy from pageable memory could make the host wait for the device,
+// and then the device would wait for the host to queue the next micro-batch.
+class TokenUploader {
+ public:
+  explicit TokenUploader(Context& ctx) : ctx_(ctx) {}
+
+  // The tokens of `slot` on the device, uploaded asynchronously.
+  Tensor upload(size_t slot, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
+    if (ctx_.device().is_cpu()) return ops::from_host<int32_t>(ctx_, tokens, Shape{B, T});
+    if (staging_.size() <= slot) {
+      staging_.resize(slot + 1);
+      uploaded_.resize(slot + 1);
+    }
+    Tensor& staged = staging_[slot];
+    if (!staged.defined() || staged.numel() != B * T) staged = ctx_.empty_pinned(Shape{B, T}, DType::i32);
+    uploaded_[slot].synchronize();  // the slot's previous upload has left (long ago)
+    std::copy(tokens.begin(), tokens.end(), staged.data<int32_t>());
+    Tensor on_device = ctx_.empty(Shape{B, T}, DType::i32);
+    copy_bytes_async(on_device, staged, ctx_.stream());
+    uploaded_[slot].record(ctx_.stream());
+    return on_device;
+  }
+
+ private:
+  Context& ctx_;
+  std::vector<Tensor> staging_;
+  std::vector<Event> uploaded_;  // after each slot's upload
+};
+
 }  // namespace
 
 // Members are destroyed in reverse order: the sharded model (its hooks) before the model,
@@ -45,61 +76,48 @@ double seconds_since(Clock::time_point t) {
 struct Trainer::State {
   Recipe recipe;
   TrainerOptions options;
+  // The world and the device.
   std::unique_ptr<World> world;
   std::unique_ptr<Mesh> mesh;
   std::unique_ptr<MeshCommunicators> comms;
   std::unique_ptr<Context> ctx;
+  int dp_rank = 0, dp_size = 1;
+  int64_t accum = 1;  // micro-batches per rank per step
+  // The model, its sharding and its optimizer.
   models::ModelConfig model_config;
   std::unique_ptr<models::LanguageModel> model;
   FsdpOptions fsdp_options;
   std::unique_ptr<ShardedModel> sharded;
   std::unique_ptr<Optimizer> optimizer;
+  LrSchedule schedule;
+  int64_t n_params = 0;
+  double flops_per_token = 0;
+  // Data.
   std::unique_ptr<data::DataLoader> train_data, val_data;
+  std::unique_ptr<TokenUploader> tokens;
+  // Output and checkpoints (the writers on rank 0 only).
+  std::unique_ptr<RunCheckpoints> checkpoints;
   std::unique_ptr<StepLogWriter> metrics;
-  std::unique_ptr<StepLogWriter> samples_log;  // logger.samples_file (rank 0)
+  std::unique_ptr<StepLogWriter> samples_log;  // logger.samples_file
   std::unique_ptr<UpdateNorms> update_norms;   // logger.log_update_norms
+  std::vector<StepMetrics> history;            // what the loss picture draws
   // The tokenizer of the end-of-run sample; null when no sample is printed (not asked for,
   // or the model's vocabulary cannot hold the tokenizer's: a finished run never fails there).
   std::unique_ptr<data::Gpt2Tokenizer> sample_tokenizer;
-  void prepare_sample();
-  std::unique_ptr<RunCheckpoints> checkpoints;
-  std::vector<StepMetrics> history;
-  LrSchedule schedule;
-  int dp_rank = 0, dp_size = 1;
-  int64_t accum = 1;  // micro-batches per rank per step
-  int64_t step = 0;   // optimizer steps completed
-  int64_t n_params = 0;
-  // Timing events around the optimizer step (CUDA; host clock on the CPU).
-  Event optimizer_start, optimizer_end;
-  // Around the forward and backward of all micro-batches (CUDA): with queue_host_s they show
-  // whether the device waited for the host to queue work.
-  Event micro_batches_start, micro_batches_end;
-  // Page-locked staging of each micro-batch's tokens (inputs, targets), and the event after
-  // each one's upload: a copy from pageable memory could make the host wait for the device,
-  // and then the device would wait for the host to queue the next micro-batch.
-  std::vector<Tensor> token_staging;
-  std::vector<Event> tokens_uploaded;
-  // The (B, T) tokens of micro-batch slot `slot`, on the device, uploaded asynchronously.
-  Tensor upload_tokens(size_t slot, const std::vector<int32_t>& tokens, int64_t B, int64_t T);
-  double optimizer_host_s = 0;
-  double issue_host_s = 0;  // the last step's host time up to its wait for the loss
-  double queue_host_s = 0;  // the last step's host time to queue its forwards and backwards
-  // The device time of the last step's forwards and backwards; call after it synchronized.
-  double last_forward_backward_s() const {
-    if (ctx->is_cuda()) return Event::elapsed_ms(micro_batches_start, micro_batches_end) / 1000.0;
-    return queue_host_s;
-  }
-  // The last step's optimizer time; call after the step has synchronized.
-  double last_optimizer_s() const {
-    if (ctx->is_cuda()) return Event::elapsed_ms(optimizer_start, optimizer_end) / 1000.0;
-    return optimizer_host_s;
-  }
-  double flops_per_token = 0;
+  int64_t step = 0;  // optimizer steps completed
+  std::unique_ptr<StepClock> clock;
   // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
   // replay (null when off). Declared last: destroyed before the model and the context.
   std::unique_ptr<MicroBatchGraph> graphs;
 
-  void setup();
+  // Set-up, in order.
+  void setup_world();
+  void setup_model_and_sharding();
+  void setup_data();
+  void setup_output();
+  void print_startup_report() const;
+  void prepare_sample();
+
   void print(const std::string& line) const {
     if (world->rank() == 0 && options.out) {
       std::fprintf(options.out, "%s\n", line.c_str());
@@ -108,10 +126,13 @@ struct Trainer::State {
   }
   // Sums `values` over every rank (tiny host vectors: losses, flags).
   std::vector<double> sum_over_ranks(const std::vector<double>& values);
+  // One optimizer step; returns this rank's summed micro-batch losses.
   double train_step(double lr, double* grad_norm);
   // logger.samples_file: the global batch the next step reads (rank 0 writes it).
   void log_samples();
   double evaluate();
+  // The step line, the metrics record and the picture's history (logged steps only).
+  void log_step(const StepMetrics& m, bool evaluated);
   std::string sample_text();
 };
 
@@ -135,7 +156,13 @@ auto abort_world_on_error(const std::unique_ptr<World>& world, F&& body) -> decl
 Trainer::Trainer(const Recipe& recipe, const TrainerOptions& options) : s_(std::make_unique<State>()) {
   s_->recipe = recipe;
   s_->options = options;
-  abort_world_on_error(s_->world, [&] { s_->setup(); });
+  abort_world_on_error(s_->world, [&] {
+    s_->setup_world();
+    s_->setup_model_and_sharding();
+    s_->setup_data();
+    s_->setup_output();
+    s_->print_startup_report();
+  });
 }
 
 Trainer::~Trainer() = default;
@@ -144,7 +171,9 @@ const Recipe& Trainer::recipe() const { return s_->recipe; }
 int Trainer::rank() const { return s_->world->rank(); }
 int Trainer::world_size() const { return s_->world->size(); }
 
-void Trainer::State::setup() {
+// ---------------------------------------------------------------- set-up
+
+void Trainer::State::setup_world() {
   // Device and world: the recipe's "auto" choices settle on what this process can use.
   recipe.resolve_device(cuda_device_count() > 0);
   // Everything the recipe says about the launch is checked before the world starts, so a
@@ -160,7 +189,7 @@ void Trainer::State::setup() {
       CudaGraphPlan::of(recipe, planned_dp, recipe.grad_accum_steps(planned_dp),
                         planned_dp > 1 && !options.skip_collectives);
   WorldOptions wo;
-  wo.backend = recipe.dist.device == "cuda" ? Backend::Nccl : Backend::Mpi;
+  wo.backend = device_type_of(recipe) == DeviceType::CUDA ? Backend::Nccl : Backend::Mpi;
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
   wo.print_summary = options.out != nullptr;
   wo.on_failure = options.on_comm_failure;
@@ -169,29 +198,31 @@ void Trainer::State::setup() {
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());
-  if (ctx->is_cuda()) {
-    optimizer_start = Event::create(ctx->device(), /*enable_timing=*/true);
-    optimizer_end = Event::create(ctx->device(), /*enable_timing=*/true);
-    micro_batches_start = Event::create(ctx->device(), /*enable_timing=*/true);
-    micro_batches_end = Event::create(ctx->device(), /*enable_timing=*/true);
-  }
+  clock = std::make_unique<StepClock>(*ctx);
   const std::vector<int> dp_group = mesh->dp_group(world->rank());
   dp_size = int(dp_group.size());
   dp_rank = int(std::find(dp_group.begin(), dp_group.end(), world->rank()) - dp_group.begin());
   accum = recipe.grad_accum_steps(dp_size);
+  if (graph_plan.enabled()) {
+    FSDP_ASSERT(dp_size == planned_dp, "data-parallel size ", dp_size, " differs from the planned ", planned_dp);
+    // The compute stream waits for the reduce stream (no_shard: gradient accumulation
+    // there); the sharded model exists by the time a micro-batch runs.
+    graphs = std::make_unique<MicroBatchGraph>(*ctx, graph_plan, [this] { sharded->finish_grad_sync(); });
+  }
+}
 
-  // Model (specs), sharding (only this rank's shards are allocated and initialized).
+void Trainer::State::setup_model_and_sharding() {
+  // The model as specs; fully_shard materializes and initializes only this rank's shards.
   model_config = model_config_of(recipe);
   model = models::build_model(model_config);
-  models::set_activation_recompute(*model, recipe.model.activation_recompute);
+  models::set_activation_recompute(*model, recompute_of(recipe));
   n_params = model->num_parameters();
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
                                            int(model_config.d_model), int(model_config.seq_len));
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;
-  const ShardingStrategy strategy = fsdp_options.strategy;
-  sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, strategy), fsdp_options);
+  sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, fsdp_options.strategy), fsdp_options);
   OptimizerConfig optimizer_config = optimizer_config_of(recipe);
   // CPU offload: the ranks on this host share its cores.
   optimizer_config.offload.threads = host_threads_per_process(world->local_size());
@@ -210,14 +241,12 @@ void Trainer::State::setup() {
       return opt->range_ready(last - 1, block, ready);
     });
   }
-  if (graph_plan.enabled()) {
-    FSDP_ASSERT(dp_size == planned_dp, "data-parallel size ", dp_size, " differs from the planned ", planned_dp);
-    // The compute stream waits for the reduce stream (no_shard: gradient accumulation there).
-    graphs = std::make_unique<MicroBatchGraph>(*ctx, graph_plan, [this] { sharded->finish_grad_sync(); });
-  }
   schedule = LrSchedule::from_recipe(recipe);
+  if (recipe.logger.log_update_norms) update_norms = std::make_unique<UpdateNorms>(*ctx, *sharded);
+}
 
-  // Data: this rank's part of every global batch.
+void Trainer::State::setup_data() {
+  // This rank's part of every global batch.
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   const uint64_t data_seed = uint64_t(recipe.dataset.seed);
   train_data = std::make_unique<data::DataLoader>(train_data_of(recipe), B, T, dp_rank, dp_size, data_seed);
@@ -228,32 +257,38 @@ void Trainer::State::setup() {
     val_data = std::make_unique<data::DataLoader>(val_spec, B, T, dp_rank, dp_size, data_seed);
     val_data->vocab_check(recipe.model.vocab_size);
   }
+  tokens = std::make_unique<TokenUploader>(*ctx);
+}
 
-  // Checkpoints: resuming restores the weights, the optimizer, the step and the data position.
+void Trainer::State::setup_output() {
+  // Resuming restores the weights, the optimizer, the step and the data position.
+  const ShardingStrategy strategy = fsdp_options.strategy;
   CheckpointedParts parts{ctx.get(), &world->comm(), mesh.get(), data_parallel_groups(*comms, strategy),
                           sharded.get(), optimizer.get(), train_data.get()};
   checkpoints = std::make_unique<RunCheckpoints>(recipe, parts, [this](const std::string& l) { print(l); });
   std::optional<int64_t> resumed;
   if (options.resume) resumed = checkpoints->resume();
   if (resumed) step = *resumed;
-
-  // Output: the resolved recipe, and the metrics file (a resumed run keeps its earlier lines).
+  // The resolved recipe, and the step logs (a resumed run keeps their earlier lines).
   if (world->rank() == 0) {
     std::filesystem::create_directories(recipe.run.output_dir);
     recipe.write_resolved(recipe.run.output_dir + "/run_config.json");
-    if (recipe.logger.metrics_file)
-      metrics = std::make_unique<StepLogWriter>(recipe.run.output_dir + "/" + *recipe.logger.metrics_file, resumed);
+    auto log_file = [&](const std::optional<std::string>& name) {
+      return name ? std::make_unique<StepLogWriter>(recipe.run.output_dir + "/" + *name, resumed) : nullptr;
+    };
+    metrics = log_file(recipe.logger.metrics_file);
     if (metrics && resumed) history = read_metrics_file(metrics->path());
-    if (recipe.logger.samples_file)
-      samples_log = std::make_unique<StepLogWriter>(recipe.run.output_dir + "/" + *recipe.logger.samples_file, resumed);
+    samples_log = log_file(recipe.logger.samples_file);
   }
-  if (recipe.logger.log_update_norms) update_norms = std::make_unique<UpdateNorms>(*ctx, *sharded);
   prepare_sample();
+}
 
+void Trainer::State::print_startup_report() const {
+  const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   print(str_cat("model: ", model_config.str(), ", ", n_params, " parameters"));
   print(str_cat("training: ", recipe.train.train_iters, " steps of ", recipe.train.global_batch_size,
                 " x ", T, " tokens (", accum, " micro-batches of ", B, " per rank, ", dp_size,
-                " data-parallel ranks), ", strategy_name(strategy), ", ",
+                " data-parallel ranks), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
@@ -262,7 +297,7 @@ void Trainer::State::setup() {
   const MemoryBreakdown mem = sharded->memory();
   const size_t opt_bytes = optimizer->state_bytes();
   const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
-                                                recipe.model.activation_recompute);
+                                                recompute_of(recipe));
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()
@@ -276,50 +311,52 @@ void Trainer::State::setup() {
                 format_bytes(int64_t(mem.total() + opt_bytes) + act)));
 }
 
+void Trainer::State::prepare_sample() {
+  if (!options.print_sample) return;
+  // Decided the same way on every rank, before training, so that every rank generates or none.
+  std::string why_not;
+  try {
+    auto tok = std::make_unique<data::Gpt2Tokenizer>(data::locate_asset(recipe.tokenizer.vocab_file),
+                                                     data::locate_asset(recipe.tokenizer.merges_file));
+    if (tok->vocab_size() > recipe.model.vocab_size)
+      why_not = str_cat("model.vocab_size ", recipe.model.vocab_size, " is smaller than the tokenizer's ",
+                        tok->vocab_size());
+    else
+      sample_tokenizer = std::move(tok);
+  } catch (const Error& e) {
+    why_not = e.what();
+  }
+  if (!why_not.empty()) print(str_cat("no text sample at the end of the run: ", why_not));
+}
+
+// ---------------------------------------------------------------- one step
+
 std::vector<double> Trainer::State::sum_over_ranks(const std::vector<double>& values) {
   Tensor t = ops::from_host<double>(*ctx, values, Shape{int64_t(values.size())});
   if (world->size() > 1) world->comm().all_reduce(t, ReduceOp::Sum, ctx->stream());
   return ops::to_vector<double>(*ctx, t);
 }
 
-Tensor Trainer::State::upload_tokens(size_t slot, const std::vector<int32_t>& tokens, int64_t B,
-                                     int64_t T) {
-  if (ctx->device().is_cpu()) return ops::from_host<int32_t>(*ctx, tokens, Shape{B, T});
-  if (token_staging.size() <= slot) {
-    token_staging.resize(slot + 1);
-    tokens_uploaded.resize(slot + 1);
-  }
-  Tensor& staged = token_staging[slot];
-  if (!staged.defined() || staged.numel() != B * T)
-    staged = ctx->empty_pinned(Shape{B, T}, DType::i32);
-  tokens_uploaded[slot].synchronize();  // the slot's previous upload has left (long ago)
-  std::copy(tokens.begin(), tokens.end(), staged.data<int32_t>());
-  Tensor on_device = ctx->empty(Shape{B, T}, DType::i32);
-  copy_bytes_async(on_device, staged, ctx->stream());
-  tokens_uploaded[slot].record(ctx->stream());
-  return on_device;
-}
-
 double Trainer::State::train_step(double lr, double* grad_norm) {
-  const auto t_issue = Clock::now();
+  clock->start_step();
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
   sharded->start_step();
-  micro_batches_start.record(ctx->stream());
+  clock->start_micro_batches();
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
     train_data->next(x.data(), y.data());
-    Tensor idx = upload_tokens(size_t(2 * m), x, B, T);
-    Tensor tgt = upload_tokens(size_t(2 * m + 1), y, B, T);
+    Tensor idx = tokens->upload(size_t(2 * m), x, B, T);
+    Tensor tgt = tokens->upload(size_t(2 * m + 1), y, B, T);
     // One micro-batch's forward and backward; with train.cuda_graphs it is captured once and
     // replayed (the autograd graph lives inside, so nothing it holds escapes but the loss).
-    auto body = [&](const Tensor& tokens, const Tensor& targets) {
+    auto body = [&](const Tensor& inputs, const Tensor& targets) {
       autograd::Graph g(*ctx);
       Tensor loss;
       {
         NvtxRange r("forward");
-        loss = model->forward(g, tokens, targets, B * T);
+        loss = model->forward(g, inputs, targets, B * T);
       }
       NvtxRange r("backward");
       g.backward(loss);
@@ -328,23 +365,20 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
     const Tensor loss = graphs ? graphs->run(m == accum - 1, idx, tgt, body) : body(idx, tgt);
     ops::axpby(*ctx, loss_sum, 1.0, loss, 1.0);
   }
-  micro_batches_end.record(ctx->stream());
-  queue_host_s = seconds_since(t_issue);
+  clock->micro_batches_queued();
   NvtxRange r("optimizer");
   sharded->finish_grad_sync();
   const double norm = sharded->grad_norm();
   FSDP_CHECK(std::isfinite(norm), Error, "training diverged at step ", step + 1,
              ": the gradient norm is ", norm, " (lower optimizer.lr or check the data)");
   const double clip = clip_coefficient(norm, recipe.optimizer.clip_grad);
-  const auto t_optimizer = Clock::now();
-  optimizer_start.record(ctx->stream());
+  clock->start_optimizer();
   if (update_norms) update_norms->before_step();
   optimizer->step(lr, sharded->grad_multiplier() * clip);
   sharded->install_weights();
-  optimizer_end.record(ctx->stream());
-  optimizer_host_s = seconds_since(t_optimizer);
+  clock->end_optimizer();
   *grad_norm = norm;
-  issue_host_s = seconds_since(t_issue);
+  clock->step_issued();
   return ops::item(*ctx, loss_sum);
 }
 
@@ -385,22 +419,13 @@ double Trainer::State::evaluate() {
   return sum_over_ranks({sum})[0] / double(micro_batches * dp_size);
 }
 
-void Trainer::State::prepare_sample() {
-  if (!options.print_sample) return;
-  // Decided the same way on every rank, before training, so that every rank generates or none.
-  std::string why_not;
-  try {
-    auto tok = std::make_unique<data::Gpt2Tokenizer>(data::locate_asset(recipe.tokenizer.vocab_file),
-                                                     data::locate_asset(recipe.tokenizer.merges_file));
-    if (tok->vocab_size() > recipe.model.vocab_size)
-      why_not = str_cat("model.vocab_size ", recipe.model.vocab_size, " is smaller than the tokenizer's ",
-                        tok->vocab_size());
-    else
-      sample_tokenizer = std::move(tok);
-  } catch (const Error& e) {
-    why_not = e.what();
-  }
-  if (!why_not.empty()) print(str_cat("no text sample at the end of the run: ", why_not));
+void Trainer::State::log_step(const StepMetrics& m, bool evaluated) {
+  const int64_t every = std::max<int64_t>(1, recipe.logger.log_interval);
+  const int64_t total = recipe.train.train_iters;
+  if (m.step % every != 0 && m.step != 1 && m.step != total && !evaluated) return;
+  print(format_step_line(m, total, stdout_is_terminal() && options.out == stdout));
+  history.push_back(m);
+  if (metrics) metrics->write(m);
 }
 
 std::string Trainer::State::sample_text() {
@@ -416,28 +441,23 @@ std::string Trainer::State::sample_text() {
   return options.sample_prompt + tok.decode(out);
 }
 
+// ---------------------------------------------------------------- the loop
+
 TrainResult Trainer::run() {
   return abort_world_on_error(s_->world, [&] { return run_steps(); });
 }
 
 TrainResult Trainer::run_steps() {
   State& s = *s_;
+  const int64_t total = s.recipe.train.train_iters;
   TrainResult result;
   result.first_step = s.step;
-  const bool terminal = stdout_is_terminal() && s.options.out == stdout;
-  const int64_t total = s.recipe.train.train_iters;
-  const int64_t tokens_per_step = s.recipe.train.global_batch_size * s.recipe.model.seq_length;
-  double timed_seconds = 0, timed_optimizer = 0, timed_issue = 0, timed_queue = 0,
-         timed_forward_backward = 0;
-  MemoryStats allocs_before;
-  int64_t timed_steps = 0;
-  s.ctx->allocator()->reset_peak();
-
+  RunStats stats(*s.ctx, s.step, s.options.warmup_steps, s.options.profile_timed_steps,
+                 s.recipe.train.global_batch_size * s.recipe.model.seq_length,
+                 s.flops_per_token, s.world->size());
   while (s.step < total) {
     s.world->set_step(s.step + 1);
-    const bool timed = s.step + 1 - result.first_step > s.options.warmup_steps;
-    if (s.options.profile_timed_steps && timed && timed_steps == 0) profiler_capture(true);
-    if (timed && timed_steps == 0) allocs_before = s.ctx->allocator()->stats();
+    stats.start_step(s.step + 1);
     const auto t0 = Clock::now();
     const double lr = s.schedule.lr_at(s.step);
     double norm = 0;
@@ -451,52 +471,17 @@ TrainResult Trainer::run_steps() {
     s.step++;
     result.losses.push_back(loss);
     result.grad_norms.push_back(norm);
-    if (timed) {
-      timed_seconds += dt;
-      timed_optimizer += s.last_optimizer_s();
-      timed_issue += s.issue_host_s;
-      timed_queue += s.queue_host_s;
-      timed_forward_backward += s.last_forward_backward_s();
-      const CollectiveTimes ct = s.sharded->take_collective_times();
-      auto add = [](TrainResult::Collective& to, const CollectiveTime& c) {
-        to.count += double(c.count);
-        to.bytes += double(c.bytes);
-        to.ms += c.ms;
-      };
-      add(result.all_gathers, ct.all_gather);
-      add(result.reduce_scatters, ct.reduce_scatter);
-      add(result.all_reduces, ct.all_reduce);
-      timed_steps++;
-    } else {
-      (void)s.sharded->take_collective_times();  // warm-up steps are not counted
-    }
+    stats.end_step(s.step, dt, s.clock->times(), s.sharded->take_collective_times());
 
-    StepMetrics m;
+    StepMetrics m = stats.metrics(s.step, loss, lr, norm, dt);
     if (s.update_norms) m.update_norms = s.update_norms->after_step();
-    m.step = s.step;
-    m.loss = loss;
-    m.lr = lr;
-    m.grad_norm = norm;
-    m.step_time_s = dt;
-    m.tokens_per_sec = double(tokens_per_step) / dt;
-    m.mem_peak_bytes = int64_t(s.ctx->allocator()->stats().peak_in_use);
-    if (s.ctx->is_cuda()) {
-      const double per_gpu = m.tokens_per_sec / s.world->size();
-      m.tflops = per_gpu * s.flops_per_token / 1e12;
-      m.mfu = model_flops_utilization(per_gpu, s.flops_per_token, kH200PeakBf16Flops);
-    }
     const bool eval_now = s.val_data && s.recipe.train.eval_interval > 0 &&
                           (s.step % s.recipe.train.eval_interval == 0 || s.step == total);
     if (eval_now) {
       m.val_loss = s.evaluate();
       result.val_losses.push_back(*m.val_loss);
     }
-    const int64_t every = std::max<int64_t>(1, s.recipe.logger.log_interval);
-    if (s.step % every == 0 || s.step == 1 || s.step == total || eval_now) {
-      s.print(format_step_line(m, total, terminal));
-      s.history.push_back(m);
-      if (s.metrics) s.metrics->write(m);
-    }
+    s.log_step(m, eval_now);
     // Saves at intervals, after the last step, and when a stop was requested (every rank
     // agreed on that through the all-reduce above).
     s.checkpoints->after_step(s.step, summed[1] > 0 || s.step == total);
@@ -509,33 +494,7 @@ TrainResult Trainer::run_steps() {
 
   result.steps = s.step;
   result.cuda_graph_replays = s.graphs ? s.graphs->replays() : 0;
-  if (s.options.profile_timed_steps && timed_steps > 0) profiler_capture(false);
-  if (timed_steps > 0) {
-    result.step_time_s = timed_seconds / double(timed_steps);
-    result.optimizer_time_s = timed_optimizer / double(timed_steps);
-    result.issue_time_s = timed_issue / double(timed_steps);
-    result.queue_time_s = timed_queue / double(timed_steps);
-    result.forward_backward_s = timed_forward_backward / double(timed_steps);
-    const MemoryStats allocs_after = s.ctx->allocator()->stats();
-    result.allocs_per_step = double(allocs_after.num_allocs - allocs_before.num_allocs) / double(timed_steps);
-    result.system_allocs_per_step =
-        double(allocs_after.num_system_allocs - allocs_before.num_system_allocs) / double(timed_steps);
-    for (TrainResult::Collective* c :
-         {&result.all_gathers, &result.reduce_scatters, &result.all_reduces}) {
-      c->count /= double(timed_steps);
-      c->bytes /= double(timed_steps);
-      c->ms /= double(timed_steps);
-    }
-    result.tokens_per_sec = double(tokens_per_step) / result.step_time_s;
-    if (s.ctx->is_cuda()) {
-      const double per_device = result.tokens_per_sec / s.world->size();
-      result.tflops_per_device = per_device * s.flops_per_token / 1e12;
-      result.mfu = model_flops_utilization(per_device, s.flops_per_token, kH200PeakBf16Flops);
-    }
-  }
-  const MemoryStats mem = s.ctx->allocator()->stats();
-  result.peak_allocated_bytes = int64_t(mem.peak_in_use);
-  result.peak_reserved_bytes = int64_t(mem.peak_reserved);
+  stats.finish(result);
   if (s.world->rank() == 0 && !s.history.empty()) {
     const std::string chart = s.recipe.run.output_dir + "/loss.svg";
     write_loss_chart(chart, loss_series(s.history), s.recipe.run.name);

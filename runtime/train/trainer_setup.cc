@@ -33,7 +33,7 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   o.main_dtype = dtype_from_name(r.mixed_precision.main_params_dtype);
   // Backward accumulates in f32 when asked (and always on the CPU, where f32 is the compute
   // dtype); the reductions run in the resolved grad_reduce_dtype.
-  const bool gpu = r.dist.device == "cuda";
+  const bool gpu = device_type_of(r) == DeviceType::CUDA;
   o.grad_dtype = gpu && !r.ddp.grad_reduce_in_fp32 ? o.compute_dtype
                  : o.compute_dtype == DType::f64  ? DType::f64
                                                   : DType::f32;
@@ -41,7 +41,7 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   o.average_in_collective = r.ddp.average_in_collective;
   o.prefetch_units = r.ddp.prefetch_units;
   o.max_inflight_reduce_bytes = int64_t(r.ddp.max_inflight_reduce_mb * 1024 * 1024);
-  o.unit_kind = r.ddp.unit;
+  o.unit_kind = unit_kind_from_name(r.ddp.unit);
   o.blocks_per_unit = r.ddp.blocks_per_unit;
   o.seed = uint64_t(r.run.seed);
   o.overlap_gather = r.ddp.overlap_param_gather;
@@ -56,9 +56,19 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   return o;
 }
 
+models::Recompute recompute_of(const Recipe& r) {
+  return models::recompute_from_name(r.model.activation_recompute);
+}
+
+DeviceType device_type_of(const Recipe& r) {
+  FSDP_CHECK(r.dist.device == "cpu" || r.dist.device == "cuda", ConfigError, "'dist.device' is \"",
+             r.dist.device, "\": resolve the recipe's device first");
+  return r.dist.device == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
+}
+
 OptimizerConfig optimizer_config_of(const Recipe& r) {
   OptimizerConfig c;
-  c.kind = r.optimizer.optimizer;
+  c.kind = optimizer_kind_from_name(r.optimizer.optimizer);
   c.beta1 = r.optimizer.adam_beta1;
   c.beta2 = r.optimizer.adam_beta2;
   c.eps = r.optimizer.adam_eps;
@@ -104,7 +114,7 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
 }
 
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
-                                  int64_t seq_len, DType compute, const std::string& recompute) {
+                                  int64_t seq_len, DType compute, models::Recompute recompute) {
   const int64_t n = micro_batch * seq_len;  // tokens
   const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
   const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
@@ -117,9 +127,9 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // the F product).
   // Selective recompute keeps only the activation's input (F, or 2F for SwiGLU).
   const int64_t mlp_input = c.family == models::Family::Llama ? 2 * F : F;
-  const int64_t mlp = recompute == "selective" ? mlp_input : mlp_input + F;
+  const int64_t mlp = recompute == models::Recompute::selective ? mlp_input : mlp_input + F;
   int64_t layer_bytes = n * (2 * C * r + (2 * C + qkv + C + mlp) * e);
-  if (recompute == "full") layer_bytes = n * C * r;  // only the block input
+  if (recompute == models::Recompute::full) layer_bytes = n * C * r;  // only the block input
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
   // head-weight gradient (Vp, C) (f64 for f64 compute); the per-token losses; the embedding

@@ -20,6 +20,7 @@
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/save.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
+#include "tests/mpi_world.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -92,18 +93,13 @@ struct Damage {
 
 TEST_CASE("a damaged checkpoint fails the load naming file and tensor; model and directory are unchanged",
           "[checkpoint][mpi]") {
-  WorldOptions wo;
-  wo.backend = Backend::Mpi;
-  wo.print_summary = false;
-  World world(wo);
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   const ShardingStrategy s = ShardingStrategy::OptimGradsParams;
-  TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n);
+  TinyTraining run(s, w.groups(s), w.rank(), n);
   run.train(0, 3);
   const std::string dir = testing::shared_scratch_dir("damage");
-  checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups,
+  checkpoint::save_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(), run.groups,
                               progress_at(3), dir + "/pristine");
   run.train(3, 4);  // the model moves on: a partial load would show
   const std::vector<uint8_t> state = run.state_bytes();
@@ -171,7 +167,7 @@ TEST_CASE("a damaged checkpoint fails the load naming file and tensor; model and
   for (const Damage& d : damages) {
     INFO(d.what << " (" << n << " ranks)");
     std::map<std::string, std::string> before;
-    if (world.rank() == 0) {
+    if (w.rank() == 0) {
       fs::remove_all(ckpt);
       fs::copy(dir + "/pristine/step_000003", ckpt, fs::copy_options::recursive);
       d.apply(ckpt);
@@ -181,7 +177,7 @@ TEST_CASE("a damaged checkpoint fails the load naming file and tensor; model and
     std::string message;
     bool checkpoint_error = false;
     try {
-      checkpoint::load_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), ckpt);
+      checkpoint::load_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(), ckpt);
     } catch (const CheckpointError& e) {
       checkpoint_error = true;
       message = e.what();
@@ -192,29 +188,24 @@ TEST_CASE("a damaged checkpoint fails the load naming file and tensor; model and
     CHECK(checkpoint_error);
     for (const std::string& part : d.expect) CHECK_THAT(message, Contains(part));
     CHECK(run.state_bytes() == state);
-    if (world.rank() == 0) CHECK(testing::snapshot_directory(ckpt) == before);
+    if (w.rank() == 0) CHECK(testing::snapshot_directory(ckpt) == before);
   }
 
   // The pristine copy loads, and brings the state back to step 3.
-  checkpoint::load_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(),
+  checkpoint::load_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(),
                               dir + "/pristine/step_000003");
   CHECK(run.state_bytes() != state);
   CHECK(run.optimizer->steps_taken() == 3);
 }
 
 TEST_CASE("a save that fails on one rank midway leaves latest at the previous checkpoint", "[checkpoint][mpi]") {
-  WorldOptions wo;
-  wo.backend = Backend::Mpi;
-  wo.print_summary = false;
-  World world(wo);
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   const ShardingStrategy s = ShardingStrategy::OptimGrads;
   const std::string dir = testing::shared_scratch_dir("failed_save");
-  TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n);
+  TinyTraining run(s, w.groups(s), w.rank(), n);
   run.train(0, 2);
-  checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups,
+  checkpoint::save_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(), run.groups,
                               progress_at(2), dir);
   const std::vector<uint8_t> at_step_2 = run.state_bytes();
   run.train(2, 4);
@@ -230,57 +221,52 @@ TEST_CASE("a save that fails on one rank midway leaves latest at the previous ch
     INFO("failure on rank " << f.rank << " at " << f.point);
     checkpoint::SaveOptions options;
     options.fault_hook = [&](const std::string& point) {
-      if (world.rank() == f.rank && point == f.point) throw IoError("injected failure: no space left on device");
+      if (w.rank() == f.rank && point == f.point) throw IoError("injected failure: no space left on device");
     };
-    CHECK_THROWS_WITH(checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(),
+    CHECK_THROWS_WITH(checkpoint::save_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(),
                                                   run.groups, progress_at(4), dir, options),
                       Contains("injected failure"));
     CHECK(checkpoint::read_latest_marker(dir) == "step_000002");
     CHECK(checkpoint::find_checkpoint(dir) == dir + "/step_000002");
 
     // The previous checkpoint loads as it was saved.
-    TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
-    checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(),
+    TinyTraining fresh(s, w.groups(s), w.rank(), n);
+    checkpoint::load_checkpoint(fresh.ctx, &w.world.comm(), *fresh.sharded, fresh.optimizer.get(),
                                 checkpoint::find_checkpoint(dir));
     CHECK(fresh.state_bytes() == at_step_2);
     testing::barrier_all_ranks();
   }
 
   // The next save succeeds and leaves no debris.
-  const checkpoint::SaveResult r = checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded,
+  const checkpoint::SaveResult r = checkpoint::save_checkpoint(run.ctx, &w.world.comm(), *run.sharded,
                                                                run.optimizer.get(), run.groups, progress_at(4), dir);
   CHECK(r.directory == dir + "/step_000004");
   CHECK(checkpoint::read_latest_marker(dir) == "step_000004");
-  if (world.rank() == 0) {
+  if (w.rank() == 0) {
     for (const fs::directory_entry& e : fs::directory_iterator(dir))
       CHECK(e.path().filename().string().rfind(".tmp", 0) == std::string::npos);
   }
   const std::vector<uint8_t> at_step_4 = run.state_bytes();
-  TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
-  checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(),
+  TinyTraining fresh(s, w.groups(s), w.rank(), n);
+  checkpoint::load_checkpoint(fresh.ctx, &w.world.comm(), *fresh.sharded, fresh.optimizer.get(),
                               checkpoint::find_checkpoint(dir));
   CHECK(fresh.state_bytes() == at_step_4);
 }
 
 TEST_CASE("most_recent_k keeps the newest checkpoints; saving a saved step again replaces it safely",
           "[checkpoint][mpi]") {
-  WorldOptions wo;
-  wo.backend = Backend::Mpi;
-  wo.print_summary = false;
-  World world(wo);
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   const ShardingStrategy s = ShardingStrategy::Optim;
   const std::string dir = testing::shared_scratch_dir("keep");
-  TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n);
+  TinyTraining run(s, w.groups(s), w.rank(), n);
   checkpoint::SaveOptions options;
   options.most_recent_k = 2;
   std::vector<uint8_t> at_step_3;
   for (int64_t step = 1; step <= 4; ++step) {
     run.train(step - 1, step);
     const checkpoint::SaveResult r = checkpoint::save_checkpoint(
-        run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups, progress_at(step), dir, options);
+        run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(), run.groups, progress_at(step), dir, options);
     CHECK(r.directory == dir + "/" + checkpoint::step_directory_name(step));
     CHECK(r.bytes > 0);
     if (step == 3) at_step_3 = run.state_bytes();
@@ -299,24 +285,24 @@ TEST_CASE("most_recent_k keeps the newest checkpoints; saving a saved step again
   failing.fault_hook = [&](const std::string& point) {
     if (point == "renamed") throw IoError("injected failure");
   };
-  CHECK_THROWS_AS(checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(),
+  CHECK_THROWS_AS(checkpoint::save_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(),
                                               run.groups, progress_at(4), dir, failing),
                   IoError);
   CHECK(checkpoint::read_latest_marker(dir) == "step_000003");
   {
-    TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
-    checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(),
+    TinyTraining fresh(s, w.groups(s), w.rank(), n);
+    checkpoint::load_checkpoint(fresh.ctx, &w.world.comm(), *fresh.sharded, fresh.optimizer.get(),
                                 checkpoint::find_checkpoint(dir));
     CHECK(fresh.state_bytes() == at_step_3);
   }
   // Done properly, the new state is what step 4 holds, and nothing else is left behind.
-  checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups,
+  checkpoint::save_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(), run.groups,
                               progress_at(4), dir, options);
   CHECK(checkpoint::read_latest_marker(dir) == "step_000004");
-  TinyTraining fresh(s, data_parallel_groups(comms, s), world.rank(), n);
-  checkpoint::load_checkpoint(fresh.ctx, &world.comm(), *fresh.sharded, fresh.optimizer.get(), dir + "/step_000004");
+  TinyTraining fresh(s, w.groups(s), w.rank(), n);
+  checkpoint::load_checkpoint(fresh.ctx, &w.world.comm(), *fresh.sharded, fresh.optimizer.get(), dir + "/step_000004");
   CHECK(fresh.state_bytes() == replaced);
-  if (world.rank() == 0) {
+  if (w.rank() == 0) {
     std::set<std::string> names;
     for (const fs::directory_entry& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
     CHECK(names == std::set<std::string>{"latest", "step_000003", "step_000004"});

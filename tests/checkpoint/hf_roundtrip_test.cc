@@ -21,6 +21,7 @@
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/save.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
+#include "tests/mpi_world.h"
 #include "tests/test_support.h"
 #include "tools/convert/hf_export.h"
 #include "tools/convert/hf_format.h"
@@ -81,10 +82,7 @@ float at(const Tensor& t, int64_t i, int64_t j) { return t.data<float>()[i * t.s
 
 TEST_CASE("a sharded checkpoint exports to the Hugging Face layout and imports back to the same weights",
           "[checkpoint][mpi]") {
-  WorldOptions wo;
-  wo.backend = Backend::Mpi;
-  wo.print_summary = false;
-  World world(wo);
+  World world(testing::quiet_mpi_world());
   const int n = world.size();
   Mesh mesh({1, n, 1, 1, 1}, n);
   MeshCommunicators comms(world, mesh);

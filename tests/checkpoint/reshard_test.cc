@@ -11,6 +11,7 @@
 #include "runtime/checkpoint/load.h"
 #include "runtime/checkpoint/save.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
+#include "tests/mpi_world.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -69,13 +70,8 @@ std::vector<double> resume(TinyTraining& run, Communicator* comm, const std::str
 
 TEST_CASE("a checkpoint saved by N ranks under ZeRO-3 resumes on N/2 ranks under ZeRO-1 and on one process",
           "[checkpoint][mpi]") {
-  WorldOptions wo;
-  wo.backend = Backend::Mpi;
-  wo.print_summary = false;
-  World world(wo);
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   const std::string dir = testing::shared_scratch_dir("reshard");
   for (bool llama : {false, true}) {
     INFO((llama ? "llama" : "gpt2") << ", saved by " << n << " ranks");
@@ -83,9 +79,9 @@ TEST_CASE("a checkpoint saved by N ranks under ZeRO-3 resumes on N/2 ranks under
     std::vector<double> want;
     {
       const ShardingStrategy s = ShardingStrategy::OptimGradsParams;
-      TinyTraining run(s, data_parallel_groups(comms, s), world.rank(), n, llama);
+      TinyTraining run(s, w.groups(s), w.rank(), n, llama);
       run.train(0, 4);
-      checkpoint::save_checkpoint(run.ctx, &world.comm(), *run.sharded, run.optimizer.get(), run.groups,
+      checkpoint::save_checkpoint(run.ctx, &w.world.comm(), *run.sharded, run.optimizer.get(), run.groups,
                                   progress_at(4), save_dir);
       want = run.train(4, 8);
     }
@@ -109,7 +105,7 @@ TEST_CASE("a checkpoint saved by N ranks under ZeRO-3 resumes on N/2 ranks under
 
     // Half the world, ZeRO-1 (under -np 2 each half is one rank).
     {
-      SubGroup half(world, std::max(1, n / 2));
+      SubGroup half(w.world, std::max(1, n / 2));
       TinyTraining run(ShardingStrategy::Optim, half.sharded_over(), half.rank, half.ckpt->size(), llama);
       check_bitwise(resume(run, half.ckpt.get(), ckpt, 4, 8), want);
     }
@@ -123,10 +119,7 @@ TEST_CASE("a checkpoint saved by N ranks under ZeRO-3 resumes on N/2 ranks under
 
 TEST_CASE("replicated state (no_shard, HSDP) is written once per shard and loads into any layout",
           "[checkpoint][mpi]") {
-  WorldOptions wo;
-  wo.backend = Backend::Mpi;
-  wo.print_summary = false;
-  World world(wo);
+  World world(testing::quiet_mpi_world());
   const int n = world.size();
   const std::string dir = testing::shared_scratch_dir("replicas");
   struct Layout {

@@ -31,6 +31,7 @@
 #include "models/factory.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/fsdp/sharded_model.h"
+#include "tests/mpi_world.h"
 #include "runtime/optim/optimizer.h"
 #include "tests/test_support.h"
 
@@ -254,7 +255,7 @@ std::vector<std::pair<int, int>> mesh_shapes(int world) {
 
 TEST_CASE("each strategy issues exactly its collectives per micro-batch and per step",
           "[fsdp][mpi]") {
-  World world;
+  World world(testing::quiet_mpi_world());
   for (auto [outer, shard] : mesh_shapes(world.size())) {
     Mesh mesh({outer, shard, 1, 1, 1}, world.size());
     MeshCommunicators mc(world, mesh);
@@ -289,7 +290,7 @@ TEST_CASE("the expected counts, written out for 3 blocks", "[fsdp][mpi]") {
 
 TEST_CASE("prefetch depth changes when gathers are issued, not which or how many",
           "[fsdp][mpi]") {
-  World world;
+  World world(testing::quiet_mpi_world());
   const int n = world.size();
   Mesh mesh({1, n, 1, 1, 1}, n);
   const int accumulation = 3;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "models/factory.h"
+#include "runtime/fsdp/buffer_layout.h"
 #include "runtime/fsdp/memory.h"
 #include "tests/test_support.h"
 
@@ -26,9 +27,9 @@ double persistent_bytes_per_param(const models::ModelConfig& c, int dp, DType gr
   po.dp_size = s == ShardingStrategy::NoShard ? 1 : dp;
   po.block = o.shard_block;
   po.strategy = s;
-  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, o.unit_kind), po);
+  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, unit_module_kind(o.unit_kind)), po);
   const MemoryBreakdown m = estimate_memory(plan, o);
-  const size_t adam = optimizer_state_bytes(plan, "adamw", DType::f32);
+  const size_t adam = optimizer_state_bytes(plan, OptimizerKind::adamw, DType::f32);
   if (padding) *padding = double(plan.total_padded_numel()) / double(plan.total_numel());
   return double(m.compute_weights + m.main_weights + m.grad_accumulation + m.full_grads + adam) /
          double(model->num_parameters());
@@ -91,7 +92,7 @@ TEST_CASE("nccl_ub: registrable buffers cost whole 2 MiB granules, plus the redu
       PlanOptions po;
       po.dp_size = 2;
       po.strategy = s;
-      const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, o.unit_kind), po);
+      const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, unit_module_kind(o.unit_kind)), po);
       const MemoryBreakdown off = estimate_memory(plan, o);
       o.nccl_ub = true;
       const MemoryBreakdown on = estimate_memory(plan, o);
@@ -127,7 +128,7 @@ TEST_CASE("nccl_ub: registrable buffers cost whole 2 MiB granules, plus the redu
       // Nothing changes without a second rank to talk to.
       PlanOptions single = po;
       single.dp_size = 1;
-      const ShardingPlan one = ShardingPlan::build(unit_specs(*model, o.unit_kind), single);
+      const ShardingPlan one = ShardingPlan::build(unit_specs(*model, unit_module_kind(o.unit_kind)), single);
       o.nccl_ub = false;
       const MemoryBreakdown one_off = estimate_memory(one, o);
       o.nccl_ub = true;

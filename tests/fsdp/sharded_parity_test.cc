@@ -13,6 +13,7 @@
 #include "runtime/fsdp/memory.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/mpi_world.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -76,7 +77,7 @@ std::vector<double> train(const RunOptions& o, const DataParallelGroups& groups,
   models::ModelConfig mc = small_gpt(o.llama);
   mc.classifier_chunk_rows = o.chunk_rows;
   auto model = models::build_model(mc);
-  if (o.recompute) models::set_activation_recompute(*model, "full");
+  if (o.recompute) models::set_activation_recompute(*model, models::Recompute::full);
   FsdpOptions fo;
   fo.strategy = o.strategy;
   fo.compute_dtype = DType::f32;
@@ -146,10 +147,8 @@ void check_bitwise(const std::vector<double>& got, const std::vector<double>& wa
 }  // namespace
 
 TEST_CASE("every strategy matches the single-process run bitwise", "[fsdp][mpi]") {
-  World world;
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   for (ShardingStrategy s : {ShardingStrategy::NoShard, ShardingStrategy::Optim,
                              ShardingStrategy::OptimGrads, ShardingStrategy::OptimGradsParams}) {
     for (int acc : {1, 4}) {
@@ -160,7 +159,7 @@ TEST_CASE("every strategy matches the single-process run bitwise", "[fsdp][mpi]"
       const std::vector<double> want = reference(o, n);
       // The loss must actually move, or equality would prove little.
       CHECK(want.back() < want.front());
-      check_bitwise(train(o, data_parallel_groups(comms, s), world.rank(), n), want);
+      check_bitwise(train(o, w.groups(s), w.rank(), n), want);
     }
   }
 }
@@ -170,10 +169,8 @@ TEST_CASE("with nccl_ub every sharded strategy matches the single-process run bi
   // On the CPU the registrations are MPI no-ops, but the buffers, the persistent
   // reduce-scatter staging (f32 gradients cast into an f64 input) and the sum-then-1/dp
   // reduction are those of a GPU run.
-  World world;
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   for (ShardingStrategy s : {ShardingStrategy::Optim, ShardingStrategy::OptimGrads,
                              ShardingStrategy::OptimGradsParams}) {
     INFO("strategy " << strategy_name(s) << ", world " << n);
@@ -183,21 +180,19 @@ TEST_CASE("with nccl_ub every sharded strategy matches the single-process run bi
     o.nccl_ub = true;
     const std::vector<double> want = reference(o, n);
     CHECK(want.back() < want.front());
-    check_bitwise(train(o, data_parallel_groups(comms, s), world.rank(), n), want);
+    check_bitwise(train(o, w.groups(s), w.rank(), n), want);
   }
 }
 
 TEST_CASE("ZeRO-3 with a Llama model and activation recompute matches bitwise", "[fsdp][mpi]") {
-  World world;
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   RunOptions o;
   o.strategy = ShardingStrategy::OptimGradsParams;
   o.accumulation = 2;
   o.llama = true;
   o.recompute = true;
-  check_bitwise(train(o, data_parallel_groups(comms, o.strategy), world.rank(), n), reference(o, n));
+  check_bitwise(train(o, w.groups(o.strategy), w.rank(), n), reference(o, n));
 }
 
 TEST_CASE("units of several blocks match the single-process run bitwise, and one-block units",
@@ -205,10 +200,8 @@ TEST_CASE("units of several blocks match the single-process run bitwise, and one
   // Three blocks: two per unit makes units of 2 and 1 blocks; three per unit one unit. The
   // hooks gather before a unit's first block, reduce after its first block's backward, and
   // every block's recomputed forward waits for the gather.
-  World world;
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   for (int per_unit : {2, 3}) {
     for (ShardingStrategy s : {ShardingStrategy::Optim, ShardingStrategy::OptimGrads,
                                ShardingStrategy::OptimGradsParams}) {
@@ -223,7 +216,7 @@ TEST_CASE("units of several blocks match the single-process run bitwise, and one
         o.blocks_per_unit = per_unit;
         const std::vector<double> want = reference(o, n);
         CHECK(want.back() < want.front());
-        check_bitwise(train(o, data_parallel_groups(comms, s), world.rank(), n), want);
+        check_bitwise(train(o, w.groups(s), w.rank(), n), want);
         // Against one block per unit: the same training, up to the order in which the
         // gradient norm's partial sums are added (the shards' padding moves with the units),
         // which changes the clipping factor in its last bits.
@@ -243,10 +236,8 @@ TEST_CASE("units of several blocks match the single-process run bitwise, and one
 // moves the losses by far more than the tolerance.
 TEST_CASE("the chunked classifier trains like the logits path under every strategy",
           "[fsdp][mpi]") {
-  World world;
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   for (bool llama : {false, true}) {
     RunOptions ref;
     ref.llama = llama;
@@ -260,7 +251,7 @@ TEST_CASE("the chunked classifier trains like the logits path under every strate
       o.strategy = s;
       o.logits_path = false;
       o.chunk_rows = 5;
-      const std::vector<double> got = train(o, data_parallel_groups(comms, s), world.rank(), n);
+      const std::vector<double> got = train(o, w.groups(s), w.rank(), n);
       REQUIRE(got.size() == want.size());
       for (size_t i = 0; i < got.size(); ++i) {
         INFO("step " << i);
@@ -271,7 +262,7 @@ TEST_CASE("the chunked classifier trains like the logits path under every strate
 }
 
 TEST_CASE("HSDP (replicas x shards) matches bitwise", "[fsdp][mpi]") {
-  World world;
+  World world(testing::quiet_mpi_world());
   const int n = world.size();
   if (n != 4) {
     fsdp::testing::mark_skipped("HSDP 2x2 needs 4 ranks");
@@ -290,10 +281,8 @@ TEST_CASE("HSDP (replicas x shards) matches bitwise", "[fsdp][mpi]") {
 }
 
 TEST_CASE("the memory estimate equals what a sharded model allocates", "[fsdp][mpi]") {
-  World world;
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   for (ShardingStrategy s : {ShardingStrategy::NoShard, ShardingStrategy::Optim,
                              ShardingStrategy::OptimGrads, ShardingStrategy::OptimGradsParams}) {
     for (auto [reduce, ub] : {std::pair{DType::f32, false}, std::pair{DType::f64, false},
@@ -306,7 +295,7 @@ TEST_CASE("the memory estimate equals what a sharded model allocates", "[fsdp][m
       fo.reduce_dtype = reduce;
       fo.shard_block = 128;
       fo.nccl_ub = ub;
-      const DataParallelGroups groups = data_parallel_groups(comms, s);
+      const DataParallelGroups groups = w.groups(s);
       const size_t before = ctx.allocator()->stats().in_use;
       auto sharded = fully_shard(ctx, *model, groups, fo);
       const MemoryBreakdown est = estimate_memory(sharded->plan(), fo);
@@ -331,21 +320,19 @@ TEST_CASE("the memory estimate equals what a sharded model allocates", "[fsdp][m
 }
 
 TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[fsdp][mpi]") {
-  World world;
-  const int n = world.size();
-  Mesh mesh({1, n, 1, 1, 1}, n);
-  MeshCommunicators comms(world, mesh);
+  testing::MpiWorld w;
+  const int n = w.size();
   Context ctx;
   auto model = models::build_model(small_gpt(false));
   FsdpOptions fo;
   fo.shard_block = 128;
-  auto sharded = fully_shard(ctx, *model, data_parallel_groups(comms, fo.strategy), fo);
+  auto sharded = fully_shard(ctx, *model, w.groups(fo.strategy), fo);
   for (DType moments : {DType::f32, DType::bf16}) {
     OptimizerConfig oc;
     oc.moments_dtype = moments;
     const size_t before = ctx.allocator()->stats().in_use;
     Optimizer opt(ctx, sharded->optimizer_ranges(), oc);
-    const size_t est = optimizer_state_bytes(sharded->plan(), "adamw", moments, world.rank());
+    const size_t est = optimizer_state_bytes(sharded->plan(), OptimizerKind::adamw, moments, w.rank());
     CHECK(opt.state_bytes() == est);
     CHECK(ctx.allocator()->stats().in_use - before == est);
   }

@@ -6,7 +6,7 @@
 #include "tests/test_support.h"
 
 #if FSDP_WITH_CUDA
-#include "kernels/cuda/blas.h"
+#include "kernels/cuda/matmul.h"
 #endif
 
 using namespace fsdp;

@@ -74,7 +74,7 @@ TEST_CASE("the chunked classifier gives the logits path's loss and gradients", "
                                    << " recompute " << recompute);
         auto model = build_model(small(v.family, v.tied, chunk));
         nn::materialize(ctx, *model, DType::f32, 77);
-        set_activation_recompute(*model, recompute);
+        set_activation_recompute(*model, recompute_from_name(recompute));
         const Step want = step(ctx, *model, idx, targets, true);
         const Step got = step(ctx, *model, idx, targets, false);
         // One node fewer: the head and the loss are one op.

@@ -272,7 +272,7 @@ TEST_CASE("finite differences: whole GPT-2 and Llama models to the loss",
       INFO(models::family_name(family) << " recompute=" << recompute);
       auto model = models::build_model(tiny_config(family, d));
       randomize(ctx, *model, 40);
-      models::set_activation_recompute(*model, recompute);
+      models::set_activation_recompute(*model, models::recompute_from_name(recompute));
       const Tensor idx = tokens(ctx, d.b, d.t, d.vocab, 41);
       const Tensor targets = tokens(ctx, d.b, d.t, d.vocab, 42, /*ignore_every=*/4);
       check_gradients(ctx, {str_cat(models::family_name(family), " model, recompute ", recompute),

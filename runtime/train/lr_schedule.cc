@@ -1,4 +1,4 @@
-#include "runtime/train/schedule.h"
+#include "runtime/train/lr_schedule.h"
 
 #include <cmath>
 

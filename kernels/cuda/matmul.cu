@@ -1,12 +1,12 @@
-#include "kernels/cuda/blas.h"
+#include "kernels/cuda/matmul.h"
 
 #include <cublasLt.h>
 
 #include <map>
 #include <tuple>
 
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/library_check.h"
-#include "kernels/cuda/nn_kernels.h"
 
 namespace fsdp::kernels::cuda {
 namespace {

@@ -3,7 +3,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/train/recipe.h"
-#include "runtime/train/schedule.h"
+#include "runtime/train/lr_schedule.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;

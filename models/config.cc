@@ -22,6 +22,19 @@ ModelConfig ModelConfig::resolved() const {
   positive(c.n_head, "n_head");
   positive(c.vocab_size, "vocab_size");
   positive(c.seq_len, "seq_len");
+  // Sizes no model is trained at: refused before anything is built (a module per layer) or
+  // overflows (a padded vocabulary past int64).
+  auto at_most = [](int64_t v, int64_t bound, const char* key) {
+    FSDP_CHECK(v <= bound, ConfigError, "model.", key, " = ", v, " is larger than ", bound,
+               ", the most this runtime builds");
+  };
+  at_most(c.n_layer, kMaxLayers, "n_layer");
+  at_most(c.d_model, kMaxWidth, "d_model");
+  at_most(c.n_head, c.d_model, "n_head");
+  at_most(c.d_ff, kMaxWidth * 8, "d_ff");
+  at_most(c.vocab_size, kMaxVocab, "vocab_size");
+  at_most(c.padded_vocab_size, kMaxVocab + 127, "padded_vocab_size");
+  at_most(c.seq_len, kMaxSeqLen, "seq_len");
   if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
   if (c.d_ff == 0) {
     if (c.family == Family::GPT2) {
@@ -43,6 +56,11 @@ ModelConfig ModelConfig::resolved() const {
   FSDP_CHECK(c.classifier_chunk_rows >= 0, ConfigError,
              "model.classifier_chunk_rows must be >= 0 (0 = one chunk), got ",
              c.classifier_chunk_rows);
+  const double params = c.parameter_estimate();
+  FSDP_CHECK(params <= kMaxParameters, ConfigError, "the model would have about ", params,
+             " parameters (model.n_layer ", c.n_layer, ", model.d_model ", c.d_model,
+             ", model.d_ff ", c.d_ff, ", model.padded_vocab_size ", c.padded_vocab_size,
+             "), more than the ", kMaxParameters, " this runtime builds");
   if (c.family == Family::GPT2) {
     FSDP_CHECK(c.n_kv_head == c.n_head, ConfigError,
                "model.n_kv_head: GPT-2 has no grouped-query attention (n_kv_head must equal n_head)");
@@ -54,6 +72,20 @@ ModelConfig ModelConfig::resolved() const {
                c.rope_theta);
   }
   return c;
+}
+
+double ModelConfig::parameter_estimate() const {
+  // In double: the point is to refuse sizes whose products overflow int64.
+  const double C = double(d_model), F = double(d_ff), L = double(n_layer);
+  const double H = double(n_head), Hkv = double(n_kv_head ? n_kv_head : n_head);
+  const double D = C / H;
+  const double attention = C * (H + 2 * Hkv) * D + H * D * C;
+  const double mlp = family == Family::GPT2 ? 2 * C * F : 3 * C * F;
+  const double per_layer = attention + mlp + 4 * C + (family == Family::GPT2 ? 2 * F + 4 * C : 0);
+  const double vocab = double(padded_vocab_size ? padded_vocab_size : vocab_size);
+  const double embeddings = vocab * C * (tie_embeddings ? 1 : 2) +
+                            (family == Family::GPT2 ? double(seq_len) * C : 0);
+  return L * per_layer + embeddings + 2 * C;
 }
 
 std::string ModelConfig::str() const {

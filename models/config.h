@@ -20,6 +20,14 @@ Family family_from_name(const std::string& name);  // throws ConfigError
 // the GPU; the full logits (6.6 GB at 64 x 1024 tokens of GPT-2) are never held.
 constexpr int64_t kDefaultClassifierChunkRows = 8192;
 
+// The largest sizes resolved() accepts: far beyond any model trained today, small enough
+// that building one cannot run away (a module per layer) or overflow.
+constexpr int64_t kMaxLayers = 10000;
+constexpr int64_t kMaxWidth = int64_t(1) << 20;      // d_model
+constexpr int64_t kMaxVocab = int64_t(1) << 30;
+constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
+constexpr double kMaxParameters = 1e13;
+
 struct ModelConfig {
   Family family = Family::GPT2;
   int64_t n_layer = 0;
@@ -46,6 +54,9 @@ struct ModelConfig {
   // The same config with every 0 default filled in, checked: throws ConfigError naming the
   // offending field.
   ModelConfig resolved() const;
+  // Parameters of the model this config describes, computed (not counted), in double so
+  // that absurd sizes cannot overflow (resolved() refuses those above kMaxParameters).
+  double parameter_estimate() const;
   int64_t head_dim() const { return d_model / n_head; }
   std::string str() const;  // one line, for logs
 };

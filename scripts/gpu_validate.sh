@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of the issues, in priority order, on a 2-GPU machine from the bundle that
-# scripts/gpu_bundle.sh makes (no Bazel there), from the repository root:
+# The GPU checks of correctness, speed and memory, in priority order, on a 2-GPU machine from
+# the bundle that scripts/gpu_bundle.sh makes (no Bazel there), from the repository root:
 #   1. PyTorch parity of GPT-2 d12 and a small Llama in bf16 and f32 (tools/parity)
 #   2. ZeRO-3 on 2 GPUs against 1 GPU, 50 steps of GPT-2 d12 (losses compared per step);
 #      the 2-GPU run saves a checkpoint
@@ -21,9 +21,9 @@
 #      a few minutes: the 1.3B start-up and warm-up step run under the profiler too)
 #  11. bf16 Adam moments: GPT-2 d12 losses over 300 steps with f32 and with bf16 moments
 #      (1 GPU), and GPT 1.3B ZeRO-3 speed and memory with each
-#  12. one GPU, issue 8's options: GPT-2 124M with the chunked classifier against the whole
-#      logits (model.classifier_chunk_rows=0), and with CUDA graphs (train.cuda_graphs) at
-#      micro-batch 64 and 8
+#  12. one GPU, the chunked classifier and CUDA graphs: GPT-2 124M with the chunked
+#      classifier against the whole logits (model.classifier_chunk_rows=0), and with CUDA
+#      graphs (train.cuda_graphs) at micro-batch 64 and 8
 #  13. two GPUs, NCCL user-buffer registration (ddp.nccl_ub): all-gather and reduce-scatter
 #      1M-256M unregistered / symmetric windows, GPT-2 124M ZeRO-1 and ZeRO-3 and GPT 1.3B
 #      ZeRO-3 (with the compute baseline) without and with it

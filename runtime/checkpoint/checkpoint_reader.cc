@@ -1,5 +1,7 @@
 #include "runtime/checkpoint/checkpoint_reader.h"
 
+#include <filesystem>
+
 #include <algorithm>
 #include <set>
 
@@ -142,6 +144,17 @@ std::string find_checkpoint(const std::string& path) {
   FSDP_CHECK(file_size_or_missing(dir + "/" + kMetadataFileName) >= 0, CheckpointError, path,
              "/latest names ", latest, ", which holds no ", kMetadataFileName);
   return dir;
+}
+
+std::string newest_step_directory(const std::string& save_dir) {
+  std::error_code ec;
+  int64_t best = -1;
+  for (const auto& entry : std::filesystem::directory_iterator(save_dir, ec)) {
+    const int64_t step = step_of_directory_name(entry.path().filename().string());
+    if (step > best && file_size_or_missing(entry.path().string() + "/" + kMetadataFileName) >= 0)
+      best = step;
+  }
+  return best < 0 ? "" : save_dir + "/" + step_directory_name(best);
 }
 
 }  // namespace fsdp::checkpoint

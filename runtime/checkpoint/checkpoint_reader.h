@@ -68,4 +68,9 @@ class CheckpointReader {
 // save directory without a complete checkpoint yet).
 std::string find_checkpoint(const std::string& path);
 
+// The newest step_NNNNNN directory of save directory `save_dir` that holds a metadata.json
+// (a save renames a step's directory into place only when it is complete), or "" if none:
+// where to resume when the `latest` marker is missing.
+std::string newest_step_directory(const std::string& save_dir);
+
 }  // namespace fsdp::checkpoint

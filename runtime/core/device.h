@@ -1,6 +1,7 @@
 // Where a tensor lives: the host, or one CUDA device by ordinal.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace fsdp {
@@ -23,5 +24,8 @@ struct Device {
 // Whether this build has CUDA support compiled in, and how many devices are visible.
 bool cuda_built();
 int cuda_device_count();  // 0 when not built with CUDA or when no GPU/driver is present
+// Bytes of memory `device` has in all: a GPU's total memory, or the host's physical memory
+// for the CPU.
+size_t device_memory_bytes(Device device);
 
 }  // namespace fsdp

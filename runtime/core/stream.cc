@@ -1,5 +1,7 @@
 #include "runtime/core/stream.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
@@ -11,7 +13,25 @@
 
 namespace fsdp {
 
+namespace {
+
+size_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  FSDP_CHECK(pages > 0 && page > 0, DeviceError, "cannot read the host's physical memory size");
+  return size_t(pages) * size_t(page);
+}
+
+}  // namespace
+
 #if FSDP_WITH_CUDA
+
+size_t device_memory_bytes(Device device) {
+  if (device.is_cpu()) return host_memory_bytes();
+  DeviceGuard guard(device);
+  size_t free_b = 0, total_b = 0;
+  FSDP_CALL(cudaMemGetInfo(&free_b, &total_b));
+  return total_b;
+}
 
 bool cuda_built() { return true; }
 
@@ -169,6 +189,12 @@ DeviceGuard::~DeviceGuard() {
 
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
+
+size_t device_memory_bytes(Device device) {
+  FSDP_CHECK(device.is_cpu(), DeviceError, "device_memory_bytes(", device.str(),
+             "): this build has no CUDA support");
+  return host_memory_bytes();
+}
 
 Stream Stream::create_cuda(int, int) {
   FSDP_THROW(DeviceError, "CUDA stream requested, but this build has no CUDA support (--config=cpu)");

@@ -70,6 +70,10 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     ::close(fd);
     FSDP_THROW(DataError, "cannot stat '", path, "': ", reason);
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    FSDP_THROW(DataError, "'", path, "' is not a regular file (", S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe", ")");
+  }
   size_ = static_cast<uint64_t>(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -70,9 +70,8 @@ Parameter& Module::add_parameter(const std::string& local_name, const Shape& sha
                                  bool weight_decay) {
   FSDP_CHECK(!local_name.empty() && local_name.find('.') == std::string::npos, ValueError,
              "module ", name_, ": bad parameter name '", local_name, "'");
-  for (const auto& p : params_)
-    FSDP_CHECK(p->local_name() != local_name, ValueError, "module ", name_,
-               ": parameter '", local_name, "' registered twice");
+  FSDP_CHECK(param_names_.insert(local_name).second, ValueError, "module ", name_,
+             ": parameter '", local_name, "' registered twice");
   auto p = std::make_shared<Parameter>(local_name, shape, init, weight_decay);
   p->name_ = join_name(name_, local_name);
   params_.push_back(p);
@@ -83,9 +82,8 @@ void Module::register_child(const std::string& local_name, Module& child) {
   FSDP_CHECK(!local_name.empty(), ValueError, "module ", name_, ": empty child name");
   FSDP_CHECK(child.parent_ == nullptr, ValueError, "module '", local_name,
              "' is already registered under '", child.parent_ ? child.parent_->name_ : "", "'");
-  for (Module* c : children_)
-    FSDP_CHECK(c->local_name_ != local_name, ValueError, "module ", name_, ": child '",
-               local_name, "' registered twice");
+  FSDP_CHECK(child_names_.insert(local_name).second, ValueError, "module ", name_, ": child '",
+             local_name, "' registered twice");
   child.parent_ = this;
   child.local_name_ = local_name;
   children_.push_back(&child);

@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -123,6 +124,9 @@ class Module {
   Module* parent_ = nullptr;
   std::vector<Module*> children_;
   std::vector<std::shared_ptr<Parameter>> params_;
+  // Local names already taken by children and by own parameters (registration checks them
+  // in constant time: models have tens of thousands of modules).
+  std::unordered_set<std::string> child_names_, param_names_;
   std::vector<HookEntry> hooks_;
   HookId next_hook_id_ = 1;
   bool recompute_ = false;

@@ -1,6 +1,10 @@
 #include "runtime/train/checkpointing.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 
 #include "runtime/checkpoint/checkpoint_reader.h"
 #include "runtime/checkpoint/load.h"
@@ -13,13 +17,42 @@ RunCheckpoints::RunCheckpoints(const Recipe& recipe, const CheckpointedParts& pa
                                std::function<void(const std::string&)> print)
     : recipe_(recipe), parts_(parts), print_(std::move(print)) {}
 
+void RunCheckpoints::check_save_directory() {
+  if (!recipe_.checkpoint.save) return;
+  const std::string& dir = *recipe_.checkpoint.save;
+  checkpoint::run_on_every_rank(*parts_.ctx, parts_.world, [&] {
+    if (parts_.world->rank() != 0) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    FSDP_CHECK(!ec && std::filesystem::is_directory(dir), ConfigError, "checkpoint.save = \"", dir,
+               "\": cannot create the directory (", ec ? ec.message() : "a file is in the way", ")");
+    const std::string probe = dir + "/.write_test";
+    FILE* f = std::fopen(probe.c_str(), "wb");
+    const bool wrote = f != nullptr && std::fputc('x', f) != EOF;
+    const bool closed = f != nullptr && std::fclose(f) == 0;
+    std::remove(probe.c_str());
+    FSDP_CHECK(wrote && closed, ConfigError, "checkpoint.save = \"", dir,
+               "\": the directory does not take files (", std::strerror(errno), ")");
+  });
+}
+
 std::string RunCheckpoints::resume_directory() const {
   const std::optional<std::string>& load = recipe_.checkpoint.load;
   if (!load) return "";
   if (*load == "latest") {
     // The save directory's newest checkpoint; none yet (a first run) means a fresh start.
     if (!recipe_.checkpoint.save) return "";
-    return checkpoint::find_checkpoint(*recipe_.checkpoint.save);
+    const std::string& save = *recipe_.checkpoint.save;
+    std::string dir = checkpoint::find_checkpoint(save);
+    if (dir.empty()) {
+      // Step directories without a `latest` marker (lost or deleted): resume from the
+      // newest complete one rather than start over and prune them.
+      dir = checkpoint::newest_step_directory(save);
+      if (!dir.empty())
+        print_(str_cat("checkpoint: ", save, " has no `latest` marker; resuming from its newest "
+                       "complete checkpoint, ", dir));
+    }
+    return dir;
   }
   const std::string dir = checkpoint::find_checkpoint(*load);
   FSDP_CHECK(!dir.empty(), ConfigError, "checkpoint.load = \"", *load,

@@ -44,8 +44,14 @@ class RunCheckpoints {
   RunCheckpoints(const Recipe& recipe, const CheckpointedParts& parts,
                  std::function<void(const std::string&)> print);
 
+  // checkpoint.save: the directory exists (created if needed) and takes a file, checked at
+  // start-up rather than at the first save, after steps were spent. ConfigError naming the
+  // key otherwise, on every rank. Collective.
+  void check_save_directory();
+
   // The checkpoint directory this run would resume from ("" = start fresh). ConfigError if
-  // checkpoint.load names a path that holds no checkpoint.
+  // checkpoint.load names a path that holds no checkpoint. With checkpoint.load "latest" and
+  // no `latest` marker, the save directory's newest complete step (and says so).
   std::string resume_directory() const;
 
   // Loads resume_directory() (if any) into the model, the optimizer and the data loader;

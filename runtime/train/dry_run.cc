@@ -1,8 +1,7 @@
 #include "runtime/train/dry_run.h"
 
 #include "models/factory.h"
-#include "runtime/fsdp/memory.h"
-#include "runtime/optim/offload_step.h"
+#include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/trainer_setup.h"
@@ -17,24 +16,11 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   const models::ModelConfig mc = model_config_of(recipe);
   auto model = models::build_model(mc);  // specs only: no memory
   const FsdpOptions fo = fsdp_options_of(recipe);
-  PlanOptions po;
-  po.dp_size = fo.strategy == ShardingStrategy::NoShard ? 1 : mesh.size(MeshAxis::dp_shard);
-  po.block = fo.shard_block;
-  po.strategy = fo.strategy;
-  const ShardingPlan plan = ShardingPlan::build(unit_specs(*model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit), po);
-  const MemoryBreakdown mem = estimate_memory(plan, fo);
-  // With cpu offload the moments (and the master weights) are in host memory.
-  const size_t opt_state = optimizer_state_bytes(plan, optimizer_kind_from_name(recipe.optimizer.optimizer),
-                                                 dtype_from_name(recipe.optimizer.moments_dtype));
-  size_t opt = fo.offload_main ? 0 : opt_state;
-  if (fo.offload_main && recipe.optimizer.overlap_cpu_offload) {
-    // The overlapped update reads a device snapshot of the gradient shards.
-    const int64_t shard = int64_t(mem.host_main_weights / dtype_size(fo.main_dtype));
-    opt = allocation_size_class(size_t(std::max<int64_t>(shard, 1)) * dtype_size(fo.reduce_dtype));
-  }
-  const int64_t act = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
-                                                recipe.model.seq_length, fo.compute_dtype,
-                                                recompute_of(recipe));
+  const MemoryPrediction p = predict_memory(recipe, *model, mesh);
+  const ShardingPlan& plan = p.plan;
+  const MemoryBreakdown& mem = p.fsdp;
+  const size_t opt = p.optimizer;
+  const int64_t act = p.activations;
   const int64_t n_params = model->num_parameters();
   const int64_t tokens = recipe.train.global_batch_size * recipe.model.seq_length;
   std::string out = recipe.summary();
@@ -59,19 +45,13 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  fo.offload_main && recipe.optimizer.overlap_cpu_offload ? " (gradient snapshot)" : "",
                  "\n",
                  "  activations       ", format_bytes(act), " (estimate)\n",
-                 "  predicted peak    ", format_bytes(int64_t(mem.total() + opt) + act), "\n");
+                 "  predicted peak    ", format_bytes(p.device_peak()), "\n");
   if (fo.offload_main) {
-    // Beside the master weights and moments: the staging buffers the shard streams through
-    // (gradients down, compute weights up; runtime/optim/offload_step.h).
-    const int64_t shard = int64_t(mem.host_main_weights / dtype_size(fo.main_dtype));
-    const OffloadOptions oo;
-    const OffloadStaging st = offload_staging(shard, oo.chunk_numel, oo.slots);
-    const int64_t staging = int64_t(st.slots) * st.slot_numel *
-                            int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
+    // Beside the master weights and moments: the staging buffers the shard streams through.
     out += str_cat("host memory per rank (cpu offload, page-locked): main weights ",
                    format_bytes(int64_t(mem.host_main_weights)), ", optimizer state ",
-                   format_bytes(int64_t(opt_state)), ", gradient and weight staging ",
-                   format_bytes(staging), "\n");
+                   format_bytes(int64_t(p.optimizer_state)), ", gradient and weight staging ",
+                   format_bytes(p.offload_staging), "\n");
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -63,7 +64,7 @@ std::string expected_of(const FieldSpec& spec, Recipe& scratch) {
   return std::visit(
       Overloaded{
           [](bool*) -> std::string { return "true or false"; },
-          [](int*) -> std::string { return "an integer"; },
+          [](int*) -> std::string { return "an integer from -2147483648 to 2147483647"; },
           [](int64_t*) -> std::string { return "an integer"; },
           [](double*) -> std::string { return "a number"; },
           [&](auto* p) -> std::string {
@@ -126,9 +127,38 @@ std::optional<std::string> match_choice(const FieldSpec& spec, const Json& v) {
   return std::nullopt;
 }
 
+// Whether `s` is valid UTF-8 (no stray continuation bytes, no overlong forms, no surrogates,
+// nothing past U+10FFFF): a recipe's strings are written back as JSON, which must be UTF-8.
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + size_t(len) > n) return false;
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + size_t(k)] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + size_t(k)] & 0x3F);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += size_t(len);
+  }
+  return true;
+}
+
 // Stores JSON value `v` into the key, or throws ConfigError saying what it must be.
 // `where` says where the value came from, for the message.
 void assign(const FieldSpec& spec, const Json& v, Recipe& r, const std::string& where) {
+  if (v.is_string())
+    FSDP_CHECK(valid_utf8(v.get_ref<const std::string&>()), ConfigError, where, ": '", spec.path,
+               "' is not valid UTF-8 text");
   auto bad = [&]() {
     FSDP_THROW(ConfigError, where, ": '", spec.path, "' must be ", expected_of(spec, r), ", got ",
                v.type_name(), " ", show(v));
@@ -350,8 +380,13 @@ Recipe build_recipe(const Json* root, const std::string& source,
 }
 
 std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  FSDP_CHECK(std::filesystem::exists(status), ConfigError, "recipe file '", path, "' does not exist");
+  FSDP_CHECK(std::filesystem::is_regular_file(status), ConfigError, "recipe file '", path,
+             "' is not a file (a directory?)");
   std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in, IoError, "cannot open recipe file '", path, "'");
+  FSDP_CHECK(in, ConfigError, "cannot open recipe file '", path, "'");
   std::ostringstream ss;
   ss << in.rdbuf();
   FSDP_CHECK(!in.bad(), IoError, "cannot read recipe file '", path, "'");
@@ -383,11 +418,18 @@ std::string Recipe::to_json_string() const {
 }
 
 void Recipe::write_resolved(const std::string& path) const {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  FSDP_CHECK(out, IoError, "cannot create '", path, "' for the resolved recipe");
-  out << to_json_string();
-  out.flush();
-  FSDP_CHECK(out, IoError, "cannot write the resolved recipe to '", path, "'");
+  // Written beside and renamed over: an earlier file stays whole if this write fails.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    FSDP_CHECK(out, IoError, "cannot create '", tmp, "' for the resolved recipe");
+    out << to_json_string();
+    out.flush();
+    FSDP_CHECK(out, IoError, "cannot write the resolved recipe to '", tmp, "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  FSDP_CHECK(!ec, IoError, "cannot replace '", path, "': ", ec.message());
 }
 
 std::string Recipe::summary() const {
@@ -481,6 +523,16 @@ int64_t Recipe::grad_accum_steps(int dp_size) const {
   validate_world(dp_size);
   if (train.global_batch_size == 0) return 1;
   return train.global_batch_size / (int64_t(train.micro_batch_size) * dp_size);
+}
+
+std::string first_difference(const Recipe& a, const Recipe& b,
+                             const std::vector<std::string>& ignore) {
+  for (const FieldSpec& spec : recipe_schema()) {
+    if (std::find(ignore.begin(), ignore.end(), spec.path) != ignore.end()) continue;
+    const Json va = field_json(spec, a), vb = field_json(spec, b);
+    if (va != vb) return str_cat(spec.path, " (", show(va), " vs ", show(vb), ")");
+  }
+  return "";
 }
 
 }  // namespace fsdp::train

@@ -172,6 +172,11 @@ struct Recipe {
 // and validates everything. Throws ConfigError (IoError if the file cannot be read).
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// The first key (in schema order, leaving out the keys in `ignore`) whose values differ, as
+// "key (a vs b)", or "" if the recipes agree.
+std::string first_difference(const Recipe& a, const Recipe& b,
+                             const std::vector<std::string>& ignore = {});
+
 // The same from JSON text; `source` names it in error messages (e.g. a file name).
 Recipe parse_recipe(const std::string& json_text, const std::vector<std::string>& overrides = {},
                     const std::string& source = "<recipe>");

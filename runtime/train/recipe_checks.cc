@@ -1,5 +1,7 @@
 #include "runtime/train/recipe_checks.h"
 
+#include <algorithm>
+
 #include "runtime/core/error.h"
 
 namespace fsdp::train {
@@ -42,6 +44,21 @@ void check_schedule(const Recipe& r) {
                "'scheduler.lr_wsd_decay_iters' (", s.lr_wsd_decay_iters,
                ") must fit after the warmup: at most 'scheduler.lr_decay_iters' - "
                "'scheduler.lr_warmup_iters' = ", s.lr_decay_iters - s.lr_warmup_iters);
+  }
+}
+
+// A log file name must stay inside run.output_dir: relative, without "..".
+void check_log_file(const std::optional<std::string>& name, const char* key) {
+  if (!name) return;
+  FSDP_CHECK(!name->empty(), ConfigError, "'", key, "' is empty (null turns it off)");
+  FSDP_CHECK(name->front() != '/', ConfigError, "'", key, "' = \"", *name,
+             "\" must be a path inside run.output_dir, not an absolute path");
+  size_t start = 0;
+  while (start <= name->size()) {
+    const size_t end = std::min(name->find('/', start), name->size());
+    FSDP_CHECK(name->compare(start, end - start, "..") != 0, ConfigError, "'", key, "' = \"",
+               *name, "\" must stay inside run.output_dir (no \"..\")");
+    start = end + 1;
   }
 }
 
@@ -92,8 +109,8 @@ void check_paths(const Recipe& r) {
              "'checkpoint.save' is empty; use null to disable saving");
   FSDP_CHECK(!r.checkpoint.load || !r.checkpoint.load->empty(), ConfigError,
              "'checkpoint.load' is empty; use null to start fresh");
-  FSDP_CHECK(!r.logger.metrics_file || !r.logger.metrics_file->empty(), ConfigError,
-             "'logger.metrics_file' is empty; use null for no metrics file");
+  check_log_file(r.logger.metrics_file, "logger.metrics_file");
+  check_log_file(r.logger.samples_file, "logger.samples_file");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -19,9 +20,11 @@
 #include "runtime/core/thread_pool.h"
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/checkpoint/rank_agreement.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/plot.h"
 #include "runtime/train/run_stats.h"
@@ -112,6 +115,10 @@ struct Trainer::State {
 
   // Set-up, in order.
   void setup_world();
+  // ConfigError on every rank if the ranks were started with different recipes, naming the
+  // first key that differs (a different lr would train silently; a different train_iters
+  // would end in a mismatched collective).
+  void check_same_recipe_on_every_rank();
   void setup_model_and_sharding();
   void setup_data();
   void setup_output();
@@ -126,8 +133,11 @@ struct Trainer::State {
   }
   // Sums `values` over every rank (tiny host vectors: losses, flags).
   std::vector<double> sum_over_ranks(const std::vector<double>& values);
-  // One optimizer step; returns this rank's summed micro-batch losses.
-  double train_step(double lr, double* grad_norm);
+  // One optimizer step; returns this rank's summed micro-batch losses, or nullopt when a
+  // stop was requested between its micro-batches (the step is dropped: no update).
+  std::optional<double> train_step(double lr, double* grad_norm);
+  // Whether any rank was asked to stop (collective; every rank calls it at the same point).
+  bool stop_agreed();
   // logger.samples_file: the global batch the next step reads (rank 0 writes it).
   void log_samples();
   double evaluate();
@@ -198,6 +208,7 @@ void Trainer::State::setup_world() {
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());
+  check_same_recipe_on_every_rank();
   clock = std::make_unique<StepClock>(*ctx);
   const std::vector<int> dp_group = mesh->dp_group(world->rank());
   dp_size = int(dp_group.size());
@@ -211,6 +222,24 @@ void Trainer::State::setup_world() {
   }
 }
 
+void Trainer::State::check_same_recipe_on_every_rank() {
+  // Everything that decides what is computed must agree; file paths may differ (a node's
+  // local copy of the data, its own mount point).
+  static const std::vector<std::string> kPaths = {
+      "tokenizer.vocab_file", "tokenizer.merges_file", "dataset.train_path", "dataset.val_path",
+      "checkpoint.save", "checkpoint.load", "run.output_dir"};
+  const std::vector<std::string> all =
+      checkpoint::all_gather_strings(*ctx, &world->comm(), recipe.to_json_string());
+  const Recipe first = parse_recipe(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::string where = first_difference(first, parse_recipe(all[r]), kPaths);
+    FSDP_CHECK(where.empty(), ConfigError, "the ranks were started with different recipes: rank 0 "
+               "and rank ", r, " differ first at ", where,
+               "; launch every rank with the same --config and overrides");
+  }
+}
+
 void Trainer::State::setup_model_and_sharding() {
   // The model as specs; fully_shard materializes and initializes only this rank's shards.
   model_config = model_config_of(recipe);
@@ -219,6 +248,8 @@ void Trainer::State::setup_model_and_sharding() {
   n_params = model->num_parameters();
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
                                            int(model_config.d_model), int(model_config.seq_len));
+  // A run whose predicted memory exceeds the device is refused before anything is allocated.
+  check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(), world->local_size());
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;
@@ -266,6 +297,7 @@ void Trainer::State::setup_output() {
   CheckpointedParts parts{ctx.get(), &world->comm(), mesh.get(), data_parallel_groups(*comms, strategy),
                           sharded.get(), optimizer.get(), train_data.get()};
   checkpoints = std::make_unique<RunCheckpoints>(recipe, parts, [this](const std::string& l) { print(l); });
+  checkpoints->check_save_directory();
   std::optional<int64_t> resumed;
   if (options.resume) resumed = checkpoints->resume();
   if (resumed) step = *resumed;
@@ -337,7 +369,12 @@ std::vector<double> Trainer::State::sum_over_ranks(const std::vector<double>& va
   return ops::to_vector<double>(*ctx, t);
 }
 
-double Trainer::State::train_step(double lr, double* grad_norm) {
+bool Trainer::State::stop_agreed() {
+  const bool mine = options.stop_requested && options.stop_requested();
+  return sum_over_ranks({mine ? 1.0 : 0.0})[0] > 0;
+}
+
+std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   clock->start_step();
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
@@ -364,6 +401,12 @@ double Trainer::State::train_step(double lr, double* grad_norm) {
     };
     const Tensor loss = graphs ? graphs->run(m == accum - 1, idx, tgt, body) : body(idx, tgt);
     ops::axpby(*ctx, loss_sum, 1.0, loss, 1.0);
+    // A stop request inside a long step: between micro-batches, every rank at the same ones.
+    const int64_t poll_every = ctx->is_cuda() ? 8 : 1;
+    if (options.stop_requested && m + 1 < accum && (m + 1) % poll_every == 0 && stop_agreed()) {
+      sharded->finish_grad_sync();
+      return std::nullopt;
+    }
   }
   clock->micro_batches_queued();
   NvtxRange r("optimizer");
@@ -462,10 +505,19 @@ TrainResult Trainer::run_steps() {
     const double lr = s.schedule.lr_at(s.step);
     double norm = 0;
     s.log_samples();
-    const double local_loss = s.train_step(lr, &norm);
+    const uint64_t step_start = s.train_data->position();
+    const std::optional<double> local_loss = s.train_step(lr, &norm);
+    if (!local_loss) {
+      // Stopped between micro-batches: the step is dropped and its data will be read again.
+      s.train_data->seek(step_start);
+      s.print(str_cat("stop requested: ending during step ", s.step + 1, ", which is dropped"));
+      s.checkpoints->after_step(s.step, /*final=*/true);
+      result.stopped = true;
+      break;
+    }
     // One small all-reduce carries the losses and any rank's stop request.
     const bool stop_here = s.options.stop_requested && s.options.stop_requested();
-    const std::vector<double> summed = s.sum_over_ranks({local_loss, stop_here ? 1.0 : 0.0});
+    const std::vector<double> summed = s.sum_over_ranks({*local_loss, stop_here ? 1.0 : 0.0});
     const double loss = summed[0] / double(s.accum * s.dp_size);
     const double dt = seconds_since(t0);
     s.step++;

@@ -32,8 +32,11 @@ namespace fsdp::train {
 struct TrainerOptions {
   // Resume from recipe.checkpoint.load when it names a checkpoint (false: start fresh).
   bool resume = true;
-  // Polled at every step boundary; when it returns true on any rank, every rank saves a
-  // checkpoint (if saving is configured) and run() returns early with `stopped` set.
+  // Polled at every step boundary, and inside long steps between micro-batches (every one
+  // on the CPU, every 8th on a GPU, where each poll makes the host wait for the device);
+  // when it returns true on any rank, every rank saves a checkpoint of the last completed
+  // step (if saving is configured; a step stopped midway is dropped and its data read
+  // again on resume) and run() returns early with `stopped` set.
   std::function<bool()> stop_requested;
   // Where rank 0 prints; nullptr silences the run (tests).
   std::FILE* out = stdout;

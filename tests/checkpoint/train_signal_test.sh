@@ -4,7 +4,11 @@
 #      saves a checkpoint, moves `latest` and exits 0 with a message;
 #   2. the run resumes from it on 4 ranks, then on 1 process: every step's loss equals an
 #      uninterrupted single-process run's (exact on the CPU, whatever the world size);
-#   3. SIGTERM sent to a single-process run does the same.
+#   3. SIGTERM sent to a single-process run does the same;
+#   4. inside a step of a million micro-batches (hours long), SIGTERM is honoured between
+#      micro-batches: the step is dropped, step 0 is saved with the data position of its
+#      start, and the process exits 0;
+#   5. a second SIGTERM ends the process at once (killed by the signal, nothing saved).
 # Usage: train_signal_test.sh TRAIN_BINARY   (run from the workspace root: configs/, third_party/)
 set -u
 train="$1"
@@ -60,7 +64,7 @@ kill -USR1 $pid
 wait $pid
 rc=$?
 [ $rc -eq 0 ] || fail "mpirun exited with status $rc after SIGUSR1"
-grep -q "stop requested: ending after step" "$work/usr1.log" || fail "no stop message"
+grep -qE "stop requested: ending (after|during) step" "$work/usr1.log" || fail "no stop message"
 grep -q "checkpoint saved: $work/ckpt/step_" "$work/usr1.log" || fail "no checkpoint message"
 stop=$(saved_step "$work/ckpt")
 echo "SIGUSR1: 2 ranks saved step $stop and exited 0"
@@ -92,6 +96,37 @@ kill -TERM $pid
 wait $pid
 rc=$?
 [ $rc -eq 0 ] || fail "train exited with status $rc after SIGTERM"
-grep -q "stop requested: ending after step" "$work/term.log" || fail "no stop message after SIGTERM"
+grep -qE "stop requested: ending (after|during) step" "$work/term.log" || fail "no stop message after SIGTERM"
 echo "SIGTERM: saved step $(saved_step "$work/ckpt_term") and exited 0"
+
+# 4. SIGTERM inside a step that would take hours: it ends between micro-batches.
+long=("${common[@]}" train.train_iters=1 train.global_batch_size=1000000)
+"$train" "${long[@]}" run.output_dir="$work/long" checkpoint.save="$work/ckpt_long" \
+  > "$work/long.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do grep -q "predicted peak" "$work/long.log" && break; sleep 0.1; done
+sleep 2
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] || fail "train exited with status $rc after SIGTERM inside a long step"
+grep -q "stop requested: ending during step 1, which is dropped" "$work/long.log" \
+  || fail "no mid-step stop message"
+[ "$(saved_step "$work/ckpt_long")" -eq 0 ] || fail "the mid-step stop did not save step 0"
+grep -q '"consumed_samples": 0' "$work/ckpt_long/step_000000/metadata.json" \
+  || fail "the dropped step's samples were counted as consumed"
+echo "SIGTERM inside a step: dropped the step, saved step 0 at data position 0, exited 0"
+
+# 5. A second SIGTERM ends the process at once.
+"$train" "${long[@]}" run.output_dir="$work/twice" checkpoint.save="$work/ckpt_twice" \
+  > "$work/twice.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do grep -q "predicted peak" "$work/twice.log" && break; sleep 0.1; done
+sleep 1
+kill -TERM $pid
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] || fail "after two SIGTERMs train exited with status $rc, not 143 (killed by SIGTERM)"
+echo "a second SIGTERM ended the process at once (status 143)"
 echo "PASS"

@@ -1,6 +1,6 @@
 // The memory each rank holds for a sharded model, from the plan alone: at ZeRO-3 the
 // persistent bytes per parameter are (2 bf16 weights + 4 f32 main + 4 f32 gradients +
-// 8 Adam) / N = 18 / N, and 16 / N with bf16 gradients (issue 6's budget).
+// 8 Adam) / N = 18 / N, and 16 / N with bf16 gradients (ZeRO-3's persistent budget per rank).
 #include <algorithm>
 
 #include "models/factory.h"

@@ -287,5 +287,38 @@ TEST_CASE("tiny models on CUDA match the CPU reference", "[models][gpu]") {
   }
 }
 
+TEST_CASE("absurd model sizes are refused by name before anything is built", "[models]") {
+  struct Case {
+    const char* what;
+    void (*set)(ModelConfig&);
+    const char* key;
+  };
+  const Case cases[] = {
+      {"a billion layers", [](ModelConfig& c) { c.n_layer = 1000000000; }, "model.n_layer"},
+      {"a vocabulary that overflows its padding", [](ModelConfig& c) { c.vocab_size = 2147483647; },
+       "model.vocab_size"},
+      {"a huge width", [](ModelConfig& c) { c.d_model = int64_t(1) << 40; }, "model.d_model"},
+      {"a thousand wide layers (about 10^14 parameters)",
+       [](ModelConfig& c) {
+         c.n_layer = 5000;
+         c.d_model = 65536;
+         c.n_head = 64;
+         c.n_kv_head = 64;
+       },
+       "parameters"},
+  };
+  for (const Case& k : cases) {
+    INFO(k.what);
+    ModelConfig c = gpt2_config(12);
+    k.set(c);
+    CHECK_THROWS_WITH(c.resolved(), Catch::Matchers::Contains(k.key));
+  }
+  // The estimate agrees with the built model where both exist.
+  for (const ModelConfig& c : {gpt2_config(12), llama_small_config()}) {
+    const double built = double(count_parameters(c));
+    CHECK(c.resolved().parameter_estimate() == Approx(built).epsilon(0.002));
+  }
+}
+
 }  // namespace
 }  // namespace fsdp::models

@@ -150,3 +150,36 @@ TEST_CASE("an unknown sharding strategy is refused while reading the recipe", "[
   CHECK(tiny_recipe(s, {"ddp.data_parallel_sharding_strategy=2"}).ddp.data_parallel_sharding_strategy ==
         "optim_grads");
 }
+
+TEST_CASE("a run predicted not to fit in memory is refused before anything is allocated",
+          "[train]") {
+  Scratch s("too_big");
+  // About 160 billion parameters: no host or GPU holds their weights, let alone training.
+  const Recipe r = tiny_recipe(s, {"model.n_layer=200", "model.d_model=8192", "model.n_head=64"});
+  try {
+    Trainer trainer(r, quiet());
+    FAIL("the run was not refused");
+  } catch (const ConfigError& e) {
+    INFO(e.what());
+    CHECK_THAT(e.what(), Contains("this run needs about") && Contains("model.n_layer") &&
+                             Contains("--dry-run"));
+  }
+  CHECK_FALSE(std::filesystem::exists(s.output));
+}
+
+TEST_CASE("ranks started with different recipes are refused, naming the first differing key",
+          "[train][mpi]") {
+  const int n = testing::world_size();
+  if (n == 1) return;  // needs a second rank to disagree with
+  Scratch s("recipes_differ");
+  const std::string batch = "train.global_batch_size=" + std::to_string(2 * n);
+  // The last rank asks for another learning rate.
+  const std::string lr = testing::world_rank() == n - 1 ? "optimizer.lr=0.002" : "optimizer.lr=0.001";
+  try {
+    Trainer trainer(tiny_recipe(s, {batch, lr}), quiet());
+    FAIL("the run was not refused");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("different recipes") && Contains("optimizer.lr"));
+  }
+  CHECK_FALSE(std::filesystem::exists(s.output));
+}

@@ -71,7 +71,7 @@ TEST_CASE("a wrong type names the full key path and what it must be", "[recipe]"
   CHECK_THAT(config_error(R"({"run": {"name": ["a"]}})"),
              Catch::Contains("'run.name' must be a string, got array"));
   CHECK_THAT(config_error(R"({"train": {"micro_batch_size": {"x": 1}}})"),
-             Catch::Contains("'train.micro_batch_size' must be an integer, got object"));
+             Catch::Contains("'train.micro_batch_size' must be an integer from -2147483648 to 2147483647, got object"));
   CHECK_THAT(config_error("{}", {"optimizer.lr=fast"}),
              Catch::Contains("override 'optimizer.lr=fast': 'optimizer.lr' must be a number"));
   CHECK_THAT(config_error("{}", {"model.tie_embeddings=yes"}),
@@ -154,4 +154,41 @@ TEST_CASE("edit distance counts single-character edits", "[recipe]") {
   CHECK(edit_distance("abc", "abc") == 0);
   CHECK(suggest_key("optimizer.lr") == std::optional<std::string>("optimizer.lr"));
   CHECK_FALSE(suggest_section("qqqqqqqqqq").has_value());
+}
+
+TEST_CASE("strings that are not UTF-8 are refused by key, in files and overrides", "[recipe]") {
+  // A stray continuation byte, a truncated sequence, an overlong '/', a surrogate.
+  for (const char* bad : {"x\xff", "x\xc3", "\xc0\xaf", "\xed\xa0\x80"}) {
+    CHECK_THAT(config_error("{}", {std::string("run.name=") + bad}),
+               Catch::Contains("'run.name' is not valid UTF-8 text"));
+    // In a file the JSON reader refuses it first, naming the file, line and column.
+    CHECK_THAT(config_error(std::string(R"({"run": {"name": ")") + bad + "\"}}"),
+               Catch::StartsWith("bad.json:1:") && Catch::Contains("UTF-8"));
+  }
+  // Real UTF-8 passes and survives the resolved recipe's JSON.
+  const Recipe r = parse_recipe("{}", {"run.name=Émma – 📚"});
+  CHECK(r.run.name == "Émma – 📚");
+  CHECK_NOTHROW(r.to_json_string());
+}
+
+TEST_CASE("an int key out of its range says the range", "[recipe]") {
+  CHECK_THAT(config_error("{}", {"train.micro_batch_size=3000000000"}),
+             Catch::Contains("must be an integer from -2147483648 to 2147483647"));
+}
+
+TEST_CASE("log files must stay inside run.output_dir", "[recipe]") {
+  for (const char* name : {"../x.jsonl", "a/../../x", "/tmp/x", ".."}) {
+    INFO(name);
+    CHECK_THAT(config_error("{}", {std::string("logger.metrics_file=") + name}),
+               Catch::Contains("'logger.metrics_file'"));
+    CHECK_THAT(config_error("{}", {std::string("logger.samples_file=") + name}),
+               Catch::Contains("'logger.samples_file'"));
+  }
+  CHECK_NOTHROW(parse_recipe("{}", {"logger.metrics_file=logs/m..jsonl"}));
+}
+
+TEST_CASE("a recipe path that is missing or a directory is a configuration error", "[recipe]") {
+  CHECK_THROWS_WITH(load_recipe("/nonexistent/recipe.json"), Catch::Contains("does not exist"));
+  CHECK_THROWS_AS(load_recipe("/nonexistent/recipe.json"), ConfigError);
+  CHECK_THROWS_WITH(load_recipe("/"), Catch::Contains("is not a file"));
 }

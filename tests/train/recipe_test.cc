@@ -1,5 +1,6 @@
 // Recipe loading: defaults, derived values, overrides, world/device resolution, round trips,
 // and the text the schema generates (--help, dry-run).
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -236,9 +237,21 @@ TEST_CASE("the resolved recipe round-trips through JSON and a file", "[recipe]")
 }
 
 TEST_CASE("load_recipe names a file it cannot open", "[recipe]") {
+  // A configuration error (train exits 2, as its --help says), naming the file.
   CHECK_THROWS_WITH(load_recipe("no/such/recipe.json"),
-                    Catch::Contains("cannot open recipe file 'no/such/recipe.json'"));
-  CHECK_THROWS_AS(load_recipe("no/such/recipe.json"), IoError);
+                    Catch::Contains("recipe file 'no/such/recipe.json' does not exist"));
+  CHECK_THROWS_AS(load_recipe("no/such/recipe.json"), ConfigError);
+}
+
+TEST_CASE("a failed write of the resolved recipe leaves the earlier file whole", "[recipe]") {
+  const std::string dir = fsdp::testing::scratch_dir("recipe_atomic");
+  const std::string path = dir + "/run_config.json";
+  const Recipe r = parse_recipe("{}", {"run.name=first"});
+  r.write_resolved(path);
+  const std::string before = r.to_json_string();
+  std::filesystem::create_directories(path + ".tmp");  // the temporary file cannot be made
+  CHECK_THROWS_AS(parse_recipe("{}", {"run.name=second"}).write_resolved(path), IoError);
+  CHECK(load_recipe(path).to_json_string() == before);
 }
 
 TEST_CASE("help text lists every key with its type, default and help", "[recipe]") {

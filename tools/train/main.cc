@@ -24,11 +24,21 @@
 
 namespace {
 
-// Set by the signal handler, read at step boundaries. A signal handler can only reach a
-// variable with static storage; this one lives in the binary, not in the library.
+// Set by the signal handler, read between micro-batches and steps. A signal handler can
+// only reach a variable with static storage; this one lives in the binary, not in the
+// library.
 volatile std::sig_atomic_t g_stop_signal = 0;
 
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+// The first SIGTERM / SIGUSR1 asks for a checkpoint and a clean stop; a second one ends the
+// process at once (its default action), for a stop that takes too long.
+void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
 
 // This process's rank from the launcher's environment (before any World exists), so that
 // configuration errors print once rather than once per rank.
@@ -36,6 +46,14 @@ int launcher_rank() {
   try {
     return fsdp::parse_launch_env(fsdp::process_environment()).rank;
   } catch (const fsdp::Error&) {
+    // An inconsistent launch environment (the error is reported later): the first rank
+    // variable that reads as a number still names this process.
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"}) {
+      const char* v = std::getenv(var);
+      char* end = nullptr;
+      const long r = v ? std::strtol(v, &end, 10) : -1;
+      if (v && *v && end && *end == '\0' && r >= 0 && r < (1L << 30)) return int(r);
+    }
     return 0;
   }
 }

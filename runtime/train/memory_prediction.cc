@@ -1,0 +1,62 @@
+#include "runtime/train/memory_prediction.h"
+
+#include <algorithm>
+
+#include "runtime/optim/offload_step.h"
+#include "runtime/train/metrics_line.h"
+#include "runtime/train/trainer_setup.h"
+
+namespace fsdp::train {
+
+MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& model,
+                                const Mesh& mesh) {
+  const FsdpOptions fo = fsdp_options_of(recipe);
+  PlanOptions po;
+  po.dp_size = fo.strategy == ShardingStrategy::NoShard ? 1 : mesh.size(MeshAxis::dp_shard);
+  po.block = fo.shard_block;
+  po.strategy = fo.strategy;
+  MemoryPrediction p;
+  p.plan = ShardingPlan::build(unit_specs(model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit), po);
+  p.fsdp = estimate_memory(p.plan, fo);
+  p.optimizer_state = optimizer_state_bytes(p.plan, optimizer_kind_from_name(recipe.optimizer.optimizer),
+                                            dtype_from_name(recipe.optimizer.moments_dtype));
+  // With CPU offload the moments (and the master weights) are in host memory.
+  p.optimizer = fo.offload_main ? 0 : p.optimizer_state;
+  const int64_t shard = int64_t(p.fsdp.host_main_weights / dtype_size(fo.main_dtype));
+  if (fo.offload_main && recipe.optimizer.overlap_cpu_offload) {
+    // The overlapped update reads a device snapshot of the gradient shards.
+    p.optimizer = allocation_size_class(size_t(std::max<int64_t>(shard, 1)) * dtype_size(fo.reduce_dtype));
+  }
+  if (fo.offload_main) {
+    // The staging buffers the shard streams through: gradients down, compute weights up
+    // (runtime/optim/offload_step.h).
+    const OffloadOptions oo;
+    const OffloadStaging st = offload_staging(shard, oo.chunk_numel, oo.slots);
+    p.offload_staging = int64_t(st.slots) * st.slot_numel *
+                        int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
+  }
+  p.activations = activation_bytes_estimate(model_config_of(recipe), recipe.train.micro_batch_size,
+                                            recipe.model.seq_length, fo.compute_dtype,
+                                            recompute_of(recipe));
+  return p;
+}
+
+void check_memory_fits(const MemoryPrediction& p, Device device, int local_ranks) {
+  const int64_t capacity = int64_t(device_memory_bytes(device));
+  const int64_t sharers = device.is_cpu() ? std::max(local_ranks, 1) : 1;
+  // The host also holds the offloaded master weights, moments and staging, for every rank.
+  const int64_t host_extra = int64_t(p.fsdp.host_main_weights) +
+                             (p.fsdp.host_main_weights > 0 ? int64_t(p.optimizer_state) : 0) +
+                             p.offload_staging;
+  const int64_t need = sharers * (p.device_peak() + (device.is_cpu() ? host_extra : 0));
+  FSDP_CHECK(need <= capacity, ConfigError, "this run needs about ", format_bytes(need),
+             device.is_cpu() ? str_cat(" of host memory (", sharers, " rank(s) on this host, ",
+                                       format_bytes(p.device_peak() + host_extra), " each)")
+                             : std::string(" on the GPU"),
+             " but ", device.str(), " has ", format_bytes(capacity),
+             ": lower model.n_layer, model.d_model or train.micro_batch_size, shard more "
+             "(ddp.data_parallel_sharding_strategy, more ranks), or recompute activations "
+             "(model.activation_recompute); `train --dry-run` prints the prediction");
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,37 @@
+// What a run of a recipe will hold per rank, predicted from the sharding plan before
+// anything is allocated: the dry run prints it, and the trainer refuses a run that cannot
+// fit the device (or, on the CPU, the host's memory shared by its ranks).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "collectives/mesh.h"
+#include "models/language_model.h"
+#include "runtime/fsdp/memory.h"
+#include "runtime/train/recipe.h"
+
+namespace fsdp::train {
+
+struct MemoryPrediction {
+  ShardingPlan plan;
+  MemoryBreakdown fsdp;         // the sharded model's buffers
+  size_t optimizer = 0;         // on the device: Adam's moments, or (overlapped CPU offload)
+                                // the gradient snapshot
+  size_t optimizer_state = 0;   // Adam's moments wherever they live
+  int64_t activations = 0;      // one micro-batch's, estimated
+  int64_t offload_staging = 0;  // CPU offload: the pinned gradient and weight staging
+
+  int64_t device_peak() const { return int64_t(fsdp.total() + optimizer) + activations; }
+};
+
+// For a recipe with its device and world resolved, and the model it builds (specs).
+MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& model,
+                                const Mesh& mesh);
+
+// ConfigError when `prediction` does not fit `device`: its predicted peak above the GPU's
+// memory, or on the CPU the peaks of this host's `local_ranks` above its physical memory.
+// The message names the prediction, the capacity and the keys that size the run.
+void check_memory_fits(const MemoryPrediction& prediction, Device device, int local_ranks);
+
+}  // namespace fsdp::train

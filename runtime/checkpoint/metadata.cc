@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/sha256.h"
 #include "runtime/core/error.h"
 
 namespace fsdp::checkpoint {
@@ -89,10 +90,28 @@ bool is_plain_file_name(const std::string& name) {
 }
 
 // Checks every parameter's pieces against the files' tensors.
+// The unit record and placement the layout gives parameter `p`; fails naming `where`.
+std::pair<const UnitRecord*, const ParamPlacement*> placement_of(const CheckpointMetadata& m,
+                                                                 const ParamRecord& p,
+                                                                 const Fields& f,
+                                                                 const std::string& where) {
+  for (const UnitRecord& u : m.units) {
+    if (u.name != p.unit) continue;
+    for (const ParamPlacement& pl : u.params)
+      if (pl.name == p.name) return {&u, &pl};
+    f.fail(where, str_cat("unit \"", p.unit, "\" of the layout does not place it"));
+  }
+  f.fail(where, str_cat("its unit \"", p.unit, "\" is not in the layout"));
+  return {nullptr, nullptr};
+}
+
 void check_pieces(const CheckpointMetadata& m, const Fields& f) {
   const std::vector<std::string> kinds = m.state_kinds();
   for (const ParamRecord& p : m.params) {
     const std::string where = "parameters." + p.name;
+    const auto [unit, placement] = placement_of(m, p, f, where);
+    if (!(placement->shape == p.shape))
+      f.fail(where, str_cat("shape ", p.shape.str(), " differs from the layout's ", placement->shape.str()));
     int64_t covered = 0;
     for (size_t i = 0; i < p.pieces.size(); ++i) {
       const ParamPiece& piece = p.pieces[i];
@@ -105,6 +124,14 @@ void check_pieces(const CheckpointMetadata& m, const Fields& f) {
       if (piece.numel <= 0) f.fail(at, "is empty");
       covered += piece.numel;
       const FileRecord& file = m.files[size_t(piece.file)];
+      // Where the layout puts these elements in that file's shard of the unit: a piece that
+      // says otherwise would load shifted weights.
+      const int64_t expected = placement->offset + piece.param_offset -
+                               int64_t(file.shard_rank) * unit->shard_numel;
+      if (piece.tensor_offset != expected)
+        f.fail(at, str_cat("tensor offset ", piece.tensor_offset, " disagrees with the layout, which "
+                           "puts element ", piece.param_offset, " of the parameter at ", expected,
+                           " in file ", file.name));
       for (const std::string& kind : kinds) {
         const std::string tname = state_tensor_name(kind, p.unit);
         const TensorRecord* t = file.find_tensor(tname);
@@ -198,6 +225,9 @@ std::string CheckpointMetadata::to_json() const {
   }
   j["files"] = files_json;
   j["recipe"] = Json::parse(recipe_json);
+  // The metadata's own checksum: an edited offset or a flipped digit is caught before any
+  // weight is read.
+  j["metadata_sha256"] = sha256_hex(j.dump(1));
   return j.dump(1) + "\n";
 }
 
@@ -210,11 +240,18 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
   }
   const Fields f(source);
   CheckpointMetadata m;
+  if (!j.is_object()) f.fail("", "expected a JSON object");
   if (f.text(f.member(j, "", "format"), "format") != "fsdp.cpp checkpoint")
     f.fail("format", "is not \"fsdp.cpp checkpoint\"");
   m.version = int(f.integer(f.member(j, "", "version"), "version"));
-  if (m.version != kFormatVersion)
-    f.fail("version", str_cat(m.version, " is not a version this build reads (", kFormatVersion, ")"));
+  if (m.version != 1 && m.version != kFormatVersion)
+    f.fail("version", str_cat(m.version, " is not a version this build reads (1, ", kFormatVersion, ")"));
+  if (m.version >= 2) {
+    const std::string recorded = f.text(f.member(j, "", "metadata_sha256"), "metadata_sha256");
+    j.erase("metadata_sha256");
+    if (sha256_hex(j.dump(1)) != recorded)
+      f.fail("metadata_sha256", "does not match the metadata's text: the file was edited or damaged");
+  }
   m.step = f.count(f.member(j, "", "step"), "step");
 
   const Json& progress = f.member(j, "", "progress");
@@ -313,7 +350,10 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
       if (!pieces[k].is_array() || pieces[k].size() != 4)
         f.fail(pat, "expected [file, tensor_offset, param_offset, numel]");
       ParamPiece piece;
-      piece.file = int(f.count(pieces[k][0], pat + "[0]"));
+      const int64_t file = f.count(pieces[k][0], pat + "[0]");
+      if (file >= int64_t(files.size()))
+        f.fail(pat + "[0]", str_cat("file index ", file, " is not one of the ", files.size(), " files"));
+      piece.file = int(file);
       piece.tensor_offset = f.count(pieces[k][1], pat + "[1]");
       piece.param_offset = f.count(pieces[k][2], pat + "[2]");
       piece.numel = f.count(pieces[k][3], pat + "[3]");

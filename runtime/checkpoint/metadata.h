@@ -23,8 +23,8 @@
 // step, the consumed samples (the data loader's position) and tokens, the seeds, the resolved
 // recipe, and a SHA-256 of every file and of every tensor's bytes.
 //
-// JSON layout (version 1):
-//   {"format": "fsdp.cpp checkpoint", "version": 1, "step": 100,
+// JSON layout (version 2):
+//   {"format": "fsdp.cpp checkpoint", "version": 2, "step": 100,
 //    "progress": {"consumed_samples", "consumed_tokens"},
 //    "rng": {"kind": "counter-based", "init_seed", "data_seed"},
 //    "layout": {"strategy", "world_size", "shard_size", "replicas", "mesh", "plan_hash",
@@ -36,7 +36,8 @@
 //                   "pieces": [[file, tensor_offset, param_offset, numel], ...]}, ...},
 //    "files": [{"name", "shard_rank", "bytes", "sha256",
 //               "tensors": {"main/h.0": {"dtype", "numel", "sha256"}, ...}}],
-//    "recipe": {...}}
+//    "recipe": {...},
+//    "metadata_sha256": SHA-256 of this text as written without this member}
 #pragma once
 
 #include <cstdint>
@@ -50,7 +51,9 @@
 
 namespace fsdp::checkpoint {
 
-inline constexpr int kFormatVersion = 1;
+// Version 2 adds "metadata_sha256", the SHA-256 of the metadata's own text without that
+// member; version 1 (no such member) is still read.
+inline constexpr int kFormatVersion = 2;
 inline constexpr const char* kMetadataFileName = "metadata.json";
 
 // State kinds, as the first part of the tensor names in the shard files.

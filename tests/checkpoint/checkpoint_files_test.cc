@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/checkpoint/durable_files.h"
 #include "runtime/checkpoint/file_digest.h"
 #include "runtime/checkpoint/metadata.h"
@@ -102,18 +104,46 @@ TEST_CASE("metadata.json round-trips and names what is wrong", "[checkpoint]") {
                     Contains("m.json: parameters.w: the pieces cover 9 elements of 10"));
   CHECK_THROWS_WITH(CheckpointMetadata::parse(broken([](auto& c) { c.params[0].pieces[0].file = 5; }), "m.json"),
                     Contains("file index 5"));
+  // An offset the layout does not give (one digit changed), and one past the tensor.
   CHECK_THROWS_WITH(
-      CheckpointMetadata::parse(broken([](auto& c) { c.params[0].pieces[0].tensor_offset = 120; }), "m.json"),
+      CheckpointMetadata::parse(broken([](auto& c) { c.params[0].pieces[0].tensor_offset = 6; }), "m.json"),
+      Contains("tensor offset 6 disagrees with the layout, which puts element 0 of the parameter at 0"));
+  CHECK_THROWS_WITH(
+      CheckpointMetadata::parse(broken([](auto& c) { c.files[0].tensors[0].numel = 5; }), "m.json"),
       Contains("outside tensor \"main/root\""));
+  // A file index past 2^32 does not wrap around to file 0.
+  std::string huge_index = m.to_json();
+  {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(huge_index);
+    j["parameters"]["w"]["pieces"][0][0] = int64_t(1) << 32;
+    j.erase("metadata_sha256");
+    j["metadata_sha256"] = checkpoint::sha256_hex(j.dump(1));
+    huge_index = j.dump(1);
+  }
+  CHECK_THROWS_WITH(CheckpointMetadata::parse(huge_index, "m.json"), Contains("file index 4294967296"));
   CHECK_THROWS_WITH(CheckpointMetadata::parse(broken([](auto& c) { c.files[0].tensors.pop_back(); }), "m.json"),
                     Contains("lists no tensor \"exp_avg_sq/root\""));
   CHECK_THROWS_WITH(CheckpointMetadata::parse(broken([](auto& c) { c.files[1].name = "../x"; }), "m.json"),
                     Contains("not a plain file name"));
   CHECK_THROWS_WITH(CheckpointMetadata::parse(broken([](auto& c) { c.version = 9; }), "m.json"),
                     Contains("version"));
+  // Any edit of the text shows in its checksum, before anything else is looked at.
   std::string no_step = m.to_json();
   no_step.replace(no_step.find("\"step\""), 6, "\"stap\"");
-  CHECK_THROWS_WITH(CheckpointMetadata::parse(no_step, "m.json"), Contains("m.json: step: missing"));
+  CHECK_THROWS_WITH(CheckpointMetadata::parse(no_step, "m.json"),
+                    Contains("m.json: metadata_sha256: does not match the metadata's text"));
+  std::string one_digit = m.to_json();
+  const std::string samples = "\"consumed_samples\": 336";
+  one_digit.replace(one_digit.find(samples), samples.size(), "\"consumed_samples\": 337");
+  CHECK_THROWS_WITH(CheckpointMetadata::parse(one_digit, "m.json"), Contains("metadata_sha256"));
+  // A missing key of a whole (resealed) text is named.
+  {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(m.to_json());
+    j.erase("step");
+    j.erase("metadata_sha256");
+    j["metadata_sha256"] = checkpoint::sha256_hex(j.dump(1));
+    CHECK_THROWS_WITH(CheckpointMetadata::parse(j.dump(1), "m.json"), Contains("m.json: step: missing"));
+  }
   CHECK_THROWS_AS(CheckpointMetadata::parse("[1, 2", "m.json"), CheckpointError);
 }
 

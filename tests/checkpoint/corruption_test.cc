@@ -19,6 +19,7 @@
 #include "runtime/checkpoint/load.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/save.h"
+#include "runtime/checkpoint/sha256.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
 #include "tests/mpi_world.h"
 #include "tests/test_support.h"
@@ -56,6 +57,14 @@ uint64_t middle_of(const std::string& path, const std::string& name) {
   return data_start + e.begin + e.nbytes() / 2;
 }
 
+// The metadata's own checksum made to match its (edited) text again: these damages stand
+// for a metadata.json that is whole but disagrees with the files, which the deeper checks
+// must catch.
+void reseal(Json& j) {
+  j.erase("metadata_sha256");
+  j["metadata_sha256"] = checkpoint::sha256_hex(j.dump(1));
+}
+
 // Rewrites a shard file with `edit` applied to its tensors, and records the new size in
 // metadata.json (so that the damage is found by the header checks, not the size check).
 void rewrite_shard(const std::string& ckpt, const std::string& file,
@@ -73,13 +82,16 @@ void rewrite_shard(const std::string& ckpt, const std::string& file,
   Json j = Json::parse(checkpoint::read_text_file(meta));
   for (Json& f : j["files"])
     if (f["name"] == file) f["bytes"] = fs::file_size(path);
+  reseal(j);
   checkpoint::write_file_atomically(meta, j.dump(1));
 }
 
-void edit_metadata(const std::string& ckpt, const std::function<void(Json&)>& edit) {
+void edit_metadata(const std::string& ckpt, const std::function<void(Json&)>& edit,
+                   bool keep_checksum_valid = true) {
   const std::string meta = ckpt + "/metadata.json";
   Json j = Json::parse(checkpoint::read_text_file(meta));
   edit(j);
+  if (keep_checksum_valid) reseal(j);
   checkpoint::write_file_atomically(meta, j.dump(1));
 }
 
@@ -141,16 +153,29 @@ TEST_CASE("a damaged checkpoint fails the load naming file and tensor; model and
       {"parameter missing from the checkpoint",
        [&](const std::string& c) { edit_metadata(c, [](Json& j) { j["parameters"].erase("wpe.weight"); }); },
        {"parameter \"wpe.weight\"", "is not in the checkpoint"}},
-      {"extra parameter in the checkpoint",
+      // The metadata's own layout and its pieces disagree: refused before the model is
+      // looked at.
+      {"extra parameter in the pieces but not in the layout",
        [&](const std::string& c) {
          edit_metadata(c, [](Json& j) { j["parameters"]["h.7.extra.weight"] = j["parameters"]["wpe.weight"]; });
        },
-       {"holds parameter \"h.7.extra.weight\""}},
-      {"mis-shaped parameter",
+       {"parameters.h.7.extra.weight", "of the layout does not place it"}},
+      {"a parameter's shape differs from the layout's",
        [&](const std::string& c) {
          edit_metadata(c, [](Json& j) { j["parameters"]["wpe.weight"]["shape"] = Json::array({32, 16}); });
        },
-       {"parameter \"wpe.weight\" is (32, 16) in the checkpoint but (16, 32) in the model"}},
+       {"parameters.wpe.weight", "shape (32, 16) differs from the layout's (16, 32)"}},
+      {"a piece's offset changed by one digit",
+       [&](const std::string& c) {
+         edit_metadata(c, [](Json& j) {
+           Json& piece = j["parameters"]["wpe.weight"]["pieces"][0];
+           piece[1] = piece[1].get<int64_t>() + 6;
+         });
+       },
+       {"parameters.wpe.weight.pieces[0]", "disagrees with the layout"}},
+      {"metadata.json edited, its checksum left as it was",
+       [&](const std::string& c) { edit_metadata(c, [](Json& j) { j["step"] = 4; }, /*keep_checksum_valid=*/false); },
+       {"metadata_sha256", "edited or damaged"}},
       {"pieces that do not cover a parameter",
        [&](const std::string& c) {
          edit_metadata(c, [](Json& j) { j["parameters"]["ln_f.bias"]["pieces"] = Json::array(); });

@@ -6,6 +6,7 @@
 // export drops and an import zeroes), as a step-0 checkpoint that loads into any layout.
 // Damaged Hugging Face directories are refused naming the tensor or key.
 #include <cstring>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -234,6 +235,35 @@ TEST_CASE("importing a damaged or unsupported Hugging Face directory is refused,
   });
   CHECK_THROWS_AS(convert::read_hf_model(ctx, relu), ConfigError);
   CHECK_THROWS_WITH(convert::read_hf_model(ctx, relu), Contains("activation_function"));
+
+  // A NaN weight is refused by name, before anything is written.
+  const std::string nan = damaged("nan", [&](const std::string& d) {
+    rewrite(d, [&](auto& ts) {
+      for (auto& t : ts)
+        if (t.first == "transformer.wpe.weight") t.second.template data<float>()[5] = NAN;
+    });
+  });
+  CHECK_THROWS_WITH(convert::read_hf_model(ctx, nan),
+                    Contains("\"transformer.wpe.weight\" holds NaN or infinite values"));
+  // A config.json asking for a billion layers is refused by name, at once.
+  const std::string deep = damaged("deep", [&](const std::string& d) {
+    Json j = Json::parse(checkpoint::read_text_file(d + "/config.json"));
+    j["n_layer"] = 1000000000;
+    checkpoint::write_file_atomically(d + "/config.json", j.dump());
+  });
+  CHECK_THROWS_WITH(convert::read_hf_model(ctx, deep), Contains("model.n_layer"));
+
+  // Export never overwrites a non-empty directory; import never into one that holds
+  // checkpoints (its `latest` would move back to step 0).
+  const std::string config_before = checkpoint::read_text_file(dir + "/good/config.json");
+  convert::ExportOptions o;
+  o.check_batch = false;
+  CHECK_THROWS_WITH(convert::export_hf(dir + "/native", dir + "/good", o), Contains("not an empty directory"));
+  CHECK(checkpoint::read_text_file(dir + "/good/config.json") == config_before);
+  const convert::HfModel good = convert::read_hf_model(ctx, dir + "/good");
+  CHECK_THROWS_WITH(convert::write_step0_checkpoint(ctx, good, dir + "/native"),
+                    Contains("holds checkpoints already"));
+  CHECK(checkpoint::read_latest_marker(dir + "/native") == "step_000000");
 
   // A GPT-2 checkpoint saved without the "transformer." prefix (as OpenAI's) imports too.
   const std::string bare = damaged("bare", [&](const std::string& d) {

@@ -128,13 +128,16 @@ TEST_CASE("a stop requested on one rank saves a checkpoint from which the run re
   const std::string data = write_tokens(dir);
   const TrainResult full = run_training(tiny_recipe(dir, data, {"checkpoint.save=" + dir + "/reference"}));
 
-  // Only the last rank is asked to stop, after its 7th step: every rank must agree.
+  // Only the last rank is asked to stop, after its 7th step: every rank must agree. On the
+  // CPU the trainer polls after every micro-batch but a step's last, and at the step's end:
+  // `accum` polls per step, the 7 * accum-th at step 7's end.
   TrainerOptions options;
   options.out = nullptr;
   options.print_sample = false;
+  const int accum = 8 / (2 * testing::world_size());
   int polls = 0;
   options.stop_requested = [&] {
-    return testing::world_rank() == testing::world_size() - 1 && ++polls == 7;
+    return testing::world_rank() == testing::world_size() - 1 && ++polls == 7 * accum;
   };
   TrainResult stopped;
   {
@@ -190,4 +193,23 @@ TEST_CASE("--no-resume and checkpoint.load=null start fresh; a load path without
   CHECK(again.losses.empty());
 
   CHECK_THROWS_AS(run_training(tiny_recipe(dir, data, {"checkpoint.load=" + dir + "/run"})), ConfigError);
+}
+
+TEST_CASE("a lost latest marker resumes from the newest complete step, not from scratch",
+          "[checkpoint][mpi]") {
+  const std::string dir = testing::shared_scratch_dir("no_latest");
+  const std::string data = write_tokens(dir);
+  // The reference: 20 steps without a break.
+  const TrainResult full = run_training(tiny_recipe(dir, data, {"checkpoint.save=" + dir + "/reference"}));
+  // 10 steps saved at 5 and 10, then the marker is lost (deleted by hand, a copy without it).
+  run_training(tiny_recipe(dir, data, {"train.train_iters=10", "checkpoint.save_interval=5",
+                                       "scheduler.lr_decay_iters=20"}));
+  testing::barrier_all_ranks();
+  if (testing::world_rank() == 0) std::filesystem::remove(dir + "/ckpt/latest");
+  testing::barrier_all_ranks();
+  const TrainResult resumed = run_training(tiny_recipe(dir, data, {}));
+  CHECK(resumed.first_step == 10);
+  check_bitwise(resumed.losses, tail(full.losses, 10));
+  // The earlier step is kept (most_recent_k 0 in these recipes keeps every save).
+  CHECK(std::filesystem::exists(dir + "/ckpt/step_000005/metadata.json"));
 }

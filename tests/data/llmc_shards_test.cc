@@ -1,5 +1,6 @@
 #include "runtime/data/llmc_shards.h"
 
+#include <filesystem>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -170,4 +171,17 @@ TEST_CASE("an llm.c glob reads shards in sorted order as one stream", "[data][ll
   spec.path = scratch_path("nothing_here_*.bin");
   CHECK_THROWS_AS(DataLoader(spec, B, T, 0, 1, 1), DataError);
   CHECK_THROWS_WITH(DataLoader(spec, B, T, 0, 1, 1), Catch::Contains("nothing_here_*.bin"));
+}
+
+TEST_CASE("a glob matching a directory names it as one", "[data][llmc]") {
+  using fsdp::data::DataFormat;
+  using fsdp::data::DataLoader;
+  using fsdp::data::DataSpec;
+  const std::string dir = scratch_path("glob_dir_000.bin");
+  std::filesystem::create_directories(dir);
+  DataSpec spec;
+  spec.format = DataFormat::llmc;
+  spec.path = scratch_path("glob_dir_*.bin");
+  CHECK_THROWS_WITH(DataLoader(spec, 1, 4, 0, 1, 0),
+                    Catch::Matchers::Contains("is not a regular file (a directory)"));
 }

@@ -56,4 +56,15 @@ rc=$?
 [ $rc -eq 2 ] || fail "an unknown strategy exited with status $rc, expected 2"
 grep -q "unknown sharding strategy 'zero9'" "$work/bad_flag.log" || fail "no message naming the strategy"
 grep -q "^step" "$work/bad_flag.log" && fail "a run with a bad flag trained"
+
+# Flags out of range are refused by name (they used to divide by zero, read past the text,
+# or wrap around).
+for flags in "--seq 374" "--seq 100000" "--lr abc" "--lr -1" "--steps 4294967297" "--steps 0"; do
+  # shellcheck disable=SC2086
+  "$example" $flags > "$work/bad.log" 2>&1
+  rc=$?
+  [ $rc -eq 2 ] || fail "'$flags' exited with status $rc, expected 2"
+  grep -q -- "${flags%% *}" "$work/bad.log" || fail "'$flags': the message does not name the flag"
+  grep -q "^step" "$work/bad.log" && fail "'$flags' trained"
+done
 echo "PASS"

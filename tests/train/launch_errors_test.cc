@@ -6,6 +6,7 @@
 // tests/train/bad_launch_test.sh checks the same through the train binary and mpirun.
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -182,4 +183,30 @@ TEST_CASE("ranks started with different recipes are refused, naming the first di
     CHECK_THAT(e.what(), Contains("different recipes") && Contains("optimizer.lr"));
   }
   CHECK_FALSE(std::filesystem::exists(s.output));
+}
+
+TEST_CASE("an unwritable checkpoint.save is refused at start-up, not at the first save",
+          "[train][mpi]") {
+  Scratch s("save_unwritable");
+  const int n = testing::world_size();
+  // A file where the directory should be: nothing can be created under it.
+  const std::string blocker = s.dir + "/blocker";
+  { std::ofstream(blocker) << "x"; }
+  // Each rank names its own blocker: the check runs on rank 0 and its verdict reaches all.
+  check_refused(s, tiny_recipe(s, {"train.global_batch_size=" + std::to_string(2 * n),
+                                   "checkpoint.save=" + blocker + "/ckpt"}),
+                "checkpoint.save");
+}
+
+TEST_CASE("a finished run never fails in its end-of-run sample", "[train][mpi]") {
+  // The vocabulary (96) cannot hold the GPT-2 tokenizer's, so no sample is drawn; the run
+  // still trains and returns normally.
+  Scratch s("no_sample");
+  const int n = testing::world_size();
+  TrainerOptions options = quiet();
+  options.print_sample = true;
+  Trainer trainer(tiny_recipe(s, {"train.global_batch_size=" + std::to_string(2 * n)}), options);
+  const TrainResult r = trainer.run();
+  CHECK(r.steps == 1);
+  CHECK(r.sample.empty());
 }

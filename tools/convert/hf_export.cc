@@ -72,6 +72,12 @@ models::ModelConfig export_hf(const std::string& checkpoint_dir, const std::stri
   for (size_t i = 0; i < reader.metadata().files.size(); ++i) reader.verify_file(i);
   const models::ModelConfig config = model_config_of_checkpoint(reader.metadata(), dir);
 
+  // Into a new or empty directory: an export never overwrites what is there.
+  std::error_code ec;
+  FSDP_CHECK(!std::filesystem::exists(out_dir, ec) ||
+                 (std::filesystem::is_directory(out_dir, ec) && std::filesystem::is_empty(out_dir, ec)),
+             ConfigError, "convert export: ", out_dir, " is not an empty directory; export into a "
+             "new or empty one");
   std::filesystem::create_directories(out_dir);
   Context ctx;
   const std::vector<HfTensor> tensors = hf_tensors(config);

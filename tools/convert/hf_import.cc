@@ -1,5 +1,6 @@
 #include "tools/convert/hf_import.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "kernels/ops.h"
 #include "models/factory.h"
+#include "runtime/checkpoint/checkpoint_reader.h"
 #include "runtime/checkpoint/durable_files.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/save.h"
@@ -99,6 +101,9 @@ HfModel read_hf_model(Context& ctx, const std::string& hf_dir, int64_t padded_vo
                CheckpointError, it->second->path(), ": tensor \"", name, "\" is ",
                checkpoint::safetensors_dtype_name(e.dtype), ", not a floating type");
     Tensor hf = it->second->load(ctx, name, /*on_host=*/true);
+    // A NaN or infinite weight would train to NaN at once, far from its cause.
+    FSDP_CHECK(std::isfinite(ops::item(ctx, ops::sum_squares(ctx, hf))), CheckpointError, hf_dir,
+               ": tensor \"", name, "\" holds NaN or infinite values");
     Tensor dst = out.params.at(t.ours).narrow(0, t.row_begin, t.rows);
     ops::copy(ctx, t.transpose ? dst.transpose(0, 1) : dst, hf);
   }
@@ -125,6 +130,12 @@ std::string recipe_json_for(const models::ModelConfig& c) {
 }
 
 std::string write_step0_checkpoint(Context& ctx, const HfModel& hf, const std::string& save_dir) {
+  // A save directory that holds checkpoints already: a step-0 import would move its
+  // `latest` back to step 0 and let later saves prune the run's steps.
+  FSDP_CHECK(checkpoint::find_checkpoint(save_dir).empty() &&
+                 checkpoint::newest_step_directory(save_dir).empty(),
+             ConfigError, "convert import: ", save_dir, " holds checkpoints already; import into a "
+             "new or empty directory");
   auto model = models::build_model(hf.config);
   FsdpOptions fo;
   fo.strategy = ShardingStrategy::NoShard;

@@ -11,6 +11,8 @@
 //   mpirun -np 2 fsdp_example --strategy optim --layers 2 --d-model 64
 //
 // Rank 0 prints one line per step: "step 3/30 loss 4.8123 grad_norm 1.234".
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -69,10 +71,19 @@ Flags parse_flags(int argc, char** argv, bool* help) {
     const std::string value = argv[++i];
     auto integer = [&] {
       char* end = nullptr;
+      errno = 0;
       const long v = std::strtol(value.c_str(), &end, 10);
-      FSDP_CHECK(*end == '\0' && v >= 1, fsdp::ConfigError, name, " must be a positive integer, got '",
+      FSDP_CHECK(!value.empty() && *end == '\0' && errno == 0 && v >= 1 && v <= INT_MAX,
+                 fsdp::ConfigError, name, " must be an integer from 1 to ", INT_MAX, ", got '",
                  value, "'");
       return int(v);
+    };
+    auto positive_number = [&] {
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      FSDP_CHECK(!value.empty() && *end == '\0' && std::isfinite(v) && v > 0, fsdp::ConfigError,
+                 name, " must be a positive number, got '", value, "'");
+      return v;
     };
     if (name == "--strategy") f.strategy = fsdp::strategy_from_name(value);
     else if (name == "--steps") f.steps = integer();
@@ -82,15 +93,20 @@ Flags parse_flags(int argc, char** argv, bool* help) {
     else if (name == "--batch") f.batch = integer();
     else if (name == "--seq") f.seq = integer();
     else if (name == "--micro-batches") f.micro_batches = integer();
-    else if (name == "--lr") f.lr = std::atof(value.c_str());
+    else if (name == "--lr") f.lr = positive_number();
     else FSDP_THROW(fsdp::ConfigError, "unknown flag ", name);
   }
+  // A window is seq + 1 bytes of the text, starting anywhere in it.
+  const int longest = int(sizeof(kText)) - 3;
+  FSDP_CHECK(f.seq <= longest, fsdp::ConfigError, "--seq must be at most ", longest,
+             " (the text has ", sizeof(kText) - 1, " bytes), got ", f.seq);
   return f;
 }
 
-// Fills one micro-batch: `batch` windows of the text, inputs and next-byte targets. Global
-// sequence number `first` onwards, so every rank reads different windows and the global
-// batch is the same whatever the number of ranks.
+// Fills one micro-batch: `batch` windows of the text, inputs and next-byte targets, for
+// global sequence numbers `first` onwards. The numbers depend on the step, the micro-batch
+// and the rank, so ranks read different windows; the global batch is batch x micro-batches
+// x ranks sequences, so it grows with the number of ranks.
 void fill_batch(int64_t first, int batch, int seq, std::vector<int32_t>& x, std::vector<int32_t>& y) {
   const int64_t len = int64_t(sizeof(kText)) - 1;
   for (int b = 0; b < batch; ++b) {

@@ -120,7 +120,9 @@ void swiglu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const T
 // Rotates q or k in place: x (B, T, H, D) (any strides for B, T, H; D contiguous), by angle
 // t * theta^(-2i/D) for the pair (i, i + D/2) ("rotate half", as Llama in Hugging Face).
 // inverse = true applies the opposite rotation (the backward of the forward rotation).
-void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse);
+// Row t is at position position_offset + t (new tokens after a key/value cache's).
+void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse,
+                int64_t position_offset = 0);
 
 // ---------------------------------------------------------------- attention
 // Causal scaled-dot-product attention with grouped-query heads. q (B, T, H, D),
@@ -134,6 +136,14 @@ void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse);
 // false.
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                        const Tensor& k, const Tensor& v, double scale = 0.0);
+// Attention of new queries over a key/value cache, for generation (forward only): q
+// (B, Tq, H, D) holds the queries of positions [L - Tq, L); k and v (B, L, Hkv, D) the keys
+// and values of positions [0, L), L >= Tq (usually views of the first L rows of a larger
+// cache). Query t attends to keys 0 .. L - Tq + t. out (B, Tq, H, D) contiguous. Same
+// stride rules as attention_forward; on CUDA always our own kernel (its one-warp-per-query
+// loop is what decoding one token needs).
+void attention_with_cache(Context& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
+                          const Tensor& v, double scale = 0.0);
 // dq (B, T, H, D), dk and dv (B, T, Hkv, D), same stride rules; overwritten.
 void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Tensor& dout, const Tensor& out, const Tensor& lse,

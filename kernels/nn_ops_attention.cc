@@ -101,6 +101,50 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const
 #endif
 }
 
+void attention_with_cache(Context& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
+                          const Tensor& v, double scale) {
+  const char* what = "attention_with_cache";
+  check_on_ctx(ctx, q, what);
+  check_floating(q, what);
+  check_on_ctx(ctx, k, what);
+  FSDP_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) >= q.size(1) &&
+                 k.size(3) == q.size(3),
+             ShapeError, what, ": keys ", k.str(), " must be (B, L, Hkv, D) with L >= ", q.size(1),
+             " for queries ", q.str());
+  kernels::AttentionDims d;
+  d.q = head_strides(q, what);
+  d.batch = q.size(0);
+  d.seq = q.size(1);
+  d.heads = q.size(2);
+  d.head_dim = q.size(3);
+  d.kv_heads = k.size(2);
+  d.past = k.size(1) - q.size(1);
+  FSDP_CHECK(d.kv_heads > 0 && d.heads % d.kv_heads == 0, ShapeError, what, ": ", d.heads,
+             " query heads cannot share ", d.kv_heads, " key/value heads evenly");
+  check_dtype(k, q.dtype(), what);
+  check_on_ctx(ctx, v, what);
+  check_dtype(v, q.dtype(), what);
+  FSDP_CHECK(v.shape() == k.shape(), ShapeError, what, ": values ", v.str(), " do not match keys ",
+             k.str());
+  d.k = head_strides(k, what);
+  d.v = head_strides(v, what);
+  check_dense(ctx, out, q.shape(), q.dtype(), what);
+  d.out = head_strides(out, what);
+  d.scale = scale != 0.0 ? scale : 1.0 / std::sqrt(double(d.head_dim));
+  // The kernels also write each row's log-sum-exp, which only training's backward needs.
+  const Tensor lse = ctx.empty(Shape{d.batch, d.heads, d.seq}, stats_dtype(q.dtype()));
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::attention_forward(d, out.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
+                                    v.data_ptr(), q.dtype());
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::attention_forward(d, out.data_ptr(), static_cast<float*>(lse.data_ptr()),
+                                   q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype(),
+                                   ctx.stream().cuda_stream());
+#endif
+}
+
 void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Tensor& dout, const Tensor& out, const Tensor& lse,
                         const Tensor& q, const Tensor& k, const Tensor& v, double scale) {

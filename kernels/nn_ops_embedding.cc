@@ -88,21 +88,23 @@ void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, co
 #endif
 }
 
-void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse) {
+void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse,
+                int64_t position_offset) {
   const char* what = "rope_apply";
   check_on_ctx(ctx, x, what);
   check_floating(x, what);
   const kernels::HeadStrides s = head_strides(x, what);
   FSDP_CHECK(x.size(3) % 2 == 0, ShapeError, what, ": the head dimension must be even, got ", x.str());
   FSDP_CHECK(theta > 0, ValueError, what, ": theta must be positive, got ", theta);
+  FSDP_CHECK(position_offset >= 0, ValueError, what, ": negative position offset ", position_offset);
   if (ctx.device().is_cpu()) {
     kernels::cpu::rope_apply(x.data_ptr(), x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3), s,
-                             theta, inverse);
+                             theta, inverse, position_offset);
     return;
   }
 #if FSDP_WITH_CUDA
   kernels::cuda::rope_apply(x.data_ptr(), x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3), s,
-                            theta, inverse, ctx.stream().cuda_stream());
+                            theta, inverse, position_offset, ctx.stream().cuda_stream());
 #endif
 }
 

@@ -43,6 +43,10 @@ struct HeadStrides {
 // key/value head h / (H / Hkv)).
 struct AttentionDims {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // Forward only: keys that come before the first query (a key/value cache's earlier
+  // positions). Keys and values then hold past + seq rows and query t attends to keys
+  // 0 .. past + t. 0 in training.
+  int64_t past = 0;
   double scale = 0;  // multiplies q . k before the softmax
   HeadStrides q, k, v, out;
   HeadStrides dout, dq, dk, dv;  // backward only

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/nn_ops.h"
 #include "runtime/nn/functional.h"
 
 namespace fsdp::models {
@@ -43,6 +44,13 @@ Tensor GPT2Block::compute(Graph& g, const Tensor& x) {
   return nn::add(g, h.sum, mlp(g, h.out));                             // (B, T, C)
 }
 
+Tensor GPT2Block::decode(Graph& g, const Tensor& x, nn::AttentionCache& cache, int64_t position) {
+  return run_forward(g, [&] {
+    const nn::AddNorm h = ln_2.add_and_norm(g, x, attn.decode(g, ln_1(g, x), cache, position));
+    return nn::add(g, h.sum, mlp(g, h.out));
+  });
+}
+
 GPT2::GPT2(const ModelConfig& config)
     : LanguageModel(config),
       wte(config_.padded_vocab_size, config_.d_model, weight_init(config_)),
@@ -66,6 +74,21 @@ Tensor GPT2::compute_hidden(Graph& g, const Tensor& idx) {
   for (size_t i = 0; i < h.size(); ++i) x = static_cast<GPT2Block&>(h[i])(g, x);
   x = ln_f(g, x);
   return x;  // (B, T, C); the head is wte (head_weight)
+}
+
+Tensor GPT2::decode_hidden(Graph& g, const Tensor& idx, KVCache& cache, int64_t position) {
+  const int64_t t = idx.size(1);
+  FSDP_CHECK(position + t <= config_.seq_len, IndexError, "GPT-2: positions up to ",
+             position + t, " exceed the ", config_.seq_len, " learned positions");
+  // The token embedding plus the learned positions [position, position + Tn): the same
+  // kernel as in training, given the rows of wpe these tokens sit at.
+  Context& ctx = g.ctx();
+  const Tensor& table = wte.weight().checked_data();
+  Tensor x = ctx.empty(Shape{idx.size(0), t, config_.d_model}, residual_dtype(table.dtype()));
+  ops::embedding_forward(ctx, x, idx, table, wpe.weight().checked_data().narrow(0, position, t));
+  for (size_t i = 0; i < h.size(); ++i)
+    x = static_cast<GPT2Block&>(h[i]).decode(g, x, cache.layers[i], position);
+  return ln_f(g, x);
 }
 
 }  // namespace fsdp::models

@@ -22,6 +22,9 @@ class GPT2Block : public nn::UnaryModule {
   nn::LayerNorm ln_2;
   nn::GeluMLP mlp;
 
+  // compute() for tokens after those in `cache` (LanguageModel::decode).
+  Tensor decode(Graph& g, const Tensor& x, nn::AttentionCache& cache, int64_t position);
+
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
 };
@@ -37,6 +40,7 @@ class GPT2 : public LanguageModel {
 
  protected:
   Tensor compute_hidden(Graph& g, const Tensor& idx) override;
+  Tensor decode_hidden(Graph& g, const Tensor& idx, KVCache& cache, int64_t position) override;
   nn::Parameter& head_weight() override { return wte.weight(); }  // tied
 };
 

@@ -1,5 +1,6 @@
 #include "models/language_model.h"
 
+#include "kernels/ops.h"
 #include "runtime/nn/functional.h"
 
 namespace fsdp::models {
@@ -30,6 +31,25 @@ Tensor LanguageModel::compute_logits(Graph& g, const Tensor& idx) {
 
 Tensor LanguageModel::logits(Graph& g, const Tensor& idx) {
   return run_forward(g, [&] { return compute_logits(g, idx); });
+}
+
+Tensor LanguageModel::decode(Graph& g, const Tensor& idx, KVCache& cache) {
+  FSDP_CHECK(!g.grad_enabled(), ValueError,
+             "decode is for generation: run it under autograd::NoGradGuard");
+  FSDP_CHECK(idx.dim() == 2 && idx.size(1) > 0, ShapeError, "decode: idx ", idx.str(),
+             " must be (B, Tn) with Tn > 0");
+  FSDP_CHECK(cache.layers.size() == blocks().size(), ValueError, "decode: a cache of ",
+             cache.layers.size(), " layers for a model of ", blocks().size());
+  const int64_t position = cache.length, t = idx.size(1);
+  FSDP_CHECK(position + t <= cache.capacity, IndexError, "decode: ", position + t,
+             " positions do not fit a cache of ", cache.capacity);
+  const Tensor out = run_forward(g, [&] {
+    const Tensor hidden = decode_hidden(g, idx, cache, position);  // (B, Tn, C)
+    const Tensor last = hidden.select(1, t - 1);                   // (B, C)
+    return nn::linear(g, ops::contiguous(g.ctx(), last), head_weight());  // (B, Vp)
+  });
+  cache.length = position + t;
+  return out;
 }
 
 }  // namespace fsdp::models

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/kv_cache.h"
 #include "runtime/nn/module.h"
 
 namespace fsdp::models {
@@ -34,6 +35,14 @@ class LanguageModel : public nn::Module {
   // Logits only: (B, T, Vp), for generation and parity checks.
   Tensor logits(Graph& g, const Tensor& idx);
 
+  // Incremental decoding, for generation with the graph's gradients off: idx (B, Tn) holds
+  // the tokens at positions [cache.length, cache.length + Tn) (the prompt at once, then one
+  // token at a time); their keys and values join `cache` and cache.length grows by Tn.
+  // Returns the logits (B, Vp) of the last of them: what logits() gives at that position
+  // for the whole sequence, up to rounding. IndexError when the cache (or, for GPT-2, the
+  // learned positions) would overflow.
+  Tensor decode(Graph& g, const Tensor& idx, KVCache& cache);
+
   // The transformer blocks, in forward order (FSDP's default units).
   std::vector<nn::Module*> blocks() { return modules_of_kind("block"); }
 
@@ -42,6 +51,9 @@ class LanguageModel : public nn::Module {
   // idx (B, T) -> the final norm's output (B, T, C), the head's input, without the root's
   // hooks (forward/logits add them).
   virtual Tensor compute_hidden(Graph& g, const Tensor& idx) = 0;
+  // idx (B, Tn) at positions [position, position + Tn) -> the final norm's output (B, Tn, C),
+  // through every block's decode with its layer of the cache.
+  virtual Tensor decode_hidden(Graph& g, const Tensor& idx, KVCache& cache, int64_t position) = 0;
   // The head's weight (Vp, C): its own, or the token embedding's when tied.
   virtual nn::Parameter& head_weight() = 0;
   // idx (B, T) -> logits (B, T, Vp) = hidden @ head_weight^T, without the root's hooks.

@@ -36,6 +36,15 @@ Tensor LlamaBlock::compute(Graph& g, const Tensor& x) {
   return nn::add(g, h.sum, mlp(g, h.out));                                      // (B, T, C)
 }
 
+Tensor LlamaBlock::decode(Graph& g, const Tensor& x, nn::AttentionCache& cache,
+                          int64_t position) {
+  return run_forward(g, [&] {
+    const nn::AddNorm h =
+        mlp_norm.add_and_norm(g, x, attn.decode(g, attn_norm(g, x), cache, position));
+    return nn::add(g, h.sum, mlp(g, h.out));
+  });
+}
+
 Llama::Llama(const ModelConfig& config)
     : LanguageModel(config),
       embed(config_.padded_vocab_size, config_.d_model, weight_init(config_)),
@@ -61,6 +70,15 @@ Tensor Llama::compute_hidden(Graph& g, const Tensor& idx) {
   for (size_t i = 0; i < layers.size(); ++i) x = static_cast<LlamaBlock&>(layers[i])(g, x);
   x = norm(g, x);
   return x;  // (B, T, C); the head is lm_head or embed (head_weight)
+}
+
+Tensor Llama::decode_hidden(Graph& g, const Tensor& idx, KVCache& cache, int64_t position) {
+  // Rotary embeddings place the tokens: the attention rotates them at their positions.
+  const DType stream = residual_dtype(embed.weight().checked_data().dtype());
+  Tensor x = nn::embedding(g, idx, embed.weight(), nullptr, stream);  // (B, Tn, C)
+  for (size_t i = 0; i < layers.size(); ++i)
+    x = static_cast<LlamaBlock&>(layers[i]).decode(g, x, cache.layers[i], position);
+  return norm(g, x);
 }
 
 }  // namespace fsdp::models

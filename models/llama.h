@@ -25,6 +25,9 @@ class LlamaBlock : public nn::UnaryModule {
   nn::RMSNorm mlp_norm;
   nn::SwiGLUMLP mlp;
 
+  // compute() for tokens after those in `cache` (LanguageModel::decode).
+  Tensor decode(Graph& g, const Tensor& x, nn::AttentionCache& cache, int64_t position);
+
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
 };
@@ -40,6 +43,7 @@ class Llama : public LanguageModel {
 
  protected:
   Tensor compute_hidden(Graph& g, const Tensor& idx) override;
+  Tensor decode_hidden(Graph& g, const Tensor& idx, KVCache& cache, int64_t position) override;
   nn::Parameter& head_weight() override { return lm_head ? lm_head->weight() : embed.weight(); }
 };
 

@@ -22,11 +22,11 @@ double dot(const T* x, const T* y, int64_t n) {
   return acc;
 }
 
-// Scaled scores of query row qt against keys 0..t of one key/value head, into s[0..t].
+// Scaled scores of query row qt against keys 0..last of one key/value head, into s[0..last].
 template <typename T>
 void causal_scores(const AttentionDims& d, const T* qt, const T* k, int64_t b, int64_t kvh,
-                   int64_t t, std::vector<double>& s) {
-  for (int64_t j = 0; j <= t; ++j)
+                   int64_t last, std::vector<double>& s) {
+  for (int64_t j = 0; j <= last; ++j)
     s[size_t(j)] = d.scale * dot(qt, head_row(k, d.k, b, j, kvh), d.head_dim);
 }
 
@@ -40,18 +40,19 @@ void attention_forward(const AttentionDims& d, void* out, void* lse, const void*
     const T* ks = static_cast<const T*>(k);
     const T* vs = static_cast<const T*>(v);
     const int64_t D = d.head_dim, pairs = d.batch * d.heads;
-#pragma omp parallel for schedule(static) if (d.seq * d.seq * D * pairs > (1 << 20))
+#pragma omp parallel for schedule(static) if ((d.past + d.seq) * d.seq * D * pairs > (1 << 20))
     for (int64_t bh = 0; bh < pairs; ++bh) {
       const int64_t b = bh / d.heads, h = bh % d.heads, kvh = h / d.group();
-      std::vector<double> s(static_cast<size_t>(d.seq)), acc(static_cast<size_t>(D));
+      std::vector<double> s(static_cast<size_t>(d.past + d.seq)), acc(static_cast<size_t>(D));
       for (int64_t t = 0; t < d.seq; ++t) {
-        causal_scores(d, head_row(qs, d.q, b, t, h), ks, b, kvh, t, s);
-        const double m = *std::max_element(s.begin(), s.begin() + t + 1);
+        const int64_t last = d.past + t;  // the last key this query sees
+        causal_scores(d, head_row(qs, d.q, b, t, h), ks, b, kvh, last, s);
+        const double m = *std::max_element(s.begin(), s.begin() + last + 1);
         double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(s[size_t(j)] - m);
+        for (int64_t j = 0; j <= last; ++j) sum += std::exp(s[size_t(j)] - m);
         const double log_sum = m + std::log(sum);
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = 0; j <= last; ++j) {
           const double p = std::exp(s[size_t(j)] - log_sum);
           const T* vj = head_row(vs, d.v, b, j, kvh);
           for (int64_t i = 0; i < D; ++i) acc[size_t(i)] += p * double(vj[i]);

@@ -41,17 +41,18 @@ __global__ void forward_kernel(AttentionDims d, T* out, float* lse, const T* q, 
   const T* qr = row_of(q, d.q, b, t, h);
   for (int64_t i = lane; i < D; i += kWarp) qs[i] = to_float(qr[i]) * float(d.scale);
   __syncwarp();
+  const int64_t last = d.past + t;  // the last key this query sees
   float m = -INFINITY, l = 0.f, acc[DPL] = {};
-  for (int64_t j0 = 0; j0 <= t; j0 += kWarp) {
+  for (int64_t j0 = 0; j0 <= last; j0 += kWarp) {
     const int64_t j = j0 + lane;
-    const float s = j <= t ? dot_row(qs, row_of(k, d.k, b, j, kvh), D) : -INFINITY;
+    const float s = j <= last ? dot_row(qs, row_of(k, d.k, b, j, kvh), D) : -INFINITY;
     const float m_new = fmaxf(m, warp_max(s));
-    const float p = j <= t ? expf(s - m_new) : 0.f;
+    const float p = j <= last ? expf(s - m_new) : 0.f;
     const float correction = expf(m - m_new);
     l = l * correction + warp_sum(p);
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[i] *= correction;
-    const int64_t tile = min(int64_t(kWarp), t - j0 + 1);
+    const int64_t tile = min(int64_t(kWarp), last - j0 + 1);
     for (int64_t jj = 0; jj < tile; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p, int(jj));
       const T* vr = row_of(v, d.v, b, j0 + jj, kvh);

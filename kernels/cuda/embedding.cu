@@ -119,7 +119,7 @@ __global__ void accumulate_rows_kernel(G* dwte, const T* dout, const int32_t* of
 
 template <typename T>
 __global__ void rope_kernel(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t D,
-                            HeadStrides s, double theta, float sign) {
+                            HeadStrides s, double theta, float sign, int64_t position_offset) {
   const int64_t half = D / 2, n = batch * seq * heads * half;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -127,7 +127,7 @@ __global__ void rope_kernel(T* x, int64_t batch, int64_t seq, int64_t heads, int
                   b = i / (half * heads * seq);
     // The angle in double, reduced to [-pi, pi] before the f32 sine and cosine: t * freq
     // reaches thousands of radians at long positions.
-    const double a = double(t) * rope_inv_freq(p, D, theta);
+    const double a = double(position_offset + t) * rope_inv_freq(p, D, theta);
     const float ar = float(a - 6.283185307179586 * rint(a / 6.283185307179586));
     float sn, cs;
     sincosf(ar, &sn, &cs);
@@ -257,13 +257,15 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
 }
 
 void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                const HeadStrides& strides, double theta, bool inverse, stream_t stream) {
+                const HeadStrides& strides, double theta, bool inverse, int64_t position_offset,
+                stream_t stream) {
   const int64_t n = batch * seq * heads * (head_dim / 2);
   if (n == 0) return;
   dispatch_compute(dtype, "rope_apply", [&](auto tag) {
     using T = decltype(tag);
     rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(x), batch, seq, heads, head_dim, strides, theta, inverse ? -1.f : 1.f);
+        static_cast<T*>(x), batch, seq, heads, head_dim, strides, theta, inverse ? -1.f : 1.f,
+        position_offset);
     FSDP_CHECK_LAUNCH();
   });
 }

@@ -25,7 +25,8 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
 
 // ---- rotary embeddings, in place on a strided (B, T, H, D) tensor
 void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                const HeadStrides& strides, double theta, bool inverse, stream_t stream);
+                const HeadStrides& strides, double theta, bool inverse, int64_t position_offset,
+                stream_t stream);
 
 
 }  // namespace fsdp::kernels::cuda

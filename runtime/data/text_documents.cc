@@ -33,15 +33,18 @@ void split_paragraph_groups(const std::string& text, std::vector<std::string>& d
 std::vector<std::string> read_text_documents(const std::vector<std::string>& files,
                                              bool split_on_blank_lines) {
   std::vector<std::string> docs;
-  for (const std::string& path : files) {
-    std::string text = read_file(path);
-    if (split_on_blank_lines) {
-      split_paragraph_groups(text, docs);
-    } else if (!text.empty()) {
-      docs.push_back(std::move(text));
-    }
-  }
+  for (const std::string& path : files)
+    append_text_documents(read_file(path), split_on_blank_lines, docs);
   return docs;
+}
+
+void append_text_documents(std::string text, bool split_on_blank_lines,
+                           std::vector<std::string>& docs) {
+  if (split_on_blank_lines) {
+    split_paragraph_groups(text, docs);
+  } else if (!text.empty()) {
+    docs.push_back(std::move(text));
+  }
 }
 
 std::vector<int32_t> tokenize_documents(Gpt2Tokenizer& tokenizer,

@@ -15,6 +15,11 @@ namespace fsdp::data {
 std::vector<std::string> read_text_documents(const std::vector<std::string>& files,
                                              bool split_on_blank_lines);
 
+// The same rule for text already in memory (a decompressed file, a JSON string): appends
+// `text` as one document (unless empty), or its paragraph groups, to `docs`.
+void append_text_documents(std::string text, bool split_on_blank_lines,
+                           std::vector<std::string>& docs);
+
 // One token stream: each document's tokens preceded by the end-of-text token, as GPT-2 and
 // llm.c lay out their training data. Text is encoded as ordinary text (a literal
 // "<|endoftext|>" in a document is not special).

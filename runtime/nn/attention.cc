@@ -80,4 +80,34 @@ Tensor causal_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_k
   return out;
 }
 
+Tensor cached_attention(Context& ctx, const Tensor& qkv, const Tensor& keys, const Tensor& values,
+                        int64_t position, int64_t n_head, int64_t n_kv_head, double rope_theta) {
+  const int64_t heads = n_head + 2 * n_kv_head;
+  FSDP_CHECK(qkv.dim() == 3 && qkv.size(2) % heads == 0, ShapeError, "cached attention: qkv ",
+             qkv.str(), " must be (B, T, (H + 2 Hkv) D) with H = ", n_head, ", Hkv = ", n_kv_head);
+  const int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / heads;
+  FSDP_CHECK(keys.dim() == 4 && keys.size(0) == b && keys.size(2) == n_kv_head &&
+                 keys.size(3) == d && values.shape() == keys.shape(),
+             ShapeError, "cached attention: cache ", keys.str(), " / ", values.str(),
+             " does not fit qkv ", qkv.str());
+  FSDP_CHECK(position >= 0 && position + t <= keys.size(1), IndexError,
+             "cached attention: positions [", position, ", ", position + t,
+             ") do not fit a cache of ", keys.size(1));
+  const Tensor fused = ops::contiguous(ctx, qkv).view(Shape{b, t, heads, d});
+  Tensor q = fused.slice(2, 0, n_head);
+  const Tensor new_keys = keys.slice(1, position, position + t);  // (B, Tn, Hkv, D) views
+  ops::copy(ctx, new_keys, fused.slice(2, n_head, n_head + n_kv_head));
+  ops::copy(ctx, values.slice(1, position, position + t),
+            fused.slice(2, n_head + n_kv_head, heads));
+  if (rope_theta > 0) {
+    q = ops::contiguous(ctx, q);  // a copy: qkv is left as it is
+    ops::rope_apply(ctx, q, rope_theta, false, position);
+    ops::rope_apply(ctx, new_keys, rope_theta, false, position);  // rotated once, in the cache
+  }
+  Tensor out = ctx.empty(Shape{b, t, n_head, d}, qkv.dtype());  // (B, Tn, H, D)
+  ops::attention_with_cache(ctx, out, q, keys.slice(1, 0, position + t),
+                            values.slice(1, 0, position + t));
+  return out.view(Shape{b, t, n_head * d});
+}
+
 }  // namespace fsdp::nn

@@ -81,6 +81,16 @@ Tensor rope(Graph& g, const Tensor& x, double theta);
 Tensor causal_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
                         double rope_theta = 0.0);
 
+// Generation (not differentiable: nothing is recorded): causal self-attention of new tokens
+// over a key/value cache. qkv (B, Tn, (H + 2 Hkv) D) is the fused projection of the tokens at
+// positions [position, position + Tn). Their keys (rotated first when rope_theta > 0) and
+// values are written into rows [position, position + Tn) of keys and values
+// (B, capacity, Hkv, D); each new token then attends to rows 0 .. its own position.
+// Returns (B, Tn, H D), as causal_attention does for the same tokens.
+Tensor cached_attention(Context& ctx, const Tensor& qkv, const Tensor& keys, const Tensor& values,
+                        int64_t position, int64_t n_head, int64_t n_kv_head,
+                        double rope_theta = 0.0);
+
 // Mean softmax cross-entropy over the non-ignored targets: logits (..., Vp), targets (...)
 // i32 in [0, vocab_size) or -1 (ignored); the padded columns [vocab_size, Vp) take no part.
 // Returns a one-element tensor (f32; f64 for f64 logits). `n_valid` is the number of

@@ -129,4 +129,17 @@ Tensor CausalSelfAttention::compute(Graph& g, const Tensor& x) {
   return proj(g, y);  // (B, T, C)
 }
 
+Tensor CausalSelfAttention::decode(Graph& g, const Tensor& x, AttentionCache& cache,
+                                   int64_t position) {
+  FSDP_CHECK(!g.grad_enabled(), ValueError,
+             "attention decode is for generation: run it under autograd::NoGradGuard");
+  return run_forward(g, [&] {
+    const Tensor fused = qkv(g, x);  // (B, Tn, (H + 2 Hkv) D)
+    const Tensor y = cached_attention(g.ctx(), fused, cache.keys, cache.values, position,
+                                      config_.n_head, config_.n_kv_head,
+                                      config_.rope_theta);  // (B, Tn, H D)
+    return proj(g, y);  // (B, Tn, C)
+  });
+}
+
 }  // namespace fsdp::nn

@@ -147,11 +147,21 @@ struct AttentionConfig {
   double rope_theta = 0;   // 0: no rotary embeddings
 };
 
+// The keys and values one attention layer has seen, for generation one token at a time:
+// (B, capacity, Hkv, D) each; rows [0, the model's KVCache::length) are filled.
+struct AttentionCache {
+  Tensor keys, values;
+};
+
 class CausalSelfAttention : public UnaryModule {
  public:
   CausalSelfAttention(const AttentionConfig& config, InitRule init, InitRule proj_init);
   std::string kind() const override { return "attention"; }
   const AttentionConfig& config() const { return config_; }
+  // Generation, with the graph's gradients off: x (B, Tn, C) holds the tokens at positions
+  // [position, position + Tn); their keys and values join `cache` (nn::cached_attention).
+  // Returns (B, Tn, C), what forward() gives those tokens after the cached ones.
+  Tensor decode(Graph& g, const Tensor& x, AttentionCache& cache, int64_t position);
   Linear qkv;
   Linear proj;
 

@@ -121,6 +121,7 @@ struct LoggerSection {
   int64_t log_interval = 0;
   std::optional<std::string> metrics_file;  // relative to run.output_dir; nullopt = none
   std::optional<std::string> samples_file;  // relative to run.output_dir; nullopt = none
+  std::optional<std::string> tensorboard_dir;  // event files go to DIR/run.name; nullopt = none
   bool log_update_norms = false;            // per tensor group, in metrics_file
 };
 

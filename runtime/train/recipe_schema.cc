@@ -213,6 +213,11 @@ std::vector<FieldSpec> build_schema() {
           "global-batch order ([epoch, index, token offset in the concatenated data files]; "
           "the offset is null for Megatron data), so that another program can replay the run "
           "on the same batches (tools/parity/curve.py); null = none."),
+      KEY(logger.tensorboard_dir).default_to(nullptr).help_text(
+          "Directory of TensorBoard event files, like run.output_dir relative to the working "
+          "directory: DIR/<run.name>/events.out.tfevents.* with training and validation loss, "
+          "lr, grad norm, tokens/s, step time, MFU and peak memory at each logged step "
+          "(runtime/train/tensorboard.h; not yet written by the trainer); null = none."),
       KEY(logger.log_update_norms).default_to(false).help_text(
           "Record each step's update norm, ||new - old master weights||, per tensor group (a "
           "parameter name with its layer numbers replaced by *, e.g. h.*.attn.qkv.weight) in "

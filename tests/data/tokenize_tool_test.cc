@@ -1,9 +1,13 @@
-// Runs the tokenize binary and reads what it wrote back with the library's readers.
+// Runs the tokenize binary and reads what it wrote back with the library's readers: text,
+// JSON lines and gzip inputs, and the same bytes on any number of workers.
 #include <sys/wait.h>
+#include <zlib.h>
 
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/data/llmc_shards.h"
 #include "runtime/data/megatron_indexed.h"
@@ -87,4 +91,104 @@ TEST_CASE("tokenize reports bad arguments and files", "[data][tools]") {
   CHECK(run_tokenize("--out x --val-fraction 1.5 file.txt", &log) == 2);
   CHECK(run_tokenize("--out '" + scratch_path("x") + "' no_such_input.txt", &log) == 1);
   CHECK(log.find("no_such_input.txt") != std::string::npos);
+}
+
+namespace {
+
+void write_gzip(const std::string& path, const std::string& text) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, text.data(), unsigned(text.size())) == int(text.size()));
+  REQUIRE(gzclose(f) == Z_OK);
+}
+
+// Every byte of a Megatron data set (PREFIX.bin then PREFIX.idx).
+std::string megatron_bytes(const std::string& prefix) {
+  return read_bytes(prefix + ".bin") + read_bytes(prefix + ".idx");
+}
+
+}  // namespace
+
+TEST_CASE("tokenize on JSON lines (plain and gzip) gives the ids of the extracted text",
+          "[data][tools]") {
+  // Documents with what JSON must escape: quotes, backslashes, newlines, non-ASCII.
+  const std::vector<std::string> docs = {
+      "It is a truth universally acknowledged,\n\"said\" she.\n",
+      "Back\\slash, tab\there, and caf\xc3\xa9 \xe2\x80\x94 done.",
+      "Third document.\n\n\nWith blank lines inside.\n"};
+  std::string jsonl, text_args;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const std::string path = scratch_path("extracted_" + std::to_string(i) + ".txt");
+    write_bytes(path, docs[i]);
+    text_args += " '" + path + "'";
+    jsonl += nlohmann::json{{"id", i}, {"text", docs[i]}}.dump() + "\n";
+  }
+  const std::string jsonl_path = scratch_path("docs.jsonl");
+  const std::string gz_path = scratch_path("docs.jsonl.gz");
+  write_bytes(jsonl_path, jsonl);
+  write_gzip(gz_path, jsonl);
+
+  for (const std::string format : {"llmc", "megatron"}) {
+    const std::string from_text = scratch_path("from_text_" + format);
+    const std::string from_jsonl = scratch_path("from_jsonl_" + format);
+    const std::string from_gz = scratch_path("from_gz_" + format);
+    REQUIRE(run_tokenize("--format " + format + " --out '" + from_text + "'" + text_args) == 0);
+    REQUIRE(run_tokenize("--format " + format + " --json-key text --out '" + from_jsonl + "' '" +
+                         jsonl_path + "'") == 0);
+    REQUIRE(run_tokenize("--format " + format + " --json-key text --out '" + from_gz + "' '" +
+                         gz_path + "'") == 0);
+    if (format == "llmc") {
+      const std::string text_ids = read_bytes(from_text + "_train_000000.bin");
+      CHECK(read_bytes(from_jsonl + "_train_000000.bin") == text_ids);
+      CHECK(read_bytes(from_gz + "_train_000000.bin") == text_ids);
+      Tokens expected = fsdp::data::tokenize_documents(shipped_gpt2(), docs);
+      CHECK(all_tokens(fsdp::data::open_llmc_shard(from_gz + "_train_000000.bin")) == expected);
+    } else {
+      CHECK(megatron_bytes(from_jsonl) == megatron_bytes(from_text));
+      CHECK(megatron_bytes(from_gz) == megatron_bytes(from_text));
+      CHECK(fsdp::data::MegatronDataset(from_gz).num_documents() == 3);
+    }
+  }
+  std::string log;
+  CHECK(run_tokenize("--json-key body --out '" + scratch_path("x") + "' '" + gz_path + "'",
+                     &log) == 1);
+  CHECK(log.find("docs.jsonl.gz line 1") != std::string::npos);
+  CHECK(log.find("\"body\"") != std::string::npos);
+  CHECK(run_tokenize("--json-key text --split-blank-lines --out x f.jsonl", &log) == 2);
+}
+
+TEST_CASE("tokenize on several workers writes the bytes one worker writes", "[data][tools]") {
+  // Several files (two of them gzip) and one large document cut into pieces.
+  const std::string austen = read_bytes(fsdp::data::locate_asset("third_party/text/austen.txt"));
+  std::string files;
+  for (int i = 0; i < 5; ++i) {
+    const std::string part = austen.substr(size_t(i) * 600000, 600000);
+    const std::string path =
+        scratch_path("part_" + std::to_string(i) + (i % 2 ? ".txt.gz" : ".txt"));
+    if (i % 2) {
+      write_gzip(path, part);
+    } else {
+      write_bytes(path, part);
+    }
+    files += " '" + path + "'";
+  }
+  for (const std::string flags : {"--format megatron --split-blank-lines", "--format llmc"}) {
+    std::vector<std::string> outputs;
+    for (const char* workers : {"1", "2", "5"}) {
+      const std::string out = scratch_path(std::string("workers_") + workers);
+      std::string log;
+      REQUIRE(run_tokenize(flags + " --val-fraction 0.1 --workers " + workers + " --out '" + out +
+                               "'" + files,
+                           &log) == 0);
+      INFO(log);
+      CHECK(log.find(std::string(workers) + " worker(s)") != std::string::npos);
+      outputs.push_back(flags.find("megatron") != std::string::npos
+                            ? megatron_bytes(out + "_train") + megatron_bytes(out + "_val")
+                            : read_bytes(out + "_train_000000.bin") +
+                                  read_bytes(out + "_val_000000.bin"));
+    }
+    REQUIRE(outputs[0].size() > 1000000);
+    CHECK(outputs[1] == outputs[0]);
+    CHECK(outputs[2] == outputs[0]);
+  }
 }

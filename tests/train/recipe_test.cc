@@ -26,6 +26,7 @@ TEST_CASE("an empty recipe gets every schema default", "[recipe]") {
   CHECK(r.dist.dp_shard == -1);
   CHECK(r.mixed_precision.compute_dtype == "auto");
   CHECK_FALSE(r.checkpoint.save.has_value());
+  CHECK_FALSE(r.logger.tensorboard_dir.has_value());
   REQUIRE(r.checkpoint.load.has_value());
   CHECK(*r.checkpoint.load == "latest");
   CHECK(r.tokenizer.vocab_file == "third_party/gpt2_tokenizer/encoder.json");
@@ -79,7 +80,7 @@ TEST_CASE("overrides parse VALUE as JSON, else as a string", "[recipe]") {
   Recipe r = parse_recipe(file, {"optimizer.lr=1e-3", "train.train_iters=50",
                                  "model.tie_embeddings=false", "run.name=hello world",
                                  "dataset.train_path=data/shard_*.bin", "checkpoint.save=ckpt",
-                                 "optimizer.clip_grad=2"});
+                                 "optimizer.clip_grad=2", "logger.tensorboard_dir=runs/tb"});
   CHECK(r.optimizer.lr == 1e-3);  // the override wins over the file
   CHECK(r.train.train_iters == 50);
   CHECK(r.scheduler.lr_decay_iters == 50);  // derived after overrides
@@ -89,6 +90,7 @@ TEST_CASE("overrides parse VALUE as JSON, else as a string", "[recipe]") {
   REQUIRE(r.checkpoint.save.has_value());
   CHECK(*r.checkpoint.save == "ckpt");
   CHECK(r.optimizer.clip_grad == 2.0);  // an integer is a fine number
+  CHECK(r.logger.tensorboard_dir == std::optional<std::string>("runs/tb"));
 
   // A string key given something that parses as a number or bool keeps the text.
   Recipe numeric_name = parse_recipe("{}", {"run.name=2024", "run.output_dir=true"});

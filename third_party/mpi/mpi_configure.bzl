@@ -23,9 +23,12 @@ def _system_mpi_impl(rctx):
     rctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
 
+# The C API only: without these, mpi.h also declares Open MPI's (deprecated) C++ bindings,
+# whose inline code refers to libmpi_cxx, which we do not link.
 cc_library(
     name = "mpi",
     hdrs = glob(["include/**/*.h"]),
+    defines = ["OMPI_SKIP_MPICXX=1", "MPICH_SKIP_MPICXX=1"],
     includes = ["include"],
     linkopts = %r,
 )

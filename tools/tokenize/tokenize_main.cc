@@ -1,4 +1,5 @@
-// tokenize: turns UTF-8 text files into training data with the GPT-2 tokenizer.
+// tokenize: turns UTF-8 text files (or JSON lines, gzip-compressed or not) into training data
+// with the GPT-2 tokenizer, on all cores.
 //
 //   tokenize [options] --out PREFIX FILES...
 //
@@ -14,11 +15,13 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/core/thread_pool.h"
 #include "runtime/data/assets.h"
 #include "runtime/data/llmc_shards.h"
 #include "runtime/data/megatron_indexed.h"
-#include "runtime/data/text_documents.h"
 #include "runtime/data/tokenizer.h"
+#include "tools/tokenize/input_documents.h"
+#include "tools/tokenize/parallel_encode.h"
 
 namespace {
 
@@ -29,7 +32,10 @@ constexpr const char* kUsage = R"(usage: tokenize [options] --out PREFIX FILES..
 
 Tokenizes UTF-8 text files with the GPT-2 byte-level BPE tokenizer and writes them as
 training data. Each file is one document (or, with --split-blank-lines, each group of
-lines between blank lines).
+lines between blank lines); with --json-key, each line of a file is a JSON object and one
+document. Gzip-compressed files (FILE.gz, recognized by content) are decompressed. Files
+are read and encoded on all cores; the output does not depend on the number of workers.
+A progress line (bytes, tokens/s, time left) goes to stderr for jobs longer than 2 s.
 
 options:
   --out PREFIX           output path prefix (required)
@@ -40,7 +46,10 @@ options:
                                      with --val-fraction; <|endoftext|> after every document
   --val-fraction F       hold out a fraction F in [0, 1) for validation (default 0):
                          the last F of the tokens (llmc) or of the documents (megatron)
-  --split-blank-lines    a blank line ends a document
+  --split-blank-lines    a blank line ends a document (plain text)
+  --json-key KEY         inputs are JSON lines; member KEY (a string) of each line's
+                         object is one document (as Megatron's --json-keys text)
+  --workers N            threads (default: every core this process may use)
   --shard-tokens N       llmc: at most N tokens per shard (default 100000000)
   --vocab FILE           vocabulary, encoder.json / vocab.json
                          (default third_party/gpt2_tokenizer/encoder.json)
@@ -59,6 +68,8 @@ struct Options {
   bool split_blank_lines = false;
   uint64_t shard_tokens = 100'000'000;
   std::string vocab, merges;
+  std::string json_key;
+  unsigned workers = 0;  // 0: every core
   std::vector<std::string> files;
 };
 
@@ -115,6 +126,14 @@ bool parse_args(int argc, char** argv, Options& opt) {
       FSDP_CHECK(n >= 1 && n <= 2147483647 && n == static_cast<double>(uint64_t(n)), ConfigError,
                  "--shard-tokens must be a whole number in [1, 2^31 - 1], got ", value);
       opt.shard_tokens = static_cast<uint64_t>(n);
+    } else if (arg == "--json-key") {
+      FSDP_CHECK(!value.empty(), ConfigError, "--json-key needs a member name");
+      opt.json_key = value;
+    } else if (arg == "--workers") {
+      const double n = parse_number(arg, value);
+      FSDP_CHECK(n >= 1 && n <= 1024 && n == double(unsigned(n)), ConfigError,
+                 "--workers must be a whole number in [1, 1024], got ", value);
+      opt.workers = unsigned(n);
     } else if (arg == "--vocab") {
       opt.vocab = from_user(value);
     } else if (arg == "--merges") {
@@ -129,6 +148,8 @@ bool parse_args(int argc, char** argv, Options& opt) {
              opt.format, "': expected llmc or megatron");
   FSDP_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, ConfigError,
              "--val-fraction must be in [0, 1), got ", opt.val_fraction);
+  FSDP_CHECK(opt.json_key.empty() || !opt.split_blank_lines, ConfigError,
+             "--split-blank-lines is for plain text; with --json-key each line is a document");
   return true;
 }
 
@@ -146,23 +167,29 @@ void write_llmc_split(const Options& opt, const std::vector<int32_t>& stream, ui
   }
 }
 
-void write_llmc(const Options& opt, data::Gpt2Tokenizer& tokenizer,
-                const std::vector<std::string>& docs) {
-  const std::vector<int32_t> stream = data::tokenize_documents(tokenizer, docs);
+using DocumentIds = std::vector<std::vector<int32_t>>;
+
+// As data::tokenize_documents: every document preceded by <|endoftext|>.
+void write_llmc(const Options& opt, int32_t eot, const DocumentIds& docs) {
+  std::vector<int32_t> stream;
+  for (const auto& ids : docs) {
+    stream.push_back(eot);
+    stream.insert(stream.end(), ids.begin(), ids.end());
+  }
   const uint64_t val = static_cast<uint64_t>(opt.val_fraction * double(stream.size()));
   const uint64_t cut = stream.size() - val;
   write_llmc_split(opt, stream, 0, cut, "train");
   if (val > 0) write_llmc_split(opt, stream, cut, stream.size(), "val");
 }
 
-void write_megatron_docs(const std::string& prefix, data::Gpt2Tokenizer& tokenizer,
-                         const std::vector<std::string>& docs, std::size_t begin,
-                         std::size_t end) {
+void write_megatron_docs(const std::string& prefix, const data::Gpt2Tokenizer& tokenizer,
+                         const DocumentIds& docs, std::size_t begin, std::size_t end) {
   const auto type = tokenizer.vocab_size() <= 65536 ? data::TokenType::u16 : data::TokenType::i32;
   data::MegatronWriter writer(prefix, type);
   uint64_t tokens = 0;
+  std::vector<int32_t> ids;
   for (std::size_t d = begin; d < end; ++d) {
-    std::vector<int32_t> ids = tokenizer.encode(docs[d]);
+    ids = docs[d];
     ids.push_back(tokenizer.eot_token());
     tokens += ids.size();
     writer.add_document(ids);
@@ -172,8 +199,8 @@ void write_megatron_docs(const std::string& prefix, data::Gpt2Tokenizer& tokeniz
               static_cast<unsigned long long>(tokens));
 }
 
-void write_megatron(const Options& opt, data::Gpt2Tokenizer& tokenizer,
-                    const std::vector<std::string>& docs) {
+void write_megatron(const Options& opt, const data::Gpt2Tokenizer& tokenizer,
+                    const DocumentIds& docs) {
   if (opt.val_fraction == 0) {
     write_megatron_docs(opt.out, tokenizer, docs, 0, docs.size());
     return;
@@ -198,20 +225,34 @@ int run(int argc, char** argv) {
       data::locate_asset(opt.vocab.empty() ? data::kGpt2VocabAsset : opt.vocab, argv0),
       data::locate_asset(opt.merges.empty() ? data::kGpt2MergesAsset : opt.merges, argv0));
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<std::string> docs = data::read_text_documents(opt.files, opt.split_blank_lines);
+  const unsigned workers = opt.workers > 0 ? opt.workers : fsdp::host_threads_per_process(1);
+  fsdp::tokenize::InputFormat format;
+  format.json_key = opt.json_key;
+  format.split_blank_lines = opt.split_blank_lines;
+  const std::vector<std::string> docs =
+      fsdp::tokenize::read_all_documents(opt.files, format, workers);
   FSDP_CHECK(!docs.empty(), fsdp::DataError, "the input files hold no text");
   uint64_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
-  std::printf("%zu file(s), %zu document(s), %llu bytes\n", opt.files.size(), docs.size(),
-              static_cast<unsigned long long>(bytes));
+  std::printf("%zu file(s), %zu document(s), %llu bytes, %u worker(s)\n", opt.files.size(),
+              docs.size(), static_cast<unsigned long long>(bytes), workers);
+  std::fflush(stdout);
+  fsdp::tokenize::EncodeOptions encode;
+  encode.workers = workers;
+  const DocumentIds ids = fsdp::tokenize::encode_documents(tokenizer, docs, encode);
+  uint64_t tokens = 0;
+  for (const auto& d : ids) tokens += d.size();
+  const double encoded =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (opt.format == "llmc") {
-    write_llmc(opt, tokenizer, docs);
+    write_llmc(opt, tokenizer.eot_token(), ids);
   } else {
-    write_megatron(opt, tokenizer, docs);
+    write_megatron(opt, tokenizer, ids);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("done in %.2f s\n", seconds);
+  std::printf("read and encoded in %.2f s (%.2f MB/s, %.0f tokens/s); done in %.2f s\n", encoded,
+              double(bytes) / 1e6 / encoded, double(tokens) / encoded, seconds);
   return 0;
 }
 

@@ -85,7 +85,19 @@ std::string format_count(double value) {
                        value) + prefixes[p];
 }
 
-std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool terminal) {
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = int64_t(std::llround(seconds));
+  char buf[48];
+  if (s < 60) std::snprintf(buf, sizeof(buf), "%llds", (long long)s);
+  else if (s < 3600) std::snprintf(buf, sizeof(buf), "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+  else if (s < 86400) std::snprintf(buf, sizeof(buf), "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+  else std::snprintf(buf, sizeof(buf), "%lldd%02lldh", (long long)(s / 86400), (long long)(s % 86400 / 3600));
+  return buf;
+}
+
+std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool terminal,
+                             std::optional<double> eta_s) {
   LineBuilder line(terminal);
   std::string total = std::to_string(total_steps);
   std::string step = terminal ? pad_left(std::to_string(m.step), total.size())
@@ -102,6 +114,7 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool ter
   if (m.mfu) line.field("MFU", printf_string("%.1f", 100.0 * *m.mfu) + "%", "", 6);
   line.field("mem", format_bytes(m.mem_peak_bytes), "", 10);
   line.field("", printf_string("%.1f", 1000.0 * m.step_time_s), "ms", 7);
+  if (eta_s) line.field("eta", format_duration(*eta_s), "", 6);
   return line.str();
 }
 

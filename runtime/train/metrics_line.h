@@ -1,9 +1,10 @@
 // The human step line rank 0 prints every log_interval steps, e.g.
-//   step 10/200 | loss 5.4321 | lr 1.000e-03 | grad norm 1.234 | 12.3k tok/s | mem 1.2 GiB | 95.1 ms
+//   step 10/200 | loss 5.4321 | lr 1.000e-03 | grad norm 1.234 | 12.3k tok/s | mem 1.2 GiB | 95.1 ms | eta 18s
 // Plain when stdout is not a terminal (logs, pipes); column-aligned and colored when it is.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "runtime/train/metrics.h"
@@ -14,8 +15,13 @@ namespace fsdp::train {
 bool stdout_is_terminal();
 
 // One line (no newline) for step m.step of total_steps. TFLOP/s, MFU and val loss appear
-// only when set. `terminal` pads every field to a fixed width and adds ANSI colors.
-std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool terminal);
+// only when set, and the estimated time left when eta_s is. `terminal` pads every field to a
+// fixed width and adds ANSI colors.
+std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool terminal,
+                             std::optional<double> eta_s = std::nullopt);
+
+// A duration for people: "42s", "7m05s", "3h12m", "2d04h".
+std::string format_duration(double seconds);
 
 // "512 B", "1.5 KiB", "3.25 GiB".
 std::string format_bytes(int64_t bytes);

@@ -217,7 +217,7 @@ std::vector<FieldSpec> build_schema() {
           "Directory of TensorBoard event files, like run.output_dir relative to the working "
           "directory: DIR/<run.name>/events.out.tfevents.* with training and validation loss, "
           "lr, grad norm, tokens/s, step time, MFU and peak memory at each logged step "
-          "(runtime/train/tensorboard.h; not yet written by the trainer); null = none."),
+          "(rank 0 writes them; runtime/train/tensorboard.h lists the tags); null = none."),
       KEY(logger.log_update_norms).default_to(false).help_text(
           "Record each step's update norm, ||new - old master weights||, per tensor group (a "
           "parameter name with its layer numbers replaced by *, e.g. h.*.attn.qkv.weight) in "

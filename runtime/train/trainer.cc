@@ -26,6 +26,7 @@
 #include "runtime/train/metrics.h"
 #include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics_line.h"
+#include "runtime/train/tensorboard.h"
 #include "runtime/train/plot.h"
 #include "runtime/train/run_stats.h"
 #include "runtime/train/lr_schedule.h"
@@ -102,6 +103,10 @@ struct Trainer::State {
   std::unique_ptr<RunCheckpoints> checkpoints;
   std::unique_ptr<StepLogWriter> metrics;
   std::unique_ptr<StepLogWriter> samples_log;  // logger.samples_file
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // logger.tensorboard_dir (rank 0)
+  // For the step line's estimate of the time left: when this process's first step began.
+  Clock::time_point loop_start;
+  int64_t loop_first_step = 0;
   std::unique_ptr<UpdateNorms> update_norms;   // logger.log_update_norms
   std::vector<StepMetrics> history;            // what the loss picture draws
   // The tokenizer of the end-of-run sample; null when no sample is printed (not asked for,
@@ -311,6 +316,8 @@ void Trainer::State::setup_output() {
     metrics = log_file(recipe.logger.metrics_file);
     if (metrics && resumed) history = read_metrics_file(metrics->path());
     samples_log = log_file(recipe.logger.samples_file);
+    if (recipe.logger.tensorboard_dir)
+      tensorboard = std::make_unique<TensorBoardWriter>(*recipe.logger.tensorboard_dir, recipe.run.name);
   }
   prepare_sample();
 }
@@ -466,9 +473,18 @@ void Trainer::State::log_step(const StepMetrics& m, bool evaluated) {
   const int64_t every = std::max<int64_t>(1, recipe.logger.log_interval);
   const int64_t total = recipe.train.train_iters;
   if (m.step % every != 0 && m.step != 1 && m.step != total && !evaluated) return;
-  print(format_step_line(m, total, stdout_is_terminal() && options.out == stdout));
+  // Time left: the mean wall time per step so far in this process (evaluation and saves
+  // included, as they will recur) times the steps to go.
+  std::optional<double> eta_s;
+  if (m.step > loop_first_step && m.step < total)
+    eta_s = seconds_since(loop_start) / double(m.step - loop_first_step) * double(total - m.step);
+  print(format_step_line(m, total, stdout_is_terminal() && options.out == stdout, eta_s));
   history.push_back(m);
   if (metrics) metrics->write(m);
+  if (tensorboard) {
+    tensorboard->add_step_metrics(m);
+    tensorboard->flush();
+  }
 }
 
 std::string Trainer::State::sample_text() {
@@ -498,6 +514,8 @@ TrainResult Trainer::run_steps() {
   RunStats stats(*s.ctx, s.step, s.options.warmup_steps, s.options.profile_timed_steps,
                  s.recipe.train.global_batch_size * s.recipe.model.seq_length,
                  s.flops_per_token, s.world->size());
+  s.loop_start = Clock::now();
+  s.loop_first_step = s.step;
   while (s.step < total) {
     s.world->set_step(s.step + 1);
     stats.start_step(s.step + 1);

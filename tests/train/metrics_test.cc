@@ -167,6 +167,7 @@ TEST_CASE("the plain step line has every field and no escape codes", "[metrics]"
   CHECK(full == "step 10/200 | loss 5.4321 | val 5.5000 | lr 1.000e-03 | grad norm 0.750 | "
                 "12.3k tok/s | 123.4 TFLOP/s | MFU 12.5% | mem 3.00 GiB | 250.0 ms");
   CHECK(full.find('\033') == std::string::npos);
+  CHECK(format_step_line(m, 200, false, 425.0) == full + " | eta 7m05s");
 }
 
 TEST_CASE("the terminal step line is colored and its columns line up", "[metrics]") {
@@ -195,4 +196,14 @@ TEST_CASE("bytes and counts are shown with units", "[metrics]") {
   CHECK(format_count(950) == "950");
   CHECK(format_count(12345) == "12.3k");
   CHECK(format_count(1.5e6) == "1.50M");
+}
+
+TEST_CASE("durations are shown in their two largest units", "[metrics]") {
+  CHECK(format_duration(0.4) == "0s");
+  CHECK(format_duration(42) == "42s");
+  CHECK(format_duration(425) == "7m05s");
+  CHECK(format_duration(3 * 3600 + 12 * 60 + 59) == "3h12m");
+  CHECK(format_duration(2 * 86400 + 4 * 3600) == "2d04h");
+  CHECK(format_duration(-1) == "?");
+  CHECK(format_duration(1.0 / 0.0) == "?");
 }

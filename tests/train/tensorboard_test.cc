@@ -1,6 +1,7 @@
 // TensorBoard event files read back through their framing (both CRCs checked, with a CRC32C
 // written here bit by bit, independently of the writer's table) and their protobuf fields
 // decoded by a small reader of the wire format.
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +11,10 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/data/llmc_shards.h"
+#include "runtime/train/recipe.h"
 #include "runtime/train/tensorboard.h"
+#include "runtime/train/trainer.h"
 #include "tests/test_support.h"
 #include "tests/train/scratch_dir.h"
 
@@ -245,4 +249,59 @@ TEST_CASE("TensorBoard writer: a directory it cannot create is an IoError naming
   } catch (const IoError& e) {
     CHECK_THAT(e.what(), Catch::Contains(dir + "/file"));
   }
+}
+
+TEST_CASE("A run with logger.tensorboard_dir writes each logged step's loss, and its step "
+          "lines estimate the time left", "[train]") {
+  const std::string dir = testing::scratch_dir("tensorboard_trainer");
+  std::vector<int32_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 5 + i / 7) % 96);
+  data::write_llmc_shard(dir + "/tokens.bin", tokens.data(), tokens.size());
+  const std::string json = R"({
+    "model": {"family": "gpt2", "n_layer": 1, "n_head": 2, "d_model": 16, "vocab_size": 96,
+              "padded_vocab_size": 128, "seq_length": 8},
+    "dataset": {"type": "llmc", "val_path": null, "val_fraction": 0},
+    "train": {"train_iters": 4, "micro_batch_size": 1, "global_batch_size": 1,
+              "eval_interval": 0, "eval_iters": 0},
+    "dist": {"device": "cpu"},
+    "checkpoint": {"save": null, "load": null},
+    "logger": {"log_interval": 1}
+  })";
+  Recipe recipe = parse_recipe(json, {"dataset.train_path=" + dir + "/tokens.bin",
+                                      "run.output_dir=" + dir + "/run", "run.name=tiny",
+                                      "logger.tensorboard_dir=" + dir + "/tb"}, "tensorboard_test");
+  TrainerOptions options;
+  options.print_sample = false;
+  std::FILE* lines = std::tmpfile();
+  REQUIRE(lines);
+  options.out = lines;
+  TrainResult result = Trainer(recipe, options).run();
+  REQUIRE(result.losses.size() == 4);
+
+  // Every step's line but the last says how long is left; the last has nothing left.
+  std::rewind(lines);
+  std::string printed;
+  for (int c = std::fgetc(lines); c != EOF; c = std::fgetc(lines)) printed += char(c);
+  std::fclose(lines);
+  for (int step = 1; step <= 4; ++step) {
+    const size_t at = printed.find("step " + std::to_string(step) + "/4 ");
+    REQUIRE(at != std::string::npos);
+    const std::string line = printed.substr(at, printed.find('\n', at) - at);
+    INFO(line);
+    CHECK((line.find(" | eta ") != std::string::npos) == (step < 4));
+  }
+
+  const std::vector<std::string> files = event_files(dir + "/tb/tiny");
+  REQUIRE(files.size() == 1);
+  const std::vector<std::string> records = read_records(files[0]);
+  std::vector<float> losses;
+  for (size_t i = 1; i < records.size(); ++i) {
+    const Scalar s = decode_scalar_event(records[i]);
+    if (s.tag == "train/loss") {
+      CHECK(s.step == int64_t(losses.size()) + 1);
+      losses.push_back(s.value);
+    }
+  }
+  REQUIRE(losses.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(losses[i] == float(result.losses[i]));
 }

@@ -227,7 +227,10 @@ std::optional<RendezvousRecord> parse_rendezvous_record(const std::string& conte
   if (magic != "FSDP-RENDEZVOUS" || version != 1 || size < 1 || size > (1LL << 24) || bytes < 0 ||
       size_t(bytes) > kMaxRendezvousPayload || contents.size() - eol - 1 != size_t(bytes))
     return std::nullopt;
-  return RendezvousRecord{int(size), contents.substr(eol + 1)};
+  RendezvousRecord record{int(size), contents.substr(eol + 1)};
+  // Only the header rank 0 writes, byte for byte (no signs, leading zeros or extra spaces).
+  if (format_rendezvous_record(record).compare(0, eol + 1, contents, 0, eol + 1) != 0) return std::nullopt;
+  return record;
 }
 
 std::string tcp_rendezvous(const std::string& host, int port, int rank, int size,

@@ -39,8 +39,8 @@ struct RendezvousRecord {
 };
 std::string format_rendezvous_record(const RendezvousRecord& record);
 // The record in `contents`, or nullopt while it is not one or not complete (a reader polls
-// again): a wrong header, a payload length over kMaxRendezvousPayload, or fewer bytes than
-// the header announces.
+// again): a header other than format_rendezvous_record's (byte for byte), a payload length
+// over kMaxRendezvousPayload, or other than the bytes that follow the header.
 std::optional<RendezvousRecord> parse_rendezvous_record(const std::string& contents);
 
 }  // namespace fsdp

@@ -49,3 +49,33 @@ fi
 
 # Tests and training runs use every core, as root too (containers, CI).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# Test cases of the given test labels, from each one's JUnit XML under `testlogs` (written
+# by our test main, or by Bazel itself for a test that crashed): prints "passed failed
+# skipped". A test that did not build or did not run counts as one failure, and is named.
+count_test_cases() {
+  local testlogs="$1"; shift
+  local passed=0 failed=0 skipped=0 label path xml t f e s
+  for label in "$@"; do
+    path="${label#//}"
+    xml="$testlogs/${path/://}/test.xml"
+    if [ ! -f "$xml" ]; then
+      echo "no result for $label (did not build or did not run)" >&2
+      failed=$((failed + 1))
+      continue
+    fi
+    read -r t f e s < <(awk '
+      /<testsuite[ >]/ {
+        line = $0
+        if (match(line, /tests="[0-9]+"/))    t += substr(line, RSTART + 7, RLENGTH - 8)
+        if (match(line, /failures="[0-9]+"/)) f += substr(line, RSTART + 10, RLENGTH - 11)
+        if (match(line, /errors="[0-9]+"/))   e += substr(line, RSTART + 8, RLENGTH - 9)
+        if (match(line, /skipped="[0-9]+"/))  s += substr(line, RSTART + 9, RLENGTH - 10)
+      }
+      END { print t + 0, f + 0, e + 0, s + 0 }' "$xml")
+    passed=$((passed + t - f - e - s))
+    failed=$((failed + f + e))
+    skipped=$((skipped + s))
+  done
+  echo "$passed $failed $skipped"
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs the tests under the sanitizers (CPU-only builds, in an output base of their own):
+# AddressSanitizer + UndefinedBehaviorSanitizer over every test, and ThreadSanitizer over
+# the tests of the threaded parts (thread pool, watchdog, rendezvous, overlapped offload).
+# Any report fails its test. Ends with "N passed, N failed" counting test cases.
+#
+#   scripts/sanitize.sh            # ASan+UBSan on every test, then TSan
+#   scripts/sanitize.sh --ci       # ASan+UBSan on the unit tests and the 2-rank tests
+#   scripts/sanitize.sh asan //tests/data/...
+#   scripts/sanitize.sh tsan
+#
+# Leaks inside Open MPI are suppressed (tests/sanitizers/lsan.supp says why); nothing else is.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+mode=all ci=0 targets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ci) ci=1; shift ;;
+    asan|tsan|all) mode="$1"; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    //*) targets+=("$1"); shift ;;
+    *) echo "error: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+SAN_BAZEL=(bazel --output_base="$CACHE_DIR/bazel-sanitize")
+COMMON=(--disk_cache="$CACHE_DIR/bazel-disk" --workspace_status_command="$REPO_ROOT/scripts/workspace_status.sh")
+# Sanitized code runs several times slower: longer timeouts for every test size.
+TIMEOUTS=(--test_timeout=300,900,2700,7200)
+# Tests that need a GPU, and benchmarks (timing, not correctness), are left out.
+EXCLUDED="attr(tags, 'gpu', tests(//tests/...)) + attr(name, 'bench_', tests(//tests/...))"
+
+# The tests to run in one mode, one label per line.
+select_tests() {
+  local universe="tests(//tests/...)"
+  [ ${#targets[@]} -gt 0 ] && universe="tests(set(${targets[*]}))"
+  local query="$universe except ($EXCLUDED)"
+  # The CI subset: unit tests and 2-rank tests (4-rank copies and whole-run shell tests are
+  # left to the full run).
+  [ "$ci" -eq 1 ] && query="$query except attr(name, '_np4$', $universe) except kind('sh_test', attr(name, '_test$', $universe))"
+  "${SAN_BAZEL[@]}" query "$query" 2>/dev/null | sort
+}
+
+total_passed=0 total_failed=0
+run_mode() {
+  local config="$1"; shift
+  local labels=("$@")
+  echo "== $config: ${#labels[@]} tests"
+  set +e
+  "${SAN_BAZEL[@]}" test "${COMMON[@]}" --config="$config" "${TIMEOUTS[@]}" --keep_going \
+    --test_env=LSAN_OPTIONS="suppressions=$REPO_ROOT/tests/sanitizers/lsan.supp:fast_unwind_on_malloc=0" \
+    --test_output=errors "${labels[@]}"
+  local rc=$?
+  set -e
+  local testlogs
+  testlogs="$("${SAN_BAZEL[@]}" info "${COMMON[@]}" --config="$config" bazel-testlogs 2>/dev/null)"
+  local p f skipped
+  read -r p f skipped < <(count_test_cases "$testlogs" "${labels[@]}")
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "bazel test exited with status $rc"; f=1; fi
+  echo "$config: $p passed, $f failed"
+  total_passed=$((total_passed + p)); total_failed=$((total_failed + f))
+}
+
+if [ "$mode" = asan ] || [ "$mode" = all ]; then
+  mapfile -t asan_tests < <(select_tests)
+  run_mode asan "${asan_tests[@]}"
+fi
+if { [ "$mode" = tsan ] || [ "$mode" = all ]; } && [ "$ci" -eq 0 ]; then
+  run_mode tsan //tests/core:core_test //tests/collectives:watchdog_test \
+    //tests/collectives:bootstrap_test //tests/optim:offload_test
+fi
+echo "$total_passed passed, $total_failed failed"
+[ "$total_failed" -eq 0 ]

@@ -91,8 +91,12 @@ MegatronIndex read_megatron_index(const std::string& path) {
   index.sequence_lengths.resize(num_seqs);
   index.sequence_pointers.resize(num_seqs);
   index.document_indices.resize(num_doc_indices);
-  std::memcpy(index.sequence_lengths.data(), p + lengths_at, 4 * num_seqs);
-  std::memcpy(index.sequence_pointers.data(), p + pointers_at, 8 * num_seqs);
+  // An index of no sequences is valid, and memcpy may not be given the null data() of an
+  // empty vector even for zero bytes.
+  if (num_seqs > 0) {
+    std::memcpy(index.sequence_lengths.data(), p + lengths_at, 4 * num_seqs);
+    std::memcpy(index.sequence_pointers.data(), p + pointers_at, 8 * num_seqs);
+  }
   std::memcpy(index.document_indices.data(), p + docs_at, 8 * num_doc_indices);
 
   for (uint64_t i = 0; i < num_seqs; ++i) {

@@ -248,34 +248,44 @@ SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel&
     if (rank == 0) prepare_directories(save_dir, temp_dir);
   });
 
-  // 2. The first replica of each shard writes it.
-  const bool writer = !groups.replicate || groups.replicate->rank() == 0;
-  std::string record;
-  run_on_every_rank(ctx, comm, [&] {
-    if (!writer) return;
-    record = record_to_text(write_shard_file(ctx, model, state, groups.shard_rank(),
-                                             groups.shard_size(), temp_dir, options));
-  });
-  std::vector<FileRecord> files;
-  for (const std::string& text : all_gather_strings(ctx, comm, record)) {
-    if (text.empty()) continue;
-    files.push_back(record_from_text(text));
-    result.bytes += files.back().bytes;
-  }
-
-  // 3. Every shard is on disk: rank 0 commits (metadata, rename, latest), then prunes.
+  // A failed save (every rank throws together) takes back what it wrote, so that a full
+  // disk is not kept full by the attempt; `latest` and the complete steps are untouched.
   std::string warning;
-  run_on_every_rank(ctx, comm, [&] {
-    if (rank != 0) return;
-    const CheckpointMetadata m =
-        build_metadata(model, optimizer, state, groups, world_size, progress, std::move(files));
-    const std::string meta_path = temp_dir + "/" + kMetadataFileName;
-    write_file_atomically(meta_path, m.to_json());
-    reach(options, "metadata_written");
-    fsync_path(temp_dir);
-    install_step_directory(save_dir, temp_dir, step_name, options);
-    warning = prune_checkpoints(save_dir, options.most_recent_k, step_name);
-  });
+  try {
+    // 2. The first replica of each shard writes it.
+    const bool writer = !groups.replicate || groups.replicate->rank() == 0;
+    std::string record;
+    run_on_every_rank(ctx, comm, [&] {
+      if (!writer) return;
+      record = record_to_text(write_shard_file(ctx, model, state, groups.shard_rank(),
+                                               groups.shard_size(), temp_dir, options));
+    });
+    std::vector<FileRecord> files;
+    for (const std::string& text : all_gather_strings(ctx, comm, record)) {
+      if (text.empty()) continue;
+      files.push_back(record_from_text(text));
+      result.bytes += files.back().bytes;
+    }
+
+    // 3. Every shard is on disk: rank 0 commits (metadata, rename, latest), then prunes.
+    run_on_every_rank(ctx, comm, [&] {
+      if (rank != 0) return;
+      const CheckpointMetadata m =
+          build_metadata(model, optimizer, state, groups, world_size, progress, std::move(files));
+      const std::string meta_path = temp_dir + "/" + kMetadataFileName;
+      write_file_atomically(meta_path, m.to_json());
+      reach(options, "metadata_written");
+      fsync_path(temp_dir);
+      install_step_directory(save_dir, temp_dir, step_name, options);
+      warning = prune_checkpoints(save_dir, options.most_recent_k, step_name);
+    });
+  } catch (...) {
+    if (rank == 0) {
+      std::error_code ignored;
+      fs::remove_all(temp_dir, ignored);
+    }
+    throw;
+  }
   result.warning = all_gather_strings(ctx, comm, warning)[0];
   return result;
 }

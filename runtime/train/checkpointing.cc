@@ -85,7 +85,17 @@ std::optional<int64_t> RunCheckpoints::resume() {
 void RunCheckpoints::after_step(int64_t step, bool final) {
   if (!recipe_.checkpoint.save || step == last_saved_step_) return;
   const int64_t every = recipe_.checkpoint.save_interval;
-  if (final || (every > 0 && step % every == 0)) save(step);
+  if (!final && !(every > 0 && step % every == 0)) return;
+  try {
+    save(step);
+  } catch (const Error& e) {
+    // Every rank sees the same failure (the save agrees on it), so every rank goes on.
+    if (final || !recipe_.checkpoint.continue_on_save_failure) throw;
+    const std::string latest = checkpoint::read_latest_marker(*recipe_.checkpoint.save);
+    print_(str_cat("warning: saving step ", step, " failed, training goes on "
+                   "(checkpoint.continue_on_save_failure); latest is still ",
+                   latest.empty() ? std::string("none") : latest, ": ", e.what()));
+  }
 }
 
 void RunCheckpoints::save(int64_t step) {

@@ -59,8 +59,10 @@ class RunCheckpoints {
   std::optional<int64_t> resume();
 
   // After step `step` completed: saves if it is a save_interval step or `final` (the last
-  // step, or a stop was requested), unless this step is saved already. Collective; every
-  // rank passes the same arguments.
+  // step, or a stop was requested), unless this step is saved already. A failed save throws
+  // on every rank, unless checkpoint.continue_on_save_failure and not `final`: then it warns
+  // and returns (the previous checkpoint stays latest). Collective; every rank passes the
+  // same arguments.
   void after_step(int64_t step, bool final);
 
  private:

@@ -115,6 +115,7 @@ struct CheckpointSection {
   std::optional<std::string> load;   // directory, "latest" (the save dir's latest), or nullopt
   int64_t save_interval = 0;         // 0 = only at the end and on signals
   int most_recent_k = 0;             // 0 = keep all
+  bool continue_on_save_failure = false;  // a failed interval save warns instead of ending the run
 };
 
 struct LoggerSection {

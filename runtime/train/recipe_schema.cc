@@ -202,6 +202,10 @@ std::vector<FieldSpec> build_schema() {
           "Steps between saves; 0 = only at the end and on SIGTERM/SIGUSR1."),
       KEY(checkpoint.most_recent_k).default_to(2).at_least(0).help_text(
           "Checkpoints to keep; 0 = all."),
+      KEY(checkpoint.continue_on_save_failure).default_to(false).help_text(
+          "A save that fails (a full disk, a lost mount) leaves the previous checkpoint as "
+          "latest and removes what it wrote; false = the run then ends with the error, true = "
+          "it warns and trains on (the last step's save must still succeed)."),
 
       // logger
       KEY(logger.log_interval).default_to(10).at_least(1).help_text(

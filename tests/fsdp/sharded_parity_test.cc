@@ -321,7 +321,6 @@ TEST_CASE("the memory estimate equals what a sharded model allocates", "[fsdp][m
 
 TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[fsdp][mpi]") {
   testing::MpiWorld w;
-  const int n = w.size();
   Context ctx;
   auto model = models::build_model(small_gpt(false));
   FsdpOptions fo;

@@ -44,25 +44,26 @@ def fsdp_test(name, srcs, deps = [], mpi_ranks = [], data = [], size = "small", 
             tags = tags + ["exclusive"],
         )
 
-def fsdp_sh_test(name, srcs, args, data = []):
+def fsdp_sh_test(name, srcs, args, data = [], size = "medium"):
     """A shell test that runs a binary (often under mpirun) from the workspace root, with
     tests/sh_test_support.sh (a scratch directory, Open MPI kept local) at hand. Alone on
     the machine: several mpirun jobs at once on a 2-core machine slow each other down."""
     native.sh_test(
         name = name,
-        size = "medium",
+        size = size,
         srcs = srcs,
         args = args,
         data = data + ["//tests:sh_test_support.sh"],
         tags = ["exclusive"],
     )
 
-def train_sh_test(name, srcs, args = ["$(location //tools/train)"], data = []):
+def train_sh_test(name, srcs, args = ["$(location //tools/train)"], data = [], size = "medium"):
     """fsdp_sh_test of the train binary, with the recipes, the tokenizer and the text."""
     fsdp_sh_test(
         name = name,
         srcs = srcs,
         args = args,
+        size = size,
         data = data + [
             "//configs",
             "//third_party/gpt2_tokenizer",

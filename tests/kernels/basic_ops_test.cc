@@ -1,23 +1,11 @@
-// The basic ops on the CPU (semantics) and on CUDA (against their CPU twins).
+// The basic ops on the CPU (semantics), and the device checks of the dispatch. The CUDA
+// kernels against their CPU twins: tests/kernels/twins/basic_twins.cc.
 #include <cmath>
-#include <random>
 
 #include "kernels/ops.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
-
-namespace {
-
-std::vector<double> random_values(int64_t n, uint32_t seed, double lo = -2, double hi = 2) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> d(lo, hi);
-  std::vector<double> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("fill, copy, cast and contiguous on the CPU", "[kernels]") {
   Context ctx;
@@ -115,79 +103,4 @@ TEST_CASE("wrong devices are refused", "[kernels][gpu]") {
   Tensor d = ops::zeros(gpu, Shape{3}, DType::f32);
   CHECK_THROWS_AS(ops::add(gpu, d, d, h), DeviceError);
   CHECK_THROWS_AS(ops::fill(cpu, d, 1.0), DeviceError);
-}
-
-TEST_CASE("CUDA basic kernels match their CPU twins", "[kernels][gpu]") {
-  FSDP_REQUIRE_GPU();
-  Context gpu(Device::cuda(0));
-  Context cpu;
-  const int64_t n = 1 << 20;
-  const std::vector<double> va = random_values(n, 1), vb = random_values(n, 2);
-
-  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
-    INFO("dtype " << dtype_name(dt));
-    Tensor ha = ops::from_vector(cpu, va, Shape{1024, 1024}, dt);
-    Tensor hb = ops::from_vector(cpu, vb, Shape{1024, 1024}, dt);
-    Tensor da = ops::to_device(gpu, ha, gpu.device());
-    Tensor db = ops::to_device(gpu, hb, gpu.device());
-
-    // Elementwise results are computed in the same precision on both: exactly equal.
-    Tensor hout = ops::empty(cpu, ha.shape(), dt), dout = ops::empty(gpu, da.shape(), dt);
-    ops::add(cpu, hout, ha, hb);
-    ops::add(gpu, dout, da, db);
-    CHECK(ops::compare(gpu, dout, hout).max_abs == 0);
-    ops::mul(cpu, hout, ha, hb);
-    ops::mul(gpu, dout, da, db);
-    CHECK(ops::compare(gpu, dout, hout).max_abs == 0);
-    ops::scale(cpu, hout, ha, 0.37);
-    ops::scale(gpu, dout, da, 0.37);
-    CHECK(ops::compare(gpu, dout, hout).max_abs == 0);
-
-    // Transposed copies and casts.
-    Tensor ht = ops::contiguous(cpu, ha.transpose(0, 1));
-    Tensor dt_ = ops::contiguous(gpu, da.transpose(0, 1));
-    CHECK(ops::compare(gpu, dt_, ht).max_abs == 0);
-    for (DType to : {DType::f32, DType::bf16, DType::f16, DType::i32}) {
-      CHECK(ops::compare(gpu, ops::cast(gpu, da, to), ops::cast(cpu, ha, to)).max_abs == 0);
-    }
-
-    // Reductions: CPU accumulates in f64, CUDA in f32 (f64 for f64); relative bounds.
-    const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
-    CHECK(ops::item(gpu, ops::sum_squares(gpu, da)) ==
-          Approx(ops::item(cpu, ops::sum_squares(cpu, ha))).epsilon(tol));
-    CHECK(ops::item(gpu, ops::sum(gpu, da)) ==
-          Approx(ops::item(cpu, ops::sum(cpu, ha))).margin(tol * n));
-    CHECK(ops::item(gpu, ops::max(gpu, da)) == ops::item(cpu, ops::max(cpu, ha)));
-    CHECK(ops::item(gpu, ops::min(gpu, da)) == ops::item(cpu, ops::min(cpu, ha)));
-    CHECK(ops::item(gpu, ops::max_abs(gpu, da)) == ops::item(cpu, ops::max_abs(cpu, ha)));
-  }
-
-  // The packed path (aligned, n a multiple of 8) ran above; an odd length and an offset view
-  // take the scalar one, and an f32 stream plus a bf16 branch the mixed packed one: all
-  // exactly the CPU's results.
-  for (int64_t len : {int64_t(1001), int64_t(4096)}) {
-    INFO("len " << len);
-    Tensor ha = ops::from_vector(cpu, va, Shape{n}, DType::f32).narrow(0, 1, len);
-    Tensor hb = ops::from_vector(cpu, vb, Shape{n}, DType::bf16).narrow(0, 0, len);
-    Tensor da = ops::to_device(gpu, ha, gpu.device()), db = ops::to_device(gpu, hb, gpu.device());
-    Tensor hout = ops::empty(cpu, Shape{len}, DType::f32), dout = ops::empty(gpu, Shape{len}, DType::f32);
-    ops::add(cpu, hout, ha, hb);
-    ops::add(gpu, dout, da, db);
-    CHECK(ops::compare(gpu, dout, hout).max_abs == 0);
-  }
-
-  // axpby: bf16 gradients accumulated into f32.
-  Tensor hy = ops::from_vector(cpu, va, Shape{n}, DType::f32);
-  Tensor hx = ops::from_vector(cpu, vb, Shape{n}, DType::bf16);
-  Tensor dy = ops::to_device(gpu, hy, gpu.device()), dx = ops::to_device(gpu, hx, gpu.device());
-  ops::axpby(cpu, hy, 0.5, hx, 0.9);
-  ops::axpby(gpu, dy, 0.5, dx, 0.9);
-  CHECK(ops::compare(gpu, dy, hy).max_rel <= 1e-6);
-
-  // Fill through a strided view, and NaN propagation in max.
-  Tensor z = ops::zeros(gpu, Shape{4, 4}, DType::bf16);
-  ops::fill(gpu, z.slice(1, 1, 3), 2.5);
-  CHECK(ops::item(gpu, ops::sum(gpu, z)) == 20.0);
-  ops::fill(gpu, z.slice(0, 3, 4).slice(1, 0, 1), NAN);
-  CHECK(std::isnan(ops::item(gpu, ops::max(gpu, z))));
 }

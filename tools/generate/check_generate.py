@@ -49,9 +49,15 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(args.hf_dir, torch_dtype=torch.float32)
     model = model.to(args.device).eval()
 
+    # transformers' models stop at their context; ours slides past it, so only runs inside
+    # the context compare.
+    context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
     failed = False
     for label, extra in (("kv cache", []), ("no cache", ["--no-kv-cache"])):
         prompt_ids, new_ids = ours(args, extra)
+        if len(prompt_ids) + args.max_new_tokens > context:
+            sys.exit(f"{len(prompt_ids)} prompt tokens + --max-new-tokens {args.max_new_tokens} "
+                     f"exceed the model's context of {context} tokens")
         input_ids = torch.tensor([prompt_ids], device=args.device)
         with torch.no_grad():
             ref = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),

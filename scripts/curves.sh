@@ -19,7 +19,8 @@
 #           weights and batches, in bf16 (LLAMA_PRECISIONS="bf16 f32" adds f32)
 #   noise   the noise floor of an f32 comparison: fsdp.cpp's f32 GPT-2 and Llama runs again
 #           with micro-batches of 8 (two per step), a change of rounding only; compare their
-#           metrics with the f32 runs' (curve.py table)
+#           metrics with the f32 runs' (curve.py table); the GPT-2 one is also replayed by the
+#           twin, whose curve against the micro-batch-16 replay's is PyTorch's own floor
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -108,7 +109,8 @@ if want llama; then
 fi
 
 if want noise; then
-  train gpt2_f32_mb8 "${GPT2[@]}" mixed_precision.compute_dtype=f32 train.micro_batch_size=8
+  # GPT-2 replayed too: the twin's curve against its micro-batch-16 replay is PyTorch's floor.
+  replay gpt2_f32_mb8 f32 "${GPT2[@]}" train.micro_batch_size=8
   train llama_f32_mb8 "${GPT2[@]}" "${LLAMA[@]}" mixed_precision.compute_dtype=f32 train.micro_batch_size=8
 fi
 

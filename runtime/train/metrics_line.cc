@@ -97,7 +97,7 @@ std::string format_duration(double seconds) {
 }
 
 std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool terminal,
-                             std::optional<double> eta_s) {
+                             const std::optional<RunClock>& clock) {
   LineBuilder line(terminal);
   std::string total = std::to_string(total_steps);
   std::string step = terminal ? pad_left(std::to_string(m.step), total.size())
@@ -114,7 +114,10 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool ter
   if (m.mfu) line.field("MFU", printf_string("%.1f", 100.0 * *m.mfu) + "%", "", 6);
   line.field("mem", format_bytes(m.mem_peak_bytes), "", 10);
   line.field("", printf_string("%.1f", 1000.0 * m.step_time_s), "ms", 7);
-  if (eta_s) line.field("eta", format_duration(*eta_s), "", 6);
+  if (clock) {
+    line.field("", format_duration(clock->elapsed_s), "elapsed", 6);
+    if (clock->eta_s) line.field("eta", format_duration(*clock->eta_s), "", 6);
+  }
   return line.str();
 }
 

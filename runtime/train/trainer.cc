@@ -475,10 +475,11 @@ void Trainer::State::log_step(const StepMetrics& m, bool evaluated) {
   if (m.step % every != 0 && m.step != 1 && m.step != total && !evaluated) return;
   // Time left: the mean wall time per step so far in this process (evaluation and saves
   // included, as they will recur) times the steps to go.
-  std::optional<double> eta_s;
+  RunClock clock;
+  clock.elapsed_s = seconds_since(loop_start);
   if (m.step > loop_first_step && m.step < total)
-    eta_s = seconds_since(loop_start) / double(m.step - loop_first_step) * double(total - m.step);
-  print(format_step_line(m, total, stdout_is_terminal() && options.out == stdout, eta_s));
+    clock.eta_s = clock.elapsed_s / double(m.step - loop_first_step) * double(total - m.step);
+  print(format_step_line(m, total, stdout_is_terminal() && options.out == stdout, clock));
   history.push_back(m);
   if (metrics) metrics->write(m);
   if (tensorboard) {

@@ -288,6 +288,7 @@ TEST_CASE("A run with logger.tensorboard_dir writes each logged step's loss, and
     REQUIRE(at != std::string::npos);
     const std::string line = printed.substr(at, printed.find('\n', at) - at);
     INFO(line);
+    CHECK(line.find(" elapsed") != std::string::npos);
     CHECK((line.find(" | eta ") != std::string::npos) == (step < 4));
   }
 

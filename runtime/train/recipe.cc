@@ -282,6 +282,12 @@ Json parse_json_text(const std::string& text, const std::string& source) {
     size_t colon = detail.find(": ", detail.find("parse error"));
     if (colon != std::string::npos) detail = detail.substr(colon + 2);
     FSDP_THROW(ConfigError, source, ":", line, ":", column, ": invalid JSON: ", detail);
+  } catch (const Json::exception& e) {
+    // The rest carry no position: a number past a double's range, say.
+    std::string detail = e.what();
+    const size_t bracket = detail.find("] ");
+    if (bracket != std::string::npos) detail = detail.substr(bracket + 2);
+    FSDP_THROW(ConfigError, source, ": invalid JSON: ", detail);
   }
 }
 

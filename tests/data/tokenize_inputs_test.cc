@@ -108,6 +108,10 @@ TEST_CASE("JSON lines: one document per line's member, errors name file, line an
   CHECK_THAT(m, Catch::Contains("not a string"));
   m = data_error([&] { tk::json_lines_documents("[\"text\"]\n", "text", "f.jsonl"); });
   CHECK_THAT(m, Catch::Contains("expected a JSON object"));
+  // A number past a double's range is refused like any invalid JSON, naming the line.
+  m = data_error([&] { tk::json_lines_documents("{\"text\": \"a\", \"n\": 1e99999}\n", "text", "f.jsonl"); });
+  CHECK_THAT(m, Catch::Contains("f.jsonl line 1"));
+  CHECK_THAT(m, Catch::Contains("not valid JSON"));
 }
 
 TEST_CASE("split_for_encoding: pieces encode to the whole text's ids", "[data][tools]") {

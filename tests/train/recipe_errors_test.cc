@@ -90,6 +90,10 @@ TEST_CASE("JSON syntax errors name the file, line and column", "[recipe]") {
   CHECK_THAT(config_error("{\"run\": {\"name\": \"x\"}"), Catch::StartsWith("bad.json:1:"));
   CHECK_THAT(config_error("{\n\n  \"run\": {\"seed\": 1x}}"), Catch::StartsWith("bad.json:3:"));
   CHECK_THAT(config_error(""), Catch::StartsWith("bad.json:1:1: invalid JSON"));
+  // A number past a double's range (found by fuzzing: it escaped as the JSON library's own
+  // exception).
+  CHECK_THAT(config_error("{\"optimizer\": {\"lr\": -4444e44444}}"),
+             Catch::StartsWith("bad.json: invalid JSON: number overflow"));
 }
 
 TEST_CASE("a key given twice is refused", "[recipe]") {

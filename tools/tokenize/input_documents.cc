@@ -77,7 +77,7 @@ std::vector<std::string> json_lines_documents(const std::string& bytes, const st
     nlohmann::json object;
     try {
       object = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // a parse error, or a number out of range
       FSDP_THROW(DataError, where(path, line, offset), ": not valid JSON: ", e.what());
     }
     FSDP_CHECK(object.is_object(), DataError, where(path, line, offset),

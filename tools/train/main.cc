@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
     }
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGUSR1, on_stop_signal);
+    // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the save
+    // reports naming the file and leaves the previous checkpoint as latest, instead of the
+    // signal ending the rank without a word.
+    std::signal(SIGXFSZ, SIG_IGN);
     fsdp::train::TrainerOptions options;
     options.resume = !cl.no_resume;
     options.stop_requested = [] { return g_stop_signal != 0; };

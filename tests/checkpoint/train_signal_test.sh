@@ -124,6 +124,10 @@ pid=$!
 for _ in $(seq 600); do grep -q "predicted peak" "$work/twice.log" && break; sleep 0.1; done
 sleep 1
 kill -TERM $pid
+# The second signal only once the first was handled (two sent back to back may reach the
+# process as one): the stop is announced, then the checkpoint is written, during which the
+# second signal arrives.
+for _ in $(seq 3000); do grep -q "stop requested" "$work/twice.log" && break; sleep 0.01; done
 kill -TERM $pid
 wait $pid
 rc=$?

@@ -37,7 +37,13 @@ losses "$work/ref/metrics.jsonl" > "$work/ref.losses"
 
 ckpt="$work/ckpt"
 mkdir -p "$ckpt"
+# A pause of about a millisecond without starting a process (a save can be a few ms long, and
+# forking `sleep` on a loaded machine takes longer than that): read with a timeout from a
+# pipe that never delivers.
+exec {never}<> <(:)
+pause() { read -r -t 0.001 -u "$never" _ || true; }
 landed_in_save=0
+near_end="step_$(printf %06d $((STEPS - 20)))"
 for trial in $(seq "$TRIALS"); do
   setsid mpirun --oversubscribe -np 2 "$train" "${common[@]}" run.output_dir="$work/run" \
     checkpoint.save="$ckpt" checkpoint.save_interval=1 checkpoint.most_recent_k=2 \
@@ -46,17 +52,22 @@ for trial in $(seq "$TRIALS"); do
   # Let a random number of saves (0-4) go by, then kill during the next one: a save in
   # progress is a .tmp_ directory in the save directory; the kill lands a random 0-9 ms in.
   skip=$((RANDOM % 5)) seen=0 in_save=0
-  for _ in $(seq 20000); do
+  for _ in $(seq 200000); do
     kill -0 "$job" 2>/dev/null || break
     if compgen -G "$ckpt/.tmp_*" > /dev/null; then
       if [ "$seen" -ge "$skip" ]; then in_save=1; break; fi
       seen=$((seen + 1))
-      while compgen -G "$ckpt/.tmp_*" > /dev/null; do sleep 0.001; done
+      while compgen -G "$ckpt/.tmp_*" > /dev/null; do pause; done
     fi
-    sleep 0.001
+    # Near the end, kill now (counted as a kill outside a save): the trials must not finish
+    # the run.
+    latest_now=""
+    [ -f "$ckpt/latest" ] && read -r latest_now < "$ckpt/latest"
+    [[ "$latest_now" > "$near_end" ]] && break
+    pause
   done
   kill -0 "$job" 2>/dev/null || fail "trial $trial: the job ended before it was killed (exit: $(wait "$job"; echo $?))"
-  sleep "0.00$((RANDOM % 10))"
+  for ((i = RANDOM % 10; i > 0; i--)); do pause; done
   kill -9 -- "-$job" 2>/dev/null  # the whole session: mpirun and both ranks
   wait "$job" 2>/dev/null
   # A kill that found the save finished is not counted as one inside a save.

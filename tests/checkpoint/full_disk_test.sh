@@ -21,11 +21,6 @@ mkdir -p "$mnt"
 cleanup() { [ "${mounted:-0}" -eq 1 ] && umount "$mnt" 2>/dev/null; }
 trap cleanup EXIT
 
-fail() {
-  echo "FAIL: $*"
-  for f in "$work"/*.log; do echo "---- $f"; tail -n 20 "$f"; done
-  exit 1
-}
 
 head -c 40000 third_party/text/austen.txt > "$work/text.txt"
 common=(--config configs/tiny.json model.n_layer=2 model.d_model=32 model.n_head=2
@@ -33,7 +28,6 @@ common=(--config configs/tiny.json model.n_layer=2 model.d_model=32 model.n_head
         train.train_iters=6 train.eval_interval=0 dataset.train_path="$work/text.txt"
         dataset.val_fraction=0 logger.log_interval=1 dist.device=cpu checkpoint.load=latest
         checkpoint.most_recent_k=0)
-losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 run2() { mpirun --oversubscribe -np 2 "$train" "${common[@]}" "$@"; }
 
 "$train" "${common[@]}" run.output_dir="$work/ref" checkpoint.save=null > "$work/ref.log" 2>&1 ||

@@ -14,11 +14,6 @@ source tests/sh_test_support.sh kill_during_save
 TRIALS=24
 STEPS=120
 
-fail() {
-  echo "FAIL: $*"
-  for f in "$work"/*.log; do echo "---- $f"; tail -n 20 "$f"; done
-  exit 1
-}
 
 head -c 40000 third_party/text/austen.txt > "$work/text.txt"
 common=(--config configs/tiny.json model.n_layer=2 model.d_model=32 model.n_head=2
@@ -26,8 +21,6 @@ common=(--config configs/tiny.json model.n_layer=2 model.d_model=32 model.n_head
         train.train_iters=$STEPS train.eval_interval=0 dataset.train_path="$work/text.txt"
         dataset.val_fraction=0 logger.log_interval=1 dist.device=cpu checkpoint.load=latest)
 
-# "STEP LOSS" of every record of a metrics file.
-losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 
 # The uninterrupted reference (one process: the CPU result does not depend on the world size).
 "$train" "${common[@]}" run.output_dir="$work/ref" checkpoint.save=null > "$work/ref.log" 2>&1 ||

@@ -14,11 +14,6 @@ set -u
 train="$1"
 source tests/sh_test_support.sh train_signal
 
-fail() {
-  echo "FAIL: $*"
-  for f in "$work"/*.log; do echo "---- $f"; tail -n 30 "$f"; done
-  exit 1
-}
 
 # A small corpus (fast to tokenize) and a tiny model; a constant learning rate, so that the
 # schedule does not depend on train.train_iters and runs of different lengths agree.
@@ -29,8 +24,6 @@ common=(--config configs/tiny.json model.n_layer=2 model.d_model=32 model.n_head
         dataset.train_path="$work/text.txt" dataset.val_fraction=0 logger.log_interval=1
         dist.device=cpu checkpoint.load=latest checkpoint.save_interval=0)
 
-# "STEP LOSS" of every record of a metrics file.
-losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 
 # Waits until a metrics file holds at least $2 records (at most 120 s).
 wait_for_steps() {

@@ -75,6 +75,15 @@ double ShardedModel::grad_norm() {
   // Per-block sums of squares, gathered in rank order: the global list of blocks is the
   // same for any data-parallel size, and it is summed in one fixed order.
   Context& ctx = shared_.ctx;
+  if (shared_.groups.tensor_parallel) {
+    // Tensor parallelism: the full parameters' sums (per parameter, in plan order). The
+    // order of the sums differs from one process's blocks: equal up to rounding.
+    std::vector<Tensor> grads;
+    for (auto& u : units_) grads.push_back(u->grad_shard);
+    double sum = 0;
+    for (double v : param_sums_of_squares(grads)) sum += v;
+    return std::sqrt(sum) * grad_multiplier();
+  }
   Communicator* gather = shared_.groups.shard_gather;
   const int64_t block = shared_.options.shard_block;
   const int n = shared_.groups.shard_size();

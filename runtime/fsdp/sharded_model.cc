@@ -61,6 +61,7 @@ std::unique_ptr<ShardedModel> fully_shard(Context& ctx, nn::Module& model,
 DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrategy strategy) {
   const Mesh& mesh = comms.mesh();
   DataParallelGroups g;
+  if (mesh.size(MeshAxis::tp) > 1) g.tensor_parallel = &comms.axis(MeshAxis::tp);
   if (strategy == ShardingStrategy::NoShard) {
     if (mesh.dp_size() > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp);
     return g;
@@ -393,16 +394,22 @@ std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor
     n_params += int64_t(up->plan().params.size());
   }
   // Per parameter, its pieces in this rank's shard summed on the device; then one
-  // all-reduce and one read-back.
+  // all-reduce per group and one read-back. Under tensor parallelism a sliced parameter's
+  // slices are summed over the tensor-parallel group too, and a replicated one is counted
+  // on its first tensor-parallel rank only (the others add zeros).
+  Communicator* tp = shared_.groups.tensor_parallel;
+  const bool count_replicated = !tp || tp->rank() == 0;
   Tensor sums = ops::zeros(ctx, Shape{n_params}, DType::f64);
   for (size_t u = 0; u < units_.size(); ++u) {
     for (const ShardSegment& s : units_[u]->plan().segments(shared_.groups.shard_rank())) {
+      if (!count_replicated && !units_[u]->params()[size_t(s.param)]->parallel_slice()) continue;
       Tensor slot = sums.narrow(0, first_param[u] + s.param, 1);
       ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
     }
   }
   if (shared_.communicates(shared_.groups.shard_gather))
     shared_.groups.shard_gather->all_reduce(sums, ReduceOp::Sum, ctx.stream());
+  if (tp && shared_.communicates(tp)) tp->all_reduce(sums, ReduceOp::Sum, ctx.stream());
   return ops::to_vector<double>(ctx, sums);
 }
 

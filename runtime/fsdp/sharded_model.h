@@ -113,8 +113,9 @@ class ShardedModel {
   Tensor compute_shard(int unit) const;
   int64_t main_offset(int unit) const;  // first element of the flat buffer main_shard covers
   // The sum of squares of every parameter's elements in `shards` (one tensor per unit,
-  // laid out as main_shard(u)), summed over the shard group: element [k] belongs to the
-  // k-th parameter in plan order (unit by unit). Collective over the shard group.
+  // laid out as main_shard(u)), summed over the shard group, and for tensor-parallel
+  // slices over the tensor-parallel group (the full parameter's sum): element [k] belongs
+  // to the k-th parameter in plan order (unit by unit). Collective over those groups.
   std::vector<double> param_sums_of_squares(const std::vector<Tensor>& shards);
   // Writes unit u's full compute weights into `out` (padded_numel; gathers if sharded).
   void gather_full_weights(int unit, const Tensor& out);

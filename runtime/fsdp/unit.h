@@ -48,6 +48,9 @@ struct DataParallelGroups {
   Communicator* shard_gather = nullptr;
   Communicator* shard_reduce = nullptr;
   Communicator* replicate = nullptr;
+  // Tensor parallelism: the group over which parameters are sliced (ParallelSlice). The
+  // scheduler never reduces over it; norms of sliced parameters are summed over it.
+  Communicator* tensor_parallel = nullptr;
   int shard_size() const { return shard_gather ? shard_gather->size() : 1; }
   int shard_rank() const { return shard_gather ? shard_gather->rank() : 0; }
   int replicate_size() const { return replicate ? replicate->size() : 1; }

@@ -5,16 +5,11 @@
 
 namespace fsdp::nn {
 
-void init_parameter_range(Context& ctx, const Parameter& param, uint64_t seed, int64_t offset,
-                          const Tensor& out) {
-  check_defined(out, "init_parameter_range: out");
-  FSDP_CHECK(out.is_contiguous() && is_floating(out.dtype()), ValueError,
-             "init_parameter_range(", param.name(), "): out must be a contiguous floating tensor, got ",
-             out.str());
-  FSDP_CHECK(offset >= 0 && offset + out.numel() <= param.numel(), IndexError,
-             "init_parameter_range(", param.name(), "): elements [", offset, ", ",
-             offset + out.numel(), ") are outside its ", param.numel(), " elements");
-  if (out.numel() == 0) return;
+namespace {
+
+// Elements [offset, offset + out.numel()) of the FULL parameter's flattening.
+void init_full_range(Context& ctx, const Parameter& param, uint64_t seed, int64_t offset,
+                     const Tensor& out) {
   const InitRule& rule = param.init();
   switch (rule.kind) {
     case InitRule::Kind::Normal:
@@ -30,6 +25,26 @@ void init_parameter_range(Context& ctx, const Parameter& param, uint64_t seed, i
       ops::fill(ctx, out, 1.0);
       return;
   }
+}
+
+}  // namespace
+
+void init_parameter_range(Context& ctx, const Parameter& param, uint64_t seed, int64_t offset,
+                          const Tensor& out) {
+  check_defined(out, "init_parameter_range: out");
+  FSDP_CHECK(out.is_contiguous() && is_floating(out.dtype()), ValueError,
+             "init_parameter_range(", param.name(), "): out must be a contiguous floating tensor, got ",
+             out.str());
+  FSDP_CHECK(offset >= 0 && offset + out.numel() <= param.numel(), IndexError,
+             "init_parameter_range(", param.name(), "): elements [", offset, ", ",
+             offset + out.numel(), ") are outside its ", param.numel(), " elements");
+  if (out.numel() == 0) return;
+  if (!param.parallel_slice()) return init_full_range(ctx, param, seed, offset, out);
+  // A tensor-parallel slice: each run of local elements is a run of the full parameter's,
+  // so the slice initializes to exactly those elements of the full initialization.
+  const Tensor flat = out.flatten();
+  for (const ParallelSlice::Run& r : param.parallel_slice()->runs(offset, out.numel()))
+    init_full_range(ctx, param, seed, r.full, flat.narrow(0, r.local - offset, r.numel));
 }
 
 void materialize(Context& ctx, Module& model, DType dtype, uint64_t seed) {

@@ -15,7 +15,9 @@ namespace fsdp::nn {
 
 // Writes elements [offset, offset + out.numel()) of `param`'s row-major flattening, as its
 // init rule gives them for `seed`, into `out` (contiguous, any floating dtype, on ctx's
-// device). Throws IndexError if the range leaves the parameter.
+// device). Throws IndexError if the range leaves the parameter. A tensor-parallel slice
+// (Parameter::parallel_slice) is addressed by its local elements and initializes to their
+// values in the full parameter.
 void init_parameter_range(Context& ctx, const Parameter& param, uint64_t seed, int64_t offset,
                           const Tensor& out);
 

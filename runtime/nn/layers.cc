@@ -14,7 +14,26 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, InitRule we
 }
 
 Tensor Linear::compute(Graph& g, const Tensor& x) {
-  return linear(g, x, *weight_, bias_, epilogue_);
+  return parallel_output(g, linear(g, parallel_input(g, x), *weight_, fused_bias(), epilogue_));
+}
+
+void Linear::set_parallel_style(ParallelStyle style, TensorParallelGroup* group) {
+  FSDP_CHECK(style == ParallelStyle::replicated || group, ValueError, "Linear ", name(), ": a ",
+             parallel_style_name(style), "-parallel layer needs a tensor-parallel group");
+  FSDP_CHECK(style != ParallelStyle::row || epilogue_ == ops::Epilogue::None, ValueError, "Linear ",
+             name(), ": a row-parallel layer cannot fuse an activation (it applies to the sum)");
+  style_ = style;
+  group_ = style == ParallelStyle::replicated ? nullptr : group;
+}
+
+Tensor Linear::parallel_input(Graph& g, const Tensor& x) {
+  return style_ == ParallelStyle::column ? tensor_parallel_enter(g, x, *group_) : x;
+}
+
+Tensor Linear::parallel_output(Graph& g, const Tensor& y) {
+  if (style_ != ParallelStyle::row) return y;
+  const Tensor sum = tensor_parallel_leave(g, y, *group_);
+  return bias_ ? add_bias(g, sum, *bias_) : sum;
 }
 
 // ---------------------------------------------------------------- Embedding
@@ -73,9 +92,10 @@ GeluMLP::GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule
 }
 
 Tensor GeluMLP::compute(Graph& g, const Tensor& x) {
-  // (..., C) -> (..., F) -> (..., C)
-  return mlp(g, x, fc.weight(), fc.bias(), proj.weight(), proj.bias(), MlpActivation::Gelu,
-             recompute_activation);
+  // (..., C) -> (..., F) -> (..., C); under tensor parallelism F is this rank's slice.
+  const Tensor y = mlp(g, fc.parallel_input(g, x), fc.weight(), fc.fused_bias(), proj.weight(),
+                       proj.fused_bias(), MlpActivation::Gelu, recompute_activation);
+  return proj.parallel_output(g, y);
 }
 
 SwiGLUMLP::SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init)
@@ -85,9 +105,12 @@ SwiGLUMLP::SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, Init
 }
 
 Tensor SwiGLUMLP::compute(Graph& g, const Tensor& x) {
-  // (..., C) -> (..., 2F) -> (..., F) -> (..., C)
-  return mlp(g, x, gate_up.weight(), gate_up.bias(), proj.weight(), proj.bias(),
-             MlpActivation::SwiGLU, recompute_activation);
+  // (..., C) -> (..., 2F) -> (..., F) -> (..., C); under tensor parallelism F is this
+  // rank's slice (its rows of gate and of up).
+  const Tensor y = mlp(g, gate_up.parallel_input(g, x), gate_up.weight(), gate_up.fused_bias(),
+                       proj.weight(), proj.fused_bias(), MlpActivation::SwiGLU,
+                       recompute_activation);
+  return proj.parallel_output(g, y);
 }
 
 // ---------------------------------------------------------------- attention
@@ -117,14 +140,26 @@ CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config, InitRule
           config.bias, init),
       proj(resolved(config).n_head * resolved(config).head_dim, config.dim, config.bias,
            proj_init),
-      config_(resolved(config)) {
+      config_(resolved(config)),
+      local_heads_(config_.n_head),
+      local_kv_heads_(config_.n_kv_head) {
   add_module("qkv", qkv);
   add_module("proj", proj);
 }
 
+void CausalSelfAttention::set_local_heads(int64_t n_head, int64_t n_kv_head) {
+  FSDP_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0 &&
+                 n_head <= config_.n_head && n_kv_head <= config_.n_kv_head,
+             ShapeError, "attention ", name(), ": ", n_head, " query heads sharing ", n_kv_head,
+             " key/value heads cannot be a part of ", config_.n_head, " and ", config_.n_kv_head);
+  local_heads_ = n_head;
+  local_kv_heads_ = n_kv_head;
+}
+
 Tensor CausalSelfAttention::compute(Graph& g, const Tensor& x) {
+  // H and Hkv are this rank's heads under tensor parallelism (all of them otherwise).
   const Tensor fused = qkv(g, x);  // (B, T, (H + 2 Hkv) D)
-  const Tensor y = causal_attention(g, fused, config_.n_head, config_.n_kv_head,
+  const Tensor y = causal_attention(g, fused, local_heads_, local_kv_heads_,
                                     config_.rope_theta);  // (B, T, H D)
   return proj(g, y);  // (B, T, C)
 }
@@ -136,7 +171,7 @@ Tensor CausalSelfAttention::decode(Graph& g, const Tensor& x, AttentionCache& ca
   return run_forward(g, [&] {
     const Tensor fused = qkv(g, x);  // (B, Tn, (H + 2 Hkv) D)
     const Tensor y = cached_attention(g.ctx(), fused, cache.keys, cache.values, position,
-                                      config_.n_head, config_.n_kv_head,
+                                      local_heads_, local_kv_heads_,
                                       config_.rope_theta);  // (B, Tn, H D)
     return proj(g, y);  // (B, Tn, C)
   });

@@ -10,6 +10,7 @@
 #include "kernels/nn_ops.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/module.h"
+#include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn {
 
@@ -34,6 +35,13 @@ class ModuleList : public Module {
 
 // y (..., out) = x (..., in) @ weight^T (+ bias), with an optional fused GELU.
 // weight (out, in) is decayed; bias (out) starts at zero and is not decayed.
+//
+// Tensor parallelism (set_parallel_style, by a plan; the slicing of the parameters is the
+// plan's too): a column-parallel layer takes the whole input and gives its slice of the
+// output features; a row-parallel one takes its slice of the input features and gives the
+// whole output, summed over the group, with the (whole) bias added after the sum. Layers
+// that fuse a Linear into a larger op (the MLP) use parallel_input, fused_bias and
+// parallel_output around it.
 class Linear : public UnaryModule {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, InitRule weight_init,
@@ -42,6 +50,15 @@ class Linear : public UnaryModule {
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
+  void set_parallel_style(ParallelStyle style, TensorParallelGroup* group);
+  ParallelStyle parallel_style() const { return style_; }
+  // The input as the matmul takes it (column: entering the tensor-parallel region).
+  Tensor parallel_input(Graph& g, const Tensor& x);
+  // The bias to fuse into the matmul: none for a row-parallel layer (added after the sum).
+  Parameter* fused_bias() { return style_ == ParallelStyle::row ? nullptr : bias_; }
+  // The matmul's output as the layer gives it (row: summed over the group, plus the bias).
+  Tensor parallel_output(Graph& g, const Tensor& y);
+
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;
 
@@ -49,6 +66,8 @@ class Linear : public UnaryModule {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   ops::Epilogue epilogue_;
+  ParallelStyle style_ = ParallelStyle::replicated;
+  TensorParallelGroup* group_ = nullptr;
 };
 
 // An embedding table weight (rows, C), decayed (as in llm.c's GPT-2 recipe). forward()
@@ -158,6 +177,11 @@ class CausalSelfAttention : public UnaryModule {
   CausalSelfAttention(const AttentionConfig& config, InitRule init, InitRule proj_init);
   std::string kind() const override { return "attention"; }
   const AttentionConfig& config() const { return config_; }
+  // Tensor parallelism: this rank computes `n_head` query heads sharing `n_kv_head` key/value
+  // heads, the ones its slice of qkv holds (set by the plan that slices qkv and proj).
+  void set_local_heads(int64_t n_head, int64_t n_kv_head);
+  int64_t local_heads() const { return local_heads_; }
+  int64_t local_kv_heads() const { return local_kv_heads_; }
   // Generation, with the graph's gradients off: x (B, Tn, C) holds the tokens at positions
   // [position, position + Tn); their keys and values join `cache` (nn::cached_attention).
   // Returns (B, Tn, C), what forward() gives those tokens after the cached ones.
@@ -170,6 +194,7 @@ class CausalSelfAttention : public UnaryModule {
 
  private:
   AttentionConfig config_;
+  int64_t local_heads_, local_kv_heads_;
 };
 
 }  // namespace fsdp::nn

@@ -44,6 +44,17 @@ void Parameter::zero_grad(Context& ctx) {
   if (grad.defined()) ops::fill(ctx, grad, 0.0);
 }
 
+void Parameter::set_parallel_slice(ParallelSlice slice) {
+  FSDP_CHECK(!data.defined() && !grad.defined(), ValueError, "parameter ", name_,
+             ": a parallel slice applies to a spec, before it has data");
+  FSDP_CHECK(!slice_, ValueError, "parameter ", name_, " is already sliced (", slice_->str(), ")");
+  FSDP_CHECK(slice.full_shape == shape_, ShapeError, "parameter ", name_, " ", shape_,
+             ": the slice ", slice.str(), " is of another shape");
+  slice.check();
+  shape_ = slice.local_shape();
+  slice_ = std::move(slice);
+}
+
 const Tensor& Parameter::checked_data() const {
   FSDP_CHECK(data.defined(), ValueError, "parameter ", name_,
              " has no data: materialize the model (or let FSDP install its weights) first");

@@ -14,6 +14,7 @@
 
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
+#include "runtime/nn/parallel_slice.h"
 
 namespace fsdp::nn {
 
@@ -68,6 +69,17 @@ class Parameter {
   // parameter otherwise.
   const Tensor& checked_data() const;
 
+  // ---- tensor parallelism (set by a plan from outside the model, on specs only)
+  // This rank holds `slice` of the full parameter: shape() becomes the local shape; the
+  // name, the init rule and full_shape() stay those of the full parameter, so every local
+  // element initializes to, and is saved as, its element of the full tensor.
+  void set_parallel_slice(ParallelSlice slice);
+  const std::optional<ParallelSlice>& parallel_slice() const { return slice_; }
+  const Shape& full_shape() const { return slice_ ? slice_->full_shape : shape_; }
+  // The parameter's gradient must be summed over the tensor-parallel group before the
+  // update (a replicated parameter fed by sequence-parallel activations); set by the plan.
+  bool tensor_parallel_grad_sum = false;
+
  private:
   friend class Module;
   std::string local_name_;
@@ -76,6 +88,7 @@ class Parameter {
   InitRule init_;
   bool weight_decay_;
   std::optional<DType> grad_dtype_;
+  std::optional<ParallelSlice> slice_;
 };
 
 }  // namespace fsdp::nn

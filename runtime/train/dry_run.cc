@@ -1,12 +1,46 @@
 #include "runtime/train/dry_run.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "models/factory.h"
+#include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/trainer_setup.h"
 
 namespace fsdp::train {
+namespace {
+
+// One line per kind of group that has more than one rank: "tensor-parallel groups: [0 1] [2 3]".
+std::string mesh_groups(const Mesh& mesh) {
+  const std::vector<std::pair<const char*, std::vector<MeshAxis>>> kinds = {
+      {"tensor-parallel", {MeshAxis::tp}},
+      {"context-parallel", {MeshAxis::cp}},
+      {"data-parallel (sharding)", {MeshAxis::dp_shard}},
+      {"data-parallel (replicas)", {MeshAxis::dp_outer}}};
+  std::string out;
+  for (const auto& [what, axes] : kinds) {
+    std::vector<std::vector<int>> groups;
+    for (int r = 0; r < mesh.world_size(); ++r) {
+      std::vector<int> g = mesh.group(axes, r);
+      if (g.size() > 1 && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    }
+    if (groups.empty()) continue;
+    out += str_cat("  ", what, " groups:");
+    for (const std::vector<int>& g : groups) {
+      out += " [";
+      for (size_t i = 0; i < g.size(); ++i) out += str_cat(i ? " " : "", g[i]);
+      out += "]";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   recipe.resolve_device(assume_cuda);
@@ -15,13 +49,16 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   const Mesh mesh(sizes, world_size);
   const models::ModelConfig mc = model_config_of(recipe);
   auto model = models::build_model(mc);  // specs only: no memory
+  const int64_t n_params = model->num_parameters();  // the whole model's
+  // The estimate is rank 0's: its slices under tensor parallelism (every rank's are equal).
+  PlanningTensorParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
+  apply_tensor_parallel(*model, tp_plan);
   const FsdpOptions fo = fsdp_options_of(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;
   const MemoryBreakdown& mem = p.fsdp;
   const size_t opt = p.optimizer;
   const int64_t act = p.activations;
-  const int64_t n_params = model->num_parameters();
   const int64_t tokens = recipe.train.global_batch_size * recipe.model.seq_length;
   std::string out = recipe.summary();
   out += str_cat("\nmodel: ", mc.str(), "\nparameters: ", n_params, " (",
@@ -29,7 +66,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  recipe.train.global_batch_size, " sequences of ", recipe.model.seq_length,
                  "; ", recipe.grad_accum_steps(mesh.dp_size()), " micro-batches of ",
                  recipe.train.micro_batch_size, " per rank)\nmesh: ", mesh.str(), " on ",
-                 world_size, " rank(s), ", recipe.dist.device, "\n",
+                 world_size, " rank(s), ", recipe.dist.device, "\n", mesh_groups(mesh),
                  "training FLOPs per token: ",
                  format_count(flops_per_token(n_params, int(mc.n_layer), int(mc.d_model),
                                               int(mc.seq_len))),

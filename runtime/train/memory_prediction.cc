@@ -37,7 +37,8 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   }
   p.activations = activation_bytes_estimate(model_config_of(recipe), recipe.train.micro_batch_size,
                                             recipe.model.seq_length, fo.compute_dtype,
-                                            recompute_of(recipe));
+                                            recompute_of(recipe),
+                                            recipe.model.tensor_model_parallel_size);
   return p;
 }
 

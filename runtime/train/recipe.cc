@@ -502,16 +502,18 @@ void Recipe::resolve_device(bool cuda_available) {
 
 void Recipe::resolve_world(int world_size) {
   FSDP_CHECK(world_size >= 1, ConfigError, "world size must be >= 1, got ", world_size);
-  int fixed = dist.dp_outer * dist.tp;
+  const int tp = model.tensor_model_parallel_size, cp = model.context_parallel_size;
+  const int64_t fixed = int64_t(dist.dp_outer) * tp * cp;
+  const std::string fixed_keys = str_cat("dist.dp_outer (", dist.dp_outer,
+                                         ") * model.tensor_model_parallel_size (", tp,
+                                         ") * model.context_parallel_size (", cp, ")");
   if (dist.dp_shard == -1) {
     FSDP_CHECK(world_size % fixed == 0, ConfigError, "world size ", world_size,
-               " is not divisible by dist.dp_outer (", dist.dp_outer, ") * dist.tp (", dist.tp,
-               ") = ", fixed);
-    dist.dp_shard = world_size / fixed;
+               " is not divisible by ", fixed_keys, " = ", fixed);
+    dist.dp_shard = int(world_size / fixed);
   }
-  FSDP_CHECK(int64_t(fixed) * dist.dp_shard == world_size, ConfigError,
-             "dist.dp_outer (", dist.dp_outer, ") * dist.dp_shard (", dist.dp_shard, ") * dist.tp (",
-             dist.tp, ") = ", int64_t(fixed) * dist.dp_shard, " does not match the world size ",
+  FSDP_CHECK(fixed * dist.dp_shard == world_size, ConfigError, fixed_keys, " * dist.dp_shard (",
+             dist.dp_shard, ") = ", fixed * dist.dp_shard, " does not match the world size ",
              world_size);
   validate_world(dist.dp_outer * dist.dp_shard);
 }

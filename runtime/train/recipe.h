@@ -34,6 +34,12 @@ struct ModelSection {
   bool fp32_residual_connection = false;
   std::string activation_recompute;  // "none" | "full" | "selective"
   int classifier_chunk_rows = 0;     // tokens per chunk of the fused head + loss; 0 = one chunk
+  // Parallelisms inside a layer (Megatron-Bridge's names); data parallelism takes the rest
+  // of the world: world / (tensor_model_parallel_size * context_parallel_size).
+  int tensor_model_parallel_size = 0;
+  bool sequence_parallel = false;
+  int context_parallel_size = 0;
+  std::string cp_comm_type;          // "p2p" | "all_gather"
 };
 
 struct TokenizerSection {
@@ -106,7 +112,6 @@ struct DistSection {
   std::string device;                // "auto" until resolve_device(), then "cpu" | "cuda"
   int dp_outer = 0;
   int dp_shard = 0;                  // -1 until resolve_world(): fills the world
-  int tp = 0;
   double distributed_timeout_minutes = 0;
 };
 

@@ -1,6 +1,7 @@
 #include "runtime/train/recipe_checks.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "runtime/core/error.h"
 
@@ -21,6 +22,35 @@ void check_model(const ModelSection& m) {
              "'model.n_head' = ", m.d_model / m.n_head);
   FSDP_CHECK(m.padded_vocab_size >= m.vocab_size, ConfigError, "'model.padded_vocab_size' (",
              m.padded_vocab_size, ") must be at least 'model.vocab_size' (", m.vocab_size, ")");
+}
+
+// Tensor and context parallelism: what can be told from the recipe alone.
+void check_model_parallel(const Recipe& r) {
+  const ModelSection& m = r.model;
+  const int tp = m.tensor_model_parallel_size;
+  // Each tensor-parallel rank computes whole heads and an equal share of the MLP.
+  for (const auto& [key, n] : {std::pair<const char*, int>{"model.n_head", m.n_head},
+                               {"model.n_kv_head", m.n_kv_head}, {"model.d_ff", m.d_ff}})
+    FSDP_CHECK(n % tp == 0, ConfigError, "'", key, "' (", n, ") is not divisible by "
+               "'model.tensor_model_parallel_size' (", tp, ")");
+  FSDP_CHECK(!m.sequence_parallel, ConfigError,
+             "'model.sequence_parallel' is true: sequence parallelism is not implemented yet; "
+             "set it false");
+  FSDP_CHECK(m.context_parallel_size == 1, ConfigError, "'model.context_parallel_size' is ",
+             m.context_parallel_size, ": context parallelism is not implemented yet; set it to 1");
+  if (tp == 1) return;
+  FSDP_CHECK(!r.checkpoint.save, ConfigError, "'checkpoint.save' is set but "
+             "'model.tensor_model_parallel_size' is ", tp, ": checkpoints of tensor-parallel "
+             "runs are not implemented yet; set checkpoint.save=null");
+  FSDP_CHECK(!r.checkpoint.load || *r.checkpoint.load == "latest", ConfigError,
+             "'checkpoint.load' is \"", r.checkpoint.load.value_or(""), "\" but "
+             "'model.tensor_model_parallel_size' is ", tp, ": tensor-parallel runs cannot load "
+             "checkpoints yet; set checkpoint.load=null");
+  FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError, "'optimizer.cpu_offload' with "
+             "'model.tensor_model_parallel_size' ", tp, " is not supported yet");
+  FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with "
+             "'model.tensor_model_parallel_size' ", tp, " is not supported yet (the "
+             "tensor-parallel sums run inside the captured forward and backward)");
 }
 
 void check_batches(const TrainSection& t) {
@@ -117,6 +147,7 @@ void check_paths(const Recipe& r) {
 
 void check_consistency(const Recipe& r) {
   check_model(r.model);
+  check_model_parallel(r);
   check_batches(r.train);
   check_schedule(r);
   check_precision(r);

@@ -47,6 +47,17 @@ std::vector<FieldSpec> build_schema() {
           "Tokens per chunk of the output head fused with the loss: only a (chunk, "
           "padded_vocab_size) logits buffer exists at a time instead of every token's logits; "
           "0 = all tokens in one chunk."),
+      KEY(model.tensor_model_parallel_size).default_to(1).at_least(1).help_text(
+          "Tensor-parallel ranks (Megatron's layout: attention heads and MLP features split, "
+          "consecutive ranks); the data-parallel ranks are what the world size leaves."),
+      KEY(model.sequence_parallel).default_to(false).help_text(
+          "With tensor parallelism, split the residual stream and norms along the sequence "
+          "(not implemented yet: must be false)."),
+      KEY(model.context_parallel_size).default_to(1).at_least(1).help_text(
+          "Context-parallel ranks splitting each sequence (not implemented yet: must be 1)."),
+      KEY(model.cp_comm_type).one_of({"p2p", "all_gather"}).default_to("p2p").help_text(
+          "How context-parallel attention exchanges keys and values: p2p (a ring) or "
+          "all_gather."),
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(
@@ -188,7 +199,6 @@ std::vector<FieldSpec> build_schema() {
           "Replicas of the sharded model (HSDP outer axis)."),
       KEY(dist.dp_shard).default_to(-1).at_least(-1).help_text(
           "Ranks one model is sharded over; -1 = what the world size leaves."),
-      KEY(dist.tp).default_to(1).at_least(1).help_text("Tensor-parallel ranks."),
       KEY(dist.distributed_timeout_minutes).default_to(10.0).at_least(0).help_text(
           "A collective that waits longer ends the job on every rank."),
 
@@ -274,6 +284,8 @@ const std::vector<std::pair<std::string, std::string>>& recipe_key_aliases() {
       {"sequence_length", "model.seq_length"},
       {"untie_embeddings_and_output_weights", "model.tie_embeddings"},
       {"recompute_granularity", "model.activation_recompute"},
+      {"tensor_model_parallel_size", "model.tensor_model_parallel_size"},
+      {"context_parallel_size", "model.context_parallel_size"},
       {"data_path", "dataset.train_path"},
       {"save_dir", "checkpoint.save"},
       {"load_dir", "checkpoint.load"},

@@ -21,6 +21,7 @@
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/checkpoint/rank_agreement.h"
+#include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
@@ -87,8 +88,10 @@ struct Trainer::State {
   std::unique_ptr<Context> ctx;
   int dp_rank = 0, dp_size = 1;
   int64_t accum = 1;  // micro-batches per rank per step
-  // The model, its sharding and its optimizer.
+  // The model, its sharding and its optimizer. The tensor-parallel group outlives the model,
+  // whose split layers keep a pointer to it.
   models::ModelConfig model_config;
+  std::unique_ptr<CommunicatorTensorParallelGroup> tp_group;
   std::unique_ptr<models::LanguageModel> model;
   FsdpOptions fsdp_options;
   std::unique_ptr<ShardedModel> sharded;
@@ -249,8 +252,13 @@ void Trainer::State::setup_model_and_sharding() {
   // The model as specs; fully_shard materializes and initializes only this rank's shards.
   model_config = model_config_of(recipe);
   model = models::build_model(model_config);
+  n_params = model->num_parameters();  // the whole model's, before any split
+  if (mesh->size(MeshAxis::tp) > 1) {
+    // Tensor parallelism slices the specs first; FSDP then shards this rank's slices.
+    tp_group = std::make_unique<CommunicatorTensorParallelGroup>(comms->axis(MeshAxis::tp));
+    apply_tensor_parallel(*model, *tp_group);
+  }
   models::set_activation_recompute(*model, recompute_of(recipe));
-  n_params = model->num_parameters();
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
                                            int(model_config.d_model), int(model_config.seq_len));
   // A run whose predicted memory exceeds the device is refused before anything is allocated.
@@ -327,7 +335,8 @@ void Trainer::State::print_startup_report() const {
   print(str_cat("model: ", model_config.str(), ", ", n_params, " parameters"));
   print(str_cat("training: ", recipe.train.train_iters, " steps of ", recipe.train.global_batch_size,
                 " x ", T, " tokens (", accum, " micro-batches of ", B, " per rank, ", dp_size,
-                " data-parallel ranks), ", strategy_name(fsdp_options.strategy), ", ",
+                " data-parallel ranks", tp_group ? str_cat(" x ", tp_group->size(), " tensor-parallel") : "",
+                "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
@@ -336,7 +345,8 @@ void Trainer::State::print_startup_report() const {
   const MemoryBreakdown mem = sharded->memory();
   const size_t opt_bytes = optimizer->state_bytes();
   const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
-                                                recompute_of(recipe));
+                                                recompute_of(recipe),
+                                                recipe.model.tensor_model_parallel_size);
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()
@@ -354,6 +364,10 @@ void Trainer::State::prepare_sample() {
   if (!options.print_sample) return;
   // Decided the same way on every rank, before training, so that every rank generates or none.
   std::string why_not;
+  if (tp_group) {
+    print("no text sample at the end of the run: generation does not run tensor-parallel models yet");
+    return;
+  }
   try {
     auto tok = std::make_unique<data::Gpt2Tokenizer>(data::locate_asset(recipe.tokenizer.vocab_file),
                                                      data::locate_asset(recipe.tokenizer.merges_file));
@@ -466,7 +480,7 @@ double Trainer::State::evaluate() {
                                  ops::from_host<int32_t>(*ctx, y, Shape{B, T}), B * T);
     sum += ops::item(*ctx, loss);
   }
-  return sum_over_ranks({sum})[0] / double(micro_batches * dp_size);
+  return sum_over_ranks({sum})[0] / double(micro_batches * world->size());
 }
 
 void Trainer::State::log_step(const StepMetrics& m, bool evaluated) {
@@ -537,7 +551,9 @@ TrainResult Trainer::run_steps() {
     // One small all-reduce carries the losses and any rank's stop request.
     const bool stop_here = s.options.stop_requested && s.options.stop_requested();
     const std::vector<double> summed = s.sum_over_ranks({*local_loss, stop_here ? 1.0 : 0.0});
-    const double loss = summed[0] / double(s.accum * s.dp_size);
+    // Every rank's micro-batch losses (the tensor-parallel ranks of one data-parallel rank
+    // compute the same ones).
+    const double loss = summed[0] / double(s.accum * s.world->size());
     const double dt = seconds_since(t0);
     s.step++;
     result.losses.push_back(loss);

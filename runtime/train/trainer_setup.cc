@@ -78,9 +78,8 @@ OptimizerConfig optimizer_config_of(const Recipe& r) {
 }
 
 MeshSizes mesh_sizes_of(const Recipe& r) {
-  FSDP_CHECK(r.dist.tp == 1, ConfigError, "dist.tp = ", r.dist.tp,
-             ": tensor parallelism is not implemented; use dist.tp = 1");
-  return {r.dist.dp_outer, r.dist.dp_shard, 1, 1, r.dist.tp};
+  return {r.dist.dp_outer, r.dist.dp_shard, r.model.context_parallel_size, 1,
+          r.model.tensor_model_parallel_size};
 }
 
 data::DataSpec train_data_of(const Recipe& r) {
@@ -114,7 +113,8 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
 }
 
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
-                                  int64_t seq_len, DType compute, models::Recompute recompute) {
+                                  int64_t seq_len, DType compute, models::Recompute recompute,
+                                  int tp) {
   const int64_t n = micro_batch * seq_len;  // tokens
   const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
   const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
@@ -128,7 +128,9 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // Selective recompute keeps only the activation's input (F, or 2F for SwiGLU).
   const int64_t mlp_input = c.family == models::Family::Llama ? 2 * F : F;
   const int64_t mlp = recompute == models::Recompute::selective ? mlp_input : mlp_input + F;
-  int64_t layer_bytes = n * (2 * C * r + (2 * C + qkv + C + mlp) * e);
+  // Tensor parallelism splits qkv, the attention output and the MLP's hidden tensors; the
+  // residual stream and the norms' outputs stay whole on every rank.
+  int64_t layer_bytes = n * (2 * C * r + (2 * C + (qkv + C + mlp) / tp) * e);
   if (recompute == models::Recompute::full) layer_bytes = n * C * r;  // only the block input
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32

@@ -30,8 +30,10 @@ data::DataSpec train_data_of(const Recipe& r);
 data::DataSpec val_data_of(const Recipe& r, bool* has_val);
 
 // Bytes of activations one micro-batch keeps for backward on one rank (an estimate from the
-// tensors the model's ops save, and the chunked classifier's logits buffer).
+// tensors the model's ops save, and the chunked classifier's logits buffer). Under tensor
+// parallelism over `tp` ranks each keeps its share of the heads' and the MLP's tensors.
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
-                                  int64_t seq_len, DType compute, models::Recompute recompute);
+                                  int64_t seq_len, DType compute, models::Recompute recompute,
+                                  int tp = 1);
 
 }  // namespace fsdp::train

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bad launches fail at start, on every rank, with exit code 2 and a message naming the key:
-# an impossible mesh (dist.dp_outer=3 or dist.dp_shard=3 on 2 or 4 ranks), tensor
-# parallelism (dist.tp=2, not implemented), a global batch that is not a multiple of
+# an impossible mesh (dist.dp_outer=3, dist.dp_shard=3 or model.tensor_model_parallel_size=3
+# on 2 or 4 ranks), a global batch that is not a multiple of
 # micro-batch x data-parallel size, an unknown sharding strategy. Each run of the train
 # binary under `mpirun -np 2` and `-np 4` must end quickly (no hang), train nothing and
 # leave no output directory behind. A valid run with the same settings succeeds, so the
@@ -72,7 +72,7 @@ expect_refused() {
 for np in 2 4; do
   expect_refused "$np" "dist.dp_outer" dist.dp_outer=3
   expect_refused "$np" "dist.dp_shard" dist.dp_shard=3
-  expect_refused "$np" "dist.tp" dist.tp=2
+  expect_refused "$np" "model.tensor_model_parallel_size" model.tensor_model_parallel_size=3
   # 3 sequences cannot be split into micro-batches of 1 over 2 or 4 ranks.
   expect_refused "$np" "train.global_batch_size" train.global_batch_size=3
   expect_refused "$np" "ddp.data_parallel_sharding_strategy" ddp.data_parallel_sharding_strategy=zero9

@@ -150,6 +150,30 @@ TEST_CASE("keys that disagree with each other are named", "[recipe]") {
              Catch::Contains("'checkpoint.save' is empty; use null"));
 }
 
+TEST_CASE("tensor and context parallelism that cannot run are refused by key", "[recipe]") {
+  // Heads, key/value heads and MLP features must split evenly over the tensor-parallel ranks.
+  CHECK_THAT(config_error(R"({"model": {"n_head": 12, "d_model": 768,
+                                        "tensor_model_parallel_size": 8}})"),
+             Catch::Contains("'model.n_head' (12) is not divisible by "
+                             "'model.tensor_model_parallel_size' (8)"));
+  CHECK_THAT(config_error(R"({"model": {"family": "llama", "n_head": 8, "n_kv_head": 2,
+                                        "d_model": 512, "tensor_model_parallel_size": 4}})"),
+             Catch::Contains("'model.n_kv_head' (2) is not divisible"));
+  CHECK_THAT(config_error(R"({"model": {"d_ff": 100, "n_head": 8, "d_model": 64,
+                                        "tensor_model_parallel_size": 8}})"),
+             Catch::Contains("'model.d_ff' (100) is not divisible"));
+  // What is not built yet says so.
+  CHECK_THAT(config_error(R"({"model": {"sequence_parallel": true}})"),
+             Catch::Contains("'model.sequence_parallel' is true: sequence parallelism is not "
+                             "implemented yet"));
+  CHECK_THAT(config_error(R"({"model": {"context_parallel_size": 2}})"),
+             Catch::Contains("'model.context_parallel_size' is 2"));
+  CHECK_THAT(config_error(R"({"model": {"n_head": 4, "d_model": 64,
+                                        "tensor_model_parallel_size": 2},
+                              "checkpoint": {"save": "ckpt"}})"),
+             Catch::Contains("checkpoints of tensor-parallel runs are not implemented yet"));
+}
+
 TEST_CASE("edit distance counts single-character edits", "[recipe]") {
   CHECK(edit_distance("", "") == 0);
   CHECK(edit_distance("lr", "") == 2);

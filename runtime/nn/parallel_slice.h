@@ -1,0 +1,47 @@
+// ParallelSlice: which part of a full parameter one tensor-parallel rank holds, as plain
+// values (no memory, no communication), so that initialization, checkpoints and exports can
+// address every local element by its coordinates in the full tensor.
+//
+// The local tensor is the concatenation, along `dim`, of the ranges [begin, end) of the full
+// tensor's `dim`, in order; every other dimension is whole. A column-parallel weight (out, in)
+// holds rows (dim 0) of the full weight, a row-parallel one columns (dim 1); a fused
+// projection holds several ranges, one per part (qkv: its query, key and value heads).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/shape.h"
+
+namespace fsdp::nn {
+
+struct ParallelSlice {
+  Shape full_shape;
+  int dim = 0;
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) of full_shape[dim]
+
+  // Throws ShapeError unless the ranges are non-empty, ordered, disjoint and inside dim.
+  void check() const;
+  Shape local_shape() const;
+  int64_t local_numel() const { return local_shape().numel(); }
+
+  // A run of consecutive local elements that are also consecutive in the full tensor.
+  struct Run {
+    int64_t local = 0;  // first local element (row-major flattening of the local shape)
+    int64_t full = 0;   // the same element in the full tensor's flattening
+    int64_t numel = 0;
+  };
+  // Local elements [offset, offset + n) as runs, in local order.
+  std::vector<Run> runs(int64_t offset, int64_t n) const;
+
+  std::string str() const;  // "dim 0 of (96, 32): [0, 16) [32, 40) [64, 72)"
+};
+
+// The equal part `rank` of `parts` of the range [begin, end): [begin + rank * len, ... + len)
+// with len = (end - begin) / parts. Throws ShapeError naming `what` unless parts divides it.
+std::pair<int64_t, int64_t> equal_part(int64_t begin, int64_t end, int rank, int parts,
+                                       const std::string& what);
+
+}  // namespace fsdp::nn

@@ -1,0 +1,58 @@
+// Tensor parallelism applied from outside a model (Megatron's layout, as torchtitan's
+// parallelize step applies it): the model is built as specs, then apply_tensor_parallel()
+// slices its parameters for one rank of the tensor-parallel group and tells its layers how
+// they are split; FSDP then shards each rank's slices over the data-parallel group.
+//
+// Per transformer block, for tp ranks (rank r):
+//   attention qkv   column-parallel: rank r's query heads, key heads and value heads (three
+//                   row ranges of the fused weight and bias); H/tp and Hkv/tp heads each
+//   attention proj  row-parallel: the input columns of those query heads; bias whole
+//   MLP fc          column-parallel (GELU: rows [r F/tp, (r+1) F/tp); SwiGLU's gate_up:
+//                   those rows of gate and of up)
+//   MLP proj        row-parallel: the same F/tp input columns; bias whole
+// Everything else (embeddings, norms, the head) is replicated: every rank holds and updates
+// the whole tensor, and, since every rank computes the same gradient for it, no gradient
+// sum over the group is needed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "runtime/nn/module.h"
+#include "runtime/nn/tensor_parallel.h"
+
+namespace fsdp {
+
+// A tensor-parallel group over a communicator: sums run on the context's stream.
+class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
+ public:
+  explicit CommunicatorTensorParallelGroup(Communicator& comm) : comm_(comm) {}
+  int size() const override { return comm_.size(); }
+  int rank() const override { return comm_.rank(); }
+  void all_reduce_sum(Context& ctx, const Tensor& t) override;
+
+ private:
+  Communicator& comm_;
+};
+
+// A group that only plans (the dry run, memory estimates): rank `rank` of `size`, never
+// communicating (all_reduce_sum throws).
+class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
+ public:
+  PlanningTensorParallelGroup(int size, int rank) : size_(size), rank_(rank) {}
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  void all_reduce_sum(Context& ctx, const Tensor& t) override;
+
+ private:
+  int size_, rank_;
+};
+
+// Slices `model`'s parameters (specs, before FSDP or materialization) for `group`'s rank
+// and sets its layers' styles. Returns one line per split layer ("h.0.attn.qkv: column").
+// A group of size 1 leaves the model as it is. Throws ShapeError naming the layer when its
+// heads or features do not split into equal parts.
+std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorParallelGroup& group);
+
+}  // namespace fsdp

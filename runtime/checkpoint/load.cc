@@ -33,19 +33,30 @@ struct Staged {
   std::vector<std::map<std::string, Tensor>> units;
 };
 
-Staged read_shards(Context& ctx, CheckpointReader& reader, const ShardingPlan& plan, int shard_rank,
+Staged read_shards(Context& ctx, CheckpointReader& reader, ShardedModel& model,
                    const std::vector<std::string>& kinds) {
   Staged staged;
-  for (const UnitPlan& u : plan.units()) {
+  const int shard_rank = model.shard_rank();
+  for (const UnitPlan& u : model.plan().units()) {
     std::map<std::string, Tensor> state;
     for (const std::string& kind : kinds) {
       Tensor host = ctx.empty_host(Shape{u.shard_numel}, reader.metadata().dtype_of_kind(kind));
       // Alignment gaps and padding hold no parameter: zeros, as in a fresh model.
       if (host.numel()) std::memset(host.data_ptr(), 0, host.nbytes());
       char* base = host.numel() ? static_cast<char*>(host.data_ptr()) : nullptr;
-      for (const ShardSegment& s : u.segments(shard_rank))
-        reader.read(kind, u.params[size_t(s.param)].name, s.param_offset, s.numel,
-                    base + size_t(s.shard_offset) * host.element_size());
+      for (const ShardSegment& s : u.segments(shard_rank)) {
+        const std::string& name = u.params[size_t(s.param)].name;
+        const nn::Parameter* param = model.model().find_parameter(name);
+        if (!param || !param->parallel_slice()) {
+          reader.read(kind, name, s.param_offset, s.numel,
+                      base + size_t(s.shard_offset) * host.element_size());
+          continue;
+        }
+        // A tensor-parallel slice: its local elements by their place in the whole parameter.
+        for (const nn::ParallelSlice::Run& r : param->parallel_slice()->runs(s.param_offset, s.numel))
+          reader.read(kind, name, r.full, r.numel,
+                      base + size_t(s.shard_offset + r.local - s.param_offset) * host.element_size());
+      }
       state[kind] = host;
     }
     staged.units.push_back(std::move(state));
@@ -55,16 +66,20 @@ Staged read_shards(Context& ctx, CheckpointReader& reader, const ShardingPlan& p
 
 }  // namespace
 
-void check_model_matches(const CheckpointMetadata& m, const ShardingPlan& plan, const std::string& dir) {
+void check_model_matches(const CheckpointMetadata& m, const ShardingPlan& plan, nn::Module& model,
+                         const std::string& dir) {
   std::set<std::string> ours;
   for (const UnitPlan& u : plan.units()) {
     for (const ParamPlacement& p : u.params) {
+      // The whole parameter's shape: a tensor-parallel slice reads its part of it.
+      const nn::Parameter* param = model.find_parameter(p.name);
+      const Shape shape = param ? param->full_shape() : p.shape;
       ours.insert(p.name);
       const ParamRecord* r = m.find_param(p.name);
       FSDP_CHECK(r != nullptr, CheckpointError, dir, " does not fit this model: parameter \"", p.name,
-                 "\" ", p.shape, " of the model is not in the checkpoint (a different model?)");
-      FSDP_CHECK(r->shape == p.shape, CheckpointError, dir, " does not fit this model: parameter \"",
-                 p.name, "\" is ", r->shape, " in the checkpoint but ", p.shape, " in the model");
+                 "\" ", shape, " of the model is not in the checkpoint (a different model?)");
+      FSDP_CHECK(r->shape == shape, CheckpointError, dir, " does not fit this model: parameter \"",
+                 p.name, "\" is ", r->shape, " in the checkpoint but ", shape, " in the model");
     }
   }
   for (const ParamRecord& r : m.params)
@@ -84,7 +99,7 @@ CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedMode
   // 1. The metadata, the model's fit, the optimizer's, and the files' presence.
   run_on_every_rank(ctx, comm, [&] {
     reader = std::make_unique<CheckpointReader>(dir);
-    check_model_matches(reader->metadata(), model.plan(), dir);
+    check_model_matches(reader->metadata(), model.plan(), model.model(), dir);
     kinds = kinds_to_read(reader->metadata(), optimizer, dir);
     reader->check_files_present();
   });
@@ -97,7 +112,7 @@ CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedMode
   // 3. This rank's shards, staged on the host.
   Staged staged;
   run_on_every_rank(ctx, comm, [&] {
-    staged = read_shards(ctx, *reader, model.plan(), model.shard_rank(), kinds);
+    staged = read_shards(ctx, *reader, model, kinds);
   });
 
   // 4. Every rank has everything it needs: install it.

@@ -42,10 +42,10 @@ CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedMode
                                    Optimizer* optimizer, const std::string& dir,
                                    const LoadOptions& options = LoadOptions());
 
-// Checks that `metadata` describes exactly the parameters of `plan` with the same shapes:
-// CheckpointError naming `dir` and the first parameter that is missing, extra or of another
-// shape.
+// Checks that `metadata` describes exactly the parameters of `plan` (placed from `model`'s)
+// with the same whole shapes (a tensor-parallel slice's full shape): CheckpointError naming
+// `dir` and the first parameter, in plan order, that is missing, extra or of another shape.
 void check_model_matches(const CheckpointMetadata& metadata, const ShardingPlan& plan,
-                         const std::string& dir);
+                         nn::Module& model, const std::string& dir);
 
 }  // namespace fsdp::checkpoint

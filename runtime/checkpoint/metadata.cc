@@ -110,8 +110,19 @@ void check_pieces(const CheckpointMetadata& m, const Fields& f) {
   for (const ParamRecord& p : m.params) {
     const std::string where = "parameters." + p.name;
     const auto [unit, placement] = placement_of(m, p, f, where);
-    if (!(placement->shape == p.shape))
-      f.fail(where, str_cat("shape ", p.shape.str(), " differs from the layout's ", placement->shape.str()));
+    if (p.tp_slices.empty()) {
+      if (!(placement->shape == p.shape))
+        f.fail(where, str_cat("shape ", p.shape.str(), " differs from the layout's ", placement->shape.str()));
+    } else {
+      if (int(p.tp_slices.size()) != m.tensor_parallel)
+        f.fail(where + ".tp_slices", str_cat(p.tp_slices.size(), " slices for ", m.tensor_parallel,
+                                             " tensor-parallel ranks"));
+      for (const nn::ParallelSlice& slice : p.tp_slices) {
+        if (!(slice.full_shape == p.shape) || !(slice.local_shape() == placement->shape))
+          f.fail(where + ".tp_slices", str_cat("slice ", slice.str(), " does not take the layout's ",
+                                               placement->shape.str(), " from ", p.shape.str()));
+      }
+    }
     int64_t covered = 0;
     for (size_t i = 0; i < p.pieces.size(); ++i) {
       const ParamPiece& piece = p.pieces[i];
@@ -124,10 +135,19 @@ void check_pieces(const CheckpointMetadata& m, const Fields& f) {
       if (piece.numel <= 0) f.fail(at, "is empty");
       covered += piece.numel;
       const FileRecord& file = m.files[size_t(piece.file)];
-      // Where the layout puts these elements in that file's shard of the unit: a piece that
+      if (!p.tp_slices.empty() && file.tp_rank >= m.tensor_parallel)
+        f.fail(at, str_cat("file ", file.name, " is of tensor-parallel rank ", file.tp_rank, " of ",
+                           m.tensor_parallel));
+      // Where these elements are in that file's rank's part of the parameter (its slice)...
+      const int64_t local = p.tp_slices.empty()
+                                ? piece.param_offset
+                                : p.tp_slices[size_t(file.tp_rank)].local_of(piece.param_offset, piece.numel);
+      if (local < 0)
+        f.fail(at, str_cat("elements [", piece.param_offset, ", ", piece.param_offset + piece.numel,
+                           ") are not one run of the slice of tensor-parallel rank ", file.tp_rank));
+      // ...and where the layout puts them in that file's shard of the unit: a piece that
       // says otherwise would load shifted weights.
-      const int64_t expected = placement->offset + piece.param_offset -
-                               int64_t(file.shard_rank) * unit->shard_numel;
+      const int64_t expected = placement->offset + local - int64_t(file.shard_rank) * unit->shard_numel;
       if (piece.tensor_offset != expected)
         f.fail(at, str_cat("tensor offset ", piece.tensor_offset, " disagrees with the layout, which "
                            "puts element ", piece.param_offset, " of the parameter at ", expected,
@@ -200,7 +220,8 @@ std::string CheckpointMetadata::to_json() const {
                           {"shard_numel", u.shard_numel}, {"params", params_json}});
   }
   j["layout"] = {{"strategy", strategy}, {"world_size", world_size}, {"shard_size", shard_size},
-                 {"replicas", replicas}, {"mesh", mesh}, {"plan_hash", hex64(plan_hash)},
+                 {"replicas", replicas}, {"tensor_parallel", tensor_parallel}, {"mesh", mesh},
+                 {"plan_hash", hex64(plan_hash)},
                  {"shard_block", shard_block}, {"units", units_json}};
   j["state"] = {{"main_dtype", safetensors_dtype_name(main_dtype)},
                 {"optimizer", optimizer},
@@ -212,6 +233,15 @@ std::string CheckpointMetadata::to_json() const {
     for (const ParamPiece& piece : p.pieces)
       pieces.push_back({piece.file, piece.tensor_offset, piece.param_offset, piece.numel});
     params_json[p.name] = {{"shape", shape_json(p.shape)}, {"unit", p.unit}, {"pieces", pieces}};
+    if (!p.tp_slices.empty()) {
+      Json slices = Json::array();
+      for (const nn::ParallelSlice& sl : p.tp_slices) {
+        Json ranges = Json::array();
+        for (const auto& [b, e] : sl.ranges) ranges.push_back({b, e});
+        slices.push_back({{"dim", sl.dim}, {"ranges", ranges}});
+      }
+      params_json[p.name]["tp_slices"] = slices;
+    }
   }
   j["parameters"] = params_json;
   Json files_json = Json::array();
@@ -220,7 +250,8 @@ std::string CheckpointMetadata::to_json() const {
     for (const TensorRecord& t : f.tensors)
       tensors[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"numel", t.numel},
                          {"sha256", t.sha256}};
-    files_json.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes},
+    files_json.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"tp_rank", f.tp_rank},
+                          {"bytes", f.bytes},
                           {"sha256", f.sha256}, {"tensors", tensors}});
   }
   j["files"] = files_json;
@@ -244,8 +275,8 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
   if (f.text(f.member(j, "", "format"), "format") != "fsdp.cpp checkpoint")
     f.fail("format", "is not \"fsdp.cpp checkpoint\"");
   m.version = int(f.integer(f.member(j, "", "version"), "version"));
-  if (m.version != 1 && m.version != kFormatVersion)
-    f.fail("version", str_cat(m.version, " is not a version this build reads (1, ", kFormatVersion, ")"));
+  if (m.version < 1 || m.version > kFormatVersion)
+    f.fail("version", str_cat(m.version, " is not a version this build reads (1 to ", kFormatVersion, ")"));
   if (m.version >= 2) {
     const std::string recorded = f.text(f.member(j, "", "metadata_sha256"), "metadata_sha256");
     j.erase("metadata_sha256");
@@ -268,6 +299,10 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
   m.world_size = int(f.count(f.member(layout, "layout", "world_size"), "layout.world_size"));
   m.shard_size = int(f.count(f.member(layout, "layout", "shard_size"), "layout.shard_size"));
   m.replicas = int(f.count(f.member(layout, "layout", "replicas"), "layout.replicas"));
+  if (m.version >= 3) {
+    m.tensor_parallel = int(f.count(f.member(layout, "layout", "tensor_parallel"), "layout.tensor_parallel"));
+    if (m.tensor_parallel < 1) f.fail("layout.tensor_parallel", "must be at least 1");
+  }
   m.mesh = f.text(f.member(layout, "layout", "mesh"), "layout.mesh");
   const std::string hash = f.text(f.member(layout, "layout", "plan_hash"), "layout.plan_hash");
   try {
@@ -320,6 +355,7 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
     if (!is_plain_file_name(r.name)) f.fail(at + ".name", "\"" + r.name + "\" is not a plain file name");
     if (!file_names.insert(r.name).second) f.fail(at + ".name", "\"" + r.name + "\" is listed twice");
     r.shard_rank = int(f.count(f.member(files[i], at, "shard_rank"), at + ".shard_rank"));
+    if (m.version >= 3) r.tp_rank = int(f.count(f.member(files[i], at, "tp_rank"), at + ".tp_rank"));
     r.bytes = uint64_t(f.count(f.member(files[i], at, "bytes"), at + ".bytes"));
     r.sha256 = f.text(f.member(files[i], at, "sha256"), at + ".sha256");
     const Json& tensors = f.member(files[i], at, "tensors");
@@ -359,6 +395,28 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
       piece.numel = f.count(pieces[k][3], pat + "[3]");
       p.pieces.push_back(piece);
     }
+    if (it.value().contains("tp_slices")) {
+      const std::string sat = at + ".tp_slices";
+      const Json& slices = f.array(it.value()["tp_slices"], sat);
+      for (size_t k = 0; k < slices.size(); ++k) {
+        const std::string kat = sat + "[" + std::to_string(k) + "]";
+        nn::ParallelSlice slice;
+        slice.full_shape = p.shape;
+        slice.dim = int(f.count(f.member(slices[k], kat, "dim"), kat + ".dim"));
+        const Json& ranges = f.array(f.member(slices[k], kat, "ranges"), kat + ".ranges");
+        for (size_t q = 0; q < ranges.size(); ++q) {
+          const std::string rat = kat + ".ranges[" + std::to_string(q) + "]";
+          if (!ranges[q].is_array() || ranges[q].size() != 2) f.fail(rat, "expected [begin, end]");
+          slice.ranges.emplace_back(f.count(ranges[q][0], rat + "[0]"), f.count(ranges[q][1], rat + "[1]"));
+        }
+        try {
+          slice.check();
+        } catch (const ShapeError& e) {
+          f.fail(kat, e.what());
+        }
+        p.tp_slices.push_back(std::move(slice));
+      }
+    }
     m.params.push_back(std::move(p));
   }
   m.recipe_json = f.member(j, "", "recipe").dump();
@@ -383,9 +441,9 @@ int64_t step_of_directory_name(const std::string& name) {
   return step;
 }
 
-std::string shard_file_name(int shard_rank, int shard_size) {
+std::string shard_file_name(int index, int count) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "shard_%05d_of_%05d.safetensors", shard_rank, shard_size);
+  std::snprintf(buf, sizeof buf, "shard_%05d_of_%05d.safetensors", index, count);
   return buf;
 }
 

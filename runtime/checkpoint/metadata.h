@@ -23,18 +23,27 @@
 // step, the consumed samples (the data loader's position) and tokens, the seeds, the resolved
 // recipe, and a SHA-256 of every file and of every tensor's bytes.
 //
-// JSON layout (version 2):
+// Tensor parallelism: each tensor-parallel rank writes its own shard files, holding its
+// slices of the sliced parameters (nn::ParallelSlice) in its flat buffers. A sliced
+// parameter records its slice on every tensor-parallel rank ("tp_slices"), and its pieces,
+// from the files of every tensor-parallel rank, still give element ranges of the whole
+// parameter: any layout reads it back by global coordinates. A replicated parameter's pieces
+// come from the files of tensor-parallel rank 0 (the others hold the same values).
+//
+// JSON layout (version 3):
 //   {"format": "fsdp.cpp checkpoint", "version": 2, "step": 100,
 //    "progress": {"consumed_samples", "consumed_tokens"},
 //    "rng": {"kind": "counter-based", "init_seed", "data_seed"},
-//    "layout": {"strategy", "world_size", "shard_size", "replicas", "mesh", "plan_hash",
+//    "layout": {"strategy", "world_size", "shard_size", "replicas", "tensor_parallel", "mesh",
+//               "plan_hash",
 //               "shard_block", "units": [{"name", "numel", "padded_numel", "shard_numel",
 //                                         "params": [{"name", "shape", "offset", "weight_decay"}]}]},
 //    "state": {"main_dtype": "F32", "optimizer": "adamw" | "sgd" | "none",
 //              "optimizer_steps": 100, "moments_dtype": "F32" | null},
 //    "parameters": {"h.0.attn.qkv.weight": {"shape": [...], "unit": "h.0",
-//                   "pieces": [[file, tensor_offset, param_offset, numel], ...]}, ...},
-//    "files": [{"name", "shard_rank", "bytes", "sha256",
+//                   "pieces": [[file, tensor_offset, param_offset, numel], ...],
+//                   "tp_slices": [{"dim": 0, "ranges": [[0, 64], ...]}, ...]}, ...},
+//    "files": [{"name", "shard_rank", "tp_rank", "bytes", "sha256",
 //               "tensors": {"main/h.0": {"dtype", "numel", "sha256"}, ...}}],
 //    "recipe": {...},
 //    "metadata_sha256": SHA-256 of this text as written without this member}
@@ -48,12 +57,14 @@
 #include "runtime/core/dtype.h"
 #include "runtime/core/shape.h"
 #include "runtime/fsdp/plan.h"
+#include "runtime/nn/parallel_slice.h"
 
 namespace fsdp::checkpoint {
 
 // Version 2 adds "metadata_sha256", the SHA-256 of the metadata's own text without that
-// member; version 1 (no such member) is still read.
-inline constexpr int kFormatVersion = 2;
+// member; version 3 tensor parallelism ("tensor_parallel", "tp_rank", "tp_slices").
+// Versions 1 and 2 (no tensor parallelism) are still read.
+inline constexpr int kFormatVersion = 3;
 inline constexpr const char* kMetadataFileName = "metadata.json";
 
 // State kinds, as the first part of the tensor names in the shard files.
@@ -74,9 +85,11 @@ struct ParamPiece {
 
 struct ParamRecord {
   std::string name;
-  Shape shape;
+  Shape shape;  // of the whole parameter
   std::string unit;
   std::vector<ParamPiece> pieces;  // ascending param_offset, covering the parameter once
+  // Sliced by tensor parallelism: the slice of each tensor-parallel rank; empty when whole.
+  std::vector<nn::ParallelSlice> tp_slices;
 };
 
 struct TensorRecord {
@@ -88,10 +101,11 @@ struct TensorRecord {
 
 struct FileRecord {
   std::string name;  // relative to the checkpoint directory
-  int shard_rank = 0;
+  int shard_rank = 0;  // the data-parallel shard it holds
   uint64_t bytes = 0;
   std::string sha256;                 // of the whole file
   std::vector<TensorRecord> tensors;  // in data order
+  int tp_rank = 0;                    // the tensor-parallel rank whose slices it holds
   const TensorRecord* find_tensor(const std::string& name) const;
 };
 
@@ -119,6 +133,7 @@ struct CheckpointMetadata {
   int world_size = 1;
   int shard_size = 1;
   int replicas = 1;
+  int tensor_parallel = 1;  // ranks the sliced parameters are split over
   std::string mesh;
   uint64_t plan_hash = 0;
   int64_t shard_block = 0;
@@ -148,7 +163,8 @@ struct CheckpointMetadata {
 std::string step_directory_name(int64_t step);
 int64_t step_of_directory_name(const std::string& name);
 
-// "shard_00001_of_00004.safetensors"
-std::string shard_file_name(int shard_rank, int shard_size);
+// "shard_00001_of_00004.safetensors": file `index` of `count` (the files of tensor-parallel
+// rank t are t * shard_size + shard_rank).
+std::string shard_file_name(int index, int count);
 
 }  // namespace fsdp::checkpoint

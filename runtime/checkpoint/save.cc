@@ -40,18 +40,40 @@ void prepare_directories(const std::string& save_dir, const std::string& temp_di
              ec ? ec.message() : "it exists");
 }
 
+// Which shard file this rank writes (its first replica's): tensor-parallel rank t's files
+// follow rank t - 1's.
+struct FilePosition {
+  int shard_rank = 0, shard_size = 1, tp_rank = 0, tp_size = 1;
+  int index() const { return tp_rank * shard_size + shard_rank; }
+  int count() const { return tp_size * shard_size; }
+};
+
+FilePosition file_position(const DataParallelGroups& groups) {
+  FilePosition p;
+  p.shard_rank = groups.shard_rank();
+  p.shard_size = groups.shard_size();
+  if (groups.tensor_parallel) {
+    p.tp_rank = groups.tensor_parallel->rank();
+    p.tp_size = groups.tensor_parallel->size();
+  }
+  return p;
+}
+
 // Writes this rank's shard of the state into dir, flushed to disk; returns its record.
 FileRecord write_shard_file(Context& ctx, const ShardedModel& model, const ShardState& state,
-                            int shard_rank, int shard_size, const std::string& dir,
+                            const FilePosition& at, const std::string& dir,
                             const SaveOptions& options) {
   FileRecord record;
-  record.name = shard_file_name(shard_rank, shard_size);
-  record.shard_rank = shard_rank;
+  record.name = shard_file_name(at.index(), at.count());
+  record.shard_rank = at.shard_rank;
+  record.tp_rank = at.tp_rank;
   const std::string path = dir + "/" + record.name;
   const std::vector<UnitPlan>& units = model.plan().units();
   SafetensorsWriter writer(path, {{"format", "fsdp.cpp checkpoint shard"},
-                                  {"shard", std::to_string(shard_rank)},
-                                  {"shards", std::to_string(shard_size)}});
+                                  {"shard", std::to_string(at.shard_rank)},
+                                  {"shards", std::to_string(at.shard_size)},
+                                  {"tp_rank", std::to_string(at.tp_rank)},
+                                  {"tp_size", std::to_string(at.tp_size)}});
   for (const std::string& kind : state.kinds())
     for (size_t u = 0; u < units.size(); ++u)
       writer.declare(state_tensor_name(kind, units[u].name), state.dtype(kind),
@@ -78,34 +100,68 @@ FileRecord write_shard_file(Context& ctx, const ShardedModel& model, const Shard
   return record;
 }
 
-std::string record_to_text(const FileRecord& r) {
+// A written file's record, and the slices of this rank's sliced parameters (rank 0 writes
+// the metadata of every tensor-parallel rank's files), as text for all_gather_strings.
+struct WrittenFile {
+  FileRecord record;
+  std::map<std::string, nn::ParallelSlice> slices;  // by parameter name
+};
+
+std::string written_to_text(const WrittenFile& w) {
+  const FileRecord& r = w.record;
   Json tensors = Json::array();
   for (const TensorRecord& t : r.tensors)
     tensors.push_back({t.name, safetensors_dtype_name(t.dtype), t.numel, t.sha256});
-  return Json{{"name", r.name}, {"shard_rank", r.shard_rank}, {"bytes", r.bytes},
-              {"sha256", r.sha256}, {"tensors", tensors}}
+  Json slices = Json::object();
+  for (const auto& [name, sl] : w.slices)
+    slices[name] = {{"full_shape", sl.full_shape.dims()}, {"dim", sl.dim}, {"ranges", sl.ranges}};
+  return Json{{"name", r.name},     {"shard_rank", r.shard_rank}, {"tp_rank", r.tp_rank},
+              {"bytes", r.bytes},   {"sha256", r.sha256},         {"tensors", tensors},
+              {"slices", slices}}
       .dump();
 }
 
-FileRecord record_from_text(const std::string& text) {
+std::map<std::string, nn::ParallelSlice> slices_of(const ShardedModel& model) {
+  std::map<std::string, nn::ParallelSlice> out;
+  for (const UnitPlan& u : model.plan().units())
+    for (const ParamPlacement& p : u.params) {
+      const nn::Parameter* param = const_cast<ShardedModel&>(model).model().find_parameter(p.name);
+      if (param && param->parallel_slice()) out[p.name] = *param->parallel_slice();
+    }
+  return out;
+}
+
+WrittenFile written_from_text(const std::string& text) {
   const Json j = Json::parse(text);
-  FileRecord r;
+  WrittenFile w;
+  FileRecord& r = w.record;
   r.name = j.at("name").get<std::string>();
   r.shard_rank = j.at("shard_rank").get<int>();
+  r.tp_rank = j.at("tp_rank").get<int>();
   r.bytes = j.at("bytes").get<uint64_t>();
   r.sha256 = j.at("sha256").get<std::string>();
   for (const Json& t : j.at("tensors"))
     r.tensors.push_back({t.at(0).get<std::string>(), dtype_from_safetensors(t.at(1).get<std::string>()),
                          t.at(2).get<int64_t>(), t.at(3).get<std::string>()});
-  return r;
+  for (const auto& [name, sl] : j.at("slices").items()) {
+    nn::ParallelSlice slice;
+    slice.full_shape = Shape(sl.at("full_shape").get<std::vector<int64_t>>());
+    slice.dim = sl.at("dim").get<int>();
+    slice.ranges = sl.at("ranges").get<std::vector<std::pair<int64_t, int64_t>>>();
+    w.slices[name] = slice;
+  }
+  return w;
 }
 
 // The metadata of the checkpoint: the plan's layout, each parameter's pieces, the files.
+// Every tensor-parallel rank runs the same plan (equal slices), so rank 0's plan places
+// the elements of every file; the slices say which elements of the whole parameter they are.
 CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* optimizer,
                                   const ShardState& state, const DataParallelGroups& groups,
                                   int world_size, const TrainingProgress& progress,
-                                  std::vector<FileRecord> files) {
+                                  std::vector<WrittenFile> written) {
   const ShardingPlan& plan = model.plan();
+  const FilePosition here = file_position(groups);
   CheckpointMetadata m;
   m.step = progress.step;
   m.consumed_samples = progress.consumed_samples;
@@ -116,6 +172,7 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
   m.world_size = world_size;
   m.shard_size = groups.shard_size();
   m.replicas = groups.replicate_size();
+  m.tensor_parallel = here.tp_size;
   m.mesh = progress.mesh;
   m.plan_hash = plan.hash();
   m.shard_block = plan.options().block;
@@ -125,23 +182,49 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
     m.optimizer_steps = optimizer->steps_taken();
     if (m.optimizer == "adamw") m.moments_dtype = state.dtype(kExpAvg);
   }
+  std::sort(written.begin(), written.end(), [](const WrittenFile& a, const WrittenFile& b) {
+    return std::make_pair(a.record.tp_rank, a.record.shard_rank) <
+           std::make_pair(b.record.tp_rank, b.record.shard_rank);
+  });
+  FSDP_ASSERT(int(written.size()) == here.count(), written.size(), " shard files for ",
+              here.count(), " shards");
+  for (size_t i = 0; i < written.size(); ++i) {
+    FilePosition at = here;
+    at.tp_rank = written[i].record.tp_rank;
+    at.shard_rank = written[i].record.shard_rank;
+    FSDP_ASSERT(at.index() == int(i), "shard files do not cover each shard of each "
+                "tensor-parallel rank once");
+  }
   for (const UnitPlan& u : plan.units()) {
     m.units.push_back({u.name, u.numel, u.padded_numel, u.shard_numel, u.params});
     const size_t first = m.params.size();
-    for (const ParamPlacement& p : u.params) m.params.push_back({p.name, p.shape, u.name, {}});
-    // Shards in rank order give each parameter's pieces in ascending element order.
-    for (int r = 0; r < plan.dp_size(); ++r)
-      for (const ShardSegment& s : u.segments(r))
-        m.params[first + size_t(s.param)].pieces.push_back({r, s.shard_offset, s.param_offset, s.numel});
+    for (const ParamPlacement& p : u.params) {
+      ParamRecord r{p.name, p.shape, u.name, {}, {}};
+      if (written[0].slices.count(p.name)) {
+        for (int t = 0; t < here.tp_size; ++t)
+          r.tp_slices.push_back(written[size_t(t * here.shard_size)].slices.at(p.name));
+        r.shape = r.tp_slices[0].full_shape;
+      }
+      m.params.push_back(std::move(r));
+    }
+    for (size_t f = 0; f < written.size(); ++f) {
+      const int t = written[f].record.tp_rank, shard = written[f].record.shard_rank;
+      for (const ShardSegment& s : u.segments(shard)) {
+        ParamRecord& r = m.params[first + size_t(s.param)];
+        if (r.tp_slices.empty()) {
+          // Whole on every tensor-parallel rank: read from rank 0's files.
+          if (t == 0) r.pieces.push_back({int(f), s.shard_offset, s.param_offset, s.numel});
+          continue;
+        }
+        for (const nn::ParallelSlice::Run& run : r.tp_slices[size_t(t)].runs(s.param_offset, s.numel))
+          r.pieces.push_back({int(f), s.shard_offset + (run.local - s.param_offset), run.full, run.numel});
+      }
+    }
+    for (size_t k = first; k < m.params.size(); ++k)
+      std::sort(m.params[k].pieces.begin(), m.params[k].pieces.end(),
+                [](const ParamPiece& a, const ParamPiece& b) { return a.param_offset < b.param_offset; });
   }
-  std::sort(files.begin(), files.end(),
-            [](const FileRecord& a, const FileRecord& b) { return a.shard_rank < b.shard_rank; });
-  for (size_t i = 0; i < files.size(); ++i)
-    FSDP_ASSERT(files[i].shard_rank == int(i), "shard files do not cover ranks 0..",
-                plan.dp_size() - 1, " once each");
-  FSDP_ASSERT(int(files.size()) == plan.dp_size(), files.size(), " shard files for ", plan.dp_size(),
-              " shards");
-  m.files = std::move(files);
+  for (WrittenFile& w : written) m.files.push_back(std::move(w.record));
   m.recipe_json = progress.recipe_json;
   return m;
 }
@@ -257,14 +340,15 @@ SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel&
     std::string record;
     run_on_every_rank(ctx, comm, [&] {
       if (!writer) return;
-      record = record_to_text(write_shard_file(ctx, model, state, groups.shard_rank(),
-                                               groups.shard_size(), temp_dir, options));
+      WrittenFile w{write_shard_file(ctx, model, state, file_position(groups), temp_dir, options),
+                    slices_of(model)};
+      record = written_to_text(w);
     });
-    std::vector<FileRecord> files;
+    std::vector<WrittenFile> files;
     for (const std::string& text : all_gather_strings(ctx, comm, record)) {
       if (text.empty()) continue;
-      files.push_back(record_from_text(text));
-      result.bytes += files.back().bytes;
+      files.push_back(written_from_text(text));
+      result.bytes += files.back().record.bytes;
     }
 
     // 3. Every shard is on disk: rank 0 commits (metadata, rename, latest), then prunes.

@@ -48,6 +48,23 @@ std::vector<ParallelSlice::Run> ParallelSlice::runs(int64_t offset, int64_t n) c
   return out;
 }
 
+int64_t ParallelSlice::local_of(int64_t full, int64_t n) const {
+  const std::vector<int64_t>& dims = full_shape.dims();
+  int64_t inner = 1;
+  for (size_t d = size_t(dim) + 1; d < dims.size(); ++d) inner *= dims[d];
+  const int64_t full_row = dims[size_t(dim)] * inner;
+  const int64_t local_row = local_shape()[dim] * inner;
+  if (full < 0 || n <= 0 || full + n > full_shape.numel()) return -1;
+  const int64_t o = full / full_row, within = full % full_row;  // outer index, offset in it
+  int64_t local = o * local_row;
+  for (const auto& [b, e] : ranges) {
+    const int64_t lo = b * inner, hi = e * inner;
+    if (within >= lo && within + n <= hi) return local + (within - lo);
+    local += hi - lo;
+  }
+  return -1;
+}
+
 std::string ParallelSlice::str() const {
   std::string s = str_cat("dim ", dim, " of ", full_shape, ":");
   for (const auto& [b, e] : ranges) s += str_cat(" [", b, ", ", e, ")");

@@ -36,6 +36,10 @@ struct ParallelSlice {
   // Local elements [offset, offset + n) as runs, in local order.
   std::vector<Run> runs(int64_t offset, int64_t n) const;
 
+  // The local element holding full element `full`, when the n full elements from there lie
+  // in one run (consecutive locally too); -1 otherwise.
+  int64_t local_of(int64_t full, int64_t n) const;
+
   std::string str() const;  // "dim 0 of (96, 32): [0, 16) [32, 40) [64, 72)"
 };
 

@@ -39,13 +39,6 @@ void check_model_parallel(const Recipe& r) {
   FSDP_CHECK(m.context_parallel_size == 1, ConfigError, "'model.context_parallel_size' is ",
              m.context_parallel_size, ": context parallelism is not implemented yet; set it to 1");
   if (tp == 1) return;
-  FSDP_CHECK(!r.checkpoint.save, ConfigError, "'checkpoint.save' is set but "
-             "'model.tensor_model_parallel_size' is ", tp, ": checkpoints of tensor-parallel "
-             "runs are not implemented yet; set checkpoint.save=null");
-  FSDP_CHECK(!r.checkpoint.load || *r.checkpoint.load == "latest", ConfigError,
-             "'checkpoint.load' is \"", r.checkpoint.load.value_or(""), "\" but "
-             "'model.tensor_model_parallel_size' is ", tp, ": tensor-parallel runs cannot load "
-             "checkpoints yet; set checkpoint.load=null");
   FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError, "'optimizer.cpu_offload' with "
              "'model.tensor_model_parallel_size' ", tp, " is not supported yet");
   FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with "

@@ -168,10 +168,6 @@ TEST_CASE("tensor and context parallelism that cannot run are refused by key", "
                              "implemented yet"));
   CHECK_THAT(config_error(R"({"model": {"context_parallel_size": 2}})"),
              Catch::Contains("'model.context_parallel_size' is 2"));
-  CHECK_THAT(config_error(R"({"model": {"n_head": 4, "d_model": 64,
-                                        "tensor_model_parallel_size": 2},
-                              "checkpoint": {"save": "ckpt"}})"),
-             Catch::Contains("checkpoints of tensor-parallel runs are not implemented yet"));
 }
 
 TEST_CASE("edit distance counts single-character edits", "[recipe]") {

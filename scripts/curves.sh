@@ -21,6 +21,8 @@
 #           with micro-batches of 8 (two per step), a change of rounding only; compare their
 #           metrics with the f32 runs' (curve.py table); the GPT-2 one is also replayed by the
 #           twin, whose curve against the micro-batch-16 replay's is PyTorch's own floor
+#   mb8     the Llama f32 comparison again with micro-batches of 8 on both sides (the noise
+#           part replays GPT-2's)
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -107,6 +109,8 @@ want f32 && replay gpt2_f32 f32 "${GPT2[@]}"
 if want llama; then
   for p in ${LLAMA_PRECISIONS:-bf16}; do replay llama_$p $p "${GPT2[@]}" "${LLAMA[@]}"; done
 fi
+
+want mb8 && replay llama_f32_mb8_replay f32 "${GPT2[@]}" "${LLAMA[@]}" train.micro_batch_size=8
 
 if want noise; then
   # GPT-2 replayed too: the twin's curve against its micro-batch-16 replay is PyTorch's floor.

@@ -157,4 +157,47 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
   }
 }
 
+// A one-rank group: what the ops do on one device, whatever the group's size (the sums are
+// the communicator's job, tested on CPU ranks above).
+struct LocalGroup : nn::TensorParallelGroup {
+  int size() const override { return 1; }
+  int rank() const override { return 0; }
+  void all_reduce_sum(Context&, const Tensor&) override {}
+};
+
+// The row-parallel epilogue on CUDA: leave (a copy through the group), then the bias added
+// through a zero-stride view of it, and back: identity, and the bias's column sums.
+TEST_CASE("CUDA tensor-parallel ops match the CPU's", "[parallel][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  LocalGroup group;
+  const Shape shape{3, 5, 24};
+  std::vector<double> y_values(size_t(shape.numel())), d_values(y_values.size()), b_values(24);
+  for (size_t i = 0; i < y_values.size(); ++i) {
+    y_values[i] = std::sin(0.37 * double(i));
+    d_values[i] = std::cos(0.11 * double(i));
+  }
+  for (size_t i = 0; i < b_values.size(); ++i) b_values[i] = 0.1 * double(i) - 1.0;
+  struct Out {
+    std::vector<double> y, dy, db;
+  };
+  auto run = [&](Context& ctx) {
+    nn::Parameter bias("bias", Shape{24}, nn::InitRule::zeros(), false);
+    bias.data = ops::from_vector(ctx, b_values, Shape{24}, DType::f32);
+    autograd::Graph g(ctx);
+    const Tensor y = autograd::Graph::leaf(ops::from_vector(ctx, y_values, shape, DType::f32));
+    const Tensor x = nn::tensor_parallel_enter(g, y, group);
+    const Tensor out = nn::add_bias(g, nn::tensor_parallel_leave(g, x, group), bias);
+    g.backward(out, ops::from_vector(ctx, d_values, shape, DType::f32));
+    return Out{values(ctx, out), values(ctx, autograd::Graph::grad(y)), values(ctx, bias.grad)};
+  };
+  const Out want = run(cpu), got = run(gpu);
+  REQUIRE(got.y.size() == want.y.size());
+  for (size_t i = 0; i < want.y.size(); ++i) {
+    CHECK(got.y[i] == want.y[i]);  // one f32 addition each
+    CHECK(got.dy[i] == want.dy[i]);
+  }
+  for (size_t i = 0; i < want.db.size(); ++i) CHECK(got.db[i] == Approx(want.db[i]).epsilon(1e-5));
+}
+
 }  // namespace

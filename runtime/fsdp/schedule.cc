@@ -53,6 +53,7 @@ void ShardedModel::attach_hooks() {
 void ShardedModel::start_step() {
   shared_.calls.reset_counts();
   micro_batches_ = 0;
+  tensor_parallel_grads_summed_ = false;
   for (auto& u : units_) u->zero_grads();
   // Reductions of this step add into the buffers just zeroed on the compute stream.
   shared_.reduce_stream.wait(mark(shared_.ctx.stream()));
@@ -63,7 +64,24 @@ void ShardedModel::start_micro_batch(bool last) {
   micro_batches_++;
 }
 
-void ShardedModel::finish_grad_sync() { shared_.ctx.stream().wait(mark(shared_.reduce_stream)); }
+void ShardedModel::finish_grad_sync() {
+  shared_.ctx.stream().wait(mark(shared_.reduce_stream));
+  if (shared_.last_micro_batch && !tensor_parallel_grads_summed_) {
+    sum_tensor_parallel_grads();
+    tensor_parallel_grads_summed_ = true;
+  }
+}
+
+void ShardedModel::sum_tensor_parallel_grads() {
+  // Both reductions are sums, so the data-parallel one (done) and this one commute.
+  Communicator* tp = shared_.groups.tensor_parallel;
+  if (!tp || !shared_.communicates(tp)) return;
+  Context& ctx = shared_.ctx;
+  for (auto& u : units_)
+    for (const ShardSegment& s : u->plan().segments(shard_rank()))
+      if (u->params()[size_t(s.param)]->tensor_parallel_grad_sum)
+        tp->all_reduce(u->grad_shard.narrow(0, s.shard_offset, s.numel), ReduceOp::Sum, ctx.stream());
+}
 
 double ShardedModel::grad_multiplier() const {
   // Every collective already averaged over the ranks (pre-multiplied or Avg); what is left

@@ -80,7 +80,10 @@ class ShardedModel {
   // ---- one optimizer step
   void start_step();                        // zeroes gradient accumulation
   void start_micro_batch(bool last);        // last: reduce what is accumulated
-  void finish_grad_sync();                  // compute stream waits for every reduction
+  // The compute stream waits for every reduction; after the last micro-batch, the gradients
+  // of parameters marked tensor_parallel_grad_sum (sequence parallelism) are summed over
+  // the tensor-parallel group, once per step.
+  void finish_grad_sync();
   // True gradient = accumulated gradient * grad_multiplier(): 1 / (micro-batches over all
   // data-parallel ranks), folded with the collectives' scaling.
   double grad_multiplier() const;
@@ -153,6 +156,7 @@ class ShardedModel {
   void register_buffers(const Tensor& compute, const Tensor& grad_accum, const Tensor& grad_shard);
   void initialize_weights();
   void attach_hooks();
+  void sum_tensor_parallel_grads();
   FsdpUnit& unit(int u) { return *units_[size_t(u)]; }
   const FsdpUnit& unit(int u) const { return *units_[size_t(u)]; }
 
@@ -165,6 +169,7 @@ class ShardedModel {
   std::vector<OptimizerRange> optimizer_ranges_;
   MemoryBreakdown memory_;
   int micro_batches_ = 0;
+  bool tensor_parallel_grads_summed_ = false;
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
   // Last: deregistered before any buffer they cover can be freed.
   std::vector<Registration> registrations_;

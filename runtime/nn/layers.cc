@@ -17,22 +17,23 @@ Tensor Linear::compute(Graph& g, const Tensor& x) {
   return parallel_output(g, linear(g, parallel_input(g, x), *weight_, fused_bias(), epilogue_));
 }
 
-void Linear::set_parallel_style(ParallelStyle style, TensorParallelGroup* group) {
+void Linear::set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence) {
   FSDP_CHECK(style == ParallelStyle::replicated || group, ValueError, "Linear ", name(), ": a ",
              parallel_style_name(style), "-parallel layer needs a tensor-parallel group");
   FSDP_CHECK(style != ParallelStyle::row || epilogue_ == ops::Epilogue::None, ValueError, "Linear ",
              name(), ": a row-parallel layer cannot fuse an activation (it applies to the sum)");
   style_ = style;
   group_ = style == ParallelStyle::replicated ? nullptr : group;
+  sequence_ = sequence && style != ParallelStyle::replicated;
 }
 
 Tensor Linear::parallel_input(Graph& g, const Tensor& x) {
-  return style_ == ParallelStyle::column ? tensor_parallel_enter(g, x, *group_) : x;
+  return style_ == ParallelStyle::column ? tensor_parallel_enter(g, x, *group_, sequence_) : x;
 }
 
 Tensor Linear::parallel_output(Graph& g, const Tensor& y) {
   if (style_ != ParallelStyle::row) return y;
-  const Tensor sum = tensor_parallel_leave(g, y, *group_);
+  const Tensor sum = tensor_parallel_leave(g, y, *group_, sequence_);
   return bias_ ? add_bias(g, sum, *bias_) : sum;
 }
 

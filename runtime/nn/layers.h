@@ -50,7 +50,9 @@ class Linear : public UnaryModule {
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
-  void set_parallel_style(ParallelStyle style, TensorParallelGroup* group);
+  // `sequence`: sequence parallelism around the layer (the input of a column-parallel layer
+  // and the output of a row-parallel one are this rank's part of the sequence).
+  void set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence = false);
   ParallelStyle parallel_style() const { return style_; }
   // The input as the matmul takes it (column: entering the tensor-parallel region).
   Tensor parallel_input(Graph& g, const Tensor& x);
@@ -68,6 +70,7 @@ class Linear : public UnaryModule {
   ops::Epilogue epilogue_;
   ParallelStyle style_ = ParallelStyle::replicated;
   TensorParallelGroup* group_ = nullptr;
+  bool sequence_ = false;
 };
 
 // An embedding table weight (rows, C), decayed (as in llm.c's GPT-2 recipe). forward()

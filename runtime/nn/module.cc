@@ -167,7 +167,10 @@ Tensor Module::run_forward(Graph& graph, const Tensor& x,
 }
 
 Tensor UnaryModule::forward(Graph& graph, const Tensor& x) {
-  return run_forward(graph, x, [this](Graph& g, const Tensor& in) { return compute(g, in); });
+  const Tensor in = input_transform_ ? input_transform_(graph, x) : x;
+  const Tensor out =
+      run_forward(graph, in, [this](Graph& g, const Tensor& t) { return compute(g, t); });
+  return output_transform_ ? output_transform_(graph, out) : out;
 }
 
 }  // namespace fsdp::nn

@@ -139,10 +139,21 @@ class UnaryModule : public Module {
   Tensor forward(Graph& graph, const Tensor& x);
   Tensor operator()(Graph& graph, const Tensor& x) { return forward(graph, x); }
 
+  // Differentiable transforms a parallel plan puts around the forward, from outside the
+  // model (sequence parallelism splits the residual stream before the first block and
+  // gathers it after the final norm): the input one runs before the module's hooks, the
+  // output one after them; neither is re-run by activation recompute.
+  using Transform = std::function<Tensor(Graph&, const Tensor&)>;
+  void set_input_transform(Transform t) { input_transform_ = std::move(t); }
+  void set_output_transform(Transform t) { output_transform_ = std::move(t); }
+
  protected:
   // The module's math. May be called twice per step under recompute: it must not keep
   // state between calls.
   virtual Tensor compute(Graph& graph, const Tensor& x) = 0;
+
+ private:
+  Transform input_transform_, output_transform_;
 };
 
 // "a.b" from "a" and "b" ("b" when the prefix is empty).

@@ -15,15 +15,58 @@ const char* parallel_style_name(ParallelStyle s) {
   return "?";
 }
 
-Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& group) {
-  if (!g.should_record({&x}, false)) return x;
-  // A new handle on x's data: later nodes send their (partial) gradients to it.
-  Tensor out = Graph::track(x.view(x.shape()));
+namespace {
+
+void check_sequence(const Tensor& x, int parts, const char* what) {
+  FSDP_CHECK(x.dim() == 3 && x.size(1) % parts == 0, ShapeError, what, ": ", x.str(),
+             " must be (B, T, C) with T divisible by the ", parts, " tensor-parallel ranks");
+}
+
+// x (B, T/tp, C) of every rank -> (B, T, C), the ranks' parts in order along T.
+Tensor gather_sequence(Context& ctx, const Tensor& x, TensorParallelGroup& group) {
+  const int tp = group.size();
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  const Tensor parts = ctx.empty(Shape{tp, b, t, c}, x.dtype());  // rank-major
+  group.all_gather(ctx, parts.flatten(), ops::contiguous(ctx, x).flatten());
+  const Tensor out = ctx.empty(Shape{b, tp * t, c}, x.dtype());
+  ops::copy(ctx, out.view(Shape{b, tp, t, c}), parts.permute({1, 0, 2, 3}));
+  return out;
+}
+
+// y (B, T, C) of every rank -> this rank's (B, T/tp, C) of the sum over ranks.
+Tensor reduce_scatter_sequence(Context& ctx, const Tensor& y, TensorParallelGroup& group) {
+  const int tp = group.size();
+  const int64_t b = y.size(0), t = y.size(1) / tp, c = y.size(2);
+  const Tensor parts = ctx.empty(Shape{tp, b, t, c}, y.dtype());  // rank-major
+  ops::copy(ctx, parts, ops::contiguous(ctx, y).view(Shape{b, tp, t, c}).permute({1, 0, 2, 3}));
+  const Tensor out = ctx.empty(Shape{b, t, c}, y.dtype());
+  group.reduce_scatter_sum(ctx, out.flatten(), parts.flatten());
+  return out;
+}
+
+// This rank's (B, T/tp, C) of x (B, T, C), copied.
+Tensor split_sequence(Context& ctx, const Tensor& x, TensorParallelGroup& group) {
+  const int64_t t = x.size(1) / group.size();
+  return ops::clone(ctx, x.narrow(1, group.rank() * t, t));
+}
+
+}  // namespace
+
+Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& group, bool sequence) {
+  if (sequence) check_sequence(x, 1, "tensor_parallel_enter");
+  Tensor out = sequence ? gather_sequence(g.ctx(), x, group) : x;
+  if (!g.should_record({&x}, false)) return out;
+  // A new handle on the data: later nodes send their (partial) gradients to it.
+  out = Graph::track(out.view(out.shape()));
   TensorParallelGroup* grp = &group;
-  g.record("tensor_parallel_enter", {out.autograd_meta()},
-           [tx = Graph::target(x), om = out.autograd_meta(), grp](Graph& g) {
+  g.record(sequence ? "sequence_parallel_enter" : "tensor_parallel_enter", {out.autograd_meta()},
+           [tx = Graph::target(x), om = out.autograd_meta(), grp, sequence](Graph& g) {
              const Tensor dout = Graph::grad_of(om);
              if (!dout.defined()) return;
+             if (sequence) {
+               g.accumulate(tx, reduce_scatter_sequence(g.ctx(), dout, *grp));
+               return;
+             }
              // The gradient is adopted by x below: sum a copy, never a buffer another node
              // may still read.
              Tensor d = ops::clone(g.ctx(), dout);
@@ -33,15 +76,52 @@ Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& gro
   return out;
 }
 
-Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& group) {
-  Tensor out = ops::clone(g.ctx(), y);  // contiguous
-  group.all_reduce_sum(g.ctx(), out);
+Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& group, bool sequence) {
+  Tensor out;
+  if (sequence) {
+    check_sequence(y, group.size(), "tensor_parallel_leave");
+    out = reduce_scatter_sequence(g.ctx(), y, group);
+  } else {
+    out = ops::clone(g.ctx(), y);  // contiguous
+    group.all_reduce_sum(g.ctx(), out);
+  }
   if (!g.should_record({&y}, false)) return out;
   out = Graph::track(out);
-  g.record("tensor_parallel_leave", {out.autograd_meta()},
-           [ty = Graph::target(y), om = out.autograd_meta()](Graph& g) {
+  TensorParallelGroup* grp = &group;
+  g.record(sequence ? "sequence_parallel_leave" : "tensor_parallel_leave", {out.autograd_meta()},
+           [ty = Graph::target(y), om = out.autograd_meta(), grp, sequence](Graph& g) {
              const Tensor dout = Graph::grad_of(om);
-             if (dout.defined()) g.accumulate(ty, dout);  // adopted: accumulate copies on write
+             if (!dout.defined()) return;
+             // Adopted: accumulate copies on write.
+             g.accumulate(ty, sequence ? gather_sequence(g.ctx(), dout, *grp) : dout);
+           });
+  return out;
+}
+
+Tensor sequence_split(Graph& g, const Tensor& x, TensorParallelGroup& group) {
+  check_sequence(x, group.size(), "sequence_split");
+  Tensor out = split_sequence(g.ctx(), x, group);
+  if (!g.should_record({&x}, false)) return out;
+  out = Graph::track(out);
+  TensorParallelGroup* grp = &group;
+  g.record("sequence_split", {out.autograd_meta()},
+           [tx = Graph::target(x), om = out.autograd_meta(), grp](Graph& g) {
+             const Tensor dout = Graph::grad_of(om);
+             if (dout.defined()) g.accumulate(tx, gather_sequence(g.ctx(), dout, *grp));
+           });
+  return out;
+}
+
+Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group) {
+  check_sequence(x, 1, "sequence_gather");
+  Tensor out = gather_sequence(g.ctx(), x, group);
+  if (!g.should_record({&x}, false)) return out;
+  out = Graph::track(out);
+  TensorParallelGroup* grp = &group;
+  g.record("sequence_gather", {out.autograd_meta()},
+           [tx = Graph::target(x), om = out.autograd_meta(), grp](Graph& g) {
+             const Tensor dout = Graph::grad_of(om);
+             if (dout.defined()) g.accumulate(tx, split_sequence(g.ctx(), dout, *grp));
            });
   return out;
 }

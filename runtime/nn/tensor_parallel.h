@@ -8,6 +8,10 @@
 //          whole activation). Backward: the ranks' partial input gradients are summed.
 //   leave: the output of a row-parallel layer. Forward: the ranks' partial outputs are
 //          summed. Backward: identity.
+// With sequence parallelism the residual stream between those regions is split along the
+// sequence (each rank holds T/tp of the T tokens of every sequence: x (B, T/tp, C)): enter
+// all-gathers the sequence (backward: reduce-scatter), leave reduce-scatters it (backward:
+// all-gather), and the norms and biases between them see only their rank's tokens.
 #pragma once
 
 #include "runtime/autograd/graph.h"
@@ -27,6 +31,10 @@ class TensorParallelGroup {
   // t (contiguous, on ctx's device) = the sum of t over the group, in place, queued on
   // ctx's stream. Every rank of the group calls it in the same order.
   virtual void all_reduce_sum(Context& ctx, const Tensor& t) = 0;
+  // out (size() * n, contiguous) = every rank's in (n) in rank order.
+  virtual void all_gather(Context& ctx, const Tensor& out, const Tensor& in) = 0;
+  // out (n) = the sum over the ranks of part `rank()` of their in (size() * n).
+  virtual void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) = 0;
 };
 
 // How a layer is split over the tensor-parallel group.
@@ -37,10 +45,22 @@ enum class ParallelStyle : uint8_t {
 };
 const char* parallel_style_name(ParallelStyle s);  // "replicated", "column", "row"
 
-// Identity forward; backward sums x's gradient over `group`.
-Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& group);
-// Forward sums y over `group` (into a new tensor); backward is the identity.
-Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& group);
+// Identity forward; backward sums x's gradient over `group`. With `sequence`, x (B, T/tp, C)
+// is this rank's part of the sequence: forward all-gathers it to (B, T, C), backward
+// reduce-scatters the gradient.
+Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& group,
+                             bool sequence = false);
+// Forward sums y over `group` (into a new tensor); backward is the identity. With
+// `sequence`, y (B, T, C) is reduce-scattered to this rank's (B, T/tp, C); backward
+// all-gathers the gradient.
+Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& group,
+                             bool sequence = false);
+// Sequence parallelism's ends. split: x (B, T, C), the same on every rank -> this rank's
+// (B, T/tp, C); backward all-gathers the gradient. gather: x (B, T/tp, C) -> (B, T, C);
+// backward keeps this rank's part of the gradient, which every rank holds whole and equal
+// (what follows is replicated).
+Tensor sequence_split(Graph& g, const Tensor& x, TensorParallelGroup& group);
+Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group);
 // y (..., N) + bias (N) broadcast over the rows; backward: bias.grad += column sums.
 Tensor add_bias(Graph& g, const Tensor& y, Parameter& bias);
 

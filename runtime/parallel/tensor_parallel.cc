@@ -9,9 +9,26 @@ void CommunicatorTensorParallelGroup::all_reduce_sum(Context& ctx, const Tensor&
   comm_.all_reduce(t, ReduceOp::Sum, ctx.stream());
 }
 
-void PlanningTensorParallelGroup::all_reduce_sum(Context&, const Tensor&) {
+void CommunicatorTensorParallelGroup::all_gather(Context& ctx, const Tensor& out, const Tensor& in) {
+  comm_.all_gather(out, in, ctx.stream());
+}
+
+void CommunicatorTensorParallelGroup::reduce_scatter_sum(Context& ctx, const Tensor& out,
+                                                         const Tensor& in) {
+  comm_.reduce_scatter(out, in, ReduceOp::Sum, ctx.stream());
+}
+
+namespace {
+[[noreturn]] void planning_only() {
   FSDP_THROW(Error, "a planning tensor-parallel group cannot communicate: build the model's "
-            "group over a communicator to run it");
+             "group over a communicator to run it");
+}
+}  // namespace
+
+void PlanningTensorParallelGroup::all_reduce_sum(Context&, const Tensor&) { planning_only(); }
+void PlanningTensorParallelGroup::all_gather(Context&, const Tensor&, const Tensor&) { planning_only(); }
+void PlanningTensorParallelGroup::reduce_scatter_sum(Context&, const Tensor&, const Tensor&) {
+  planning_only();
 }
 
 namespace {
@@ -30,7 +47,7 @@ std::string line(const nn::Linear& layer, nn::ParallelStyle style) {
   return layer.name() + ": " + nn::parallel_style_name(style);
 }
 
-void split_attention(nn::CausalSelfAttention& a, nn::TensorParallelGroup& group,
+void split_attention(nn::CausalSelfAttention& a, nn::TensorParallelGroup& group, bool sequence,
                      std::vector<std::string>& report) {
   const int r = group.rank(), tp = group.size();
   const nn::AttentionConfig& c = a.config();
@@ -39,9 +56,9 @@ void split_attention(nn::CausalSelfAttention& a, nn::TensorParallelGroup& group,
   const auto k = nn::equal_part(h * d, (h + hkv) * d, r, tp, a.name() + " key heads");
   const auto v = nn::equal_part((h + hkv) * d, (h + 2 * hkv) * d, r, tp, a.name() + " value heads");
   slice_linear(a.qkv, 0, {q, k, v});
-  a.qkv.set_parallel_style(nn::ParallelStyle::column, &group);
+  a.qkv.set_parallel_style(nn::ParallelStyle::column, &group, sequence);
   slice_linear(a.proj, 1, {q});
-  a.proj.set_parallel_style(nn::ParallelStyle::row, &group);
+  a.proj.set_parallel_style(nn::ParallelStyle::row, &group, sequence);
   a.set_local_heads(h / tp, hkv / tp);
   report.push_back(line(a.qkv, nn::ParallelStyle::column));
   report.push_back(line(a.proj, nn::ParallelStyle::row));
@@ -50,34 +67,70 @@ void split_attention(nn::CausalSelfAttention& a, nn::TensorParallelGroup& group,
 // fc (hidden rows, made of `parts` equal parts such as [gate | up]) column-parallel, proj
 // (C, F) row-parallel over the same F/tp features.
 void split_mlp(nn::Linear& fc, int parts, nn::Linear& proj, nn::TensorParallelGroup& group,
-               std::vector<std::string>& report) {
+               bool sequence, std::vector<std::string>& report) {
   const int r = group.rank(), tp = group.size();
   const int64_t f = proj.weight().shape()[1];
   Ranges rows;
   for (int p = 0; p < parts; ++p)
     rows.push_back(nn::equal_part(p * f, (p + 1) * f, r, tp, fc.name() + " features"));
   slice_linear(fc, 0, rows);
-  fc.set_parallel_style(nn::ParallelStyle::column, &group);
+  fc.set_parallel_style(nn::ParallelStyle::column, &group, sequence);
   slice_linear(proj, 1, {nn::equal_part(0, f, r, tp, proj.name() + " features")});
-  proj.set_parallel_style(nn::ParallelStyle::row, &group);
+  proj.set_parallel_style(nn::ParallelStyle::row, &group, sequence);
   report.push_back(line(fc, nn::ParallelStyle::column));
   report.push_back(line(proj, nn::ParallelStyle::row));
 }
 
+// Sequence parallelism: what sees only this rank's tokens gets its gradient summed over
+// the group: every norm inside the blocks, the final norm, and the row-parallel biases.
+void mark_sequence_parallel_grads(nn::Module& model, std::vector<std::string>& report) {
+  for (nn::Module* m : model.modules()) {
+    const std::string kind = m->kind();
+    const bool norm = kind == "layernorm" || kind == "rmsnorm";
+    auto* linear = dynamic_cast<nn::Linear*>(m);
+    const bool row_bias = linear && linear->parallel_style() == nn::ParallelStyle::row && linear->bias();
+    if (!norm && !row_bias) continue;
+    for (const auto& p : m->own_parameters())
+      if (norm || p.get() == linear->bias()) {
+        p->tensor_parallel_grad_sum = true;
+        report.push_back(p->name() + ": gradient summed over tp");
+      }
+  }
+}
+
 }  // namespace
 
-std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorParallelGroup& group) {
+std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorParallelGroup& group,
+                                               bool sequence_parallel) {
   std::vector<std::string> report;
   if (group.size() == 1) return report;
+  nn::UnaryModule* first_block = nullptr;
   for (nn::Module* m : model.modules()) {
     if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
-      split_attention(*a, group, report);
+      split_attention(*a, group, sequence_parallel, report);
     } else if (auto* g = dynamic_cast<nn::GeluMLP*>(m)) {
-      split_mlp(g->fc, 1, g->proj, group, report);
+      split_mlp(g->fc, 1, g->proj, group, sequence_parallel, report);
     } else if (auto* s = dynamic_cast<nn::SwiGLUMLP*>(m)) {
-      split_mlp(s->gate_up, 2, s->proj, group, report);
+      split_mlp(s->gate_up, 2, s->proj, group, sequence_parallel, report);
     }
+    if (!first_block && m->kind() == "block") first_block = dynamic_cast<nn::UnaryModule*>(m);
   }
+  if (!sequence_parallel) return report;
+  // The stream is split before the first block and gathered after the final norm (the
+  // model's direct child of a norm kind): the embedding and the head see whole sequences.
+  nn::UnaryModule* final_norm = nullptr;
+  for (nn::Module* m : model.children())
+    if (m->kind() == "layernorm" || m->kind() == "rmsnorm") final_norm = dynamic_cast<nn::UnaryModule*>(m);
+  FSDP_CHECK(first_block && final_norm, ConfigError, "sequence parallelism needs a model of blocks "
+             "(modules of kind \"block\") followed by a final norm");
+  nn::TensorParallelGroup* grp = &group;
+  first_block->set_input_transform(
+      [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_split(g, x, *grp); });
+  final_norm->set_output_transform(
+      [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_gather(g, x, *grp); });
+  report.push_back(first_block->name() + ": input split along the sequence");
+  report.push_back(final_norm->name() + ": output gathered along the sequence");
+  mark_sequence_parallel_grads(model, report);
   return report;
 }
 

@@ -13,6 +13,14 @@
 // Everything else (embeddings, norms, the head) is replicated: every rank holds and updates
 // the whole tensor, and, since every rank computes the same gradient for it, no gradient
 // sum over the group is needed.
+//
+// Sequence parallelism (`sequence_parallel`) also splits the residual stream along the
+// sequence between those layers: the first block's input is split (each rank keeps T/tp
+// tokens), the column-parallel layers all-gather it and the row-parallel ones
+// reduce-scatter their output (instead of all-reducing it), and the final norm's output is
+// gathered again for the (replicated) head. The norms inside and after the blocks and the
+// row-parallel biases then see only their rank's tokens: their gradients are partial sums,
+// marked Parameter::tensor_parallel_grad_sum for FSDP to sum over the group.
 #pragma once
 
 #include <string>
@@ -31,6 +39,8 @@ class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
+  void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override;
+  void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override;
 
  private:
   Communicator& comm_;
@@ -44,6 +54,8 @@ class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
   int size() const override { return size_; }
   int rank() const override { return rank_; }
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
+  void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override;
+  void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override;
 
  private:
   int size_, rank_;
@@ -53,6 +65,7 @@ class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
 // and sets its layers' styles. Returns one line per split layer ("h.0.attn.qkv: column").
 // A group of size 1 leaves the model as it is. Throws ShapeError naming the layer when its
 // heads or features do not split into equal parts.
-std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorParallelGroup& group);
+std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorParallelGroup& group,
+                                               bool sequence_parallel = false);
 
 }  // namespace fsdp

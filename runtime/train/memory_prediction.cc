@@ -38,7 +38,8 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   p.activations = activation_bytes_estimate(model_config_of(recipe), recipe.train.micro_batch_size,
                                             recipe.model.seq_length, fo.compute_dtype,
                                             recompute_of(recipe),
-                                            recipe.model.tensor_model_parallel_size);
+                                            recipe.model.tensor_model_parallel_size,
+                                            recipe.model.sequence_parallel);
   return p;
 }
 

@@ -33,9 +33,10 @@ void check_model_parallel(const Recipe& r) {
                                {"model.n_kv_head", m.n_kv_head}, {"model.d_ff", m.d_ff}})
     FSDP_CHECK(n % tp == 0, ConfigError, "'", key, "' (", n, ") is not divisible by "
                "'model.tensor_model_parallel_size' (", tp, ")");
-  FSDP_CHECK(!m.sequence_parallel, ConfigError,
-             "'model.sequence_parallel' is true: sequence parallelism is not implemented yet; "
-             "set it false");
+  // Sequence parallelism splits every sequence into tp equal parts (with tp = 1 it is a no-op).
+  FSDP_CHECK(!m.sequence_parallel || m.seq_length % tp == 0, ConfigError, "'model.seq_length' (",
+             m.seq_length, ") is not divisible by 'model.tensor_model_parallel_size' (", tp,
+             "), as 'model.sequence_parallel' needs");
   FSDP_CHECK(m.context_parallel_size == 1, ConfigError, "'model.context_parallel_size' is ",
              m.context_parallel_size, ": context parallelism is not implemented yet; set it to 1");
   if (tp == 1) return;

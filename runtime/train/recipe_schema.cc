@@ -51,8 +51,9 @@ std::vector<FieldSpec> build_schema() {
           "Tensor-parallel ranks (Megatron's layout: attention heads and MLP features split, "
           "consecutive ranks); the data-parallel ranks are what the world size leaves."),
       KEY(model.sequence_parallel).default_to(false).help_text(
-          "With tensor parallelism, split the residual stream and norms along the sequence "
-          "(not implemented yet: must be false)."),
+          "With tensor parallelism, split the residual stream and the norms along the sequence "
+          "between the tensor-parallel layers (less activation memory; all-gathers and "
+          "reduce-scatters instead of all-reduces)."),
       KEY(model.context_parallel_size).default_to(1).at_least(1).help_text(
           "Context-parallel ranks splitting each sequence (not implemented yet: must be 1)."),
       KEY(model.cp_comm_type).one_of({"p2p", "all_gather"}).default_to("p2p").help_text(

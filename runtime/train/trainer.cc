@@ -256,7 +256,7 @@ void Trainer::State::setup_model_and_sharding() {
   if (mesh->size(MeshAxis::tp) > 1) {
     // Tensor parallelism slices the specs first; FSDP then shards this rank's slices.
     tp_group = std::make_unique<CommunicatorTensorParallelGroup>(comms->axis(MeshAxis::tp));
-    apply_tensor_parallel(*model, *tp_group);
+    apply_tensor_parallel(*model, *tp_group, recipe.model.sequence_parallel);
   }
   models::set_activation_recompute(*model, recompute_of(recipe));
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
@@ -346,7 +346,8 @@ void Trainer::State::print_startup_report() const {
   const size_t opt_bytes = optimizer->state_bytes();
   const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
                                                 recompute_of(recipe),
-                                                recipe.model.tensor_model_parallel_size);
+                                                recipe.model.tensor_model_parallel_size,
+                                            recipe.model.sequence_parallel);
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()

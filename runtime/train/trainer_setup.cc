@@ -114,7 +114,7 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
 
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
-                                  int tp) {
+                                  int tp, bool sequence_parallel) {
   const int64_t n = micro_batch * seq_len;  // tokens
   const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
   const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
@@ -129,9 +129,11 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   const int64_t mlp_input = c.family == models::Family::Llama ? 2 * F : F;
   const int64_t mlp = recompute == models::Recompute::selective ? mlp_input : mlp_input + F;
   // Tensor parallelism splits qkv, the attention output and the MLP's hidden tensors; the
-  // residual stream and the norms' outputs stay whole on every rank.
-  int64_t layer_bytes = n * (2 * C * r + (2 * C + (qkv + C + mlp) / tp) * e);
-  if (recompute == models::Recompute::full) layer_bytes = n * C * r;  // only the block input
+  // residual stream and the norms' outputs stay whole on every rank unless sequence
+  // parallelism splits them too.
+  const int64_t stream_parts = sequence_parallel ? tp : 1;
+  int64_t layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + C + mlp) / tp * e);
+  if (recompute == models::Recompute::full) layer_bytes = n * C * r / stream_parts;  // the block input
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
   // head-weight gradient (Vp, C) (f64 for f64 compute); the per-token losses; the embedding

@@ -31,9 +31,10 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val);
 
 // Bytes of activations one micro-batch keeps for backward on one rank (an estimate from the
 // tensors the model's ops save, and the chunked classifier's logits buffer). Under tensor
-// parallelism over `tp` ranks each keeps its share of the heads' and the MLP's tensors.
+// parallelism over `tp` ranks each keeps its share of the heads' and the MLP's tensors,
+// and with sequence parallelism its share of the residual stream and the norms' outputs.
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
-                                  int tp = 1);
+                                  int tp = 1, bool sequence_parallel = false);
 
 }  // namespace fsdp::train

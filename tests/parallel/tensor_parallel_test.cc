@@ -5,7 +5,9 @@
 // local gradient its slice of the whole model's gradient, within 1e-12 relative; and each
 // forward plus backward issues exactly 4 all-reduces per block on the tensor-parallel
 // communicator (attention and MLP outputs forward, their inputs' gradients backward).
-// Activation recompute re-runs the forward sums inside backward: 6 per block.
+// Activation recompute re-runs the forward sums inside backward: 6 per block. With sequence
+// parallelism the same holds (the partial gradients of the norms and row-parallel biases
+// summed over the group), with all-gathers and reduce-scatters in place of the all-reduces.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -122,12 +124,14 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
     tgt[size_t(i)] = int32_t((i * 5 + 1) % 29);
   }
   for (models::Family family : {models::Family::GPT2, models::Family::Llama}) {
+   for (bool sp : {false, true}) {
     for (const char* recompute : {"none", "full"}) {
-      INFO(models::family_name(family) << ", recompute " << recompute << ", tp " << tp);
+      INFO(models::family_name(family) << ", recompute " << recompute << ", tp " << tp
+                                       << (sp ? ", sequence-parallel" : ""));
       auto whole = models::build_model(tiny(family));
       auto split = models::build_model(tiny(family));
-      const std::vector<std::string> report = apply_tensor_parallel(*split, group);
-      CHECK(report.size() == (tp > 1 ? 4u * 2u : 0u));  // qkv, proj, fc, proj per block
+      const std::vector<std::string> report = apply_tensor_parallel(*split, group, sp);
+      if (!sp) CHECK(report.size() == (tp > 1 ? 4u * 2u : 0u));  // qkv, proj, fc, proj per block
       for (auto* m : {whole.get(), split.get()}) {
         nn::materialize(ctx, *m, DType::f64, 1234);
         models::set_activation_recompute(*m, models::recompute_from_name(recompute));
@@ -143,17 +147,37 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
       tp_comm.reset_counts();
       const double got = run(*split);
       CHECK(std::abs(got - want) <= 1e-12 * std::abs(want));
-      const uint64_t per_block = std::string(recompute) == "full" ? 6 : 4;
-      CHECK(tp_comm.counts().all_reduce == (tp > 1 ? per_block * 2 : 0));
-      const std::vector<nn::Parameter*> wp = whole->named_parameters(), sp = split->named_parameters();
-      REQUIRE(wp.size() == sp.size());
+      const bool full = std::string(recompute) == "full";
+      const Communicator::Counts& n = tp_comm.counts();
+      if (tp == 1) {
+        CHECK(n.all_reduce + n.all_gather + n.reduce_scatter == 0);
+      } else if (!sp) {
+        CHECK(n.all_reduce == (full ? 6u : 4u) * 2);  // per block, 2 blocks
+        CHECK(n.all_gather + n.reduce_scatter == 0);
+      } else {
+        // Per block: 2 all-gathers and 2 reduce-scatters forward, the same backward (and the
+        // forward's again under full recompute); the split's backward and the final norm's
+        // gather, one all-gather each.
+        CHECK(n.all_gather == (full ? 6u : 4u) * 2 + 2);
+        CHECK(n.reduce_scatter == (full ? 6u : 4u) * 2);
+        CHECK(n.all_reduce == 0);
+      }
+      const std::vector<nn::Parameter*> wp = whole->named_parameters(), pp = split->named_parameters();
+      REQUIRE(wp.size() == pp.size());
       for (size_t i = 0; i < wp.size(); ++i) {
-        REQUIRE(wp[i]->name() == sp[i]->name());
-        CHECK(sp[i]->full_shape() == wp[i]->shape());
-        check_slice(ctx, *sp[i], sp[i]->data, wp[i]->data, 0.0, "initial weights");
-        check_slice(ctx, *sp[i], sp[i]->grad, wp[i]->grad, 1e-12, "gradient");
+        REQUIRE(wp[i]->name() == pp[i]->name());
+        CHECK(pp[i]->full_shape() == wp[i]->shape());
+        CHECK(pp[i]->tensor_parallel_grad_sum == (sp && tp > 1 && (pp[i]->name().find("norm") != std::string::npos ||
+                                                                   pp[i]->name().find("ln_") != std::string::npos ||
+                                                                   pp[i]->name().find("proj.bias") != std::string::npos)));
+        // What sees only this rank's tokens holds a partial gradient: FSDP sums it over the
+        // group (ShardedModel::finish_grad_sync); here the test does.
+        if (pp[i]->tensor_parallel_grad_sum) tp_comm.all_reduce(pp[i]->grad, ReduceOp::Sum, ctx.stream());
+        check_slice(ctx, *pp[i], pp[i]->data, wp[i]->data, 0.0, "initial weights");
+        check_slice(ctx, *pp[i], pp[i]->grad, wp[i]->grad, 1e-12, "gradient");
       }
     }
+   }
   }
 }
 
@@ -163,6 +187,10 @@ struct LocalGroup : nn::TensorParallelGroup {
   int size() const override { return 1; }
   int rank() const override { return 0; }
   void all_reduce_sum(Context&, const Tensor&) override {}
+  void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override { ops::copy(ctx, out, in); }
+  void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override {
+    ops::copy(ctx, out, in);
+  }
 };
 
 // The row-parallel epilogue on CUDA: leave (a copy through the group), then the bias added

@@ -62,6 +62,7 @@ struct Layout {
   std::string strategy;
   int micro_batch;  // of the global batch of 8 sequences
   int tp = 1;       // tensor-parallel ranks; the data-parallel ones are the rest
+  bool sp = false;  // sequence parallelism
 };
 
 std::vector<Layout> layouts();
@@ -74,13 +75,14 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
   const Json golden = read_json("tests/train/golden/" + name + "_curve.json");
   const std::string out = testing::scratch_dir(
       name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) + "_tp" +
-      std::to_string(layout.tp) + (extra.empty() ? "" : "_resumed") + "_rank" +
+      std::to_string(layout.tp) + (layout.sp ? "_sp" : "") + (extra.empty() ? "" : "_resumed") + "_rank" +
       std::to_string(testing::world_rank()));
   std::vector<std::string> overrides = {
       "dataset.train_path=" + byte_tokens_shard(), "run.output_dir=" + out,
       "logger.samples_file=null", "ddp.data_parallel_sharding_strategy=" + layout.strategy,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
-      "model.tensor_model_parallel_size=" + std::to_string(layout.tp)};
+      "model.tensor_model_parallel_size=" + std::to_string(layout.tp),
+      std::string("model.sequence_parallel=") + (layout.sp ? "true" : "false")};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   const Recipe recipe = load_recipe("tests/train/golden/" + name + ".json", overrides);
   TrainerOptions options;
@@ -91,7 +93,7 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
 
   INFO(name << ", " << testing::world_size() << " rank(s), " << layout.strategy
             << ", micro-batch " << layout.micro_batch << ", tensor-parallel " << layout.tp
-            << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
+            << (layout.sp ? " + sequence-parallel" : "") << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
   const std::vector<double> loss = golden["loss"], grad_norm = golden["grad_norm"];
   const size_t first = size_t(r.first_step);
   REQUIRE(r.losses.size() == loss.size() - first);
@@ -166,7 +168,8 @@ void check_layouts(const std::string& name) {
     const TrainResult r = check_golden(name, layout);
     for (const auto& [other, curve] : done) {
       if (layout.tp == 1 || other.tp != 1 || other.micro_batch != layout.micro_batch) continue;
-      check_same_curve(r, curve, name + ": tensor-parallel " + std::to_string(layout.tp) + " " +
+      check_same_curve(r, curve, name + ": tensor-parallel " + std::to_string(layout.tp) +
+                                     (layout.sp ? " + sequence-parallel " : " ") +
                                      layout.strategy + " against " + other.strategy +
                                      " without, micro-batch " + std::to_string(layout.micro_batch));
       break;
@@ -182,10 +185,10 @@ std::vector<Layout> layouts() {
     case 1: return {{"no_shard", 4}, {"optim_grads_params", 8}};
     case 2:
       return {{"optim_grads_params", 4}, {"optim_grads_params", 2},
-              {"no_shard", 4, 2}, {"optim_grads_params", 8, 2}};
+              {"no_shard", 4, 2}, {"optim_grads_params", 8, 2}, {"optim_grads_params", 4, 2, true}};
     case 4:
       return {{"optim_grads_params", 2}, {"optim_grads_params", 1}, {"optim", 1},
-              {"optim_grads_params", 2, 2}, {"optim", 2, 2}};
+              {"optim_grads_params", 2, 2}, {"optim_grads_params", 2, 2, true}};
     default: return {};
   }
 }
@@ -198,9 +201,9 @@ TEST_CASE("a tiny Llama reproduces PyTorch's f64 curve over 200 steps", "[train]
   check_layouts("llama_tiny");
 }
 
-// Checkpoints by global coordinates: a tensor-parallel run saves at step 100, and runs of
-// other layouts (without tensor parallelism, other strategies and micro-batches, and for
-// GPT-2 more tensor-parallel ranks) resume from it and continue the saving run's curve:
+// Checkpoints by global coordinates: a tensor- and sequence-parallel run saves at step 100,
+// and runs of other layouts (without tensor parallelism, other strategies and micro-batches,
+// and for GPT-2 more tensor-parallel ranks) resume from it and continue the saving run's curve:
 // within 1e-12 of its losses (check_same_curve) and 1e-9 of PyTorch's.
 TEST_CASE("a tensor-parallel checkpoint resumes under other layouts on the same curve",
           "[train][golden][mpi]") {
@@ -209,12 +212,13 @@ TEST_CASE("a tensor-parallel checkpoint resumes under other layouts on the same 
   for (const std::string name : {"gpt2_tiny", "llama_tiny"}) {
     const std::string save = shared_dir("tp_checkpoint_" + name);
     if (testing::world_rank() == 0) std::filesystem::remove_all(save);
-    const Layout saver{"optim_grads_params", n == 2 ? 4 : 2, 2};
+    const Layout saver{"optim_grads_params", n == 2 ? 4 : 2, 2, true};  // TP2 + SP, ZeRO-3
     const TrainResult whole = check_golden(
         name, saver, {"checkpoint.save=" + save, "checkpoint.save_interval=100", "checkpoint.load=null"});
+    // Without tensor parallelism (ZeRO-1 over every rank), and with it but without sequence
+    // parallelism (no_shard), or for GPT-2 on 4 ranks with all four tensor-parallel.
     std::vector<Layout> resumers = {{"optim", 8 / n, 1}, {"no_shard", 4, 2}};
-    if (n == 4) resumers.push_back({"optim_grads_params", 1, 1});
-    if (n == 4 && name == "gpt2_tiny") resumers.push_back({"optim_grads_params", 8, 4});
+    if (n == 4 && name == "gpt2_tiny") resumers.back() = {"optim_grads_params", 8, 4};
     for (const Layout& layout : resumers) {
       const TrainResult r = check_golden(
           name, layout, {"checkpoint.load=" + save + "/step_000100", "checkpoint.save=null"});

@@ -163,9 +163,11 @@ TEST_CASE("tensor and context parallelism that cannot run are refused by key", "
                                         "tensor_model_parallel_size": 8}})"),
              Catch::Contains("'model.d_ff' (100) is not divisible"));
   // What is not built yet says so.
-  CHECK_THAT(config_error(R"({"model": {"sequence_parallel": true}})"),
-             Catch::Contains("'model.sequence_parallel' is true: sequence parallelism is not "
-                             "implemented yet"));
+  CHECK_THAT(config_error(R"({"model": {"sequence_parallel": true, "seq_length": 30, "n_head": 4,
+                                        "d_model": 64, "tensor_model_parallel_size": 4}})"),
+             Catch::Contains("'model.seq_length' (30) is not divisible by "
+                             "'model.tensor_model_parallel_size' (4), as 'model.sequence_parallel' "
+                             "needs"));
   CHECK_THAT(config_error(R"({"model": {"context_parallel_size": 2}})"),
              Catch::Contains("'model.context_parallel_size' is 2"));
 }

@@ -193,8 +193,9 @@ struct LocalGroup : nn::TensorParallelGroup {
   }
 };
 
-// The row-parallel epilogue on CUDA: leave (a copy through the group), then the bias added
-// through a zero-stride view of it, and back: identity, and the bias's column sums.
+// The tensor- and sequence-parallel ops on CUDA: enter, leave and the sequence's split and
+// gather (copies through a group of one), then the bias added through a zero-stride view of
+// it, and back: identity, and the bias's column sums.
 TEST_CASE("CUDA tensor-parallel ops match the CPU's", "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
   Context cpu, gpu(Device::cuda(0));
@@ -214,8 +215,11 @@ TEST_CASE("CUDA tensor-parallel ops match the CPU's", "[parallel][gpu]") {
     bias.data = ops::from_vector(ctx, b_values, Shape{24}, DType::f32);
     autograd::Graph g(ctx);
     const Tensor y = autograd::Graph::leaf(ops::from_vector(ctx, y_values, shape, DType::f32));
-    const Tensor x = nn::tensor_parallel_enter(g, y, group);
-    const Tensor out = nn::add_bias(g, nn::tensor_parallel_leave(g, x, group), bias);
+    // Both regions, plain and along the sequence (a group of one: the same values through
+    // the gathers' and scatters' permuted copies).
+    const Tensor x = nn::tensor_parallel_enter(g, nn::sequence_split(g, y, group), group, true);
+    const Tensor z = nn::tensor_parallel_enter(g, nn::tensor_parallel_leave(g, x, group, true), group);
+    const Tensor out = nn::add_bias(g, nn::sequence_gather(g, nn::tensor_parallel_leave(g, z, group), group), bias);
     g.backward(out, ops::from_vector(ctx, d_values, shape, DType::f32));
     return Out{values(ctx, out), values(ctx, autograd::Graph::grad(y)), values(ctx, bias.grad)};
   };

@@ -15,6 +15,7 @@
 #           of fsdp.cpp's options that change the arithmetic (whole-batch classifier, f32
 #           residual stream, full recompute)
 #   f32     the same in f32 on both sides (TF32 off)
+#   bf16    the gpt2 part's first replay only (the defaults): the quick check after a change
 #   llama   a Llama of the same size (12 x 768, 12 heads sharing 4 kv heads, untied), same
 #           weights and batches, in bf16 (LLAMA_PRECISIONS="bf16 f32" adds f32)
 #   noise   the noise floor of an f32 comparison: fsdp.cpp's f32 GPT-2 and Llama runs again
@@ -105,6 +106,7 @@ if want gpt2; then
   replay gpt2_bf16_fp32_residual bf16 "${GPT2[@]}" model.fp32_residual_connection=true
   replay gpt2_bf16_full_recompute bf16 "${GPT2[@]}" model.activation_recompute=full
 fi
+want bf16 && replay gpt2_bf16 bf16 "${GPT2[@]}"
 want f32 && replay gpt2_f32 f32 "${GPT2[@]}"
 if want llama; then
   for p in ${LLAMA_PRECISIONS:-bf16}; do replay llama_$p $p "${GPT2[@]}" "${LLAMA[@]}"; done

@@ -31,7 +31,7 @@
 // come from the files of tensor-parallel rank 0 (the others hold the same values).
 //
 // JSON layout (version 3):
-//   {"format": "fsdp.cpp checkpoint", "version": 2, "step": 100,
+//   {"format": "fsdp.cpp checkpoint", "version": 3, "step": 100,
 //    "progress": {"consumed_samples", "consumed_tokens"},
 //    "rng": {"kind": "counter-based", "init_seed", "data_seed"},
 //    "layout": {"strategy", "world_size", "shard_size", "replicas", "tensor_parallel", "mesh",

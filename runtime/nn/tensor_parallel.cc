@@ -50,6 +50,23 @@ Tensor split_sequence(Context& ctx, const Tensor& x, TensorParallelGroup& group)
   return ops::clone(ctx, x.narrow(1, group.rank() * t, t));
 }
 
+// Records `out`, a new tensor computed from x, whose backward sends back(dout) to x.
+using Backward = Tensor (*)(Context&, const Tensor&, TensorParallelGroup&);
+Tensor record(Graph& g, const Tensor& x, Tensor out, const char* name, TensorParallelGroup& group,
+              Backward back) {
+  if (!g.should_record({&x}, false)) return out;
+  out = Graph::track(out);
+  g.record(name, {out.autograd_meta()},
+           [tx = Graph::target(x), om = out.autograd_meta(), grp = &group, back](Graph& g) {
+             const Tensor dout = Graph::grad_of(om);
+             if (dout.defined()) g.accumulate(tx, back(g.ctx(), dout, *grp));
+           });
+  return out;
+}
+
+// The identity's backward: the gradient adopted as it is (accumulate copies on write).
+Tensor pass(Context&, const Tensor& dout, TensorParallelGroup&) { return dout; }
+
 }  // namespace
 
 Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& group, bool sequence) {
@@ -77,53 +94,24 @@ Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& gro
 }
 
 Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& group, bool sequence) {
-  Tensor out;
   if (sequence) {
     check_sequence(y, group.size(), "tensor_parallel_leave");
-    out = reduce_scatter_sequence(g.ctx(), y, group);
-  } else {
-    out = ops::clone(g.ctx(), y);  // contiguous
-    group.all_reduce_sum(g.ctx(), out);
+    return record(g, y, reduce_scatter_sequence(g.ctx(), y, group), "sequence_parallel_leave",
+                  group, gather_sequence);
   }
-  if (!g.should_record({&y}, false)) return out;
-  out = Graph::track(out);
-  TensorParallelGroup* grp = &group;
-  g.record(sequence ? "sequence_parallel_leave" : "tensor_parallel_leave", {out.autograd_meta()},
-           [ty = Graph::target(y), om = out.autograd_meta(), grp, sequence](Graph& g) {
-             const Tensor dout = Graph::grad_of(om);
-             if (!dout.defined()) return;
-             // Adopted: accumulate copies on write.
-             g.accumulate(ty, sequence ? gather_sequence(g.ctx(), dout, *grp) : dout);
-           });
-  return out;
+  const Tensor sum = ops::clone(g.ctx(), y);  // contiguous
+  group.all_reduce_sum(g.ctx(), sum);
+  return record(g, y, sum, "tensor_parallel_leave", group, pass);
 }
 
 Tensor sequence_split(Graph& g, const Tensor& x, TensorParallelGroup& group) {
   check_sequence(x, group.size(), "sequence_split");
-  Tensor out = split_sequence(g.ctx(), x, group);
-  if (!g.should_record({&x}, false)) return out;
-  out = Graph::track(out);
-  TensorParallelGroup* grp = &group;
-  g.record("sequence_split", {out.autograd_meta()},
-           [tx = Graph::target(x), om = out.autograd_meta(), grp](Graph& g) {
-             const Tensor dout = Graph::grad_of(om);
-             if (dout.defined()) g.accumulate(tx, gather_sequence(g.ctx(), dout, *grp));
-           });
-  return out;
+  return record(g, x, split_sequence(g.ctx(), x, group), "sequence_split", group, gather_sequence);
 }
 
 Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group) {
   check_sequence(x, 1, "sequence_gather");
-  Tensor out = gather_sequence(g.ctx(), x, group);
-  if (!g.should_record({&x}, false)) return out;
-  out = Graph::track(out);
-  TensorParallelGroup* grp = &group;
-  g.record("sequence_gather", {out.autograd_meta()},
-           [tx = Graph::target(x), om = out.autograd_meta(), grp](Graph& g) {
-             const Tensor dout = Graph::grad_of(om);
-             if (dout.defined()) g.accumulate(tx, split_sequence(g.ctx(), dout, *grp));
-           });
-  return out;
+  return record(g, x, gather_sequence(g.ctx(), x, group), "sequence_gather", group, split_sequence);
 }
 
 Tensor add_bias(Graph& g, const Tensor& y, Parameter& bias) {

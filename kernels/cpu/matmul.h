@@ -1,5 +1,5 @@
 // CPU matmul. The products come from OpenBLAS (Debian's libopenblas-openmp-dev, its OpenMP
-// build): on the CPU quickstart's shapes it computes the products 2.3-2.7 times as fast as the
+// build): on the CPU quickstart's shapes it computes the products 2.3-3.5 times as fast as the
 // hand-written kernel below (docs/PERFORMANCE.md, "OpenBLAS for the CPU matmuls"). That kernel
 // (cache-blocked, packed panels, a register-tiled inner kernel vectorized with GCC vector
 // extensions, an AVX2 clone picked at run time) stays: it is the fallback where the loaded

@@ -7,7 +7,7 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
-PACKAGES=(bazel-bootstrap catch2 nlohmann-json3-dev libopenmpi-dev openmpi-bin g++ ca-certificates
+PACKAGES=(bazel-bootstrap catch2 nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas-openmp-dev g++ ca-certificates
           zlib1g-dev cmake make pkg-config)
 
 install_missing_packages() {

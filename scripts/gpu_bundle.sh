@@ -39,6 +39,16 @@ for t in $tools; do
   cp "$bin/${p/://}" "$out/tools/${p##*:}"
 done
 strip --strip-debug "$out"/tests/* "$out"/tools/* 2>/dev/null || true
+# The GPU machine may lack OpenBLAS's OpenMP build (the CPU matmul's, kernels/cpu/matmul.h):
+# it travels in lib/ with the Fortran runtime it loads, and gpu_env.sh puts lib/ first on
+# LD_LIBRARY_PATH (ahead of the binaries' run path and of any other OpenBLAS build there).
+mkdir -p "$out/lib"
+libs=$(ldd "$out/tools/train" | awk '$1 ~ /^lib(openblas|gfortran|quadmath)\./ { print $3 }')
+[ "$(echo "$libs" | wc -w)" -eq 3 ] || {
+  echo "error: expected libopenblas, libgfortran and libquadmath in ldd tools/train, got: $libs" >&2
+  exit 1
+}
+for l in $libs; do cp -L "$l" "$out/lib/$(basename "$l")"; done
 mkdir -p "$final"
-tar cJf "$final/bundle.tar.xz" -C "$stage" tests tools mpi.txt
+tar cJf "$final/bundle.tar.xz" -C "$stage" tests tools lib mpi.txt
 ls -la "$final/bundle.tar.xz"

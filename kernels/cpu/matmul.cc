@@ -1,7 +1,12 @@
 #include "kernels/cpu/matmul.h"
 
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/float_types.h"
@@ -156,9 +161,31 @@ struct Epilogue {
   MatmulEpilogue kind;
 };
 
+// Rows [i0, i0 + mc) x columns [j0, j0 + nc) of one problem's out (and aux) from its product
+// tile p (row stride ldp): the epilogue in double, rounded once to O.
 template <typename T, typename O>
-void matmul_typed(const MatmulDims& d, O* out, const T* a, const T* b, const Epilogue& e,
-                  const O* bias, O* aux) {
+void store_tile(const MatmulDims& d, const Epilogue& e, const T* p, int64_t ldp, int64_t i0,
+                int64_t j0, int64_t mc, int64_t nc, O* ob, O* xb, const O* bias) {
+  for (int64_t i = 0; i < mc; ++i) {
+    for (int64_t j = 0; j < nc; ++j) {
+      const int64_t o = (i0 + i) * d.n + j0 + j;
+      double v = e.alpha * double(p[i * ldp + j]);
+      if (e.beta != 0.0) v += e.beta * double(ob[o]);
+      if (bias) v += double(bias[j0 + j]);
+      if (e.kind == MatmulEpilogue::Gelu) {
+        if (xb) xb[o] = O(v);
+        v = gelu_tanh(double(O(v)));  // from the stored pre-activation, as backward sees it
+      } else if (e.kind == MatmulEpilogue::DGelu) {
+        v *= gelu_tanh_grad(double(xb[o]));
+      }
+      ob[o] = O(v);
+    }
+  }
+}
+
+template <typename T, typename O>
+void blocked_typed(const MatmulDims& d, O* out, const T* a, const T* b, const Epilogue& e,
+                   const O* bias, O* aux) {
   const int64_t mtiles = (d.m + kMC - 1) / kMC, ntiles = (d.n + kNC - 1) / kNC;
   const int64_t tiles = d.batch * mtiles * ntiles;
   const double flops = 2.0 * double(d.m) * double(d.n) * double(d.k) * double(d.batch);
@@ -183,53 +210,151 @@ void matmul_typed(const MatmulDims& d, O* out, const T* a, const T* b, const Epi
         slice_product_any((mc + kMR - 1) / kMR, (nc + kNR<T> - 1) / kNR<T>, kc, apack.data(),
                           bpack.data(), ctile.data());
       }
-      O* ob = out + bi * d.batch_stride_out;
-      O* xb = aux ? aux + bi * d.batch_stride_out : nullptr;
-      for (int64_t i = 0; i < mc; ++i) {
-        for (int64_t j = 0; j < nc; ++j) {
-          const int64_t o = (i0 + i) * d.n + j0 + j;
-          double v = e.alpha * double(ctile[size_t(i * kNC + j)]);
-          if (e.beta != 0.0) v += e.beta * double(ob[o]);
-          if (bias) v += double(bias[j0 + j]);
-          if (e.kind == MatmulEpilogue::Gelu) {
-            if (xb) xb[o] = O(v);
-            v = gelu_tanh(double(O(v)));  // from the stored pre-activation, as backward sees it
-          } else if (e.kind == MatmulEpilogue::DGelu) {
-            v *= gelu_tanh_grad(double(xb[o]));
-          }
-          ob[o] = O(v);
-        }
-      }
+      store_tile(d, e, ctile.data(), kNC, i0, j0, mc, nc, out + bi * d.batch_stride_out,
+                 aux ? aux + bi * d.batch_stride_out : nullptr, bias);
     }
   }
 }
 
-}  // namespace
+// ---- OpenBLAS ----------------------------------------------------------------------------
+//
+// The output is cut into fixed tiles, spread over our OpenMP threads as above, and each tile
+// is one cblas_?gemm call over the whole of K, run on the calling thread alone. OpenBLAS's
+// own threading is not used: it splits the output by thread count, and its kernels round an
+// element differently depending on where it falls in their register blocks (a row computed
+// alone differs from the same row inside a larger product), so its results would depend on
+// the number of threads; a fixed tile grid makes them depend on the shape only.
+//
+// Tiles this large keep each call's packing (repeated per tile) a small part of its work: the
+// output head's three products (512 x 50304 x 128 and its gradients) run at 136-169 GFLOP/s
+// on two threads with them, about what OpenBLAS's own threading reaches; 128 x 512 tiles lost
+// up to a fifth on the forward product. 512-row tiles would leave a 512-row product (the
+// quickstart's micro-batch) as one tile on one thread.
+constexpr int64_t kBlasMC = 256, kBlasNC = 1024;
 
-void matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a, const void* b,
-            DType in_dtype, double alpha, double beta, const void* bias, void* aux,
-            MatmulEpilogue epilogue) {
+CBLAS_TRANSPOSE blas_trans(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+// c (mc, nc; row stride ldc) = op(a) @ op(b) for the tile whose first row of op(a) and first
+// column of op(b) start at a and b.
+void gemm(const MatmulDims& d, int64_t mc, int64_t nc, const float* a, const float* b,
+          float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, blas_trans(d.trans_a), blas_trans(d.trans_b), int(mc), int(nc),
+              int(d.k), 1.0f, a, int(d.lda()), b, int(d.ldb()), 0.0f, c, int(ldc));
+}
+
+void gemm(const MatmulDims& d, int64_t mc, int64_t nc, const double* a, const double* b,
+          double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, blas_trans(d.trans_a), blas_trans(d.trans_b), int(mc), int(nc),
+              int(d.k), 1.0, a, int(d.lda()), b, int(d.ldb()), 0.0, c, int(ldc));
+}
+
+// Whether OpenBLAS can take the problem: its sizes are 32-bit ints, and K = 0 would make a
+// leading dimension 0, which it rejects (the hand-written kernel handles both).
+bool blas_fits(const MatmulDims& d) {
+  const int64_t most = std::numeric_limits<int>::max();
+  return d.k > 0 && d.k <= most && d.lda() <= most && d.ldb() <= most && d.n <= most;
+}
+
+template <typename T, typename O>
+void blas_typed(const MatmulDims& d, O* out, const T* a, const T* b, const Epilogue& e,
+                const O* bias, O* aux) {
+  const int64_t mtiles = (d.m + kBlasMC - 1) / kBlasMC, ntiles = (d.n + kBlasNC - 1) / kBlasNC;
+  const int64_t tiles = d.batch * mtiles * ntiles;
+  const double flops = 2.0 * double(d.m) * double(d.n) * double(d.k) * double(d.batch);
+  // With nothing to scale, add or round, the product goes straight into out; otherwise into a
+  // tile of T, then through the epilogue.
+  constexpr bool same_type = std::is_same<T, O>::value;
+  const bool direct =
+      same_type && e.alpha == 1.0 && e.beta == 0.0 && !bias && e.kind == MatmulEpilogue::None;
+#pragma omp parallel if (flops > 4e6)
+  {
+    // OpenBLAS's OpenMP build runs a call on as many threads as the calling thread's
+    // nthreads setting (omp_get_max_threads) says, or on one inside an active parallel
+    // region; this region is not active when it has one thread or too few flops. 1 keeps
+    // every call on its own thread. The setting is this region's (its implicit task's): it
+    // ends with the region and the caller's is untouched.
+    omp_set_num_threads(1);
+    std::vector<T> tile(direct ? 0 : size_t(std::min(kBlasMC, d.m) * std::min(kBlasNC, d.n)));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t bi = t / (mtiles * ntiles), mt = (t / ntiles) % mtiles, nt = t % ntiles;
+      const int64_t i0 = mt * kBlasMC, j0 = nt * kBlasNC;
+      const int64_t mc = std::min(kBlasMC, d.m - i0), nc = std::min(kBlasNC, d.n - j0);
+      // Row i0 of op(a) is column i0 of a transposed a; column j0 of op(b) is row j0 of a
+      // transposed b.
+      const T* at = a + bi * d.batch_stride_a + (d.trans_a ? i0 : i0 * d.lda());
+      const T* bt = b + bi * d.batch_stride_b + (d.trans_b ? j0 * d.ldb() : j0);
+      O* ob = out + bi * d.batch_stride_out;
+      if constexpr (same_type) {
+        if (direct) {
+          gemm(d, mc, nc, at, bt, ob + i0 * d.n + j0, d.n);
+          continue;
+        }
+      }
+      gemm(d, mc, nc, at, bt, tile.data(), nc);
+      store_tile(d, e, tile.data(), nc, i0, j0, mc, nc, ob,
+                 aux ? aux + bi * d.batch_stride_out : nullptr, bias);
+    }
+  }
+}
+
+// The product with the chosen implementation, for the supported dtype pairs.
+template <typename T, typename O>
+void run_typed(bool blas, const MatmulDims& d, void* out, const void* a, const void* b,
+               const Epilogue& e, const void* bias, void* aux) {
+  O* o = static_cast<O*>(out);
+  const T* ta = static_cast<const T*>(a);
+  const T* tb = static_cast<const T*>(b);
+  const O* ob = static_cast<const O*>(bias);
+  O* x = static_cast<O*>(aux);
+  if (blas)
+    blas_typed<T, O>(d, o, ta, tb, e, ob, x);
+  else
+    blocked_typed<T, O>(d, o, ta, tb, e, ob, x);
+}
+
+void run(bool blas, const MatmulDims& dims, void* out, DType out_dtype, const void* a,
+         const void* b, DType in_dtype, double alpha, double beta, const void* bias, void* aux,
+         MatmulEpilogue epilogue) {
   if (dims.m == 0 || dims.n == 0 || dims.batch == 0) return;
   FSDP_CHECK(epilogue != MatmulEpilogue::BiasGrad, ValueError,
              "cpu matmul: the BiasGrad epilogue is CUDA's (ops::matmul_bias_grad sums the bias "
              "gradient separately on the CPU)");
   const Epilogue e{alpha, beta, epilogue};
+  blas = blas && blas_fits(dims);
   if (in_dtype == DType::f32 && out_dtype == DType::f32) {
-    matmul_typed<float, float>(dims, static_cast<float*>(out), static_cast<const float*>(a),
-                               static_cast<const float*>(b), e, static_cast<const float*>(bias),
-                               static_cast<float*>(aux));
+    run_typed<float, float>(blas, dims, out, a, b, e, bias, aux);
   } else if (in_dtype == DType::f32 && out_dtype == DType::f64) {
-    matmul_typed<float, double>(dims, static_cast<double*>(out), static_cast<const float*>(a),
-                                static_cast<const float*>(b), e,
-                                static_cast<const double*>(bias), static_cast<double*>(aux));
+    run_typed<float, double>(blas, dims, out, a, b, e, bias, aux);
   } else if (in_dtype == DType::f64 && out_dtype == DType::f64) {
-    matmul_typed<double, double>(dims, static_cast<double*>(out), static_cast<const double*>(a),
-                                 static_cast<const double*>(b), e,
-                                 static_cast<const double*>(bias), static_cast<double*>(aux));
+    run_typed<double, double>(blas, dims, out, a, b, e, bias, aux);
   } else {
     FSDP_THROW(DTypeError, "cpu matmul: inputs ", dtype_name(in_dtype), " with output ",
                dtype_name(out_dtype), " is not supported (f32/f64 in, same or wider out)");
   }
+}
+
+}  // namespace
+
+bool matmul_uses_openblas() {
+  // 2: the OpenMP build (0 is the sequential one, 1 the pthreads one). Only it runs a call
+  // on the calling thread alone when asked to, without global settings, and shares libgomp's
+  // threads instead of starting its own pool beside them (a second pool of spinning threads
+  // on cores that several ranks already share). //third_party/openblas links it.
+  return openblas_get_parallel() == 2;
+}
+
+void matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a, const void* b,
+            DType in_dtype, double alpha, double beta, const void* bias, void* aux,
+            MatmulEpilogue epilogue) {
+  run(matmul_uses_openblas(), dims, out, out_dtype, a, b, in_dtype, alpha, beta, bias, aux,
+      epilogue);
+}
+
+void blocked_matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a,
+                    const void* b, DType in_dtype, double alpha, double beta, const void* bias,
+                    void* aux, MatmulEpilogue epilogue) {
+  run(false, dims, out, out_dtype, a, b, in_dtype, alpha, beta, bias, aux, epilogue);
 }
 
 void bias_backward(void* dbias, DType grad_dtype, const void* dout, DType dtype, int64_t m,

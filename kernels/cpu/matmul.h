@@ -1,9 +1,17 @@
-// CPU matmul: cache-blocked, packed panels, a register-tiled inner kernel vectorized with
-// GCC vector extensions (an AVX2 clone is picked at run time where the CPU has it), tiles of
-// the output spread over OpenMP threads.
+// CPU matmul. The products come from OpenBLAS (Debian's libopenblas-openmp-dev, its OpenMP
+// build): on the CPU quickstart's shapes it computes the products 2.3-3.5 times as fast as the
+// hand-written kernel below (docs/PERFORMANCE.md, "OpenBLAS for the CPU matmuls"). That kernel
+// (cache-blocked, packed panels, a register-tiled inner kernel vectorized with GCC vector
+// extensions, an AVX2 clone picked at run time) stays: it is the fallback where the loaded
+// OpenBLAS is not the OpenMP build, a size does not fit BLAS's 32-bit integers or K is 0, and
+// the tests' reference.
 //
-// Deterministic: each output element is summed in the same order (K in fixed blocks, each
-// block in index order) whatever the number of threads or the instruction set.
+// Both spread fixed tiles of the output over OpenMP threads and compute each tile whole on
+// one thread, each OpenBLAS call on the calling thread alone: an element's value depends on
+// the problem's shape only, never on the number of threads (OpenBLAS's own threading would
+// split the output by thread count, and its kernels round an element differently by where it
+// falls in their register blocks), so the losses stay bitwise the same for any number of
+// ranks. The epilogue (alpha, beta, bias, GELU) is ours in both, in double, one rounding.
 #pragma once
 
 #include "kernels/nn_shapes.h"
@@ -19,6 +27,14 @@ namespace fsdp::kernels::cpu {
 void matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a, const void* b,
             DType in_dtype, double alpha, double beta, const void* bias, void* aux,
             MatmulEpilogue epilogue);
+
+// The same with the hand-written kernel only (the fallback; tests compare the two).
+void blocked_matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a,
+                    const void* b, DType in_dtype, double alpha, double beta, const void* bias,
+                    void* aux, MatmulEpilogue epilogue);
+
+// Whether matmul's products come from OpenBLAS in this process (its OpenMP build is loaded).
+bool matmul_uses_openblas();
 
 // dbias (n) (+)= column sums of dout (m, n) (compute dtype), in the grad dtype; summed in
 // double, row by row.

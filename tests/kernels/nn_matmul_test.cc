@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "kernels/scalar_math.h"
@@ -196,17 +197,75 @@ TEST_CASE("matmul GELU epilogue writes gelu(out) and the pre-activation", "[kern
 TEST_CASE("matmul is bitwise deterministic and independent of the thread count",
           "[kernels][nn]") {
   Context ctx;
-  Tensor a = random_tensor(ctx, Shape{300, 700}, DType::f32, 11);
-  Tensor b = random_tensor(ctx, Shape{700, 260}, DType::f32, 12);
-  Tensor one = ops::empty(ctx, Shape{300, 260}, DType::f32);
-  Tensor many = ops::empty(ctx, Shape{300, 260}, DType::f32);
+  // (m, n, k): several tiles of K-deep products; several OpenBLAS tiles (256 x 1024) both
+  // ways; one tile below the parallel threshold (where OpenBLAS's own threads, were they
+  // used, would split the f64 product by thread count and change its bits); one tile with a
+  // long K above it.
+  const int64_t shapes[][3] = {{300, 260, 700}, {600, 2100, 64}, {100, 100, 100}, {64, 64, 6000}};
   const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  ops::matmul(ctx, one, a, b, false, false);
-  omp_set_num_threads(3);
-  ops::matmul(ctx, many, a, b, false, false);
-  omp_set_num_threads(saved);
-  CHECK(ops::to_vector<float>(ctx, one) == ops::to_vector<float>(ctx, many));
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const auto& s : shapes) {
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        INFO(dtype_name(dt) << " (" << s[0] << ", " << s[1] << ", " << s[2] << ") trans_a "
+                            << ta << " trans_b " << tb);
+        Tensor a = random_tensor(ctx, operand_shape(s[0], s[2], ta), dt, 11);
+        Tensor b = random_tensor(ctx, operand_shape(s[2], s[1], tb), dt, 12);
+        std::vector<std::vector<double>> got;
+        for (int threads : {1, 2, 3}) {
+          Tensor out = ops::empty(ctx, Shape{s[0], s[1]}, dt);
+          omp_set_num_threads(threads);
+          ops::matmul(ctx, out, a, b, ta, tb);
+          omp_set_num_threads(saved);
+          got.push_back(values(ctx, out));
+        }
+        CHECK(got[0] == got[1]);
+        CHECK(got[0] == got[2]);
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul takes its products from OpenBLAS's OpenMP build", "[kernels][nn]") {
+  // //third_party/openblas links it and points the run path at it; another build found first
+  // (LD_LIBRARY_PATH) would leave every product to the hand-written kernel.
+  CHECK(kernels::cpu::matmul_uses_openblas());
+}
+
+TEST_CASE("the hand-written kernel (the fallback) matches the direct formula and OpenBLAS",
+          "[kernels][nn]") {
+  Context ctx;
+  // Sizes off every tile multiple of both (96 x 128 tiles, 256-deep K slices, 6 x 16 inner
+  // blocks; 256 x 1024 OpenBLAS tiles).
+  const int64_t m = 301, n = 1030, k = 300;
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      INFO(dtype_name(dt) << " trans_a " << ta << " trans_b " << tb);
+      Tensor a = random_tensor(ctx, operand_shape(m, k, ta), dt, 1);
+      Tensor b = random_tensor(ctx, operand_shape(k, n, tb), dt, 2);
+      Tensor bias = random_tensor(ctx, Shape{n}, dt, 3);
+      Tensor out0 = random_tensor(ctx, Shape{m, n}, dt, 4);
+      Tensor blocked = ops::clone(ctx, out0), blas = ops::clone(ctx, out0);
+      kernels::MatmulDims d;
+      d.m = m;
+      d.n = n;
+      d.k = k;
+      d.trans_a = ta;
+      d.trans_b = tb;
+      kernels::cpu::blocked_matmul(d, blocked.data_ptr(), dt, a.data_ptr(), b.data_ptr(), dt,
+                                   0.5, 0.25, bias.data_ptr(), nullptr,
+                                   kernels::MatmulEpilogue::None);
+      kernels::cpu::matmul(d, blas.data_ptr(), dt, a.data_ptr(), b.data_ptr(), dt, 0.5, 0.25,
+                           bias.data_ptr(), nullptr, kernels::MatmulEpilogue::None);
+      const std::vector<double> want =
+          naive_matmul(values(ctx, a), values(ctx, b), values(ctx, out0), values(ctx, bias), m,
+                       n, k, ta, tb, 0.5, 0.25);
+      const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+      CHECK(max_rel_diff(values(ctx, blocked), want, 1.0) < tol);
+      CHECK(max_rel_diff(values(ctx, blas), values(ctx, blocked), 1.0) < tol);
+    }
+  }
 }
 
 TEST_CASE("batched_matmul equals one matmul per batch", "[kernels][nn]") {

@@ -27,8 +27,9 @@ def fsdp_test(name, srcs, deps = [], mpi_ranks = [], data = [], size = "small", 
         size = size,
         tags = tags,
         timeout = timeout,
-        # One self-contained binary: it can be copied to a GPU machine as is, and cudart
-        # (a static archive) resolves inside it.
+        # One self-contained binary: it can be copied to a GPU machine, and cudart (a
+        # static archive) resolves inside it. System libraries stay shared: MPI, and
+        # OpenBLAS, which scripts/gpu_bundle.sh carries in the bundle's lib/.
         linkstatic = True,
         **kwargs
     )

@@ -1,6 +1,7 @@
 // bench: benchmarks of fsdp.cpp's parts, one subcommand each.
 //
 //   bench collectives [flags]   bus bandwidth of our collectives against raw NCCL / MPI
+//   bench matmul [flags]        the CPU matmul on one shape, OpenBLAS against our kernel
 //   bench train [flags]         tokens/s, MFU, memory and step-time split of a workload
 //
 // This file only dispatches; each subcommand lives in its own file.
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "tools/bench/collectives_bench.h"
+#include "tools/bench/matmul_bench.h"
 #include "tools/bench/train_bench.h"
 
 namespace {
@@ -24,6 +26,8 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
     {"collectives", fsdp::bench::run_collectives_bench,
      "all-gather / reduce-scatter / all-reduce bus bandwidth, ours vs raw"},
+    {"matmul", fsdp::bench::run_matmul_bench,
+     "the CPU matmul on one shape: OpenBLAS against the hand-written kernel"},
     {"train", fsdp::bench::run_train_bench,
      "tokens/s, MFU, peak memory and the compute / communication / optimizer split"},
 };

@@ -72,14 +72,21 @@ void matmul_bias_grad(Context& ctx, const Tensor& dw, const Tensor& a, const Ten
                       bool accumulate_dbias);
 
 // ---------------------------------------------------------------- embeddings
+// Which ids a token table's rows are: [begin, begin + V) of a vocabulary of `total` ids (a
+// vocabulary-parallel shard); total 0: the table is whole.
+struct VocabShard {
+  int64_t begin = 0, total = 0;
+};
 // out (B, T, C) = wte[idx] (+ wpe[t] when wpe is defined). idx (B, T) i32, wte (V, C), wpe (T', C).
-// out has the tables' dtype, or f32 beside bf16 tables (CUDA).
+// out has the tables' dtype, or f32 beside bf16 tables (CUDA). A shard's table gives zero
+// rows (plus the positions) for the ids it does not hold.
 void embedding_forward(Context& ctx, const Tensor& out, const Tensor& idx, const Tensor& wte,
-                       const Tensor& wpe = Tensor());
-// dwte (V, C) += scatter of dout rows by idx; dwpe (T', C) += sum over B of dout. Always
-// accumulates (a tied embedding also receives the classifier's gradient). Deterministic.
+                       const Tensor& wpe = Tensor(), const VocabShard& shard = {});
+// dwte (V, C) += scatter of dout rows by idx (a shard's rows only); dwpe (T', C) += sum over
+// B of dout. Always accumulates (a tied embedding also receives the classifier's
+// gradient). Deterministic.
 void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                        const Tensor& idx);
+                        const Tensor& idx, const VocabShard& shard = {});
 
 // ---------------------------------------------------------------- norms
 // LayerNorm over the last dim: x (N, C), weight/bias (C); out (N, C); mean/rstd (N). out and
@@ -168,6 +175,23 @@ void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& l
 void cross_entropy_forward_backward(Context& ctx, const Tensor& losses, const Tensor& logits,
                                     const Tensor& targets, int64_t vocab_size, double dloss,
                                     bool write_grad);
+
+// Vocabulary parallelism: each tensor-parallel rank holds logits (N, Vl) for the classes
+// [vocab_begin, vocab_begin + Vl) of a vocabulary of vocab_size (classes at or past
+// vocab_size are padding), and the row's softmax is merged from every rank's statistics:
+//   shard_stats: partials (3, N) = this shard's max m, sum of exp(x - m) (-inf and 0 when it
+//                holds no class), and the target's logit when it holds the target (else 0);
+//   merge_shards: every rank's partials (P, 3, N) in rank order -> losses (N) and lse (N),
+//                 the same bits on every rank;
+//   shard_backward: cross_entropy_backward for the shard's columns (dlogits may be logits).
+// Statistics are f32 (f64 for f64 logits).
+void cross_entropy_shard_stats(Context& ctx, const Tensor& partials, const Tensor& logits,
+                               const Tensor& targets, int64_t vocab_size, int64_t vocab_begin);
+void cross_entropy_merge_shards(Context& ctx, const Tensor& losses, const Tensor& lse,
+                                const Tensor& partials, const Tensor& targets);
+void cross_entropy_shard_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
+                                  const Tensor& lse, const Tensor& targets, int64_t vocab_size,
+                                  int64_t vocab_begin, double dloss);
 
 // ---------------------------------------------------------------- optimizer
 struct AdamWParams {

@@ -14,7 +14,8 @@ using namespace detail;
 
 // idx (B, T) i32 contiguous; table (V, C) contiguous floating; optional positions (T' >= T, C).
 kernels::EmbeddingDims check_embedding(Context& ctx, const Tensor& idx, const Tensor& table,
-                                       const Tensor& positions, const char* what) {
+                                       const Tensor& positions, const VocabShard& shard,
+                                       const char* what) {
   check_on_ctx(ctx, idx, what);
   check_dtype(idx, DType::i32, what);
   check_contiguous(idx, what);
@@ -28,6 +29,11 @@ kernels::EmbeddingDims check_embedding(Context& ctx, const Tensor& idx, const Te
   d.seq = idx.size(1);
   d.vocab = table.size(0);
   d.channels = table.size(1);
+  d.vocab_begin = shard.begin;
+  d.vocab_total = shard.total ? shard.total : d.vocab;
+  FSDP_CHECK(d.vocab_begin >= 0 && d.vocab_begin + d.vocab <= d.vocab_total, ShapeError, what,
+             ": a table of ", d.vocab, " rows from id ", d.vocab_begin, " does not fit a vocabulary of ",
+             d.vocab_total);
   if (positions.defined()) {
     check_on_ctx(ctx, positions, what);
     check_dtype(positions, table.dtype(), what);
@@ -43,9 +49,9 @@ kernels::EmbeddingDims check_embedding(Context& ctx, const Tensor& idx, const Te
 }  // namespace
 
 void embedding_forward(Context& ctx, const Tensor& out, const Tensor& idx, const Tensor& wte,
-                       const Tensor& wpe) {
+                       const Tensor& wpe, const VocabShard& shard) {
   const char* what = "embedding_forward";
-  kernels::EmbeddingDims d = check_embedding(ctx, idx, wte, wpe, what);
+  kernels::EmbeddingDims d = check_embedding(ctx, idx, wte, wpe, shard, what);
   d.dtype = wte.dtype();
   d.out_dtype = out.defined() ? out.dtype() : wte.dtype();
   const bool wide_out =
@@ -66,9 +72,9 @@ void embedding_forward(Context& ctx, const Tensor& out, const Tensor& idx, const
 }
 
 void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                        const Tensor& idx) {
+                        const Tensor& idx, const VocabShard& shard) {
   const char* what = "embedding_backward";
-  kernels::EmbeddingDims d = check_embedding(ctx, idx, dwte, dwpe, what);
+  kernels::EmbeddingDims d = check_embedding(ctx, idx, dwte, dwpe, shard, what);
   d.grad_dtype = dwte.dtype();
   check_on_ctx(ctx, dout, what);
   check_floating(dout, what);

@@ -1,4 +1,6 @@
 // Dispatch of the fused softmax cross-entropy (kernels/nn_ops.h).
+#include <algorithm>
+
 #include "kernels/checks.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/nn_ops.h"
@@ -41,6 +43,21 @@ void check_row_stats(Context& ctx, const Tensor& t, const kernels::CrossEntropyD
   check_contiguous(t, what);
   FSDP_CHECK(t.numel() == d.rows, ShapeError, what, ": ", t.str(), " needs one value per row (",
              d.rows, ")");
+}
+
+// A vocabulary-parallel shard: logits (..., Vl) hold classes [vocab_begin, vocab_begin + Vl)
+// of vocab_size (any of them may be padding).
+kernels::CrossEntropyDims check_shard(Context& ctx, const Tensor& logits, const Tensor& targets,
+                                      int64_t vocab_size, int64_t vocab_begin, const char* what) {
+  FSDP_CHECK(vocab_begin >= 0 && vocab_size > 0, ValueError, what, ": a shard from class ",
+             vocab_begin, " of a vocabulary of ", vocab_size);
+  // Checked as a whole row of max(vocab_size, Vl) classes, then narrowed to the shard.
+  const int64_t vl = logits.dim() >= 1 ? logits.size(-1) : 0;
+  kernels::CrossEntropyDims d =
+      check_logits(ctx, logits, targets, std::min(vocab_size, std::max<int64_t>(vl, 1)), what);
+  d.vocab = vocab_size;
+  d.vocab_begin = vocab_begin;
+  return d;
 }
 
 }  // namespace
@@ -99,6 +116,77 @@ void cross_entropy_forward_backward(Context& ctx, const Tensor& losses, const Te
   kernels::cuda::cross_entropy_forward_backward(d, static_cast<float*>(losses.data_ptr()),
                                                 logits.data_ptr(), t, dloss, write_grad,
                                                 ctx.stream().cuda_stream());
+#endif
+}
+
+void cross_entropy_shard_stats(Context& ctx, const Tensor& partials, const Tensor& logits,
+                               const Tensor& targets, int64_t vocab_size, int64_t vocab_begin) {
+  const char* what = "cross_entropy_shard_stats";
+  const kernels::CrossEntropyDims d =
+      check_shard(ctx, logits, targets, vocab_size, vocab_begin, what);
+  check_dense(ctx, partials, Shape{3, d.rows}, stats_dtype(d.dtype), what);
+  const int32_t* t = targets.data<int32_t>();
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::cross_entropy_shard_stats(d, partials.data_ptr(), logits.data_ptr(), t);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::cross_entropy_shard_stats(d, static_cast<float*>(partials.data_ptr()),
+                                           logits.data_ptr(), t, ctx.stream().cuda_stream());
+#endif
+}
+
+void cross_entropy_merge_shards(Context& ctx, const Tensor& losses, const Tensor& lse,
+                                const Tensor& partials, const Tensor& targets) {
+  const char* what = "cross_entropy_merge_shards";
+  check_on_ctx(ctx, partials, what);
+  check_floating(partials, what);
+  check_contiguous(partials, what);
+  FSDP_CHECK(partials.dim() == 3 && partials.size(1) == 3, ShapeError, what,
+             ": partials must be (shards, 3, rows), got ", partials.str());
+  const int64_t shards = partials.size(0), rows = partials.size(2);
+  const DType sd = partials.dtype();
+  FSDP_CHECK(sd == DType::f32 || sd == DType::f64, DTypeError, what,
+             ": partials must be f32 or f64, got ", partials.str());
+  check_dense(ctx, losses, Shape{rows}, sd, what);
+  check_dense(ctx, lse, Shape{rows}, sd, what);
+  check_on_ctx(ctx, targets, what);
+  check_dtype(targets, DType::i32, what);
+  check_contiguous(targets, what);
+  FSDP_CHECK(targets.numel() == rows, ShapeError, what, ": ", targets.str(), " for ", rows, " rows");
+  const int32_t* t = targets.data<int32_t>();
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::cross_entropy_merge_shards(rows, shards, sd, losses.data_ptr(), lse.data_ptr(),
+                                             partials.data_ptr(), t);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  FSDP_CHECK(sd == DType::f32, DTypeError, what, ": CUDA partials are f32, got ", partials.str());
+  kernels::cuda::cross_entropy_merge_shards(rows, shards, static_cast<float*>(losses.data_ptr()),
+                                            static_cast<float*>(lse.data_ptr()),
+                                            static_cast<const float*>(partials.data_ptr()), t,
+                                            ctx.stream().cuda_stream());
+#endif
+}
+
+void cross_entropy_shard_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
+                                  const Tensor& lse, const Tensor& targets, int64_t vocab_size,
+                                  int64_t vocab_begin, double dloss) {
+  const char* what = "cross_entropy_shard_backward";
+  const kernels::CrossEntropyDims d =
+      check_shard(ctx, logits, targets, vocab_size, vocab_begin, what);
+  check_row_stats(ctx, lse, d, what);
+  check_dense(ctx, dlogits, logits.shape(), logits.dtype(), what);
+  const int32_t* t = targets.data<int32_t>();
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::cross_entropy_backward(d, dlogits.data_ptr(), logits.data_ptr(), lse.data_ptr(),
+                                         t, dloss);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::cross_entropy_backward(d, dlogits.data_ptr(), logits.data_ptr(),
+                                        static_cast<const float*>(lse.data_ptr()), t, dloss,
+                                        ctx.stream().cuda_stream());
 #endif
 }
 

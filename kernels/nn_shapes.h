@@ -64,17 +64,28 @@ struct NormDims {
 
 // Token (and learned position) embeddings of a (B, T) batch of token ids.
 struct EmbeddingDims {
-  int64_t batch = 0, seq = 0, channels = 0, vocab = 0;
+  int64_t batch = 0, seq = 0, channels = 0, vocab = 0;  // vocab: the table's rows
+  // A vocabulary-parallel shard: the table's rows are ids [vocab_begin, vocab_begin + vocab)
+  // of ids [0, vocab_total); other ids give zero rows and no gradient. A whole table has
+  // vocab_begin 0 and vocab_total == vocab.
+  int64_t vocab_begin = 0, vocab_total = 0;
   DType dtype = DType::f32;       // forward: wte, wpe; backward: dout
   DType out_dtype = DType::f32;   // forward's out: dtype, or f32 beside bf16 tables
   DType grad_dtype = DType::f32;  // dwte, dwpe
 };
 
 // Softmax cross-entropy over rows of padded logits: classes [0, vocab), padding up to
-// padded_vocab.
+// padded_vocab. A vocabulary-parallel shard's rows hold padded_vocab columns from class
+// vocab_begin on (columns at or past class `vocab` are padding); a whole row has
+// vocab_begin 0.
 struct CrossEntropyDims {
-  int64_t rows = 0, padded_vocab = 0, vocab = 0;
+  int64_t rows = 0, padded_vocab = 0, vocab = 0, vocab_begin = 0;
   DType dtype = DType::f32;
+  // The columns that hold classes: [0, live_columns()).
+  int64_t live_columns() const {
+    const int64_t n = vocab - vocab_begin;
+    return n < 0 ? 0 : (n > padded_vocab ? padded_vocab : n);
+  }
 };
 
 // The buffers of one fused AdamW update (n contiguous elements each).

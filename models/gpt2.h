@@ -37,6 +37,9 @@ class GPT2 : public LanguageModel {
   nn::Embedding wpe;  // (seq_len, C)
   nn::ModuleList h;
   nn::LayerNorm ln_f;
+  nn::VocabularyTables vocabulary_tables() override {
+    return {&wte.weight(), &wte.weight(), &wpe.weight()};
+  }
 
  protected:
   Tensor compute_hidden(Graph& g, const Tensor& idx) override;

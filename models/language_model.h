@@ -11,6 +11,7 @@
 #include "models/config.h"
 #include "models/kv_cache.h"
 #include "runtime/nn/module.h"
+#include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::models {
 
@@ -45,6 +46,9 @@ class LanguageModel : public nn::Module {
 
   // The transformer blocks, in forward order (FSDP's default units).
   std::vector<nn::Module*> blocks() { return modules_of_kind("block"); }
+  // The token embedding, the head and the learned positions (what a tensor-parallel plan
+  // splits along the vocabulary).
+  virtual nn::VocabularyTables vocabulary_tables() = 0;
 
  protected:
   explicit LanguageModel(const ModelConfig& config) : config_(config.resolved()) {}

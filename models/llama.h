@@ -40,6 +40,9 @@ class Llama : public LanguageModel {
   nn::ModuleList layers;
   nn::RMSNorm norm;
   std::unique_ptr<nn::Linear> lm_head;  // (Vp, C); null when tied to embed
+  nn::VocabularyTables vocabulary_tables() override {
+    return {&embed.weight(), &head_weight(), nullptr};
+  }
 
  protected:
   Tensor compute_hidden(Graph& g, const Tensor& idx) override;

@@ -15,6 +15,7 @@ void cross_entropy_forward(const CrossEntropyDims& d, void* losses, void* lse, c
                            const int32_t* targets);
 // dlogits = (softmax - onehot) * dloss; 0 in padded columns and ignored rows. dlogits may
 // be logits itself.
+// A vocabulary-parallel shard (d.vocab_begin) writes its own columns of that gradient.
 void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void* logits,
                             const void* lse, const int32_t* targets, double dloss);
 // Both in one pass over each row (the chunked classifier's kernel): losses (rows) as
@@ -23,5 +24,16 @@ void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void
 // logits are left as they are.
 void cross_entropy_forward_backward(const CrossEntropyDims& d, void* losses, void* logits,
                                     const int32_t* targets, double dloss, bool write_grad);
+
+// Vocabulary parallelism: logits (rows, Vp) hold classes [d.vocab_begin, d.vocab_begin + Vp)
+// of d.vocab. partials (3, rows) in the logits' dtype: the shard's max m over its classes,
+// the sum of exp(x - m) (-inf and 0 when it holds no class), and the target's logit when
+// the shard holds the target (0 otherwise).
+void cross_entropy_shard_stats(const CrossEntropyDims& d, void* partials, const void* logits,
+                               const int32_t* targets);
+// Every shard's partials (shards, 3, rows), merged in shard order: lse (rows) and losses
+// (rows, 0 for ignored rows), all of `dtype`.
+void cross_entropy_merge_shards(int64_t rows, int64_t shards, DType dtype, void* losses,
+                                void* lse, const void* partials, const int32_t* targets);
 
 }  // namespace fsdp::kernels::cpu

@@ -14,13 +14,18 @@ void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, co
     using T = decltype(tag);
     const int64_t C = d.channels;
     for (int64_t bt = 0; bt < d.batch * d.seq; ++bt) {
-      const int64_t token = idx[bt], t = bt % d.seq;
-      FSDP_CHECK(token >= 0 && token < d.vocab, IndexError, "embedding_forward: token id ",
-                 token, " at position ", bt, " is outside the vocabulary [0, ", d.vocab, ")");
-      const T* row = static_cast<const T*>(wte) + token * C;  // (C)
+      const int64_t token = idx[bt], t = bt % d.seq, local = token - d.vocab_begin;
+      FSDP_CHECK(token >= 0 && token < d.vocab_total, IndexError, "embedding_forward: token id ",
+                 token, " at position ", bt, " is outside the vocabulary [0, ", d.vocab_total, ")");
+      // A shard that does not hold the token gives a zero row (plus the position).
+      const bool held = local >= 0 && local < d.vocab;
+      const T* row = static_cast<const T*>(wte) + local * C;  // (C)
       const T* pos = wpe ? static_cast<const T*>(wpe) + t * C : nullptr;
       T* o = static_cast<T*>(out) + bt * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = pos ? T(row[c] + pos[c]) : row[c];
+      for (int64_t c = 0; c < C; ++c) {
+        const T e = held ? row[c] : T(0);
+        o[c] = pos ? T(e + pos[c]) : e;
+      }
     }
   });
 }
@@ -36,12 +41,16 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
       if (dwte) {
         // Every id is checked before any gradient changes: an error leaves dwte untouched.
         for (int64_t bt = 0; bt < d.batch * d.seq; ++bt)
-          FSDP_CHECK(idx[bt] >= 0 && idx[bt] < d.vocab, IndexError, "embedding_backward: token id ",
-                     idx[bt], " at position ", bt, " is outside the vocabulary [0, ", d.vocab, ")");
+          FSDP_CHECK(idx[bt] >= 0 && idx[bt] < d.vocab_total, IndexError,
+                     "embedding_backward: token id ", idx[bt], " at position ", bt,
+                     " is outside the vocabulary [0, ", d.vocab_total, ")");
         G* dw = static_cast<G*>(dwte);
-        for (int64_t bt = 0; bt < d.batch * d.seq; ++bt)
+        for (int64_t bt = 0; bt < d.batch * d.seq; ++bt) {
+          const int64_t local = idx[bt] - d.vocab_begin;
+          if (local < 0 || local >= d.vocab) continue;  // another shard's row
           for (int64_t c = 0; c < C; ++c)
-            store_or_add(dw[int64_t(idx[bt]) * C + c], double(g[bt * C + c]), true);
+            store_or_add(dw[local * C + c], double(g[bt * C + c]), true);
+        }
       }
       if (dwpe) {
         std::vector<double> sums(size_t(d.seq * C), 0.0);  // (T, C)

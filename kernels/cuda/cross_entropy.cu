@@ -72,12 +72,15 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const T*
   }
 }
 
+// `live`: the columns that hold classes; `begin`: the class of column 0 (a vocabulary-
+// parallel shard; 0 for a whole row).
 template <int W, typename T>
 __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const float* lse,
-                                              const int32_t* targets, int64_t Vp, int64_t V,
-                                              float dloss) {
+                                              const int32_t* targets, int64_t Vp, int64_t live,
+                                              int64_t begin, float dloss) {
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
+  const int64_t target_col = int64_t(t) - begin;
   const float log_sum = lse[row];
   const T* x = logits + row * Vp;
   T* dx = dlogits + row * Vp;  // may be x itself: each element is read before it is written
@@ -87,16 +90,16 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       const int64_t col = c + j;
-      const bool live = t >= 0 && col < V;
-      d[j] = live ? (__expf(v[j] - log_sum) - (col == t ? 1.f : 0.f)) * dloss : 0.f;
+      const bool on = t >= 0 && col < live;
+      d[j] = on ? (__expf(v[j] - log_sum) - (col == target_col ? 1.f : 0.f)) * dloss : 0.f;
     }
     store_floats<W>(dx + c, d);
   }
 }
 
-// The block-wide merge of every thread's running (max, sum): the row's log-sum-exp, valid
-// in every thread on return. `wm` and `ws` are the block's shared scratch (one per warp).
-__device__ float block_log_sum_exp(OnlineSoftmax acc, float* wm, float* ws) {
+// The block-wide merge of every thread's running (max, sum), valid in every thread on
+// return. `wm` and `ws` are the block's shared scratch (one per warp).
+__device__ OnlineSoftmax block_softmax_stats(OnlineSoftmax acc, float* wm, float* ws) {
   for (int o = 16; o > 0; o >>= 1) {
     const float om = __shfl_xor_sync(0xffffffffu, acc.m, o);
     const float os = __shfl_xor_sync(0xffffffffu, acc.s, o);
@@ -111,6 +114,12 @@ __device__ float block_log_sum_exp(OnlineSoftmax acc, float* wm, float* ws) {
   // Every thread merges the few per-warp partials itself: no second barrier and broadcast.
   OnlineSoftmax total;
   for (int w = 0; w < int(blockDim.x / kWarp); ++w) total.merge(wm[w], ws[w]);
+  return total;
+}
+
+// The row's log-sum-exp from every thread's running (max, sum).
+__device__ float block_log_sum_exp(OnlineSoftmax acc, float* wm, float* ws) {
+  const OnlineSoftmax total = block_softmax_stats(acc, wm, ws);
   return total.m + logf(total.s);
 }
 
@@ -149,6 +158,50 @@ __global__ void cross_entropy_forward_backward_kernel(float* losses, T* logits,
   }
 }
 
+// One block per row of a vocabulary-parallel shard: partials (3, rows) = the shard's
+// (max, sum of exp(x - max)) over its `live` class columns and the target's logit when
+// column t - begin is one of them (else 0).
+template <int W, typename T>
+__global__ void cross_entropy_shard_stats_kernel(float* partials, const T* logits,
+                                                 const int32_t* targets, int64_t rows,
+                                                 int64_t Vp, int64_t live, int64_t begin) {
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * Vp;  // (Vp)
+  OnlineSoftmax acc;
+  for (int64_t c = int64_t(threadIdx.x) * W; c < live; c += int64_t(blockDim.x) * W) {
+    float v[W];
+    load_floats<W>(x + c, v);
+    acc.add_pack<W>(v, int(min(int64_t(W), live - c)));
+  }
+  __shared__ float wm[kThreads / kWarp], ws[kThreads / kWarp];
+  const OnlineSoftmax total = block_softmax_stats(acc, wm, ws);
+  if (threadIdx.x == 0) {
+    const int64_t t = targets[row], col = t - begin;
+    partials[row] = total.m;
+    partials[rows + row] = total.s;
+    partials[2 * rows + row] = (t >= 0 && col >= 0 && col < live) ? to_float(x[col]) : 0.f;
+  }
+}
+
+// One thread per row: every shard's partials (shards, 3, rows) merged in shard order.
+__global__ void cross_entropy_merge_shards_kernel(float* losses, float* lse,
+                                                  const float* partials,
+                                                  const int32_t* targets, int64_t rows,
+                                                  int64_t shards) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  OnlineSoftmax total;
+  float target_logit = 0.f;
+  for (int64_t s = 0; s < shards; ++s) {
+    const float* p = partials + s * 3 * rows;
+    total.merge(p[row], p[rows + row]);
+    target_logit += p[2 * rows + row];
+  }
+  const float log_sum = total.m + logf(total.s);
+  lse[row] = log_sum;
+  losses[row] = targets[row] < 0 ? 0.f : log_sum - target_logit;
+}
+
 }  // namespace
 
 void cross_entropy_forward(const CrossEntropyDims& d, float* losses, float* lse,
@@ -175,7 +228,7 @@ void cross_entropy_backward(const CrossEntropyDims& d, void* dlogits, const void
       constexpr int W = decltype(w)::value;
       cross_entropy_backward_kernel<W, T><<<unsigned(d.rows), kThreads, 0, stream>>>(
           static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, d.padded_vocab,
-          d.vocab, float(dloss));
+          d.live_columns(), d.vocab_begin, float(dloss));
       FSDP_CHECK_LAUNCH();
     });
   });
@@ -195,6 +248,30 @@ void cross_entropy_forward_backward(const CrossEntropyDims& d, float* losses, vo
       FSDP_CHECK_LAUNCH();
     });
   });
+}
+
+void cross_entropy_shard_stats(const CrossEntropyDims& d, float* partials, const void* logits,
+                               const int32_t* targets, stream_t stream) {
+  if (d.rows == 0) return;
+  dispatch_compute(d.dtype, "cross_entropy_shard_stats", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_width<T>(d.padded_vocab, {logits}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      cross_entropy_shard_stats_kernel<W, T><<<unsigned(d.rows), kThreads, 0, stream>>>(
+          partials, static_cast<const T*>(logits), targets, d.rows, d.padded_vocab,
+          d.live_columns(), d.vocab_begin);
+      FSDP_CHECK_LAUNCH();
+    });
+  });
+}
+
+void cross_entropy_merge_shards(int64_t rows, int64_t shards, float* losses, float* lse,
+                                const float* partials, const int32_t* targets, stream_t stream) {
+  if (rows == 0) return;
+  constexpr int kMergeThreads = 256;
+  cross_entropy_merge_shards_kernel<<<grid_for(rows, kMergeThreads), kMergeThreads, 0, stream>>>(
+      losses, lse, partials, targets, rows, shards);
+  FSDP_CHECK_LAUNCH();
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -26,4 +26,12 @@ void cross_entropy_forward_backward(const CrossEntropyDims& d, float* losses, vo
                                     const int32_t* targets, double dloss, bool write_grad,
                                     stream_t stream);
 
+// ---- vocabulary parallelism (the twins of kernels/cpu/cross_entropy.h's shard kernels):
+// partials (3, rows) f32 per shard; the merge takes (shards, 3, rows) and writes losses and
+// lse (rows) f32. The backward above writes a shard's columns (d.vocab_begin).
+void cross_entropy_shard_stats(const CrossEntropyDims& d, float* partials, const void* logits,
+                               const int32_t* targets, stream_t stream);
+void cross_entropy_merge_shards(int64_t rows, int64_t shards, float* losses, float* lse,
+                                const float* partials, const int32_t* targets, stream_t stream);
+
 }  // namespace fsdp::kernels::cuda

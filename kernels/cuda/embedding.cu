@@ -24,19 +24,34 @@ constexpr int kScanThreads = 1024;
 // kRowLanes lanes over the token's rows.
 constexpr int kRowLanes = 8;
 
+// The table holds rows [begin, begin + V) (a vocabulary-parallel shard; begin 0 and every
+// id for a whole table): another shard's id gives a zero row.
 template <int W, typename T, typename O>
 __global__ void embedding_forward_kernel(O* out, const int32_t* idx, const T* wte, const T* wpe,
-                                         int64_t tokens, int64_t seq, int64_t C) {
+                                         int64_t tokens, int64_t seq, int64_t C, int64_t begin,
+                                         int64_t V) {
   const int64_t chunks = C / W;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < tokens * chunks;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t bt = i / chunks, c = (i % chunks) * W;
-    float e[W], p[W] = {};
-    load_floats<W>(wte + int64_t(idx[bt]) * C + c, e);
+    const int64_t row = int64_t(idx[bt]) - begin;
+    float e[W] = {}, p[W] = {};
+    if (row >= 0 && row < V) load_floats<W>(wte + row * C + c, e);
     if (wpe) load_floats<W>(wpe + (bt % seq) * C + c, p);
 #pragma unroll
     for (int j = 0; j < W; ++j) e[j] += p[j];
     store_floats<W>(out + bt * C + c, e);
+  }
+}
+
+// A shard's bucket keys: id - begin for the ids it holds, V (one bucket past its rows,
+// never accumulated) for the others.
+__global__ void shard_keys_kernel(int32_t* keys, const int32_t* idx, int64_t tokens,
+                                  int64_t begin, int64_t V) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < tokens;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = int64_t(idx[i]) - begin;
+    keys[i] = int32_t(row >= 0 && row < V ? row : V);
   }
 }
 
@@ -139,16 +154,19 @@ __global__ void rope_kernel(T* x, int64_t batch, int64_t seq, int64_t heads, int
   }
 }
 
-// Workspace: counts (V), offsets (V + 1), positions (N), sorted ids (N), sorted positions (N)
-// as int32, then the position-embedding partial sums (f32), then CUB's sort scratch.
+// Workspace: counts (V + 1: the last bucket holds the ids a shard does not), offsets (V + 2),
+// keys (N), positions (N), sorted ids (N), sorted positions (N) as int32, then the
+// position-embedding partial sums (f32), then CUB's sort scratch.
 struct EmbeddingScratch {
-  int32_t *counts, *offsets, *positions, *sorted_ids, *sorted;
+  int32_t *counts, *offsets, *keys, *positions, *sorted_ids, *sorted;
   float* partials;
   void* sort_temp;
   size_t sort_temp_bytes;
 };
 
-size_t index_ints(const EmbeddingDims& d) { return size_t(2 * d.vocab + 1 + 3 * d.batch * d.seq); }
+size_t index_ints(const EmbeddingDims& d) { return size_t(2 * d.vocab + 3 + 4 * d.batch * d.seq); }
+// Buckets: one per row, and one for the ids a shard does not hold.
+int64_t buckets(const EmbeddingDims& d) { return d.vocab + 1; }
 
 // Bits of the largest token id: the radix sort looks at no others.
 int id_bits(int64_t vocab) {
@@ -164,7 +182,7 @@ size_t sort_temp_bytes(const EmbeddingDims& d) {
                                             static_cast<int32_t*>(nullptr),
                                             static_cast<const int32_t*>(nullptr),
                                             static_cast<int32_t*>(nullptr), n, 0,
-                                            id_bits(d.vocab)));
+                                            id_bits(buckets(d))));
   return bytes;
 }
 
@@ -176,8 +194,9 @@ EmbeddingScratch carve(const EmbeddingDims& d, void* workspace) {
   EmbeddingScratch s;
   const int64_t n = d.batch * d.seq;
   s.counts = static_cast<int32_t*>(workspace);
-  s.offsets = s.counts + d.vocab;
-  s.positions = s.offsets + d.vocab + 1;
+  s.offsets = s.counts + buckets(d);
+  s.keys = s.offsets + buckets(d) + 1;
+  s.positions = s.keys + n;
   s.sorted_ids = s.positions + n;
   s.sorted = s.sorted_ids + n;
   const size_t ints = (index_ints(d) + 3) / 4 * 4;  // keep the floats 16-byte aligned
@@ -204,7 +223,7 @@ void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, co
         embedding_forward_kernel<W, T, O>
             <<<grid_for(tokens * d.channels / W, kThreads), kThreads, 0, stream>>>(
                 static_cast<O*>(out), idx, static_cast<const T*>(wte),
-                static_cast<const T*>(wpe), tokens, d.seq, d.channels);
+                static_cast<const T*>(wpe), tokens, d.seq, d.channels, d.vocab_begin, d.vocab);
         FSDP_CHECK_LAUNCH();
       });
     });
@@ -223,18 +242,26 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
   if (tokens == 0 || d.channels == 0) return;
   const EmbeddingScratch s = carve(d, workspace);
   if (dwte) {
-    FSDP_CALL(cudaMemsetAsync(s.counts, 0, size_t(d.vocab) * sizeof(int32_t), stream));
-    count_tokens_kernel<<<grid_for(tokens, kThreads), kThreads, 0, stream>>>(idx, tokens, s.counts);
+    // A whole table's ids are its bucket keys; a shard's are mapped first.
+    const int32_t* keys = idx;
+    if (d.vocab_begin != 0 || d.vocab_total != d.vocab) {
+      shard_keys_kernel<<<grid_for(tokens, kThreads), kThreads, 0, stream>>>(
+          s.keys, idx, tokens, d.vocab_begin, d.vocab);
+      FSDP_CHECK_LAUNCH();
+      keys = s.keys;
+    }
+    FSDP_CALL(cudaMemsetAsync(s.counts, 0, size_t(buckets(d)) * sizeof(int32_t), stream));
+    count_tokens_kernel<<<grid_for(tokens, kThreads), kThreads, 0, stream>>>(keys, tokens, s.counts);
     FSDP_CHECK_LAUNCH();
-    scan_counts_kernel<<<1, kScanThreads, 0, stream>>>(s.counts, d.vocab, s.offsets);
+    scan_counts_kernel<<<1, kScanThreads, 0, stream>>>(s.counts, buckets(d), s.offsets);
     FSDP_CHECK_LAUNCH();
     // Positions sorted by token id; stable, so ascending within each id.
     iota_kernel<<<grid_for(tokens, kThreads), kThreads, 0, stream>>>(s.positions, tokens);
     FSDP_CHECK_LAUNCH();
     size_t temp_bytes = s.sort_temp_bytes;
-    FSDP_CALL(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp_bytes, idx, s.sorted_ids,
+    FSDP_CALL(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp_bytes, keys, s.sorted_ids,
                                               s.positions, s.sorted, tokens, 0,
-                                              id_bits(d.vocab), stream));
+                                              id_bits(buckets(d)), stream));
     dispatch_compute(d.dtype, "embedding_backward", [&](auto ttag) {
       using T = decltype(ttag);
       dispatch_compute(d.grad_dtype, "embedding_backward gradient", [&](auto gtag) {

@@ -14,7 +14,9 @@
 
 namespace fsdp::kernels::cuda {
 
-// ---- embeddings. Token ids must lie in [0, vocab) (not checked on the device).
+// ---- embeddings. Token ids must lie in [0, vocab_total) (not checked on the device); a
+// shard's table (d.vocab_begin, d.vocab rows) gives zero rows for the ids it does not hold
+// and no gradient to them.
 void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, const void* wte,
                        const void* wpe, stream_t stream);
 // Deterministic scatter-add: the positions of each token id are gathered into a bucket,

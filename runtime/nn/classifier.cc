@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/op_support.h"
+#include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn {
 Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tensor& targets,
@@ -23,8 +24,12 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "classifier_loss: input x ", x.str(),
              " does not end in the ", c, " features of weight ", weight.name(), " ", w.str());
   detail::check_compute_dtype(x, weight, "classifier_loss");
-  FSDP_CHECK(vocab_size > 0 && vocab_size <= vp, ShapeError, "classifier_loss: vocab_size ",
-             vocab_size, " must lie in [1, ", vp, "] for weight ", weight.name(), " ", w.str());
+  // A vocabulary-parallel head holds rows [begin, begin + Vp) of the full (Vp_full, C) one.
+  TensorParallelGroup* group = weight.vocab_parallel;
+  const ops::VocabShard shard = group ? vocab_shard(weight) : ops::VocabShard{0, vp};
+  FSDP_CHECK(vocab_size > 0 && vocab_size <= shard.total, ShapeError, "classifier_loss: "
+             "vocab_size ", vocab_size, " must lie in [1, ", shard.total, "] for weight ",
+             weight.name(), " ", w.str());
   FSDP_CHECK(targets.dtype() == DType::i32 && targets.numel() * c == x.numel(), ShapeError,
              "classifier_loss: targets ", targets.str(), " do not match x ", x.str(),
              " (one i32 target per row)");
@@ -54,14 +59,37 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
   const int64_t chunk = chunk_rows == 0 ? n : std::min(chunk_rows, n);
   // One logits buffer for every chunk (chunk, Vp), freed when the forward returns.
   const Tensor buffer = chunk > 0 ? ctx.empty(Shape{chunk, vp}, w.dtype()) : Tensor();
+  // Vocabulary parallelism: each rank's softmax statistics (3, chunk), every rank's (P, 3,
+  // chunk), and the rows' log-sum-exp (chunk).
+  const int64_t shards = group ? group->size() : 0;
+  const Tensor partials = group && chunk > 0 ? ctx.empty(Shape{3 * chunk}, sd) : Tensor();
+  const Tensor gathered = group && chunk > 0 ? ctx.empty(Shape{shards * 3 * chunk}, sd) : Tensor();
+  const Tensor lse = group && chunk > 0 ? ctx.empty(Shape{chunk}, sd) : Tensor();
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t m = std::min(chunk, n - start);
     const Tensor xc = x2.narrow(0, start, m);      // (m, C)
     const Tensor lg = buffer.narrow(0, 0, m);      // (m, Vp)
+    const Tensor tc = tgt.narrow(0, start, m);     // (m)
     ops::matmul(ctx, lg, xc, w, false, true);      // logits = x_c W^T
-    // The row's loss, and with `record` the logits replaced by d loss / d logits.
-    ops::cross_entropy_forward_backward(ctx, losses.narrow(0, start, m), lg,
-                                        tgt.narrow(0, start, m), vocab_size, inv_valid, record);
+    if (group) {
+      // The rows' losses from every rank's statistics (one all-gather), then this rank's
+      // columns of d loss / d logits. x's gradient below is this rank's part of it: the
+      // plan sums it over the group where x enters (tensor_parallel_enter).
+      const Tensor part = partials.narrow(0, 0, 3 * m).view(Shape{3, m});
+      const Tensor all = gathered.narrow(0, 0, shards * 3 * m);
+      ops::cross_entropy_shard_stats(ctx, part, lg, tc, vocab_size, shard.begin);
+      group->all_gather(ctx, all, part.view(Shape{3 * m}));
+      const Tensor lse_c = lse.narrow(0, 0, m);
+      ops::cross_entropy_merge_shards(ctx, losses.narrow(0, start, m), lse_c,
+                                      all.view(Shape{shards, 3, m}), tc);
+      if (record)
+        ops::cross_entropy_shard_backward(ctx, lg, lg, lse_c, tc, vocab_size, shard.begin,
+                                          inv_valid);
+    } else {
+      // The row's loss, and with `record` the logits replaced by d loss / d logits.
+      ops::cross_entropy_forward_backward(ctx, losses.narrow(0, start, m), lg, tc, vocab_size,
+                                          inv_valid, record);
+    }
     if (!record) continue;
     if (want_dx)  // dx_c (m, C) = dlogits_c (m, Vp) @ W (Vp, C)
       ops::matmul(ctx, dx.narrow(0, start, m), lg, w, false, false);

@@ -3,6 +3,7 @@
 
 #include "kernels/ops.h"
 #include "runtime/nn/op_support.h"
+#include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn {
 
@@ -17,6 +18,9 @@ DType stat_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DT
 Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
               ops::Epilogue epilogue) {
   Context& ctx = g.ctx();
+  FSDP_CHECK(!weight.vocab_parallel, ValueError, "linear ", weight.name(), ": the weight is "
+             "vocabulary-parallel (its rows are split over the tensor-parallel group), so its "
+             "logits would be a part of the vocabulary; only the loss (classifier_loss) runs it");
   const Tensor& w = weight.checked_data();  // (out, in)
   const int64_t out_f = w.size(0), in_f = w.size(1);
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, ShapeError, "linear ", weight.name(), ": input ",
@@ -71,22 +75,29 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
                wpe->name(), "'s ", p.size(0), " positions");
   }
   const Tensor ids = ops::contiguous(ctx, idx);
+  // A vocabulary-parallel table gives each rank's rows (zeros for the ids another rank
+  // holds), summed over the group below. The positions are added on the group's rank 0
+  // only, so that the sum holds them once; the plan marks wpe's gradient, which only rank 0
+  // computes, tensor_parallel_grad_sum.
+  TensorParallelGroup* group = wte.vocab_parallel;
+  const ops::VocabShard shard = group ? vocab_shard(wte) : ops::VocabShard{};
+  if (group && group->rank() != 0) wpe = nullptr;
   Tensor out = ctx.empty(Shape{b, t, c}, out_dtype.value_or(w.dtype()));  // (B, T, C)
-  ops::embedding_forward(ctx, out, ids, w, wpe ? wpe->data : Tensor());
-  if (!g.should_record({}, true)) return out;
-
-  out = Graph::track(out);
-  Parameter* wtep = &wte;
-  g.record("embedding:" + wte.name(), {out.autograd_meta()},
-           [ids, om = out.autograd_meta(), wtep, wpe](Graph& g) {
-             Tensor dout = Graph::grad_of(om);
-             if (!dout.defined()) return;
-             Context& ctx = g.ctx();
-             ops::embedding_backward(ctx, wtep->grad_for_accumulation(ctx),
-                                     wpe ? wpe->grad_for_accumulation(ctx) : Tensor(),
-                                     ops::contiguous(ctx, dout), ids);
-           });
-  return out;
+  ops::embedding_forward(ctx, out, ids, w, wpe ? wpe->data : Tensor(), shard);
+  if (g.should_record({}, true)) {
+    out = Graph::track(out);
+    Parameter* wtep = &wte;
+    g.record("embedding:" + wte.name(), {out.autograd_meta()},
+             [ids, om = out.autograd_meta(), wtep, wpe, shard](Graph& g) {
+               Tensor dout = Graph::grad_of(om);
+               if (!dout.defined()) return;
+               Context& ctx = g.ctx();
+               ops::embedding_backward(ctx, wtep->grad_for_accumulation(ctx),
+                                       wpe ? wpe->grad_for_accumulation(ctx) : Tensor(),
+                                       ops::contiguous(ctx, dout), ids, shard);
+             });
+  }
+  return group ? tensor_parallel_leave(g, out, *group) : out;
 }
 
 // ---------------------------------------------------------------- norms

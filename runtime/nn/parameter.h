@@ -18,6 +18,8 @@
 
 namespace fsdp::nn {
 
+class TensorParallelGroup;
+
 // How a parameter's elements are initialized. Random rules draw element i from the
 // counter-based generator keyed by (seed, hash of the parameter's full name, i).
 struct InitRule {
@@ -79,6 +81,10 @@ class Parameter {
   // The parameter's gradient must be summed over the tensor-parallel group before the
   // update (a replicated parameter fed by sequence-parallel activations); set by the plan.
   bool tensor_parallel_grad_sum = false;
+  // A vocabulary-parallel table (token embedding, classifier head): its rows, the
+  // vocabulary, are split over this group (one range per rank, set_parallel_slice), and the
+  // ops that read it (nn::embedding, nn::classifier_loss) combine the ranks' parts.
+  TensorParallelGroup* vocab_parallel = nullptr;
 
  private:
   friend class Module;

@@ -114,6 +114,14 @@ Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group) {
   return record(g, x, gather_sequence(g.ctx(), x, group), "sequence_gather", group, split_sequence);
 }
 
+ops::VocabShard vocab_shard(const Parameter& table) {
+  const auto& slice = table.parallel_slice();
+  FSDP_CHECK(slice && slice->dim == 0 && slice->ranges.size() == 1, ShapeError, "vocabulary-"
+             "parallel table ", table.name(), " must hold one range of rows, has ",
+             slice ? slice->str() : std::string("no slice"));
+  return {slice->ranges[0].first, slice->full_shape[0]};
+}
+
 Tensor add_bias(Graph& g, const Tensor& y, Parameter& bias) {
   Context& ctx = g.ctx();
   const Tensor& b = bias.checked_data();  // (N)

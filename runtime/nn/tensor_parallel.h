@@ -14,6 +14,7 @@
 // all-gather), and the norms and biases between them see only their rank's tokens.
 #pragma once
 
+#include "kernels/nn_ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
@@ -61,6 +62,18 @@ Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& gro
 // (what follows is replicated).
 Tensor sequence_split(Graph& g, const Tensor& x, TensorParallelGroup& group);
 Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group);
+// What a model tells a vocabulary-parallel plan: the parameters whose rows are the
+// vocabulary (the token embedding, and the classifier head, which may be the same tied
+// parameter), and a learned position table added to the token embedding (null if none).
+struct VocabularyTables {
+  Parameter* tokens = nullptr;
+  Parameter* head = nullptr;
+  Parameter* positions = nullptr;
+};
+
+// The ids a vocabulary-parallel table's local rows are (its slice of dim 0). ShapeError
+// unless `table` holds one range of rows.
+ops::VocabShard vocab_shard(const Parameter& table);
 // y (..., N) + bias (N) broadcast over the rows; backward: bias.grad += column sums.
 Tensor add_bias(Graph& g, const Tensor& y, Parameter& bias);
 

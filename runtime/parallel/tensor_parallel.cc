@@ -98,12 +98,31 @@ void mark_sequence_parallel_grads(nn::Module& model, std::vector<std::string>& r
   }
 }
 
+// Rows [r Vp/tp, (r+1) Vp/tp) of a vocabulary table, read by the ops as a shard.
+void split_vocabulary(nn::Parameter& table, nn::TensorParallelGroup& group,
+                      std::vector<std::string>& report) {
+  if (table.vocab_parallel) return;  // a tied head: already split as the embedding
+  const auto rows = nn::equal_part(0, table.shape()[0], group.rank(), group.size(),
+                                   table.name() + " vocabulary rows");
+  table.set_parallel_slice({table.shape(), 0, {rows}});
+  table.vocab_parallel = &group;
+  report.push_back(table.name() + ": vocabulary-parallel");
+}
+
 }  // namespace
 
-std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorParallelGroup& group,
+std::vector<std::string> apply_tensor_parallel(nn::Module& model,
+                                               const nn::VocabularyTables& vocabulary,
+                                               nn::TensorParallelGroup& group,
                                                bool sequence_parallel) {
   std::vector<std::string> report;
   if (group.size() == 1) return report;
+  if (vocabulary.tokens) split_vocabulary(*vocabulary.tokens, group, report);
+  if (vocabulary.head) split_vocabulary(*vocabulary.head, group, report);
+  if (vocabulary.tokens && vocabulary.positions) {
+    vocabulary.positions->tensor_parallel_grad_sum = true;
+    report.push_back(vocabulary.positions->name() + ": added on rank 0, gradient summed over tp");
+  }
   nn::UnaryModule* first_block = nullptr;
   for (nn::Module* m : model.modules()) {
     if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
@@ -115,21 +134,37 @@ std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorPara
     }
     if (!first_block && m->kind() == "block") first_block = dynamic_cast<nn::UnaryModule*>(m);
   }
-  if (!sequence_parallel) return report;
-  // The stream is split before the first block and gathered after the final norm (the
-  // model's direct child of a norm kind): the embedding and the head see whole sequences.
+  const bool vocabulary_head = vocabulary.head != nullptr;
+  if (!sequence_parallel && !vocabulary_head) return report;
+  // The final norm (the model's direct child of a norm kind) feeds the head.
   nn::UnaryModule* final_norm = nullptr;
   for (nn::Module* m : model.children())
     if (m->kind() == "layernorm" || m->kind() == "rmsnorm") final_norm = dynamic_cast<nn::UnaryModule*>(m);
-  FSDP_CHECK(first_block && final_norm, ConfigError, "sequence parallelism needs a model of blocks "
-             "(modules of kind \"block\") followed by a final norm");
+  FSDP_CHECK(final_norm, ConfigError, "tensor parallelism of the head or the sequence needs a "
+             "final norm (a direct child of the model of kind \"layernorm\" or \"rmsnorm\")");
   nn::TensorParallelGroup* grp = &group;
+  if (vocabulary_head) {
+    // The head's input enters the tensor-parallel region: each rank's head gives a part of
+    // its gradient (summed; with sequence parallelism the sequence is gathered first and
+    // the gradient reduce-scattered).
+    final_norm->set_output_transform([grp, sequence_parallel](autograd::Graph& g, const Tensor& x) {
+      return nn::tensor_parallel_enter(g, x, *grp, sequence_parallel);
+    });
+    report.push_back(final_norm->name() + ": output enters the vocabulary-parallel head" +
+                     (sequence_parallel ? " (gathered along the sequence)" : ""));
+  }
+  if (!sequence_parallel) return report;
+  // The stream is split before the first block: the embedding sees whole sequences.
+  FSDP_CHECK(first_block, ConfigError, "sequence parallelism needs a model of blocks (modules "
+             "of kind \"block\") followed by a final norm");
   first_block->set_input_transform(
       [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_split(g, x, *grp); });
-  final_norm->set_output_transform(
-      [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_gather(g, x, *grp); });
   report.push_back(first_block->name() + ": input split along the sequence");
-  report.push_back(final_norm->name() + ": output gathered along the sequence");
+  if (!vocabulary_head) {
+    final_norm->set_output_transform(
+        [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_gather(g, x, *grp); });
+    report.push_back(final_norm->name() + ": output gathered along the sequence");
+  }
   mark_sequence_parallel_grads(model, report);
   return report;
 }

@@ -10,15 +10,25 @@
 //   MLP fc          column-parallel (GELU: rows [r F/tp, (r+1) F/tp); SwiGLU's gate_up:
 //                   those rows of gate and of up)
 //   MLP proj        row-parallel: the same F/tp input columns; bias whole
-// Everything else (embeddings, norms, the head) is replicated: every rank holds and updates
-// the whole tensor, and, since every rank computes the same gradient for it, no gradient
-// sum over the group is needed.
+// The vocabulary (given by the model's VocabularyTables) is split too, as Megatron splits it:
+//   token embedding rows [r Vp/tp, (r+1) Vp/tp): each rank looks up the ids it holds (zero
+//                   rows for the others) and the ranks' rows are summed; learned positions
+//                   are added on rank 0 before that sum, and their gradient, which only
+//                   rank 0 computes, is marked for a sum over the group
+//   head            the same rows (tied to the embedding or its own): each rank computes its
+//                   part of the logits and the loss merges the ranks' softmax statistics
+//                   (nn::classifier_loss), so the (tokens, Vp) logits are never gathered;
+//                   the head's input enters the tensor-parallel region at the final norm
+//                   (its gradient is summed over the group)
+// Everything else (norms) is replicated: every rank holds and updates the whole tensor,
+// and, since every rank computes the same gradient for it, no gradient sum over the group
+// is needed.
 //
 // Sequence parallelism (`sequence_parallel`) also splits the residual stream along the
 // sequence between those layers: the first block's input is split (each rank keeps T/tp
 // tokens), the column-parallel layers all-gather it and the row-parallel ones
 // reduce-scatter their output (instead of all-reducing it), and the final norm's output is
-// gathered again for the (replicated) head. The norms inside and after the blocks and the
+// gathered again for the head. The norms inside and after the blocks and the
 // row-parallel biases then see only their rank's tokens: their gradients are partial sums,
 // marked Parameter::tensor_parallel_grad_sum for FSDP to sum over the group.
 #pragma once
@@ -62,10 +72,13 @@ class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
 };
 
 // Slices `model`'s parameters (specs, before FSDP or materialization) for `group`'s rank
-// and sets its layers' styles. Returns one line per split layer ("h.0.attn.qkv: column").
+// and sets its layers' styles; `vocabulary` (its tables may be null) says what to split
+// along the vocabulary. Returns one line per split layer ("h.0.attn.qkv: column").
 // A group of size 1 leaves the model as it is. Throws ShapeError naming the layer when its
-// heads or features do not split into equal parts.
-std::vector<std::string> apply_tensor_parallel(nn::Module& model, nn::TensorParallelGroup& group,
+// heads, features or vocabulary rows do not split into equal parts.
+std::vector<std::string> apply_tensor_parallel(nn::Module& model,
+                                               const nn::VocabularyTables& vocabulary,
+                                               nn::TensorParallelGroup& group,
                                                bool sequence_parallel = false);
 
 }  // namespace fsdp

@@ -52,7 +52,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   const int64_t n_params = model->num_parameters();  // the whole model's
   // The estimate is rank 0's: its slices under tensor parallelism (every rank's are equal).
   PlanningTensorParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
-  apply_tensor_parallel(*model, tp_plan, recipe.model.sequence_parallel);
+  apply_tensor_parallel(*model, model->vocabulary_tables(), tp_plan, recipe.model.sequence_parallel);
   const FsdpOptions fo = fsdp_options_of(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;

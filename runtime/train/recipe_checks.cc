@@ -33,6 +33,11 @@ void check_model_parallel(const Recipe& r) {
                                {"model.n_kv_head", m.n_kv_head}, {"model.d_ff", m.d_ff}})
     FSDP_CHECK(n % tp == 0, ConfigError, "'", key, "' (", n, ") is not divisible by "
                "'model.tensor_model_parallel_size' (", tp, ")");
+  // The embedding and the head split the vocabulary's rows into tp equal parts.
+  FSDP_CHECK(m.padded_vocab_size % tp == 0, ConfigError, "'model.padded_vocab_size' (",
+             m.padded_vocab_size, ") is not divisible by 'model.tensor_model_parallel_size' (",
+             tp, "): the embedding and the head are split along the vocabulary; pad it to a "
+             "multiple of ", tp);
   // Sequence parallelism splits every sequence into tp equal parts (with tp = 1 it is a no-op).
   FSDP_CHECK(!m.sequence_parallel || m.seq_length % tp == 0, ConfigError, "'model.seq_length' (",
              m.seq_length, ") is not divisible by 'model.tensor_model_parallel_size' (", tp,

@@ -256,7 +256,8 @@ void Trainer::State::setup_model_and_sharding() {
   if (mesh->size(MeshAxis::tp) > 1) {
     // Tensor parallelism slices the specs first; FSDP then shards this rank's slices.
     tp_group = std::make_unique<CommunicatorTensorParallelGroup>(comms->axis(MeshAxis::tp));
-    apply_tensor_parallel(*model, *tp_group, recipe.model.sequence_parallel);
+    apply_tensor_parallel(*model, model->vocabulary_tables(), *tp_group,
+                          recipe.model.sequence_parallel);
   }
   models::set_activation_recompute(*model, recompute_of(recipe));
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),

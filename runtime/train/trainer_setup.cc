@@ -137,11 +137,13 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
   // head-weight gradient (Vp, C) (f64 for f64 compute); the per-token losses; the embedding
-  // output. The (n, Vp) logits are never held.
+  // output. The (n, Vp) logits are never held. Tensor parallelism splits the vocabulary:
+  // Vp / tp rows each.
   const int64_t chunk = c.classifier_chunk_rows == 0 ? n : std::min(c.classifier_chunk_rows, n);
   const int64_t stat = compute == DType::f64 ? 8 : 4;
-  const int64_t head = chunk * c.padded_vocab_size * e + n * C * e +
-                       c.padded_vocab_size * C * stat + n * stat + n * C * r;
+  const int64_t vocab_rows = c.padded_vocab_size / tp;
+  const int64_t head = chunk * vocab_rows * e + n * C * e + vocab_rows * C * stat + n * stat +
+                       n * C * r;
   return L * layer_bytes + head;
 }
 

@@ -78,6 +78,41 @@ TEST_CASE("embedding backward scatter-adds repeated tokens and sums positions ov
   CHECK(values(ctx, dwte) == std::vector<double>(size_t(V * C), 1.0));
 }
 
+TEST_CASE("a vocabulary shard's embedding: its rows, zeros for the others, summed to the whole",
+          "[kernels][nn]") {
+  Context ctx;
+  const int64_t B = 2, T = 3, C = 4, V = 6;
+  Tensor wte = random_tensor(ctx, Shape{V, C}, DType::f64, 1);
+  Tensor idx = ops::from_host<int32_t>(ctx, {5, 0, 4, 1, 2, 3}, Shape{B, T});
+  Tensor dout = random_tensor(ctx, Shape{B, T, C}, DType::f64, 3);
+  Tensor whole = ops::empty(ctx, Shape{B, T, C}, DType::f64);
+  ops::embedding_forward(ctx, whole, idx, wte);
+  Tensor dwhole = ops::zeros(ctx, Shape{V, C}, DType::f64);
+  ops::embedding_backward(ctx, dwhole, Tensor(), dout, idx);
+  // Three shards of two rows: their outputs add up to the whole table's (each id is held
+  // by one shard; the others give exact zeros), their gradients are its rows.
+  std::vector<double> sum(size_t(B * T * C), 0.0);
+  for (int64_t begin = 0; begin < V; begin += 2) {
+    INFO("rows from " << begin);
+    const ops::VocabShard shard{begin, V};
+    Tensor out = ops::empty(ctx, Shape{B, T, C}, DType::f64);
+    ops::embedding_forward(ctx, out, idx, wte.narrow(0, begin, 2), Tensor(), shard);
+    const auto o = values(ctx, out);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += o[i];
+    Tensor dpart = ops::zeros(ctx, Shape{2, C}, DType::f64);
+    ops::embedding_backward(ctx, dpart, Tensor(), dout, idx, shard);
+    CHECK(values(ctx, dpart) == values(ctx, dwhole.narrow(0, begin, 2)));
+  }
+  CHECK(sum == values(ctx, whole));
+  // Ids are checked against the whole vocabulary, not the shard's rows.
+  Tensor out = ops::empty(ctx, Shape{B, T, C}, DType::f64);
+  Tensor bad = ops::from_host<int32_t>(ctx, {0, 6, 1, 1, 1, 1}, Shape{B, T});
+  CHECK_THROWS_AS(ops::embedding_forward(ctx, out, bad, wte.narrow(0, 2, 2), Tensor(), {2, V}),
+                  IndexError);
+  CHECK_THROWS_AS(ops::embedding_forward(ctx, out, idx, wte.narrow(0, 2, 2), Tensor(), {5, V}),
+                  ShapeError);
+}
+
 TEST_CASE("layernorm forward matches the formula; statistics saved", "[kernels][nn]") {
   Context ctx;
   const int64_t N = 5, C = 12;

@@ -149,6 +149,63 @@ struct RefAdamW {
 
 }  // namespace
 
+TEST_CASE("vocabulary-parallel cross-entropy: merged shard statistics equal the whole row's",
+          "[kernels][nn]") {
+  Context ctx;
+  // V = 10 classes padded to 12, in shards of 4 columns: [0, 4), [4, 8), [8, 12), the last
+  // holding classes 8 and 9 and two padding columns; then a shard of padding only.
+  const int64_t N = 5, V = 10, Vp = 12, S = 4;
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(dtype_name(dt));
+    Tensor logits = random_tensor(ctx, Shape{N, Vp}, dt, 7, -4, 4);
+    ops::fill(ctx, logits.slice(1, V, Vp), 50.0);  // padding: must not count
+    Tensor targets = ops::from_host<int32_t>(ctx, {9, -1, 0, 5, 4}, Shape{N});
+    Tensor want_losses = ops::empty(ctx, Shape{N}, dt), want_lse = ops::empty(ctx, Shape{N}, dt);
+    ops::cross_entropy_forward(ctx, want_losses, want_lse, logits, targets, V);
+    Tensor want_grad = ops::empty(ctx, Shape{N, Vp}, dt);
+    ops::cross_entropy_backward(ctx, want_grad, logits, want_lse, targets, V, 0.25);
+
+    Tensor partials = ops::empty(ctx, Shape{3, 3, N}, dt);  // (shards, 3, N)
+    std::vector<Tensor> shards;
+    for (int64_t s = 0; s < 3; ++s) {
+      shards.push_back(ops::contiguous(ctx, logits.slice(1, s * S, (s + 1) * S)));  // (N, S)
+      ops::cross_entropy_shard_stats(ctx, partials.select(0, s), shards.back(), targets, V, s * S);
+    }
+    Tensor losses = ops::empty(ctx, Shape{N}, dt), lse = ops::empty(ctx, Shape{N}, dt);
+    ops::cross_entropy_merge_shards(ctx, losses, lse, partials, targets);
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-14;
+    CHECK(max_rel_diff(values(ctx, lse), values(ctx, want_lse), 1.0) < tol);
+    CHECK(max_rel_diff(values(ctx, losses), values(ctx, want_losses), 1.0) < tol);
+    CHECK(values(ctx, losses)[1] == 0.0);
+    // Each shard's columns of the gradient, in place, with the merged log-sum-exp.
+    for (int64_t s = 0; s < 3; ++s) {
+      ops::cross_entropy_shard_backward(ctx, shards[size_t(s)], shards[size_t(s)], lse, targets, V,
+                                        s * S, 0.25);
+      const Tensor want = ops::contiguous(ctx, want_grad.slice(1, s * S, (s + 1) * S));
+      CHECK(max_rel_diff(values(ctx, shards[size_t(s)]), values(ctx, want), 1.0) < tol);
+    }
+    // A shard past the classes holds none: max -inf, sum 0, no target logit; merging it
+    // changes nothing.
+    Tensor pad = ops::full(ctx, Shape{N, 2}, dt, 3.0);
+    Tensor pad_stats = ops::empty(ctx, Shape{3, N}, dt);
+    ops::cross_entropy_shard_stats(ctx, pad_stats, pad, targets, V, 12);
+    const auto ps = values(ctx, pad_stats);
+    for (int64_t n = 0; n < N; ++n) {
+      CHECK(ps[size_t(n)] == -INFINITY);
+      CHECK(ps[size_t(N + n)] == 0.0);
+      CHECK(ps[size_t(2 * N + n)] == 0.0);
+    }
+    Tensor four = ops::empty(ctx, Shape{4, 3, N}, dt);
+    ops::copy(ctx, four.narrow(0, 0, 3), partials);
+    ops::copy(ctx, four.select(0, 3), pad_stats);
+    ops::cross_entropy_merge_shards(ctx, losses, lse, four, targets);
+    CHECK(max_rel_diff(values(ctx, losses), values(ctx, want_losses), 1.0) < tol);
+    // A target outside the vocabulary is refused.
+    Tensor bad = ops::from_host<int32_t>(ctx, {10, 0, 0, 0, 0}, Shape{N});
+    CHECK_THROWS_AS(ops::cross_entropy_shard_stats(ctx, pad_stats, shards[0], bad, V, 0), IndexError);
+  }
+}
+
 TEST_CASE("adamw_step follows PyTorch's AdamW, with bias correction from step 1",
           "[kernels][nn]") {
   Context ctx;

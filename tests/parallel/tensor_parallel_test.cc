@@ -8,6 +8,8 @@
 // Activation recompute re-runs the forward sums inside backward: 6 per block. With sequence
 // parallelism the same holds (the partial gradients of the norms and row-parallel biases
 // summed over the group), with all-gathers and reduce-scatters in place of the all-reduces.
+// The vocabulary is split too: the embedding's rows summed over the group, the head's loss
+// merged from the ranks' softmax statistics chunk by chunk, its input's gradient summed.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -82,6 +84,9 @@ models::ModelConfig tiny(models::Family family) {
   c.padded_vocab_size = 32;
   c.seq_len = 8;
   c.tie_embeddings = family == models::Family::GPT2;
+  // The head's 16 rows in chunks of 5 (4 chunks, the last of one row): each chunk merges
+  // the vocabulary shards' softmax statistics through one all-gather.
+  c.classifier_chunk_rows = 5;
   return c;
 }
 
@@ -130,8 +135,11 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
                                        << (sp ? ", sequence-parallel" : ""));
       auto whole = models::build_model(tiny(family));
       auto split = models::build_model(tiny(family));
-      const std::vector<std::string> report = apply_tensor_parallel(*split, group, sp);
-      if (!sp) CHECK(report.size() == (tp > 1 ? 4u * 2u : 0u));  // qkv, proj, fc, proj per block
+      const std::vector<std::string> report =
+          apply_tensor_parallel(*split, split->vocabulary_tables(), group, sp);
+      // qkv, proj, fc, proj per block; the vocabulary: GPT-2's tied wte and its positions,
+      // Llama's embedding and head; the final norm's output entering the head.
+      if (!sp) CHECK(report.size() == (tp > 1 ? 4u * 2u + 3u : 0u));
       for (auto* m : {whole.get(), split.get()}) {
         nn::materialize(ctx, *m, DType::f64, 1234);
         models::set_activation_recompute(*m, models::recompute_from_name(recompute));
@@ -149,30 +157,43 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
       CHECK(std::abs(got - want) <= 1e-12 * std::abs(want));
       const bool full = std::string(recompute) == "full";
       const Communicator::Counts& n = tp_comm.counts();
+      // The vocabulary: the embedding's rows summed (one all-reduce), one all-gather of
+      // softmax statistics per classifier chunk, and the head input's gradient summed.
+      const size_t chunks = 4;
       if (tp == 1) {
         CHECK(n.all_reduce + n.all_gather + n.reduce_scatter == 0);
       } else if (!sp) {
-        CHECK(n.all_reduce == (full ? 6u : 4u) * 2);  // per block, 2 blocks
-        CHECK(n.all_gather + n.reduce_scatter == 0);
+        // Per block (2 blocks): 4 all-reduces, 6 under full recompute.
+        CHECK(n.all_reduce == (full ? 6u : 4u) * 2 + 2);
+        CHECK(n.all_gather == chunks);
+        CHECK(n.reduce_scatter == 0);
       } else {
         // Per block: 2 all-gathers and 2 reduce-scatters forward, the same backward (and the
-        // forward's again under full recompute); the split's backward and the final norm's
-        // gather, one all-gather each.
-        CHECK(n.all_gather == (full ? 6u : 4u) * 2 + 2);
-        CHECK(n.reduce_scatter == (full ? 6u : 4u) * 2);
-        CHECK(n.all_reduce == 0);
+        // forward's again under full recompute); the split's backward and the head input's
+        // gather one all-gather each, the head input's gradient one reduce-scatter.
+        CHECK(n.all_gather == (full ? 6u : 4u) * 2 + 2 + chunks);
+        CHECK(n.reduce_scatter == (full ? 6u : 4u) * 2 + 1);
+        CHECK(n.all_reduce == 1);
       }
       const std::vector<nn::Parameter*> wp = whole->named_parameters(), pp = split->named_parameters();
       REQUIRE(wp.size() == pp.size());
       for (size_t i = 0; i < wp.size(); ++i) {
         REQUIRE(wp[i]->name() == pp[i]->name());
         CHECK(pp[i]->full_shape() == wp[i]->shape());
-        CHECK(pp[i]->tensor_parallel_grad_sum == (sp && tp > 1 && (pp[i]->name().find("norm") != std::string::npos ||
-                                                                   pp[i]->name().find("ln_") != std::string::npos ||
-                                                                   pp[i]->name().find("proj.bias") != std::string::npos)));
+        const std::string& name = pp[i]->name();
+        const bool partial_in_sp = name.find("norm") != std::string::npos ||
+                                   name.find("ln_") != std::string::npos ||
+                                   name.find("proj.bias") != std::string::npos;
+        // GPT-2's positions are added (and get their gradient) on rank 0 only.
+        CHECK(pp[i]->tensor_parallel_grad_sum ==
+              (tp > 1 && ((sp && partial_in_sp) || name == "wpe.weight")));
+        const bool vocabulary = name == "wte.weight" || name == "embed.weight" || name == "lm_head.weight";
+        CHECK((pp[i]->vocab_parallel != nullptr) == (tp > 1 && vocabulary));
         // What sees only this rank's tokens holds a partial gradient: FSDP sums it over the
         // group (ShardedModel::finish_grad_sync); here the test does.
-        if (pp[i]->tensor_parallel_grad_sum) tp_comm.all_reduce(pp[i]->grad, ReduceOp::Sum, ctx.stream());
+        // (A rank that computed none of it, as for GPT-2's positions off rank 0, adds zeros.)
+        if (pp[i]->tensor_parallel_grad_sum)
+          tp_comm.all_reduce(pp[i]->grad_for_accumulation(ctx), ReduceOp::Sum, ctx.stream());
         check_slice(ctx, *pp[i], pp[i]->data, wp[i]->data, 0.0, "initial weights");
         check_slice(ctx, *pp[i], pp[i]->grad, wp[i]->grad, 1e-12, "gradient");
       }

@@ -106,7 +106,45 @@ void one_pass_case(int64_t N, int64_t V, int64_t Vp, DType dt) {
   }});
 }
 
+// Vocabulary parallelism over `shards` ranks, on one device: each shard's statistics from
+// its columns, merged (as every rank merges the all-gathered partials), against the whole
+// row's loss; then each shard's columns of the gradient in place.
+void shard_case(int64_t shards, DType dt) {
+  const int64_t N = 777, V = 50257, Vp = 50304, S = Vp / shards;
+  const std::string name = str_cat("cross_entropy shards ", shards, " x ", S, " of ", N, "x", Vp,
+                                   " V", V, " ", dtype_name(dt));
+  register_twin({"cross_entropy", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const double dloss = 1.0 / double(N);
+    const Tensor targets = s.indices(make_targets(N, V, 23, 6, 1, 4), Shape{N});
+    const Tensor logits = padded_logits(s, N, V, Vp, dt, 24);  // (N, Vp)
+    const Tensor partials = s.empty(Shape{shards, 3, N}, DType::f32);
+    std::vector<Tensor> parts;
+    for (int64_t r = 0; r < shards; ++r) {
+      parts.push_back(ops::contiguous(ctx, logits.slice(1, r * S, (r + 1) * S)));  // (N, S)
+      ops::cross_entropy_shard_stats(ctx, partials.select(0, r), parts.back(), targets, V, r * S);
+    }
+    const Tensor losses = s.empty(Shape{N}, DType::f32), lse = s.empty(Shape{N}, DType::f32);
+    ops::cross_entropy_merge_shards(ctx, losses, lse, partials, targets);
+    s.output("merged lse", lse, kLoss);
+    s.output("merged losses", losses, kLoss);
+    s.expect(s.values(losses)[1] == 0.0, "an ignored row's loss is 0");
+    // The whole row's loss on the same side: the merge changes only the order of the sums.
+    const Tensor whole_losses = s.empty(Shape{N}, DType::f32), whole_lse = s.empty(Shape{N}, DType::f32);
+    ops::cross_entropy_forward(ctx, whole_losses, whole_lse, logits, targets, V);
+    s.expect(max_rel_diff(s.values(losses), s.values(whole_losses), 1.0) < 1e-5,
+             "merged losses equal the whole row's within f32 sums in another order");
+    for (int64_t r = 0; r < shards; ++r) {
+      ops::cross_entropy_shard_backward(ctx, parts[size_t(r)], parts[size_t(r)], lse, targets, V,
+                                        r * S, dloss);
+      s.output(str_cat("dlogits of shard ", r), parts[size_t(r)], gradient_tolerance(dt));
+    }
+  }});
+}
+
 void register_cross_entropy_twins() {
+  for (int64_t shards : {2, 4})
+    for (DType dt : {DType::bf16, DType::f32}) shard_case(shards, dt);
   for (DType dt : {DType::bf16, DType::f32}) separate_kernels_case(dt);
   // GPT-2's padded vocabulary (packed loads), and an odd width (the scalar path).
   for (auto [N, V, Vp] :

@@ -74,6 +74,32 @@ void gpt2_embedding_case(DType dt) {
   }});
 }
 
+// A vocabulary-parallel shard (tensor parallelism over 2): rows [25152, 50304) of GPT-2's
+// padded table, the same skewed ids, so about half the positions are another shard's (zero
+// rows forward, no gradient backward) and token 13's large bucket is not this shard's.
+void shard_case(DType dt) {
+  const std::string name = str_cat("embedding shard [25152, 50304) of V50304 B4 T1024 C768 ",
+                                   dtype_name(dt));
+  register_twin({"embedding", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const int64_t B = 4, T = 1024, C = 768, V = 50304, begin = 25152, rows = V - begin;
+    std::vector<int32_t> ids(size_t(B * T), 0);
+    const std::vector<double> u = uniform_values(B * T, 19, 0, 1);
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = u[i] < 0.25 ? 13 : u[i] < 0.4 ? int32_t(begin + u[i] * 1000) : int32_t(u[i] * (V - 1));
+    const Tensor idx = s.indices(ids, Shape{B, T});
+    const ops::VocabShard shard{begin, V};
+    const Tensor wte = s.random(Shape{rows, C}, dt, 20), wpe = s.random(Shape{T, C}, dt, 21);
+    const Tensor out = s.empty(Shape{B, T, C}, dt);
+    ops::embedding_forward(ctx, out, idx, wte, wpe, shard);
+    s.output("out", out, gather_tolerance(dt));
+    const Tensor dout = s.random(Shape{B, T, C}, dt, 22);
+    const Tensor dwte = s.full(Shape{rows, C}, DType::f32, 0.25);
+    ops::embedding_backward(ctx, dwte, Tensor(), dout, idx, shard);
+    s.output("dwte", dwte, Tolerance::scaled(1e-5, "f32 sums of repeated rows in another order"));
+  }});
+}
+
 // One token at 6000 of 8192 positions: a bucket too large for the shared-memory sort.
 void large_bucket_case() {
   const std::string name = "embedding_backward B8 T1024 C64 V1000 one bucket of 6144 f32";
@@ -126,6 +152,7 @@ void register_embedding_twins() {
   for (DType dt : {DType::bf16, DType::f32}) gpt2_embedding_case(dt);
   large_bucket_case();
   f32_stream_case();
+  for (DType dt : {DType::bf16, DType::f32}) shard_case(dt);
 }
 
 }  // namespace

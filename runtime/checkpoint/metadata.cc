@@ -238,7 +238,9 @@ std::string CheckpointMetadata::to_json() const {
       for (const nn::ParallelSlice& sl : p.tp_slices) {
         Json ranges = Json::array();
         for (const auto& [b, e] : sl.ranges) ranges.push_back({b, e});
-        slices.push_back({{"dim", sl.dim}, {"ranges", ranges}});
+        Json slice = {{"dim", sl.dim}, {"ranges", ranges}};
+        if (!sl.replicas.empty()) slice["replicas"] = sl.replicas;  // ranges held by several ranks
+        slices.push_back(slice);
       }
       params_json[p.name]["tp_slices"] = slices;
     }
@@ -408,6 +410,16 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
           const std::string rat = kat + ".ranges[" + std::to_string(q) + "]";
           if (!ranges[q].is_array() || ranges[q].size() != 2) f.fail(rat, "expected [begin, end]");
           slice.ranges.emplace_back(f.count(ranges[q][0], rat + "[0]"), f.count(ranges[q][1], rat + "[1]"));
+        }
+        if (slices[k].contains("replicas")) {
+          const std::string rat = kat + ".replicas";
+          const Json& replicas = f.array(slices[k]["replicas"], rat);
+          for (size_t q = 0; q < replicas.size(); ++q) {
+            const std::string qat = rat + "[" + std::to_string(q) + "]";
+            const int64_t n = f.count(replicas[q], qat);
+            if (n > (int64_t(1) << 20)) f.fail(qat, str_cat(n, " ranks holding one range"));
+            slice.replicas.push_back(int(n));
+          }
         }
         try {
           slice.check();

@@ -114,7 +114,8 @@ std::string written_to_text(const WrittenFile& w) {
     tensors.push_back({t.name, safetensors_dtype_name(t.dtype), t.numel, t.sha256});
   Json slices = Json::object();
   for (const auto& [name, sl] : w.slices)
-    slices[name] = {{"full_shape", sl.full_shape.dims()}, {"dim", sl.dim}, {"ranges", sl.ranges}};
+    slices[name] = {{"full_shape", sl.full_shape.dims()}, {"dim", sl.dim}, {"ranges", sl.ranges},
+                    {"replicas", sl.replicas}};
   return Json{{"name", r.name},     {"shard_rank", r.shard_rank}, {"tp_rank", r.tp_rank},
               {"bytes", r.bytes},   {"sha256", r.sha256},         {"tensors", tensors},
               {"slices", slices}}
@@ -148,6 +149,7 @@ WrittenFile written_from_text(const std::string& text) {
     slice.full_shape = Shape(sl.at("full_shape").get<std::vector<int64_t>>());
     slice.dim = sl.at("dim").get<int>();
     slice.ranges = sl.at("ranges").get<std::vector<std::pair<int64_t, int64_t>>>();
+    slice.replicas = sl.at("replicas").get<std::vector<int>>();
     w.slices[name] = slice;
   }
   return w;
@@ -216,7 +218,9 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
           if (t == 0) r.pieces.push_back({int(f), s.shard_offset, s.param_offset, s.numel});
           continue;
         }
-        for (const nn::ParallelSlice::Run& run : r.tp_slices[size_t(t)].runs(s.param_offset, s.numel))
+        // A range several ranks hold (replicated key/value heads) is read from its owner's files.
+        for (const nn::ParallelSlice::Run& run :
+             r.tp_slices[size_t(t)].owned_runs(s.param_offset, s.numel, t))
           r.pieces.push_back({int(f), s.shard_offset + (run.local - s.param_offset), run.full, run.numel});
       }
     }

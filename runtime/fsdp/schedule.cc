@@ -78,9 +78,28 @@ void ShardedModel::sum_tensor_parallel_grads() {
   if (!tp || !shared_.communicates(tp)) return;
   Context& ctx = shared_.ctx;
   for (auto& u : units_)
-    for (const ShardSegment& s : u->plan().segments(shard_rank()))
-      if (u->params()[size_t(s.param)]->tensor_parallel_grad_sum)
+    for (const ShardSegment& s : u->plan().segments(shard_rank())) {
+      const nn::Parameter& p = *u->params()[size_t(s.param)];
+      if (p.tensor_parallel_grad_sum) {
         tp->all_reduce(u->grad_shard.narrow(0, s.shard_offset, s.numel), ReduceOp::Sum, ctx.stream());
+        continue;
+      }
+      if (!p.parallel_slice()) continue;
+      // Rows that `replicas` ranks hold (replicated key/value heads): each computed a part
+      // of their gradient. Every rank of the group holds this segment alike, so the pieces
+      // are all-gathered and each block of replicas adds its own in rank order (the same
+      // bits on each of them).
+      for (const nn::ParallelSlice::Run& run : p.parallel_slice()->runs(s.param_offset, s.numel)) {
+        if (run.replicas == 1) continue;
+        const Tensor piece = u->grad_shard.narrow(0, s.shard_offset + (run.local - s.param_offset), run.numel);
+        const Tensor all = ctx.empty(Shape{int64_t(tp->size()) * run.numel}, piece.dtype());
+        tp->all_gather(all, piece, ctx.stream());
+        const int first = tp->rank() / run.replicas * run.replicas;
+        ops::copy(ctx, piece, all.narrow(0, first * run.numel, run.numel));
+        for (int k = 1; k < run.replicas; ++k)
+          ops::add(ctx, piece, piece, all.narrow(0, (first + k) * run.numel, run.numel));
+      }
+    }
 }
 
 double ShardedModel::grad_multiplier() const {

@@ -396,15 +396,30 @@ std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor
   // Per parameter, its pieces in this rank's shard summed on the device; then one
   // all-reduce per group and one read-back. Under tensor parallelism a sliced parameter's
   // slices are summed over the tensor-parallel group too, and a replicated one is counted
-  // on its first tensor-parallel rank only (the others add zeros).
+  // on its first tensor-parallel rank only (the others add zeros), as are the rows a slice
+  // shares with other ranks (replicated key/value heads) on their owner.
   Communicator* tp = shared_.groups.tensor_parallel;
-  const bool count_replicated = !tp || tp->rank() == 0;
+  const int tp_rank = tp ? tp->rank() : 0;
   Tensor sums = ops::zeros(ctx, Shape{n_params}, DType::f64);
   for (size_t u = 0; u < units_.size(); ++u) {
     for (const ShardSegment& s : units_[u]->plan().segments(shared_.groups.shard_rank())) {
-      if (!count_replicated && !units_[u]->params()[size_t(s.param)]->parallel_slice()) continue;
+      const auto& slice = units_[u]->params()[size_t(s.param)]->parallel_slice();
       Tensor slot = sums.narrow(0, first_param[u] + s.param, 1);
-      ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
+      if (!slice) {
+        if (tp_rank == 0)
+          ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
+        continue;
+      }
+      const std::vector<nn::ParallelSlice::Run> runs = slice->owned_runs(s.param_offset, s.numel, tp_rank);
+      int64_t owned = 0;
+      for (const nn::ParallelSlice::Run& r : runs) owned += r.numel;
+      if (owned == s.numel) {  // all of the segment: one sum
+        ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
+        continue;
+      }
+      for (const nn::ParallelSlice::Run& r : runs)
+        ops::axpby(ctx, slot, 1.0,
+                   ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset + (r.local - s.param_offset), r.numel)));
     }
   }
   if (shared_.communicates(shared_.groups.shard_gather))

@@ -17,6 +17,10 @@ void ParallelSlice::check() const {
                "inside the dimension");
     previous_end = e;
   }
+  FSDP_CHECK(replicas.empty() || replicas.size() == ranges.size(), ShapeError, "parallel slice ",
+             str(), ": ", replicas.size(), " replica counts for ", ranges.size(), " ranges");
+  for (int r : replicas)
+    FSDP_CHECK(r >= 1, ShapeError, "parallel slice ", str(), ": a range held by ", r, " ranks");
 }
 
 Shape ParallelSlice::local_shape() const {
@@ -38,13 +42,22 @@ std::vector<ParallelSlice::Run> ParallelSlice::runs(int64_t offset, int64_t n) c
   // Each (outer index, range) is one contiguous block in both flattenings.
   for (int64_t o = offset / std::max<int64_t>(local_row, 1); o * local_row < end; ++o) {
     int64_t local = o * local_row;
-    for (const auto& [b, e] : ranges) {
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto [b, e] = ranges[i];
       const int64_t len = (e - b) * inner;
       const int64_t lo = std::max(local, offset), hi = std::min(local + len, end);
-      if (lo < hi) out.push_back({lo, o * full_row + b * inner + (lo - local), hi - lo});
+      if (lo < hi) out.push_back({lo, o * full_row + b * inner + (lo - local), hi - lo, replicas_of(i)});
       local += len;
     }
   }
+  return out;
+}
+
+std::vector<ParallelSlice::Run> ParallelSlice::owned_runs(int64_t offset, int64_t n,
+                                                          int tp_rank) const {
+  std::vector<Run> out;
+  for (const Run& r : runs(offset, n))
+    if (tp_rank % r.replicas == 0) out.push_back(r);
   return out;
 }
 
@@ -67,7 +80,10 @@ int64_t ParallelSlice::local_of(int64_t full, int64_t n) const {
 
 std::string ParallelSlice::str() const {
   std::string s = str_cat("dim ", dim, " of ", full_shape, ":");
-  for (const auto& [b, e] : ranges) s += str_cat(" [", b, ", ", e, ")");
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    s += str_cat(" [", ranges[i].first, ", ", ranges[i].second, ")");
+    if (replicas_of(i) > 1) s += str_cat(" on ", replicas_of(i), " ranks");
+  }
   return s;
 }
 

@@ -21,8 +21,16 @@ struct ParallelSlice {
   Shape full_shape;
   int dim = 0;
   std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) of full_shape[dim]
+  // Per range, how many tensor-parallel ranks hold it (empty: one each). Grouped-query
+  // attention with fewer key/value heads than ranks gives a head's rows to `replicas`
+  // consecutive ranks (an aligned block: the ranks r with equal r / replicas). The block's
+  // first rank owns the range (it is saved and counted in norms from there), and the
+  // block's gradients for it are summed.
+  std::vector<int> replicas;
+  int replicas_of(size_t range) const { return replicas.empty() ? 1 : replicas[range]; }
 
-  // Throws ShapeError unless the ranges are non-empty, ordered, disjoint and inside dim.
+  // Throws ShapeError unless the ranges are non-empty, ordered, disjoint and inside dim,
+  // and replicas (if any) gives each range a count >= 1.
   void check() const;
   Shape local_shape() const;
   int64_t local_numel() const { return local_shape().numel(); }
@@ -32,9 +40,14 @@ struct ParallelSlice {
     int64_t local = 0;  // first local element (row-major flattening of the local shape)
     int64_t full = 0;   // the same element in the full tensor's flattening
     int64_t numel = 0;
+    int replicas = 1;  // of the range it lies in
   };
-  // Local elements [offset, offset + n) as runs, in local order.
+  // Local elements [offset, offset + n) as runs, in local order; a run never spans two
+  // ranges.
   std::vector<Run> runs(int64_t offset, int64_t n) const;
+  // The runs that tensor-parallel rank `tp_rank` owns: all but those of ranges it holds as
+  // a replica after the first.
+  std::vector<Run> owned_runs(int64_t offset, int64_t n, int tp_rank) const;
 
   // The local element holding full element `full`, when the n full elements from there lie
   // in one run (consecutive locally too); -1 otherwise.

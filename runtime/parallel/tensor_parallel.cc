@@ -35,12 +35,14 @@ namespace {
 
 using Ranges = std::vector<std::pair<int64_t, int64_t>>;
 
-// Slices a Linear's weight (out, in) along `dim` by `ranges`, and its bias with the rows
-// when column-parallel.
-void slice_linear(nn::Linear& layer, int dim, const Ranges& ranges) {
+// Slices a Linear's weight (out, in) along `dim` by `ranges` (each held by `replicas`
+// ranks; empty: one), and its bias with the rows when column-parallel.
+void slice_linear(nn::Linear& layer, int dim, const Ranges& ranges,
+                  const std::vector<int>& replicas = {}) {
   nn::Parameter& w = layer.weight();
-  w.set_parallel_slice({w.shape(), dim, ranges});
-  if (layer.bias() && dim == 0) layer.bias()->set_parallel_slice({layer.bias()->shape(), 0, ranges});
+  w.set_parallel_slice({w.shape(), dim, ranges, replicas});
+  if (layer.bias() && dim == 0)
+    layer.bias()->set_parallel_slice({layer.bias()->shape(), 0, ranges, replicas});
 }
 
 std::string line(const nn::Linear& layer, nn::ParallelStyle style) {
@@ -53,13 +55,20 @@ void split_attention(nn::CausalSelfAttention& a, nn::TensorParallelGroup& group,
   const nn::AttentionConfig& c = a.config();
   const int64_t d = c.head_dim, h = c.n_head, hkv = c.n_kv_head;
   const auto q = nn::equal_part(0, h * d, r, tp, a.name() + " query heads");
-  const auto k = nn::equal_part(h * d, (h + hkv) * d, r, tp, a.name() + " key heads");
-  const auto v = nn::equal_part((h + hkv) * d, (h + 2 * hkv) * d, r, tp, a.name() + " value heads");
-  slice_linear(a.qkv, 0, {q, k, v});
+  // Fewer key/value heads than ranks (grouped-query attention): each rank holds the one
+  // head its query heads share, replicated on the tp / hkv ranks of that group.
+  const int replicas = hkv < tp ? tp / int(hkv) : 1;
+  FSDP_CHECK(tp % replicas == 0 && (hkv >= tp || tp % hkv == 0), ShapeError, a.name(), ": ",
+             hkv, " key/value heads can be neither split over nor replicated on ", tp, " ranks");
+  const int kv_rank = r / replicas, kv_parts = tp / replicas;
+  const auto k = nn::equal_part(h * d, (h + hkv) * d, kv_rank, kv_parts, a.name() + " key heads");
+  const auto v = nn::equal_part((h + hkv) * d, (h + 2 * hkv) * d, kv_rank, kv_parts,
+                                a.name() + " value heads");
+  slice_linear(a.qkv, 0, {q, k, v}, {1, replicas, replicas});
   a.qkv.set_parallel_style(nn::ParallelStyle::column, &group, sequence);
   slice_linear(a.proj, 1, {q});
   a.proj.set_parallel_style(nn::ParallelStyle::row, &group, sequence);
-  a.set_local_heads(h / tp, hkv / tp);
+  a.set_local_heads(h / tp, hkv / kv_parts);
   report.push_back(line(a.qkv, nn::ParallelStyle::column));
   report.push_back(line(a.proj, nn::ParallelStyle::row));
 }

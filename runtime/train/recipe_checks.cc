@@ -30,9 +30,15 @@ void check_model_parallel(const Recipe& r) {
   const int tp = m.tensor_model_parallel_size;
   // Each tensor-parallel rank computes whole heads and an equal share of the MLP.
   for (const auto& [key, n] : {std::pair<const char*, int>{"model.n_head", m.n_head},
-                               {"model.n_kv_head", m.n_kv_head}, {"model.d_ff", m.d_ff}})
+                               {"model.d_ff", m.d_ff}})
     FSDP_CHECK(n % tp == 0, ConfigError, "'", key, "' (", n, ") is not divisible by "
                "'model.tensor_model_parallel_size' (", tp, ")");
+  // Key/value heads are split over the ranks, or, when there are fewer of them, each is
+  // replicated on tp / n_kv_head ranks.
+  FSDP_CHECK(m.n_kv_head % tp == 0 || tp % m.n_kv_head == 0, ConfigError, "'model.n_kv_head' (",
+             m.n_kv_head, ") neither divides nor is divisible by "
+             "'model.tensor_model_parallel_size' (", tp, "): the key/value heads can be neither "
+             "split over the tensor-parallel ranks nor replicated on them");
   // The embedding and the head split the vocabulary's rows into tp equal parts.
   FSDP_CHECK(m.padded_vocab_size % tp == 0, ConfigError, "'model.padded_vocab_size' (",
              m.padded_vocab_size, ") is not divisible by 'model.tensor_model_parallel_size' (",

@@ -67,18 +67,34 @@ TEST_CASE("a parallel slice maps its local elements to the full tensor's", "[par
   CHECK(runs[2].full == 19);
   CHECK(runs[2].numel == 3);
 
+  // Replicated rows (a key/value head on 2 ranks): its runs carry the count, and only the
+  // first rank of each aligned block of 2 owns them.
+  nn::ParallelSlice kv{Shape{12, 5}, 0, {{0, 2}, {4, 6}, {8, 10}}, {1, 2, 2}};
+  kv.check();
+  const auto all = kv.runs(0, 30);
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].replicas == 1);
+  CHECK(all[1].replicas == 2);
+  CHECK(kv.owned_runs(0, 30, 2).size() == 3);
+  const auto not_owner = kv.owned_runs(5, 20, 3);  // local elements 5..24, rank 3 of a block
+  REQUIRE(not_owner.size() == 1);
+  CHECK(not_owner[0].local == 5);
+  CHECK(not_owner[0].numel == 5);
+  CHECK_THROWS_AS((nn::ParallelSlice{Shape{12, 5}, 0, {{0, 2}}, {0}}.check()), ShapeError);
+  CHECK_THROWS_AS((nn::ParallelSlice{Shape{12, 5}, 0, {{0, 2}}, {1, 2}}.check()), ShapeError);
   CHECK_THROWS_AS((nn::ParallelSlice{Shape{4, 8}, 1, {{3, 9}}}.check()), ShapeError);
   CHECK_THROWS_AS((nn::ParallelSlice{Shape{4, 8}, 0, {{2, 3}, {1, 2}}}.check()), ShapeError);
   CHECK_THROWS_AS(nn::equal_part(0, 10, 0, 4, "ten features"), ShapeError);
 }
 
-models::ModelConfig tiny(models::Family family) {
+// kv_heads: Llama's key/value heads (1: fewer than the 2 tensor-parallel ranks, replicated).
+models::ModelConfig tiny(models::Family family, int64_t kv_heads = 2) {
   models::ModelConfig c;
   c.family = family;
   c.n_layer = 2;
   c.d_model = 16;
   c.n_head = 4;
-  c.n_kv_head = family == models::Family::Llama ? 2 : 0;
+  c.n_kv_head = family == models::Family::Llama ? kv_heads : 0;
   c.d_ff = family == models::Family::Llama ? 24 : 0;
   c.vocab_size = 29;
   c.padded_vocab_size = 32;
@@ -128,13 +144,15 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
     idx[size_t(i)] = int32_t((i * 7 + 3) % 29);
     tgt[size_t(i)] = int32_t((i * 5 + 1) % 29);
   }
-  for (models::Family family : {models::Family::GPT2, models::Family::Llama}) {
+  const std::vector<std::pair<models::Family, int64_t>> models_and_kv_heads = {
+      {models::Family::GPT2, 0}, {models::Family::Llama, 2}, {models::Family::Llama, 1}};
+  for (const auto& [family, kv_heads] : models_and_kv_heads) {
    for (bool sp : {false, true}) {
     for (const char* recompute : {"none", "full"}) {
-      INFO(models::family_name(family) << ", recompute " << recompute << ", tp " << tp
-                                       << (sp ? ", sequence-parallel" : ""));
-      auto whole = models::build_model(tiny(family));
-      auto split = models::build_model(tiny(family));
+      INFO(models::family_name(family) << " with " << kv_heads << " kv heads, recompute "
+                                       << recompute << ", tp " << tp << (sp ? ", sequence-parallel" : ""));
+      auto whole = models::build_model(tiny(family, kv_heads));
+      auto split = models::build_model(tiny(family, kv_heads));
       const std::vector<std::string> report =
           apply_tensor_parallel(*split, split->vocabulary_tables(), group, sp);
       // qkv, proj, fc, proj per block; the vocabulary: GPT-2's tied wte and its positions,
@@ -194,6 +212,16 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
         // (A rank that computed none of it, as for GPT-2's positions off rank 0, adds zeros.)
         if (pp[i]->tensor_parallel_grad_sum)
           tp_comm.all_reduce(pp[i]->grad_for_accumulation(ctx), ReduceOp::Sum, ctx.stream());
+        // A replicated key/value head (on both ranks here): each rank's gradient is the part
+        // from its query heads.
+        if (pp[i]->parallel_slice()) {
+          const Tensor flat = pp[i]->grad.view(Shape{pp[i]->numel()});
+          for (const auto& run : pp[i]->parallel_slice()->runs(0, pp[i]->numel())) {
+            if (run.replicas == 1) continue;
+            REQUIRE(run.replicas == tp);
+            tp_comm.all_reduce(flat.narrow(0, run.local, run.numel), ReduceOp::Sum, ctx.stream());
+          }
+        }
         check_slice(ctx, *pp[i], pp[i]->data, wp[i]->data, 0.0, "initial weights");
         check_slice(ctx, *pp[i], pp[i]->grad, wp[i]->grad, 1e-12, "gradient");
       }

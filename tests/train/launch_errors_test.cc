@@ -85,8 +85,10 @@ TEST_CASE("an impossible mesh is refused on every rank, naming the key", "[train
   // 3 replicas cannot divide 1, 2 or 4 ranks; nor can a shard group of n + 1.
   check_refused(s, tiny_recipe(s, {"dist.dp_outer=3"}), "dist.dp_outer");
   check_refused(s, tiny_recipe(s, {"dist.dp_shard=" + std::to_string(n + 1)}), "dist.dp_shard");
-  // 3 tensor-parallel ranks (of 3 heads) cannot divide 1, 2 or 4 ranks.
+  // 3 tensor-parallel ranks (of 3 heads, and 3 x 128 vocabulary rows) cannot divide 1, 2
+  // or 4 ranks.
   check_refused(s, tiny_recipe(s, {"model.d_model=24", "model.n_head=3",
+                                   "model.padded_vocab_size=384",
                                    "model.tensor_model_parallel_size=3"}),
                 "model.tensor_model_parallel_size");
 }

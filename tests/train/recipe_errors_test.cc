@@ -156,12 +156,21 @@ TEST_CASE("tensor and context parallelism that cannot run are refused by key", "
                                         "tensor_model_parallel_size": 8}})"),
              Catch::Contains("'model.n_head' (12) is not divisible by "
                              "'model.tensor_model_parallel_size' (8)"));
-  CHECK_THAT(config_error(R"({"model": {"family": "llama", "n_head": 8, "n_kv_head": 2,
-                                        "d_model": 512, "tensor_model_parallel_size": 4}})"),
-             Catch::Contains("'model.n_kv_head' (2) is not divisible"));
+  // Key/value heads split over the ranks or replicated on them (2 heads on 4 ranks is fine).
+  CHECK_THAT(config_error(R"({"model": {"family": "llama", "n_head": 12, "n_kv_head": 3,
+                                        "d_model": 768, "d_ff": 2048,
+                                        "tensor_model_parallel_size": 4}})"),
+             Catch::Contains("'model.n_kv_head' (3) neither divides nor is divisible by "
+                             "'model.tensor_model_parallel_size' (4)"));
   CHECK_THAT(config_error(R"({"model": {"d_ff": 100, "n_head": 8, "d_model": 64,
                                         "tensor_model_parallel_size": 8}})"),
              Catch::Contains("'model.d_ff' (100) is not divisible"));
+  // The embedding and the head split the (padded) vocabulary's rows.
+  CHECK_THAT(config_error(R"({"model": {"n_head": 4, "d_model": 64, "vocab_size": 200,
+                                        "padded_vocab_size": 250,
+                                        "tensor_model_parallel_size": 4}})"),
+             Catch::Contains("'model.padded_vocab_size' (250) is not divisible by "
+                             "'model.tensor_model_parallel_size' (4)"));
   // What is not built yet says so.
   CHECK_THAT(config_error(R"({"model": {"sequence_parallel": true, "seq_length": 30, "n_head": 4,
                                         "d_model": 64, "tensor_model_parallel_size": 4}})"),

@@ -126,9 +126,11 @@ std::unique_ptr<Communicator> split_groups(World& world, const Mesh& mesh,
 
 std::vector<MeshAxis> dp_axes(DpGroup group) {
   switch (group) {
-    case DpGroup::dp_shard: return {MeshAxis::dp_shard};
+    // Context-parallel ranks hold the same parameters and reduce their gradients with the
+    // data-parallel ones (FSDP shards over dp_shard x cp).
+    case DpGroup::dp_shard: return {MeshAxis::dp_shard, MeshAxis::cp};
     case DpGroup::dp_outer: return {MeshAxis::dp_outer};
-    case DpGroup::dp: return {MeshAxis::dp_outer, MeshAxis::dp_shard};
+    case DpGroup::dp: return {MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp};
   }
   return {};
 }

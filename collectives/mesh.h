@@ -61,7 +61,9 @@ class Mesh {
   int world_size_;
 };
 
-// The data-parallel groups that get an all-gather and a reduce-scatter communicator.
+// The data-parallel groups that get an all-gather and a reduce-scatter communicator. The
+// context-parallel ranks belong to dp_shard and dp (they hold the same parameters and
+// reduce their gradients together; dp_group() of the data is without them).
 enum class DpGroup { dp_shard, dp_outer, dp };
 const char* dp_group_name(DpGroup group);  // "dp_shard", "dp_outer", "dp"
 

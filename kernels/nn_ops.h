@@ -140,7 +140,9 @@ void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse,
 // speed; kernels/cuda/attention_gemm.h); bf16 uses cuDNN's fused attention (D a multiple of
 // 8 up to 128, strides multiples of 8 elements, 16-byte aligned data), or our own kernel
 // otherwise (any D up to 512, any strides) or when KernelOptions::use_cudnn_attention is
-// false.
+// false. k and v may hold L > T rows (a chunk of a longer sequence, as context parallelism
+// splits it): the queries are then positions [L - T, L) and query t attends to keys
+// 0 .. L - T + t; on CUDA our own kernels run that case.
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                        const Tensor& k, const Tensor& v, double scale = 0.0);
 // Attention of new queries over a key/value cache, for generation (forward only): q
@@ -151,7 +153,7 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const
 // loop is what decoding one token needs).
 void attention_with_cache(Context& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
                           const Tensor& v, double scale = 0.0);
-// dq (B, T, H, D), dk and dv (B, T, Hkv, D), same stride rules; overwritten.
+// dq (B, T, H, D), dk and dv (B, L, Hkv, D) as k, same stride rules; overwritten.
 void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Tensor& dout, const Tensor& out, const Tensor& lse,
                         const Tensor& q, const Tensor& k, const Tensor& v, double scale = 0.0);

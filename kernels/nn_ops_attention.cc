@@ -19,14 +19,16 @@ namespace {
 
 using namespace detail;
 
+// t (B, rows, heads, D) beside `like` (B, ., ., D); rows -1: like's.
 void check_heads(Context& ctx, const Tensor& t, const Tensor& like, int64_t heads,
-                 const char* what) {
+                 const char* what, int64_t rows = -1) {
   check_on_ctx(ctx, t, what);
   check_dtype(t, like.dtype(), what);
   head_strides(t, what);
-  FSDP_CHECK(t.size(0) == like.size(0) && t.size(1) == like.size(1) && t.size(2) == heads &&
+  if (rows < 0) rows = like.size(1);
+  FSDP_CHECK(t.size(0) == like.size(0) && t.size(1) == rows && t.size(2) == heads &&
                  t.size(3) == like.size(3),
-             ShapeError, what, ": expected (", like.size(0), ", ", like.size(1), ", ", heads, ", ",
+             ShapeError, what, ": expected (", like.size(0), ", ", rows, ", ", heads, ", ",
              like.size(3), "), got ", t.str());
 }
 
@@ -43,12 +45,15 @@ kernels::AttentionDims check_attention(Context& ctx, const Tensor& out, const Te
   d.heads = q.size(2);
   d.head_dim = q.size(3);
   check_on_ctx(ctx, k, what);
-  FSDP_CHECK(k.dim() == 4, ShapeError, what, ": k must be (B, T, Hkv, D), got ", k.str());
+  FSDP_CHECK(k.dim() == 4 && k.size(1) >= d.seq, ShapeError, what, ": k must be (B, L, Hkv, D) "
+             "with L >= the ", d.seq, " queries, got ", k.str());
   d.kv_heads = k.size(2);
+  // Keys before the first query (a chunk of a longer sequence: context parallelism).
+  d.past = k.size(1) - d.seq;
   FSDP_CHECK(d.kv_heads > 0 && d.heads % d.kv_heads == 0, ShapeError, what, ": ", d.heads,
              " query heads cannot share ", d.kv_heads, " key/value heads evenly");
-  check_heads(ctx, k, q, d.kv_heads, what);
-  check_heads(ctx, v, q, d.kv_heads, what);
+  check_heads(ctx, k, q, d.kv_heads, what, k.size(1));
+  check_heads(ctx, v, q, d.kv_heads, what, k.size(1));
   d.k = head_strides(k, what);
   d.v = head_strides(v, what);
   check_dense(ctx, out, q.shape(), q.dtype(), what);
@@ -81,6 +86,13 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const
   }
 #if FSDP_WITH_CUDA
   float* lse_f = static_cast<float*>(lse.data_ptr());
+  // The fused paths take queries and keys of one length; a chunk after earlier keys runs
+  // our own kernels.
+  if (d.past > 0) {
+    kernels::cuda::attention_forward(d, out.data_ptr(), lse_f, q.data_ptr(), k.data_ptr(),
+                                     v.data_ptr(), q.dtype(), ctx.stream().cuda_stream());
+    return;
+  }
   if (q.dtype() == DType::f32) {
     Tensor workspace = ctx.empty(
         Shape{int64_t(kernels::cuda::attention_gemm_workspace_bytes(d, false))}, DType::u8);
@@ -152,8 +164,8 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
   kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, what);
   check_heads(ctx, dout, q, d.heads, what);
   check_heads(ctx, dq, q, d.heads, what);
-  check_heads(ctx, dk, q, d.kv_heads, what);
-  check_heads(ctx, dv, q, d.kv_heads, what);
+  check_heads(ctx, dk, q, d.kv_heads, what, k.size(1));
+  check_heads(ctx, dv, q, d.kv_heads, what, k.size(1));
   d.dout = head_strides(dout, what);
   d.dq = head_strides(dq, what);
   d.dk = head_strides(dk, what);
@@ -166,7 +178,7 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
   }
 #if FSDP_WITH_CUDA
   const float* lse_f = static_cast<const float*>(lse.data_ptr());
-  if (q.dtype() == DType::f32) {
+  if (q.dtype() == DType::f32 && d.past == 0) {
     Tensor workspace = ctx.empty(
         Shape{int64_t(kernels::cuda::attention_gemm_workspace_bytes(d, true))}, DType::u8);
     auto f32 = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
@@ -176,7 +188,7 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
                                            ctx.stream().cuda_stream());
     return;
   }
-  if (use_cudnn(ctx, d, q.dtype(), true,
+  if (d.past == 0 && use_cudnn(ctx, d, q.dtype(), true,
                 {dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), out.data_ptr(),
                  q.data_ptr(), k.data_ptr(), v.data_ptr()})) {
     ctx.extension<kernels::cuda::CudnnAttention>().backward(

@@ -79,21 +79,23 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
     const T* os = static_cast<const T*>(out);
     const T* gs = static_cast<const T*>(dout);
     const T* ls = static_cast<const T*>(lse);
-    const int64_t D = d.head_dim, T_ = d.seq, groups = d.batch * d.kv_heads;
-#pragma omp parallel for schedule(static) if (T_ * T_ * D * d.batch * d.heads > (1 << 20))
+    // Queries t in [0, T_) sit after d.past keys: query t sees keys 0 .. past + t of L.
+    const int64_t D = d.head_dim, T_ = d.seq, L = d.past + d.seq, groups = d.batch * d.kv_heads;
+#pragma omp parallel for schedule(static) if (L * T_ * D * d.batch * d.heads > (1 << 20))
     for (int64_t bg = 0; bg < groups; ++bg) {
       const int64_t b = bg / d.kv_heads, kvh = bg % d.kv_heads;
-      std::vector<double> dk_acc(size_t(T_ * D), 0.0), dv_acc(size_t(T_ * D), 0.0);  // (T, D)
-      std::vector<double> s(static_cast<size_t>(T_)), dq_acc(static_cast<size_t>(D));
+      std::vector<double> dk_acc(size_t(L * D), 0.0), dv_acc(size_t(L * D), 0.0);  // (L, D)
+      std::vector<double> s(static_cast<size_t>(L)), dq_acc(static_cast<size_t>(D));
       for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
         for (int64_t t = 0; t < T_; ++t) {
+          const int64_t last = d.past + t;
           const T* qt = head_row(qs, d.q, b, t, h);
           const T* gt = head_row(gs, d.dout, b, t, h);
-          causal_scores(d, qt, ks, b, kvh, t, s);
+          causal_scores(d, qt, ks, b, kvh, last, s);
           const double lse_t = double(ls[(b * d.heads + h) * T_ + t]);
           const double delta = dot(gt, head_row(os, d.out, b, t, h), D);
           std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = 0; j <= last; ++j) {
             const double p = std::exp(s[size_t(j)] - lse_t);
             const T* kj = head_row(ks, d.k, b, j, kvh);
             const T* vj = head_row(vs, d.v, b, j, kvh);
@@ -108,7 +110,7 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
           for (int64_t i = 0; i < D; ++i) dqt[i] = T(dq_acc[size_t(i)]);
         }
       }
-      for (int64_t j = 0; j < T_; ++j) {
+      for (int64_t j = 0; j < L; ++j) {
         T* dkj = head_row(static_cast<T*>(dk), d.dk, b, j, kvh);
         T* dvj = head_row(static_cast<T*>(dv), d.dv, b, j, kvh);
         for (int64_t i = 0; i < D; ++i) {

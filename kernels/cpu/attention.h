@@ -12,7 +12,8 @@ namespace fsdp::kernels::cpu {
 // Every tensor has `dtype` (f32 or f64), lse included.
 void attention_forward(const AttentionDims& d, void* out, void* lse, const void* q, const void* k,
                        const void* v, DType dtype);
-// dq/dk/dv (overwritten) and dout at d.dq/dk/dv/dout strides.
+// dq/dk/dv (overwritten) and dout at d.dq/dk/dv/dout strides. With d.past > 0 the queries
+// follow d.past keys (as in the forward): k, v, dk and dv hold d.past + d.seq rows.
 void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, const void* dout,
                         const void* out, const void* lse, const void* q, const void* k,
                         const void* v, DType dtype);

@@ -105,15 +105,16 @@ __global__ void dq_kernel(AttentionDims d, T* dq, const T* dout, const float* ls
   __syncwarp();
   const int64_t row = (b * d.heads + h) * d.seq + t;
   const float lse_t = lse[row], delta_t = delta[row];
+  const int64_t last = d.past + t;  // the last key this query sees
   float acc[DPL] = {};
-  for (int64_t j0 = 0; j0 <= t; j0 += kWarp) {
+  for (int64_t j0 = 0; j0 <= last; j0 += kWarp) {
     const int64_t j = j0 + lane;
     float ds = 0.f;
-    if (j <= t) {
+    if (j <= last) {
       const float p = expf(dot_row(qs, row_of(k, d.k, b, j, kvh), D) - lse_t);
       ds = p * (dot_row(gs, row_of(v, d.v, b, j, kvh), D) - delta_t);
     }
-    const int64_t tile = min(int64_t(kWarp), t - j0 + 1);
+    const int64_t tile = min(int64_t(kWarp), last - j0 + 1);
     for (int64_t jj = 0; jj < tile; ++jj) {
       const float dsj = __shfl_sync(0xffffffffu, ds, int(jj));
       const T* kr = row_of(k, d.k, b, j0 + jj, kvh);
@@ -129,7 +130,7 @@ __global__ void dq_kernel(AttentionDims d, T* dq, const T* dout, const float* ls
 }
 
 // For key row j of key/value head kvh, over the query heads that share it and the queries
-// t >= j: dv[j] = sum P[t, j] dout[t]; dk[j] = scale * sum dS[t, j] q[t].
+// that see it (past + t >= j): dv[j] = sum P[t, j] dout[t]; dk[j] = scale * sum dS[t, j] q[t].
 template <typename T, int DPL>
 __global__ void dkdv_kernel(AttentionDims d, T* dk, T* dv, const T* dout, const float* lse,
                             const float* delta, const T* q, const T* k, const T* v) {
@@ -137,7 +138,7 @@ __global__ void dkdv_kernel(AttentionDims d, T* dk, T* dv, const T* dout, const 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t j = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   const int64_t b = blockIdx.y / d.kv_heads, kvh = blockIdx.y % d.kv_heads;
-  if (j >= d.seq) return;
+  if (j >= d.past + d.seq) return;
   const int64_t D = d.head_dim;
   float* ks = smem + warp * 2 * D;
   float* vs = ks + D;
@@ -150,7 +151,7 @@ __global__ void dkdv_kernel(AttentionDims d, T* dk, T* dv, const T* dout, const 
   __syncwarp();
   float dk_acc[DPL] = {}, dv_acc[DPL] = {};
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-    for (int64_t t0 = j; t0 < d.seq; t0 += kWarp) {
+    for (int64_t t0 = max(int64_t(0), j - d.past); t0 < d.seq; t0 += kWarp) {
       const int64_t t = t0 + lane;
       float p = 0.f, ds = 0.f;
       if (t < d.seq) {
@@ -249,7 +250,7 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
       dq_kernel<T, DPL><<<grid_of(d.seq, d.batch * d.heads), threads, shared, stream>>>(
           d, static_cast<T*>(dq), gt, lse, delta, qt, kt, vt);
       FSDP_CHECK_LAUNCH();
-      dkdv_kernel<T, DPL><<<grid_of(d.seq, d.batch * d.kv_heads), threads, shared, stream>>>(
+      dkdv_kernel<T, DPL><<<grid_of(d.past + d.seq, d.batch * d.kv_heads), threads, shared, stream>>>(
           d, static_cast<T*>(dk), static_cast<T*>(dv), gt, lse, delta, qt, kt, vt);
       FSDP_CHECK_LAUNCH();
     });

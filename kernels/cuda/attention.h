@@ -16,7 +16,8 @@
 namespace fsdp::kernels::cuda {
 
 // ---- our own causal GQA attention (any head_dim, any strides, bf16 or f32), used where
-// cuDNN's fused attention cannot run. lse (B, H, T) f32.
+// cuDNN's fused attention cannot run, and for queries after d.past earlier keys (forward
+// and backward: k, v, dk, dv hold d.past + d.seq rows). lse (B, H, T) f32.
 void attention_forward(const AttentionDims& d, void* out, float* lse, const void* q, const void* k,
                        const void* v, DType dtype, stream_t stream);
 size_t attention_backward_workspace_bytes(const AttentionDims& d);

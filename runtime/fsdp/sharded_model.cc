@@ -62,11 +62,13 @@ DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrate
   const Mesh& mesh = comms.mesh();
   DataParallelGroups g;
   if (mesh.size(MeshAxis::tp) > 1) g.tensor_parallel = &comms.axis(MeshAxis::tp);
+  // Context-parallel ranks join the data-parallel ones (their groups span dp x cp).
+  const int cp = mesh.size(MeshAxis::cp);
   if (strategy == ShardingStrategy::NoShard) {
-    if (mesh.dp_size() > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp);
+    if (mesh.dp_size() * cp > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp);
     return g;
   }
-  if (mesh.size(MeshAxis::dp_shard) > 1) {
+  if (mesh.size(MeshAxis::dp_shard) * cp > 1) {
     g.shard_gather = &comms.all_gather_comm(DpGroup::dp_shard);
     g.shard_reduce = &comms.reduce_scatter_comm(DpGroup::dp_shard);
   }

@@ -82,19 +82,50 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
   TensorParallelGroup* group = wte.vocab_parallel;
   const ops::VocabShard shard = group ? vocab_shard(wte) : ops::VocabShard{};
   if (group && group->rank() != 0) wpe = nullptr;
+  // The tokens' positions: [0, T), or under context parallelism this rank's two chunks of
+  // the sequence (each piece: its local columns [first, first + n) at positions from `at`).
+  struct Piece {
+    int64_t first, n, at;
+  };
+  std::vector<Piece> pieces{{0, t, 0}};
+  if (wpe && wpe->sequence_chunks) {
+    const ContextParallelLayout& layout = *wpe->sequence_chunks;
+    FSDP_CHECK(t == layout.local_seq(), ShapeError, "embedding: ", t, " tokens for ", wpe->name(),
+               "'s context-parallel chunks of ", layout.local_seq());
+    const int64_t n = layout.chunk();
+    pieces = {{0, n, layout.chunk_begin(0)}, {n, n, layout.chunk_begin(1)}};
+  }
+  // Each piece's ids (contiguous, as the kernels read them).
+  std::vector<Tensor> piece_ids;
+  for (const Piece& p : pieces)
+    piece_ids.push_back(pieces.size() == 1 ? ids : ops::contiguous(ctx, ids.narrow(1, p.first, p.n)));
   Tensor out = ctx.empty(Shape{b, t, c}, out_dtype.value_or(w.dtype()));  // (B, T, C)
-  ops::embedding_forward(ctx, out, ids, w, wpe ? wpe->data : Tensor(), shard);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    const Tensor positions = wpe ? wpe->data.narrow(0, p.at, p.n) : Tensor();
+    if (pieces.size() == 1) {
+      ops::embedding_forward(ctx, out, ids, w, positions, shard);
+      break;
+    }
+    const Tensor part = ctx.empty(Shape{b, p.n, c}, out.dtype());
+    ops::embedding_forward(ctx, part, piece_ids[i], w, positions, shard);
+    ops::copy(ctx, out.narrow(1, p.first, p.n), part);
+  }
   if (g.should_record({}, true)) {
     out = Graph::track(out);
     Parameter* wtep = &wte;
     g.record("embedding:" + wte.name(), {out.autograd_meta()},
-             [ids, om = out.autograd_meta(), wtep, wpe, shard](Graph& g) {
+             [piece_ids, pieces, om = out.autograd_meta(), wtep, wpe, shard](Graph& g) {
                Tensor dout = Graph::grad_of(om);
                if (!dout.defined()) return;
                Context& ctx = g.ctx();
-               ops::embedding_backward(ctx, wtep->grad_for_accumulation(ctx),
-                                       wpe ? wpe->grad_for_accumulation(ctx) : Tensor(),
-                                       ops::contiguous(ctx, dout), ids, shard);
+               for (size_t i = 0; i < pieces.size(); ++i) {
+                 const Piece& p = pieces[i];
+                 const Tensor dpos = wpe ? wpe->grad_for_accumulation(ctx).narrow(0, p.at, p.n) : Tensor();
+                 const Tensor d = pieces.size() == 1 ? dout : dout.narrow(1, p.first, p.n);
+                 ops::embedding_backward(ctx, wtep->grad_for_accumulation(ctx), dpos,
+                                         ops::contiguous(ctx, d), piece_ids[i], shard);
+               }
              });
   }
   return group ? tensor_parallel_leave(g, out, *group) : out;

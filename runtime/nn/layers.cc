@@ -1,5 +1,6 @@
 #include "runtime/nn/layers.h"
 
+#include "runtime/nn/context_parallel.h"
 #include "runtime/nn/functional.h"
 
 namespace fsdp::nn {
@@ -157,11 +158,20 @@ void CausalSelfAttention::set_local_heads(int64_t n_head, int64_t n_kv_head) {
   local_kv_heads_ = n_kv_head;
 }
 
+void CausalSelfAttention::set_context_parallel(const ContextParallelLayout& layout,
+                                               TensorParallelGroup* group) {
+  cp_layout_ = layout;
+  cp_group_ = group;
+}
+
 Tensor CausalSelfAttention::compute(Graph& g, const Tensor& x) {
-  // H and Hkv are this rank's heads under tensor parallelism (all of them otherwise).
+  // H and Hkv are this rank's heads under tensor parallelism (all of them otherwise); T is
+  // this rank's part of the sequence under context parallelism.
   const Tensor fused = qkv(g, x);  // (B, T, (H + 2 Hkv) D)
-  const Tensor y = causal_attention(g, fused, local_heads_, local_kv_heads_,
-                                    config_.rope_theta);  // (B, T, H D)
+  const Tensor y = cp_group_ ? context_parallel_attention(g, fused, local_heads_, local_kv_heads_,
+                                                          config_.rope_theta, cp_layout_, *cp_group_)
+                             : causal_attention(g, fused, local_heads_, local_kv_heads_,
+                                                config_.rope_theta);  // (B, T, H D)
   return proj(g, y);  // (B, T, C)
 }
 

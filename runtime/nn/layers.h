@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/nn_ops.h"
+#include "runtime/nn/context_parallel_layout.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/module.h"
 #include "runtime/nn/tensor_parallel.h"
@@ -185,6 +186,9 @@ class CausalSelfAttention : public UnaryModule {
   void set_local_heads(int64_t n_head, int64_t n_kv_head);
   int64_t local_heads() const { return local_heads_; }
   int64_t local_kv_heads() const { return local_kv_heads_; }
+  // Context parallelism: this rank holds the tokens `layout` says of each sequence, and the
+  // attention runs over the whole sequence through `group` (context_parallel_attention).
+  void set_context_parallel(const ContextParallelLayout& layout, TensorParallelGroup* group);
   // Generation, with the graph's gradients off: x (B, Tn, C) holds the tokens at positions
   // [position, position + Tn); their keys and values join `cache` (nn::cached_attention).
   // Returns (B, Tn, C), what forward() gives those tokens after the cached ones.
@@ -198,6 +202,8 @@ class CausalSelfAttention : public UnaryModule {
  private:
   AttentionConfig config_;
   int64_t local_heads_, local_kv_heads_;
+  ContextParallelLayout cp_layout_;
+  TensorParallelGroup* cp_group_ = nullptr;
 };
 
 }  // namespace fsdp::nn

@@ -14,6 +14,7 @@
 
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
+#include "runtime/nn/context_parallel_layout.h"
 #include "runtime/nn/parallel_slice.h"
 
 namespace fsdp::nn {
@@ -85,6 +86,9 @@ class Parameter {
   // vocabulary, are split over this group (one range per rank, set_parallel_slice), and the
   // ops that read it (nn::embedding, nn::classifier_loss) combine the ranks' parts.
   TensorParallelGroup* vocab_parallel = nullptr;
+  // Learned positions of a sequence split by context parallelism: the embedding adds the
+  // rows of this rank's positions (ContextParallelLayout) to its tokens.
+  std::optional<ContextParallelLayout> sequence_chunks;
 
  private:
   friend class Module;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "models/factory.h"
+#include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics.h"
@@ -20,9 +21,12 @@ std::string mesh_groups(const Mesh& mesh) {
       {"tensor-parallel", {MeshAxis::tp}},
       {"context-parallel", {MeshAxis::cp}},
       {"data-parallel (sharding)", {MeshAxis::dp_shard}},
+      {"FSDP sharding (data x context-parallel)", {MeshAxis::dp_shard, MeshAxis::cp}},
       {"data-parallel (replicas)", {MeshAxis::dp_outer}}};
   std::string out;
   for (const auto& [what, axes] : kinds) {
+    // The FSDP groups are the data-parallel ones unless context parallelism joins them.
+    if (axes.size() > 1 && mesh.size(MeshAxis::cp) == 1) continue;
     std::vector<std::vector<int>> groups;
     for (int r = 0; r < mesh.world_size(); ++r) {
       std::vector<int> g = mesh.group(axes, r);
@@ -53,6 +57,8 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   // The estimate is rank 0's: its slices under tensor parallelism (every rank's are equal).
   PlanningTensorParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
   apply_tensor_parallel(*model, model->vocabulary_tables(), tp_plan, recipe.model.sequence_parallel);
+  PlanningTensorParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
+  apply_context_parallel(*model, model->vocabulary_tables(), cp_plan, recipe.model.seq_length);
   const FsdpOptions fo = fsdp_options_of(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;

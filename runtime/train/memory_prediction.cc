@@ -12,7 +12,9 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
                                 const Mesh& mesh) {
   const FsdpOptions fo = fsdp_options_of(recipe);
   PlanOptions po;
-  po.dp_size = fo.strategy == ShardingStrategy::NoShard ? 1 : mesh.size(MeshAxis::dp_shard);
+  po.dp_size = fo.strategy == ShardingStrategy::NoShard
+                   ? 1
+                   : mesh.size(MeshAxis::dp_shard) * mesh.size(MeshAxis::cp);
   po.block = fo.shard_block;
   po.strategy = fo.strategy;
   MemoryPrediction p;
@@ -35,11 +37,19 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
     p.offload_staging = int64_t(st.slots) * st.slot_numel *
                         int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
   }
-  p.activations = activation_bytes_estimate(model_config_of(recipe), recipe.train.micro_batch_size,
-                                            recipe.model.seq_length, fo.compute_dtype,
-                                            recompute_of(recipe),
-                                            recipe.model.tensor_model_parallel_size,
+  // Context parallelism: each rank's T / cp tokens, and per layer the whole sequence's
+  // keys and values it all-gathered (kept for backward).
+  const models::ModelConfig mc = model_config_of(recipe);
+  const int cp = recipe.model.context_parallel_size, tp = recipe.model.tensor_model_parallel_size;
+  p.activations = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
+                                            recipe.model.seq_length / cp, fo.compute_dtype,
+                                            recompute_of(recipe), tp,
                                             recipe.model.sequence_parallel);
+  if (cp > 1) {
+    const int64_t kv_heads = std::max<int64_t>(1, (mc.n_kv_head ? mc.n_kv_head : mc.n_head) / tp);
+    p.activations += mc.n_layer * 2 * recipe.train.micro_batch_size * recipe.model.seq_length *
+                     kv_heads * mc.head_dim() * int64_t(dtype_size(fo.compute_dtype));
+  }
   return p;
 }
 

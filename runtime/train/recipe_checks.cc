@@ -48,14 +48,23 @@ void check_model_parallel(const Recipe& r) {
   FSDP_CHECK(!m.sequence_parallel || m.seq_length % tp == 0, ConfigError, "'model.seq_length' (",
              m.seq_length, ") is not divisible by 'model.tensor_model_parallel_size' (", tp,
              "), as 'model.sequence_parallel' needs");
-  FSDP_CHECK(m.context_parallel_size == 1, ConfigError, "'model.context_parallel_size' is ",
-             m.context_parallel_size, ": context parallelism is not implemented yet; set it to 1");
-  if (tp == 1) return;
-  FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError, "'optimizer.cpu_offload' with "
-             "'model.tensor_model_parallel_size' ", tp, " is not supported yet");
-  FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with "
-             "'model.tensor_model_parallel_size' ", tp, " is not supported yet (the "
-             "tensor-parallel sums run inside the captured forward and backward)");
+  // Context parallelism cuts every sequence into 2 cp equal chunks.
+  const int cp = m.context_parallel_size;
+  FSDP_CHECK(m.seq_length % (2 * cp) == 0, ConfigError, "'model.seq_length' (", m.seq_length,
+             ") is not divisible by 2 x 'model.context_parallel_size' (", 2 * cp, "): each "
+             "context-parallel rank holds two of 2 x ", cp, " equal chunks of every sequence");
+  FSDP_CHECK(cp == 1 || m.cp_comm_type == "all_gather", ConfigError, "'model.cp_comm_type' is \"",
+             m.cp_comm_type, "\": the ring (p2p) is not built yet; set it to \"all_gather\" "
+             "for 'model.context_parallel_size' ", cp);
+  for (const auto& [key, n] : {std::pair<const char*, int>{"model.tensor_model_parallel_size", tp},
+                               {"model.context_parallel_size", cp}}) {
+    if (n == 1) continue;
+    FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError, "'optimizer.cpu_offload' with '", key,
+               "' ", n, " is not supported yet");
+    FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with '", key, "' ", n,
+               " is not supported yet (the model-parallel collectives run inside the captured "
+               "forward and backward)");
+  }
 }
 
 void check_batches(const TrainSection& t) {

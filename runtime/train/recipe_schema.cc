@@ -55,10 +55,12 @@ std::vector<FieldSpec> build_schema() {
           "between the tensor-parallel layers (less activation memory; all-gathers and "
           "reduce-scatters instead of all-reduces)."),
       KEY(model.context_parallel_size).default_to(1).at_least(1).help_text(
-          "Context-parallel ranks splitting each sequence (not implemented yet: must be 1)."),
+          "Context-parallel ranks splitting each sequence (rank r holds chunks r and "
+          "2 cp - 1 - r of 2 cp, for causal load balancing); model.seq_length must divide "
+          "by 2 cp."),
       KEY(model.cp_comm_type).one_of({"p2p", "all_gather"}).default_to("p2p").help_text(
-          "How context-parallel attention exchanges keys and values: p2p (a ring) or "
-          "all_gather."),
+          "How context-parallel attention exchanges keys and values: all_gather (built) or "
+          "p2p (a ring; not built yet, refused when context_parallel_size > 1)."),
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(

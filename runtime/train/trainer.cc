@@ -21,6 +21,7 @@
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/checkpoint/rank_agreement.h"
+#include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
@@ -88,10 +89,14 @@ struct Trainer::State {
   std::unique_ptr<Context> ctx;
   int dp_rank = 0, dp_size = 1;
   int64_t accum = 1;  // micro-batches per rank per step
-  // The model, its sharding and its optimizer. The tensor-parallel group outlives the model,
-  // whose split layers keep a pointer to it.
+  // The model, its sharding and its optimizer. The tensor- and context-parallel groups
+  // outlive the model, whose split layers keep pointers to them.
   models::ModelConfig model_config;
   std::unique_ptr<CommunicatorTensorParallelGroup> tp_group;
+  std::unique_ptr<CommunicatorTensorParallelGroup> cp_group;
+  // Context parallelism: this rank's tokens of each sequence (every rank reads the whole
+  // micro-batch of its data-parallel rank and keeps these).
+  std::optional<nn::ContextParallelLayout> cp_layout;
   std::unique_ptr<models::LanguageModel> model;
   FsdpOptions fsdp_options;
   std::unique_ptr<ShardedModel> sharded;
@@ -132,6 +137,12 @@ struct Trainer::State {
   void setup_output();
   void print_startup_report() const;
   void prepare_sample();
+  // The tokens of a micro-batch this rank computes: all of them, or under context
+  // parallelism its chunks of each sequence.
+  std::vector<int32_t> local_tokens(const std::vector<int32_t>& rows) const {
+    if (!cp_layout) return rows;
+    return split_sequences(rows, recipe.train.micro_batch_size, *cp_layout);
+  }
 
   void print(const std::string& line) const {
     if (world->rank() == 0 && options.out) {
@@ -259,6 +270,12 @@ void Trainer::State::setup_model_and_sharding() {
     apply_tensor_parallel(*model, model->vocabulary_tables(), *tp_group,
                           recipe.model.sequence_parallel);
   }
+  if (mesh->size(MeshAxis::cp) > 1) {
+    cp_group = std::make_unique<CommunicatorTensorParallelGroup>(comms->axis(MeshAxis::cp));
+    apply_context_parallel(*model, model->vocabulary_tables(), *cp_group, recipe.model.seq_length);
+    cp_layout = nn::ContextParallelLayout::make(recipe.model.seq_length, cp_group->size(),
+                                                cp_group->rank());
+  }
   models::set_activation_recompute(*model, recompute_of(recipe));
   flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
                                            int(model_config.d_model), int(model_config.seq_len));
@@ -366,8 +383,9 @@ void Trainer::State::prepare_sample() {
   if (!options.print_sample) return;
   // Decided the same way on every rank, before training, so that every rank generates or none.
   std::string why_not;
-  if (tp_group) {
-    print("no text sample at the end of the run: generation does not run tensor-parallel models yet");
+  if (tp_group || cp_group) {
+    print("no text sample at the end of the run: generation does not run tensor- or "
+          "context-parallel models yet");
     return;
   }
   try {
@@ -400,6 +418,7 @@ bool Trainer::State::stop_agreed() {
 std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   clock->start_step();
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
+  const int64_t local_T = cp_layout ? cp_layout->local_seq() : T;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
   sharded->start_step();
@@ -407,8 +426,8 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
     train_data->next(x.data(), y.data());
-    Tensor idx = tokens->upload(size_t(2 * m), x, B, T);
-    Tensor tgt = tokens->upload(size_t(2 * m + 1), y, B, T);
+    Tensor idx = tokens->upload(size_t(2 * m), local_tokens(x), B, local_T);
+    Tensor tgt = tokens->upload(size_t(2 * m + 1), local_tokens(y), B, local_T);
     // One micro-batch's forward and backward; with train.cuda_graphs it is captured once and
     // replayed (the autograd graph lives inside, so nothing it holds escapes but the loss).
     auto body = [&](const Tensor& inputs, const Tensor& targets) {
@@ -416,7 +435,10 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
       Tensor loss;
       {
         NvtxRange r("forward");
-        loss = model->forward(g, inputs, targets, B * T);
+        // Under context parallelism the loss of this rank's tokens, weighted as the
+        // gradient reduction over dp x cp needs: its mean times cp, summed over the group,
+        // is the mean over every token of the sequences.
+        loss = model->forward(g, inputs, targets, B * local_T);
       }
       NvtxRange r("backward");
       g.backward(loss);
@@ -478,8 +500,10 @@ double Trainer::State::evaluate() {
     val_data->next(x.data(), y.data());
     autograd::Graph g(*ctx);
     autograd::NoGradGuard no_grad(g);
-    Tensor loss = model->forward(g, ops::from_host<int32_t>(*ctx, x, Shape{B, T}),
-                                 ops::from_host<int32_t>(*ctx, y, Shape{B, T}), B * T);
+    const int64_t local_T = cp_layout ? cp_layout->local_seq() : T;
+    Tensor loss = model->forward(g, ops::from_host<int32_t>(*ctx, local_tokens(x), Shape{B, local_T}),
+                                 ops::from_host<int32_t>(*ctx, local_tokens(y), Shape{B, local_T}),
+                                 B * local_T);
     sum += ops::item(*ctx, loss);
   }
   return sum_over_ranks({sum})[0] / double(micro_batches * world->size());

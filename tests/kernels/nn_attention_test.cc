@@ -134,3 +134,41 @@ TEST_CASE("attention backward matches finite differences and overwrites strided 
   CHECK(max_rel_diff(values(ctx, df.k), gk, 1.0) < 1e-5);
   CHECK(max_rel_diff(values(ctx, df.v), gv, 1.0) < 1e-5);
 }
+
+TEST_CASE("a chunk of queries after earlier keys gives the full sequence's rows (f64)",
+          "[kernels][nn]") {
+  // Context parallelism's block: queries [g, g + c) of a T-token sequence against keys
+  // [0, g + c). Forward: the full attention's rows; backward with the full gradient zero
+  // outside the chunk: the full backward's dq rows and its dk, dv over the first g + c keys.
+  Context ctx;
+  const int64_t B = 2, T = 12, H = 4, Hkv = 2, D = 8, g = 5, c = 4;
+  const Tensor q = random_tensor(ctx, Shape{B, T, H, D}, DType::f64, 31, -1, 1);
+  const Tensor k = random_tensor(ctx, Shape{B, T, Hkv, D}, DType::f64, 32, -1, 1);
+  const Tensor v = random_tensor(ctx, Shape{B, T, Hkv, D}, DType::f64, 33, -1, 1);
+  const Tensor dout = ops::zeros(ctx, Shape{B, T, H, D}, DType::f64);
+  ops::copy(ctx, dout.narrow(1, g, c), random_tensor(ctx, Shape{B, c, H, D}, DType::f64, 34, -1, 1));
+  const Tensor out = ops::empty(ctx, Shape{B, T, H, D}, DType::f64);
+  const Tensor lse = ops::empty(ctx, Shape{B, H, T}, DType::f64);
+  ops::attention_forward(ctx, out, lse, q, k, v);
+  const Tensor dq = ops::empty(ctx, Shape{B, T, H, D}, DType::f64);
+  const Tensor dk = ops::empty(ctx, Shape{B, T, Hkv, D}, DType::f64), dv = ops::empty(ctx, Shape{B, T, Hkv, D}, DType::f64);
+  ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v);
+
+  const Tensor qc = q.narrow(1, g, c), kc = k.narrow(1, 0, g + c), vc = v.narrow(1, 0, g + c);
+  const Tensor out_c = ops::empty(ctx, Shape{B, c, H, D}, DType::f64);
+  const Tensor lse_c = ops::empty(ctx, Shape{B, H, c}, DType::f64);
+  ops::attention_forward(ctx, out_c, lse_c, qc, kc, vc);
+  CHECK(max_rel_diff(values(ctx, out_c), values(ctx, ops::contiguous(ctx, out.narrow(1, g, c))), 1.0) < 1e-14);
+  CHECK(max_rel_diff(values(ctx, lse_c), values(ctx, ops::contiguous(ctx, lse.narrow(2, g, c))), 1.0) < 1e-14);
+  const Tensor dq_c = ops::empty(ctx, Shape{B, c, H, D}, DType::f64);
+  const Tensor dk_c = ops::empty(ctx, Shape{B, g + c, Hkv, D}, DType::f64);
+  const Tensor dv_c = ops::empty(ctx, Shape{B, g + c, Hkv, D}, DType::f64);
+  ops::attention_backward(ctx, dq_c, dk_c, dv_c, ops::contiguous(ctx, dout.narrow(1, g, c)), out_c, lse_c,
+                          qc, kc, vc);
+  CHECK(max_rel_diff(values(ctx, dq_c), values(ctx, ops::contiguous(ctx, dq.narrow(1, g, c))), 1.0) < 1e-13);
+  CHECK(max_rel_diff(values(ctx, dk_c), values(ctx, ops::contiguous(ctx, dk.narrow(1, 0, g + c))), 1.0) < 1e-13);
+  CHECK(max_rel_diff(values(ctx, dv_c), values(ctx, ops::contiguous(ctx, dv.narrow(1, 0, g + c))), 1.0) < 1e-13);
+  // Keys shorter than the queries are refused.
+  CHECK_THROWS_AS(ops::attention_forward(ctx, out_c, lse_c, qc, k.narrow(1, 0, c - 1), v.narrow(1, 0, c - 1)),
+                  ShapeError);
+}

@@ -63,6 +63,7 @@ struct Layout {
   int micro_batch;  // of the global batch of 8 sequences
   int tp = 1;       // tensor-parallel ranks; the data-parallel ones are the rest
   bool sp = false;  // sequence parallelism
+  int cp = 1;       // context-parallel ranks (keys and values all-gathered)
 };
 
 std::vector<Layout> layouts();
@@ -75,14 +76,16 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
   const Json golden = read_json("tests/train/golden/" + name + "_curve.json");
   const std::string out = testing::scratch_dir(
       name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) + "_tp" +
-      std::to_string(layout.tp) + (layout.sp ? "_sp" : "") + (extra.empty() ? "" : "_resumed") + "_rank" +
+      std::to_string(layout.tp) + (layout.sp ? "_sp" : "") + "_cp" + std::to_string(layout.cp) +
+      (extra.empty() ? "" : "_resumed") + "_rank" +
       std::to_string(testing::world_rank()));
   std::vector<std::string> overrides = {
       "dataset.train_path=" + byte_tokens_shard(), "run.output_dir=" + out,
       "logger.samples_file=null", "ddp.data_parallel_sharding_strategy=" + layout.strategy,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
       "model.tensor_model_parallel_size=" + std::to_string(layout.tp),
-      std::string("model.sequence_parallel=") + (layout.sp ? "true" : "false")};
+      std::string("model.sequence_parallel=") + (layout.sp ? "true" : "false"),
+      "model.context_parallel_size=" + std::to_string(layout.cp), "model.cp_comm_type=all_gather"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   const Recipe recipe = load_recipe("tests/train/golden/" + name + ".json", overrides);
   TrainerOptions options;
@@ -93,7 +96,7 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
 
   INFO(name << ", " << testing::world_size() << " rank(s), " << layout.strategy
             << ", micro-batch " << layout.micro_batch << ", tensor-parallel " << layout.tp
-            << (layout.sp ? " + sequence-parallel" : "") << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
+            << (layout.sp ? " + sequence-parallel" : "") << ", context-parallel " << layout.cp << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
   const std::vector<double> loss = golden["loss"], grad_norm = golden["grad_norm"];
   const size_t first = size_t(r.first_step);
   REQUIRE(r.losses.size() == loss.size() - first);
@@ -160,16 +163,18 @@ std::string shared_dir(const std::string& name) {
       .string();
 }
 
-// Every layout of this world against the golden curve; each tensor-parallel layout also
-// against an earlier layout without tensor parallelism of the same micro-batch size.
+// Every layout of this world against the golden curve; each tensor- or context-parallel
+// layout also against an earlier layout without either of the same micro-batch size.
 void check_layouts(const std::string& name) {
   std::vector<std::pair<Layout, TrainResult>> done;
   for (const Layout& layout : layouts()) {
     const TrainResult r = check_golden(name, layout);
     for (const auto& [other, curve] : done) {
-      if (layout.tp == 1 || other.tp != 1 || other.micro_batch != layout.micro_batch) continue;
+      const bool split = layout.tp > 1 || layout.cp > 1, other_split = other.tp > 1 || other.cp > 1;
+      if (!split || other_split || other.micro_batch != layout.micro_batch) continue;
       check_same_curve(r, curve, name + ": tensor-parallel " + std::to_string(layout.tp) +
-                                     (layout.sp ? " + sequence-parallel " : " ") +
+                                     (layout.sp ? " + sequence-parallel" : "") +
+                                     ", context-parallel " + std::to_string(layout.cp) + " " +
                                      layout.strategy + " against " + other.strategy +
                                      " without, micro-batch " + std::to_string(layout.micro_batch));
       break;
@@ -179,16 +184,18 @@ void check_layouts(const std::string& name) {
 }
 
 // What runs on this world: every layout the world size allows, with and without gradient
-// accumulation (the global batch is 8 sequences), with and without tensor parallelism.
+// accumulation (the global batch is 8 sequences), with and without tensor and context parallelism.
 std::vector<Layout> layouts() {
   switch (testing::world_size()) {
     case 1: return {{"no_shard", 4}, {"optim_grads_params", 8}};
     case 2:
       return {{"optim_grads_params", 4}, {"optim_grads_params", 2},
-              {"no_shard", 4, 2}, {"optim_grads_params", 4, 2, true}};
+              {"no_shard", 4, 2}, {"optim_grads_params", 4, 2, true},
+              {"optim_grads_params", 4, 1, false, 2}};
     case 4:
       return {{"optim_grads_params", 2}, {"optim_grads_params", 1}, {"optim", 1},
-              {"optim_grads_params", 2, 2}, {"optim_grads_params", 2, 2, true}};
+              {"optim_grads_params", 2, 2}, {"optim_grads_params", 2, 2, true},
+              {"optim", 2, 1, false, 2}, {"optim_grads_params", 4, 2, false, 2}};
     default: return {};
   }
 }
@@ -220,10 +227,12 @@ TEST_CASE("a tensor-parallel checkpoint resumes under other layouts on the same 
                               : Layout{"optim_grads_params", 8, 4, true};
     const TrainResult whole = check_golden(
         name, saver, {"checkpoint.save=" + save, "checkpoint.save_interval=100", "checkpoint.load=null"});
-    // Without tensor parallelism (ZeRO-1 over every rank), and with it but without sequence
-    // parallelism (Llama: no_shard over 2), or for GPT-2 with all four ranks tensor-parallel.
+    // Without tensor parallelism (ZeRO-1 over every rank), with it but without sequence
+    // parallelism (Llama: no_shard over 2) or for GPT-2 with all four ranks tensor-parallel,
     std::vector<Layout> resumers = {{"optim", 2, 1}, {"no_shard", 4, 2}};
     if (gpt2) resumers.back() = {"optim_grads_params", 8, 4};
+    // And context-parallel over 2 of the ranks, ZeRO-1 over the other 2.
+    resumers.push_back({"optim", 2, 1, false, 2});
     for (const Layout& layout : resumers) {
       const TrainResult r = check_golden(
           name, layout, {"checkpoint.load=" + save + "/step_000100", "checkpoint.save=null"});
@@ -232,7 +241,8 @@ TEST_CASE("a tensor-parallel checkpoint resumes under other layouts on the same 
       tail.losses.assign(whole.losses.begin() + 100, whole.losses.end());
       tail.val_losses.assign(whole.val_losses.begin() + 2, whole.val_losses.end());
       check_same_curve(r, tail, name + ": resumed under " + layout.strategy + ", tensor-parallel " +
-                                    std::to_string(layout.tp));
+                                    std::to_string(layout.tp) + ", context-parallel " +
+                                    std::to_string(layout.cp));
     }
   }
 }

@@ -1,7 +1,7 @@
 // Our own causal grouped-query attention kernels (kernels/cuda/attention.h) against the CPU:
 // bf16 training forward and backward with cuDNN switched off (the path of shapes cuDNN
-// refuses), and attention over a key/value cache (generation, always our kernel), in bf16
-// and f32.
+// refuses), attention over a key/value cache (generation, always our kernel), and a chunk of
+// queries after earlier keys (context parallelism), in bf16 and f32.
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
@@ -33,7 +33,39 @@ void with_cache_case(int64_t Tq, int64_t L, DType dt) {
                  }});
 }
 
+// A chunk of a longer sequence (context parallelism): queries (B, Tq, H, D) at positions
+// [L - Tq, L) over keys (B, L, Hkv, D), forward and backward (our own kernels on CUDA).
+void chunk_case(int64_t Tq, int64_t L, DType dt) {
+  const int64_t B = 2, H = 6, Hkv = 3, D = 64;
+  register_twin({"attention", str_cat("attention chunk B", B, " Tq", Tq, " after ", L - Tq,
+                                      " keys H", H, " Hkv", Hkv, " D", D, " ", dtype_name(dt)),
+                 [=](TwinSide& s) {
+                   Context& ctx = s.ctx();
+                   const Tensor q = s.random(Shape{B, Tq, H, D}, dt, 6, -2, 2);
+                   const Tensor k = s.random(Shape{B, L, Hkv, D}, dt, 7, -2, 2);
+                   const Tensor v = s.random(Shape{B, L, Hkv, D}, dt, 8);
+                   const Tensor out = s.empty(Shape{B, Tq, H, D}, dt);
+                   const Tensor lse = s.empty(Shape{B, H, Tq}, DType::f32);
+                   ops::attention_forward(ctx, out, lse, q, k, v);
+                   const bool bf16 = dt == DType::bf16;
+                   const Tolerance value = bf16 ? Tolerance::scaled(1e-2, "bf16 probabilities and output")
+                                                : Tolerance::scaled(1e-4, "f32 exp and sums over up to L keys");
+                   s.output("out", out, value);
+                   s.output("lse", lse, Tolerance::scaled(1e-4, "f32 log-sum-exp"));
+                   const Tensor dout = s.random(Shape{B, Tq, H, D}, dt, 9);
+                   const Tensor dq = s.empty(Shape{B, Tq, H, D}, dt);
+                   const Tensor dk = s.empty(Shape{B, L, Hkv, D}, dt), dv = s.empty(Shape{B, L, Hkv, D}, dt);
+                   ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v);
+                   const Tolerance grad = bf16 ? Tolerance::scaled(2e-2, "bf16 gradients of bf16 probabilities")
+                                               : Tolerance::scaled(1e-4, "f32 sums over the keys or queries");
+                   s.output("dq", dq, grad);
+                   s.output("dk", dk, grad);
+                   s.output("dv", dv, grad);
+                 }});
+}
+
 void register_attention_twins() {
+  for (DType dt : {DType::bf16, DType::f32}) chunk_case(64, 200, dt);
   for (const AttentionShape& a : {kGpt2Attention, kLlamaAttention, kOddAttention}) {
     register_twin({"attention", a.name() + " bf16 without cuDNN", [a](TwinSide& s) {
       run_attention_twin(s, a, DType::bf16, false);

@@ -1,0 +1,141 @@
+// Context-parallel attention by all-gathered keys and values.
+//
+// Forward: each rank rotates its queries and keys at their positions, all-gathers every
+// rank's keys and values, puts them in sequence order (K, V (B, T, Hkv, D)), and runs its
+// two query chunks each against the keys up to its last position (ops::attention_forward
+// with L > T: the chunk's queries follow the earlier keys). Backward: each chunk's
+// gradients for the keys before it are added into (B, T) buffers, which are reduce-scattered
+// back to the ranks holding those keys.
+#include "runtime/nn/context_parallel.h"
+
+#include "kernels/ops.h"
+#include "runtime/nn/functional.h"
+#include "runtime/nn/op_support.h"
+
+namespace fsdp::nn {
+
+ContextParallelLayout ContextParallelLayout::make(int64_t seq, int cp, int rank) {
+  FSDP_CHECK(cp >= 1 && rank >= 0 && rank < cp, ShapeError, "context parallelism: rank ", rank,
+             " of ", cp);
+  FSDP_CHECK(seq > 0 && seq % (2 * cp) == 0, ShapeError, "context parallelism: a sequence of ",
+             seq, " tokens does not split into 2 x ", cp, " equal chunks");
+  return {seq, cp, rank};
+}
+
+namespace {
+
+// Rotates the two local chunks of x (B, 2c, heads, D) at their positions in the sequence.
+void rope_chunks(Context& ctx, const Tensor& x, const ContextParallelLayout& layout, double theta,
+                 bool inverse) {
+  const int64_t c = layout.chunk();
+  for (int i = 0; i < 2; ++i)
+    ops::rope_apply(ctx, x.narrow(1, i * c, c), theta, inverse, layout.chunk_begin(i));
+}
+
+}  // namespace
+
+Tensor context_parallel_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
+                                  double rope_theta, const ContextParallelLayout& layout,
+                                  TensorParallelGroup& group) {
+  Context& ctx = g.ctx();
+  FSDP_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0, ShapeError,
+             "attention: ", n_head, " query heads cannot share ", n_kv_head, " key/value heads");
+  const int64_t heads = n_head + 2 * n_kv_head;
+  FSDP_CHECK(qkv.dim() == 3 && qkv.size(1) == layout.local_seq() && qkv.size(2) % heads == 0,
+             ShapeError, "context-parallel attention: qkv ", qkv.str(), " must be (B, ",
+             layout.local_seq(), ", (H + 2 Hkv) D) with H = ", n_head, ", Hkv = ", n_kv_head);
+  FSDP_CHECK(group.size() == layout.cp && group.rank() == layout.rank, ValueError,
+             "context-parallel attention: a layout of rank ", layout.rank, " of ", layout.cp,
+             " on rank ", group.rank(), " of a group of ", group.size());
+  const int64_t b = qkv.size(0), tl = qkv.size(1), d = qkv.size(2) / heads;
+  const int64_t c = layout.chunk(), t = layout.seq, cp = layout.cp;
+  const Tensor fused = ops::contiguous(ctx, qkv).view(Shape{b, tl, heads, d});
+  const Tensor q = ops::contiguous(ctx, fused.slice(2, 0, n_head));  // (B, 2c, H, D)
+  // This rank's keys and values, packed for the all-gather: (2, B, 2c, Hkv, D).
+  const Shape kv_shape{2, b, tl, n_kv_head, d};
+  const Tensor kv = ctx.empty(kv_shape, qkv.dtype());
+  ops::copy(ctx, kv.select(0, 0), fused.slice(2, n_head, n_head + n_kv_head));
+  ops::copy(ctx, kv.select(0, 1), fused.slice(2, n_head + n_kv_head, heads));
+  if (rope_theta > 0) {
+    rope_chunks(ctx, q, layout, rope_theta, false);
+    rope_chunks(ctx, kv.select(0, 0), layout, rope_theta, false);
+  }
+  const int64_t kv_numel = kv.numel();
+  const Tensor all = ctx.empty(Shape{cp * kv_numel}, qkv.dtype());  // (cp, 2, B, 2c, Hkv, D)
+  group.all_gather(ctx, all, kv.view(Shape{kv_numel}));
+  // Every rank's chunks in sequence order: (2, B, T, Hkv, D).
+  const Tensor whole = ctx.empty(Shape{2, b, t, n_kv_head, d}, qkv.dtype());
+  for (int r = 0; r < cp; ++r) {
+    const Tensor theirs = all.narrow(0, r * kv_numel, kv_numel).view(kv_shape);
+    for (int i = 0; i < 2; ++i)
+      ops::copy(ctx, whole.narrow(2, layout.chunk_of(r, i) * c, c), theirs.narrow(2, i * c, c));
+  }
+  const Tensor keys = whole.select(0, 0), values = whole.select(0, 1);  // (B, T, Hkv, D)
+  // Each local chunk against the keys up to its last position.
+  const Tensor chunk_out = ctx.empty(Shape{2, b, c, n_head, d}, qkv.dtype());
+  const Tensor lse = ctx.empty(Shape{2, b, n_head, c}, stat_dtype(qkv.dtype()));
+  Tensor out = ctx.empty(Shape{b, tl, n_head, d}, qkv.dtype());  // (B, 2c, H, D)
+  for (int i = 0; i < 2; ++i) {
+    const int64_t end = layout.chunk_begin(i) + c;
+    ops::attention_forward(ctx, chunk_out.select(0, i), lse.select(0, i), q.narrow(1, i * c, c),
+                           keys.narrow(1, 0, end), values.narrow(1, 0, end));
+    ops::copy(ctx, out.narrow(1, i * c, c), chunk_out.select(0, i));
+  }
+  out = out.view(Shape{b, tl, n_head * d});
+  if (!g.should_record({&qkv}, false)) return out;
+
+  out = Graph::track(out);
+  TensorParallelGroup* grp = &group;
+  g.record("context_parallel_attention", {out.autograd_meta()},
+           [tqkv = Graph::target(qkv), om = out.autograd_meta(), q, keys, values, chunk_out, lse,
+            layout, grp, b, tl, c, d, n_head, n_kv_head, heads, rope_theta](Graph& g) {
+             const Tensor dout = Graph::grad_of(om);
+             if (!dout.defined()) return;
+             Context& ctx = g.ctx();
+             const int64_t t = layout.seq, cp = layout.cp;
+             const Tensor dout4 = ops::contiguous(ctx, dout).view(Shape{b, tl, n_head, d});
+             // The keys' and values' gradients over the whole sequence, from this rank's
+             // queries: (2, T, B, Hkv, D), sequence-major so that a prefix of it is
+             // contiguous; the kernels see (B, T, Hkv, D) views of it.
+             const Tensor dwhole = ops::zeros(ctx, Shape{2, t, b, n_kv_head, d}, keys.dtype());
+             detail::overwrite_grad(g, tqkv, [&](const Tensor& dqkv) {
+               const Tensor dfused = dqkv.view(Shape{b, tl, heads, d});
+               const Tensor dq = dfused.slice(2, 0, n_head);
+               for (int i = 0; i < 2; ++i) {
+                 const int64_t end = layout.chunk_begin(i) + c;
+                 const Tensor dkv = ctx.empty(Shape{2, end, b, n_kv_head, d}, keys.dtype());
+                 const Tensor dk = dkv.select(0, 0), dv = dkv.select(0, 1);  // (end, B, Hkv, D)
+                 ops::attention_backward(ctx, dq.narrow(1, i * c, c), dk.transpose(0, 1),
+                                         dv.transpose(0, 1), dout4.narrow(1, i * c, c),
+                                         chunk_out.select(0, i), lse.select(0, i),
+                                         q.narrow(1, i * c, c), keys.narrow(1, 0, end),
+                                         values.narrow(1, 0, end));
+                 for (int kv = 0; kv < 2; ++kv) {
+                   const Tensor sum = dwhole.select(0, kv).narrow(0, 0, end);
+                   ops::add(ctx, sum, sum, dkv.select(0, kv));
+                 }
+               }
+               // Back to the ranks holding those keys, summed over every rank's queries.
+               const Shape kv_shape{2, b, tl, n_kv_head, d};
+               const int64_t kv_numel = kv_shape.numel();
+               const Tensor packed = ctx.empty(Shape{cp * kv_numel}, keys.dtype());
+               for (int r = 0; r < cp; ++r) {
+                 const Tensor theirs = packed.narrow(0, r * kv_numel, kv_numel).view(kv_shape);
+                 for (int i = 0; i < 2; ++i)
+                   ops::copy(ctx, theirs.narrow(2, i * c, c),
+                             dwhole.narrow(1, layout.chunk_of(r, i) * c, c).transpose(1, 2));
+               }
+               const Tensor mine = ctx.empty(kv_shape, keys.dtype());
+               grp->reduce_scatter_sum(ctx, mine.view(Shape{kv_numel}), packed);
+               if (rope_theta > 0) {  // gradients of the rotated q, k -> of the unrotated ones
+                 rope_chunks(ctx, dq, layout, rope_theta, true);
+                 rope_chunks(ctx, mine.select(0, 0), layout, rope_theta, true);
+               }
+               ops::copy(ctx, dfused.slice(2, n_head, n_head + n_kv_head), mine.select(0, 0));
+               ops::copy(ctx, dfused.slice(2, n_head + n_kv_head, heads), mine.select(0, 1));
+             });
+           });
+  return out;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,42 @@
+#include "runtime/parallel/context_parallel.h"
+
+#include "runtime/core/error.h"
+#include "runtime/nn/layers.h"
+
+namespace fsdp {
+
+std::vector<std::string> apply_context_parallel(nn::Module& model,
+                                                const nn::VocabularyTables& vocabulary,
+                                                nn::TensorParallelGroup& group, int64_t seq_len) {
+  std::vector<std::string> report;
+  if (group.size() == 1) return report;
+  const auto layout = nn::ContextParallelLayout::make(seq_len, group.size(), group.rank());
+  for (nn::Module* m : model.modules()) {
+    if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
+      a->set_context_parallel(layout, &group);
+      report.push_back(a->name() + ": context-parallel (keys and values all-gathered)");
+    }
+  }
+  if (vocabulary.positions) {
+    vocabulary.positions->sequence_chunks = layout;
+    report.push_back(vocabulary.positions->name() + ": read at this rank's positions");
+  }
+  return report;
+}
+
+std::vector<int32_t> split_sequences(const std::vector<int32_t>& rows, int64_t batch,
+                                     const nn::ContextParallelLayout& layout) {
+  const int64_t t = layout.seq, c = layout.chunk();
+  FSDP_CHECK(int64_t(rows.size()) == batch * t, ShapeError, "split_sequences: ", rows.size(),
+             " tokens for ", batch, " sequences of ", t);
+  std::vector<int32_t> out;
+  out.reserve(size_t(batch * layout.local_seq()));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int i = 0; i < 2; ++i) {
+      const auto first = rows.begin() + b * t + layout.chunk_begin(i);
+      out.insert(out.end(), first, first + c);
+    }
+  return out;
+}
+
+}  // namespace fsdp

@@ -142,9 +142,10 @@ void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse,
 // otherwise (any D up to 512, any strides) or when KernelOptions::use_cudnn_attention is
 // false. k and v may hold L > T rows (a chunk of a longer sequence, as context parallelism
 // splits it): the queries are then positions [L - T, L) and query t attends to keys
-// 0 .. L - T + t; on CUDA our own kernels run that case.
+// 0 .. L - T + t. causal = false lets every query see every key (a ring block whose keys
+// all come before its queries). On CUDA our own kernels run both cases.
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
-                       const Tensor& k, const Tensor& v, double scale = 0.0);
+                       const Tensor& k, const Tensor& v, double scale = 0.0, bool causal = true);
 // Attention of new queries over a key/value cache, for generation (forward only): q
 // (B, Tq, H, D) holds the queries of positions [L - Tq, L); k and v (B, L, Hkv, D) the keys
 // and values of positions [0, L), L >= Tq (usually views of the first L rows of a larger
@@ -156,7 +157,14 @@ void attention_with_cache(Context& ctx, const Tensor& out, const Tensor& q, cons
 // dq (B, T, H, D), dk and dv (B, L, Hkv, D) as k, same stride rules; overwritten.
 void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Tensor& dout, const Tensor& out, const Tensor& lse,
-                        const Tensor& q, const Tensor& k, const Tensor& v, double scale = 0.0);
+                        const Tensor& q, const Tensor& k, const Tensor& v, double scale = 0.0, bool causal = true);
+
+// Context parallelism's ring: merges a block's attention block_out (B, T, H, D) with its
+// log-sum-exp block_lse (B, H, T) into the running out (B, T, H, D) and lse (B, H, T) (both
+// of the statistics dtype: f32, f64 for f64; lse -inf and out 0 before the first block):
+// lse' = log(exp(lse) + exp(block_lse)), out' = out e^(lse - lse') + block_out e^(block_lse - lse').
+void attention_merge(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse);
 
 // ---------------------------------------------------------------- fused cross-entropy
 // logits (N, Vp), targets (N) i32 in [0, V) or -1 (ignored); the padded columns [V, Vp) are

@@ -35,7 +35,7 @@ void check_heads(Context& ctx, const Tensor& t, const Tensor& like, int64_t head
 // Checks q, k, v, out, lse and fills the forward part of the problem description.
 kernels::AttentionDims check_attention(Context& ctx, const Tensor& out, const Tensor& lse,
                                        const Tensor& q, const Tensor& k, const Tensor& v,
-                                       double scale, const char* what) {
+                                       double scale, bool causal, const char* what) {
   check_on_ctx(ctx, q, what);
   check_floating(q, what);
   kernels::AttentionDims d;
@@ -60,6 +60,7 @@ kernels::AttentionDims check_attention(Context& ctx, const Tensor& out, const Te
   d.out = head_strides(out, what);
   check_dense(ctx, lse, Shape{d.batch, d.heads, d.seq}, stats_dtype(q.dtype()), what);
   d.scale = scale != 0.0 ? scale : 1.0 / std::sqrt(double(d.head_dim));
+  d.causal = causal;
   return d;
 }
 
@@ -77,8 +78,9 @@ bool use_cudnn(Context& ctx, const kernels::AttentionDims& d, DType dtype, bool 
 }  // namespace
 
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
-                       const Tensor& k, const Tensor& v, double scale) {
-  const kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, "attention_forward");
+                       const Tensor& k, const Tensor& v, double scale, bool causal) {
+  const kernels::AttentionDims d =
+      check_attention(ctx, out, lse, q, k, v, scale, causal, "attention_forward");
   if (ctx.device().is_cpu()) {
     kernels::cpu::attention_forward(d, out.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
                                     v.data_ptr(), q.dtype());
@@ -86,9 +88,9 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const
   }
 #if FSDP_WITH_CUDA
   float* lse_f = static_cast<float*>(lse.data_ptr());
-  // The fused paths take queries and keys of one length; a chunk after earlier keys runs
-  // our own kernels.
-  if (d.past > 0) {
+  // The fused paths take queries and keys of one length under the causal mask; a chunk
+  // after earlier keys, or without the mask, runs our own kernels.
+  if (d.past > 0 || !d.causal) {
     kernels::cuda::attention_forward(d, out.data_ptr(), lse_f, q.data_ptr(), k.data_ptr(),
                                      v.data_ptr(), q.dtype(), ctx.stream().cuda_stream());
     return;
@@ -159,9 +161,11 @@ void attention_with_cache(Context& ctx, const Tensor& out, const Tensor& q, cons
 
 void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Tensor& dout, const Tensor& out, const Tensor& lse,
-                        const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+                        const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                        bool causal) {
   const char* what = "attention_backward";
-  kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, what);
+  kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, causal, what);
+  const bool own = d.past > 0 || !d.causal;  // only our own kernels take these
   check_heads(ctx, dout, q, d.heads, what);
   check_heads(ctx, dq, q, d.heads, what);
   check_heads(ctx, dk, q, d.kv_heads, what, k.size(1));
@@ -178,7 +182,7 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
   }
 #if FSDP_WITH_CUDA
   const float* lse_f = static_cast<const float*>(lse.data_ptr());
-  if (q.dtype() == DType::f32 && d.past == 0) {
+  if (q.dtype() == DType::f32 && !own) {
     Tensor workspace = ctx.empty(
         Shape{int64_t(kernels::cuda::attention_gemm_workspace_bytes(d, true))}, DType::u8);
     auto f32 = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
@@ -188,7 +192,7 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
                                            ctx.stream().cuda_stream());
     return;
   }
-  if (d.past == 0 && use_cudnn(ctx, d, q.dtype(), true,
+  if (!own && use_cudnn(ctx, d, q.dtype(), true,
                 {dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), out.data_ptr(),
                  q.data_ptr(), k.data_ptr(), v.data_ptr()})) {
     ctx.extension<kernels::cuda::CudnnAttention>().backward(
@@ -202,6 +206,33 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
                                     dout.data_ptr(), out.data_ptr(), lse_f, q.data_ptr(),
                                     k.data_ptr(), v.data_ptr(), q.dtype(), workspace.data_ptr(),
                                     ctx.stream().cuda_stream());
+#endif
+}
+
+void attention_merge(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse) {
+  const char* what = "attention_merge";
+  check_on_ctx(ctx, block_out, what);
+  check_floating(block_out, what);
+  check_contiguous(block_out, what);
+  FSDP_CHECK(block_out.dim() == 4, ShapeError, what, ": block_out must be (B, T, H, D), got ",
+             block_out.str());
+  const int64_t b = block_out.size(0), t = block_out.size(1), h = block_out.size(2),
+                d = block_out.size(3);
+  const DType sd = stats_dtype(block_out.dtype());
+  check_dense(ctx, out, block_out.shape(), sd, what);
+  check_dense(ctx, lse, Shape{b, h, t}, sd, what);
+  check_dense(ctx, block_lse, Shape{b, h, t}, sd, what);
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::attention_merge(b, t, h, d, out.data_ptr(), lse.data_ptr(), block_out.data_ptr(),
+                                  block_lse.data_ptr(), block_out.dtype());
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::attention_merge(b, t, h, d, static_cast<float*>(out.data_ptr()),
+                                 static_cast<float*>(lse.data_ptr()), block_out.data_ptr(),
+                                 static_cast<const float*>(block_lse.data_ptr()), block_out.dtype(),
+                                 ctx.stream().cuda_stream());
 #endif
 }
 

@@ -47,11 +47,18 @@ struct AttentionDims {
   // positions). Keys and values then hold past + seq rows and query t attends to keys
   // 0 .. past + t. 0 in training.
   int64_t past = 0;
+  // false: every query sees every key (a block of context parallelism's ring whose keys all
+  // come before its queries); our own kernels only.
+  bool causal = true;
   double scale = 0;  // multiplies q . k before the softmax
   HeadStrides q, k, v, out;
   HeadStrides dout, dq, dk, dv;  // backward only
 
   FSDP_HD int64_t group() const { return heads / kv_heads; }
+  // The last key query t sees.
+  FSDP_HD int64_t last_key(int64_t t) const { return causal ? past + t : past + seq - 1; }
+  // The first query that sees key j.
+  FSDP_HD int64_t first_query(int64_t j) const { return causal && j > past ? j - past : 0; }
 };
 
 // Norms over the last dimension of contiguous (rows, channels) data.

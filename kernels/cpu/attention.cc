@@ -22,7 +22,8 @@ double dot(const T* x, const T* y, int64_t n) {
   return acc;
 }
 
-// Scaled scores of query row qt against keys 0..last of one key/value head, into s[0..last].
+// Scaled scores of query row qt against keys 0..last of one key/value head, into s[0..last]
+// (the causal mask, or with d.causal false all keys, is the caller's choice of last).
 template <typename T>
 void causal_scores(const AttentionDims& d, const T* qt, const T* k, int64_t b, int64_t kvh,
                    int64_t last, std::vector<double>& s) {
@@ -45,7 +46,7 @@ void attention_forward(const AttentionDims& d, void* out, void* lse, const void*
       const int64_t b = bh / d.heads, h = bh % d.heads, kvh = h / d.group();
       std::vector<double> s(static_cast<size_t>(d.past + d.seq)), acc(static_cast<size_t>(D));
       for (int64_t t = 0; t < d.seq; ++t) {
-        const int64_t last = d.past + t;  // the last key this query sees
+        const int64_t last = d.last_key(t);
         causal_scores(d, head_row(qs, d.q, b, t, h), ks, b, kvh, last, s);
         const double m = *std::max_element(s.begin(), s.begin() + last + 1);
         double sum = 0;
@@ -88,7 +89,7 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
       std::vector<double> s(static_cast<size_t>(L)), dq_acc(static_cast<size_t>(D));
       for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
         for (int64_t t = 0; t < T_; ++t) {
-          const int64_t last = d.past + t;
+          const int64_t last = d.last_key(t);
           const T* qt = head_row(qs, d.q, b, t, h);
           const T* gt = head_row(gs, d.dout, b, t, h);
           causal_scores(d, qt, ks, b, kvh, last, s);
@@ -119,6 +120,31 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
         }
       }
     }
+  });
+}
+
+void attention_merge(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, void* out,
+                     void* lse, const void* block_out, const void* block_lse, DType dtype) {
+  dispatch_compute(dtype, "attention_merge", [&](auto tag) {
+    using T = decltype(tag);  // CPU statistics have the compute dtype (f32 or f64)
+    T* o = static_cast<T*>(out);
+    T* l = static_cast<T*>(lse);
+    const T* bo = static_cast<const T*>(block_out);
+    const T* bl = static_cast<const T*>(block_lse);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t t = 0; t < seq; ++t) {
+          const int64_t row = (b * heads + h) * seq + t;
+          const double a = double(l[row]), c = double(bl[row]);
+          const double m = std::max(a, c);
+          if (m == -INFINITY) continue;  // neither has a key yet
+          const double merged = m + std::log(std::exp(a - m) + std::exp(c - m));
+          const double wa = std::exp(a - merged), wc = std::exp(c - merged);
+          T* orow = o + ((b * seq + t) * heads + h) * head_dim;
+          const T* brow = bo + ((b * seq + t) * heads + h) * head_dim;
+          for (int64_t i = 0; i < head_dim; ++i) orow[i] = T(double(orow[i]) * wa + double(brow[i]) * wc);
+          l[row] = T(merged);
+        }
   });
 }
 

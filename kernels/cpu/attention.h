@@ -18,4 +18,13 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
                         const void* out, const void* lse, const void* q, const void* k,
                         const void* v, DType dtype);
 
+// Context parallelism's ring: a block's attention (block_out (B, T, H, D) of `dtype`,
+// block_lse (B, H, T)) merged into the running result, per query row:
+//   lse' = log(exp(lse) + exp(block_lse)),
+//   out' = out exp(lse - lse') + block_out exp(block_lse - lse').
+// out and lse have the statistics dtype of `dtype` (lse = -inf and out = 0: nothing yet).
+// All contiguous.
+void attention_merge(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, void* out,
+                     void* lse, const void* block_out, const void* block_lse, DType dtype);
+
 }  // namespace fsdp::kernels::cpu

@@ -41,7 +41,7 @@ __global__ void forward_kernel(AttentionDims d, T* out, float* lse, const T* q, 
   const T* qr = row_of(q, d.q, b, t, h);
   for (int64_t i = lane; i < D; i += kWarp) qs[i] = to_float(qr[i]) * float(d.scale);
   __syncwarp();
-  const int64_t last = d.past + t;  // the last key this query sees
+  const int64_t last = d.last_key(t);  // the last key this query sees
   float m = -INFINITY, l = 0.f, acc[DPL] = {};
   for (int64_t j0 = 0; j0 <= last; j0 += kWarp) {
     const int64_t j = j0 + lane;
@@ -105,7 +105,7 @@ __global__ void dq_kernel(AttentionDims d, T* dq, const T* dout, const float* ls
   __syncwarp();
   const int64_t row = (b * d.heads + h) * d.seq + t;
   const float lse_t = lse[row], delta_t = delta[row];
-  const int64_t last = d.past + t;  // the last key this query sees
+  const int64_t last = d.last_key(t);  // the last key this query sees
   float acc[DPL] = {};
   for (int64_t j0 = 0; j0 <= last; j0 += kWarp) {
     const int64_t j = j0 + lane;
@@ -151,7 +151,7 @@ __global__ void dkdv_kernel(AttentionDims d, T* dk, T* dv, const T* dout, const 
   __syncwarp();
   float dk_acc[DPL] = {}, dv_acc[DPL] = {};
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-    for (int64_t t0 = max(int64_t(0), j - d.past); t0 < d.seq; t0 += kWarp) {
+    for (int64_t t0 = d.first_query(j); t0 < d.seq; t0 += kWarp) {
       const int64_t t = t0 + lane;
       float p = 0.f, ds = 0.f;
       if (t < d.seq) {
@@ -185,6 +185,31 @@ __global__ void dkdv_kernel(AttentionDims d, T* dk, T* dv, const T* dout, const 
       dko[c] = from_float<T>(dk_acc[i] * float(d.scale));
       dvo[c] = from_float<T>(dv_acc[i]);
     }
+  }
+}
+
+// Per element of out (B, T, H, D): the merged row's weights from the two log-sum-exps (each
+// thread recomputes them; lse itself is updated by the next kernel, after every read).
+template <typename T>
+__global__ void merge_out_kernel(float* out, const float* lse, const T* block_out,
+                                 const float* block_lse, int64_t seq, int64_t heads, int64_t D,
+                                 int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t h = (i / D) % heads, t = (i / (D * heads)) % seq, b = i / (D * heads * seq);
+    const int64_t row = (b * heads + h) * seq + t;
+    const float a = lse[row], c = block_lse[row], m = fmaxf(a, c);
+    if (m == -INFINITY) continue;
+    const float merged = m + logf(expf(a - m) + expf(c - m));
+    out[i] = out[i] * expf(a - merged) + to_float(block_out[i]) * expf(c - merged);
+  }
+}
+
+__global__ void merge_lse_kernel(float* lse, const float* block_lse, int64_t rows) {
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    const float a = lse[r], c = block_lse[r], m = fmaxf(a, c);
+    if (m != -INFINITY) lse[r] = m + logf(expf(a - m) + expf(c - m));
   }
 }
 
@@ -255,6 +280,22 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
       FSDP_CHECK_LAUNCH();
     });
   });
+}
+
+void attention_merge(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                     float* lse, const void* block_out, const float* block_lse, DType dtype,
+                     stream_t stream) {
+  const int64_t rows = batch * seq * heads, n = rows * head_dim;
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  dispatch_compute(dtype, "attention_merge", [&](auto tag) {
+    using T = decltype(tag);
+    merge_out_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        out, lse, static_cast<const T*>(block_out), block_lse, seq, heads, head_dim, n);
+    FSDP_CHECK_LAUNCH();
+  });
+  merge_lse_kernel<<<grid_for(rows, kThreads), kThreads, 0, stream>>>(lse, block_lse, rows);
+  FSDP_CHECK_LAUNCH();
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -25,4 +25,11 @@ void attention_backward(const AttentionDims& d, void* dq, void* dk, void* dv, co
                         const void* out, const float* lse, const void* q, const void* k,
                         const void* v, DType dtype, void* workspace, stream_t stream);
 
+// Context parallelism's ring: a block's attention merged into the running result (the twin
+// of kernels/cpu/attention.h's attention_merge). out (B, T, H, D) and lse (B, H, T) f32;
+// block_out of `dtype` (bf16 or f32), block_lse f32. All contiguous.
+void attention_merge(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                     float* lse, const void* block_out, const float* block_lse, DType dtype,
+                     stream_t stream);
+
 }  // namespace fsdp::kernels::cuda

@@ -159,9 +159,11 @@ void CausalSelfAttention::set_local_heads(int64_t n_head, int64_t n_kv_head) {
 }
 
 void CausalSelfAttention::set_context_parallel(const ContextParallelLayout& layout,
-                                               TensorParallelGroup* group) {
+                                               TensorParallelGroup* group,
+                                               ContextParallelComm comm) {
   cp_layout_ = layout;
   cp_group_ = group;
+  cp_comm_ = comm;
 }
 
 Tensor CausalSelfAttention::compute(Graph& g, const Tensor& x) {
@@ -169,7 +171,8 @@ Tensor CausalSelfAttention::compute(Graph& g, const Tensor& x) {
   // this rank's part of the sequence under context parallelism.
   const Tensor fused = qkv(g, x);  // (B, T, (H + 2 Hkv) D)
   const Tensor y = cp_group_ ? context_parallel_attention(g, fused, local_heads_, local_kv_heads_,
-                                                          config_.rope_theta, cp_layout_, *cp_group_)
+                                                          config_.rope_theta, cp_layout_, *cp_group_,
+                                                          cp_comm_)
                              : causal_attention(g, fused, local_heads_, local_kv_heads_,
                                                 config_.rope_theta);  // (B, T, H D)
   return proj(g, y);  // (B, T, C)

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/nn_ops.h"
-#include "runtime/nn/context_parallel_layout.h"
+#include "runtime/nn/context_parallel.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/module.h"
 #include "runtime/nn/tensor_parallel.h"
@@ -188,7 +188,8 @@ class CausalSelfAttention : public UnaryModule {
   int64_t local_kv_heads() const { return local_kv_heads_; }
   // Context parallelism: this rank holds the tokens `layout` says of each sequence, and the
   // attention runs over the whole sequence through `group` (context_parallel_attention).
-  void set_context_parallel(const ContextParallelLayout& layout, TensorParallelGroup* group);
+  void set_context_parallel(const ContextParallelLayout& layout, TensorParallelGroup* group,
+                            ContextParallelComm comm);
   // Generation, with the graph's gradients off: x (B, Tn, C) holds the tokens at positions
   // [position, position + Tn); their keys and values join `cache` (nn::cached_attention).
   // Returns (B, Tn, C), what forward() gives those tokens after the cached ones.
@@ -204,6 +205,7 @@ class CausalSelfAttention : public UnaryModule {
   int64_t local_heads_, local_kv_heads_;
   ContextParallelLayout cp_layout_;
   TensorParallelGroup* cp_group_ = nullptr;
+  ContextParallelComm cp_comm_ = ContextParallelComm::all_gather;
 };
 
 }  // namespace fsdp::nn

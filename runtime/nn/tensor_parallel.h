@@ -36,6 +36,9 @@ class TensorParallelGroup {
   virtual void all_gather(Context& ctx, const Tensor& out, const Tensor& in) = 0;
   // out (n) = the sum over the ranks of part `rank()` of their in (size() * n).
   virtual void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) = 0;
+  // Sends `send` to rank `to` while receiving `recv` (as large) from rank `from`, queued on
+  // ctx's stream (a ring step of context parallelism: every rank sends to its successor).
+  virtual void send_recv(Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) = 0;
 };
 
 // How a layer is split over the tensor-parallel group.

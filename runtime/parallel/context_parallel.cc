@@ -5,16 +5,26 @@
 
 namespace fsdp {
 
+nn::ContextParallelComm context_parallel_comm(const std::string& name) {
+  if (name == "p2p") return nn::ContextParallelComm::ring;
+  FSDP_CHECK(name == "all_gather", ConfigError, "context parallelism: cp_comm_type \"", name,
+             "\" is neither \"p2p\" nor \"all_gather\"");
+  return nn::ContextParallelComm::all_gather;
+}
+
 std::vector<std::string> apply_context_parallel(nn::Module& model,
                                                 const nn::VocabularyTables& vocabulary,
-                                                nn::TensorParallelGroup& group, int64_t seq_len) {
+                                                nn::TensorParallelGroup& group, int64_t seq_len,
+                                                nn::ContextParallelComm comm) {
   std::vector<std::string> report;
   if (group.size() == 1) return report;
   const auto layout = nn::ContextParallelLayout::make(seq_len, group.size(), group.rank());
   for (nn::Module* m : model.modules()) {
     if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
-      a->set_context_parallel(layout, &group);
-      report.push_back(a->name() + ": context-parallel (keys and values all-gathered)");
+      a->set_context_parallel(layout, &group, comm);
+      report.push_back(a->name() + (comm == nn::ContextParallelComm::ring
+                                        ? ": context-parallel (keys and values around a ring)"
+                                        : ": context-parallel (keys and values all-gathered)"));
     }
   }
   if (vocabulary.positions) {

@@ -18,6 +18,19 @@ void CommunicatorTensorParallelGroup::reduce_scatter_sum(Context& ctx, const Ten
   comm_.reduce_scatter(out, in, ReduceOp::Sum, ctx.stream());
 }
 
+void CommunicatorTensorParallelGroup::send_recv(Context& ctx, const Tensor& send, int to,
+                                                const Tensor& recv, int from) {
+  FSDP_CHECK(send.is_contiguous() && recv.is_contiguous() && send.numel() == recv.numel() &&
+                 send.dtype() == recv.dtype(),
+             ShapeError, "send_recv on group '", comm_.name(), "': ", send.str(), " and ",
+             recv.str(), " must be contiguous, of one size and dtype");
+  // Issued together: every rank sends to one neighbour while receiving from the other.
+  comm_.group_start();
+  comm_.send(send.data_ptr(), size_t(send.numel()), send.dtype(), to, ctx.stream());
+  comm_.recv(recv.data_ptr(), size_t(recv.numel()), recv.dtype(), from, ctx.stream());
+  comm_.group_end();
+}
+
 namespace {
 [[noreturn]] void planning_only() {
   FSDP_THROW(Error, "a planning tensor-parallel group cannot communicate: build the model's "
@@ -28,6 +41,9 @@ namespace {
 void PlanningTensorParallelGroup::all_reduce_sum(Context&, const Tensor&) { planning_only(); }
 void PlanningTensorParallelGroup::all_gather(Context&, const Tensor&, const Tensor&) { planning_only(); }
 void PlanningTensorParallelGroup::reduce_scatter_sum(Context&, const Tensor&, const Tensor&) {
+  planning_only();
+}
+void PlanningTensorParallelGroup::send_recv(Context&, const Tensor&, int, const Tensor&, int) {
   planning_only();
 }
 

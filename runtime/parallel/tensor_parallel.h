@@ -42,7 +42,8 @@
 
 namespace fsdp {
 
-// A tensor-parallel group over a communicator: sums run on the context's stream.
+// A tensor- or context-parallel group over a communicator: its collectives run on the
+// context's stream.
 class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
  public:
   explicit CommunicatorTensorParallelGroup(Communicator& comm) : comm_(comm) {}
@@ -51,6 +52,7 @@ class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
   void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override;
   void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override;
+  void send_recv(Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) override;
 
  private:
   Communicator& comm_;
@@ -66,6 +68,7 @@ class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
   void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override;
   void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override;
+  void send_recv(Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) override;
 
  private:
   int size_, rank_;

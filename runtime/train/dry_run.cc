@@ -58,7 +58,8 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   PlanningTensorParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
   apply_tensor_parallel(*model, model->vocabulary_tables(), tp_plan, recipe.model.sequence_parallel);
   PlanningTensorParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
-  apply_context_parallel(*model, model->vocabulary_tables(), cp_plan, recipe.model.seq_length);
+  apply_context_parallel(*model, model->vocabulary_tables(), cp_plan, recipe.model.seq_length,
+                         context_parallel_comm(recipe.model.cp_comm_type));
   const FsdpOptions fo = fsdp_options_of(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;

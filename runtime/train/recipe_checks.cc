@@ -53,9 +53,6 @@ void check_model_parallel(const Recipe& r) {
   FSDP_CHECK(m.seq_length % (2 * cp) == 0, ConfigError, "'model.seq_length' (", m.seq_length,
              ") is not divisible by 2 x 'model.context_parallel_size' (", 2 * cp, "): each "
              "context-parallel rank holds two of 2 x ", cp, " equal chunks of every sequence");
-  FSDP_CHECK(cp == 1 || m.cp_comm_type == "all_gather", ConfigError, "'model.cp_comm_type' is \"",
-             m.cp_comm_type, "\": the ring (p2p) is not built yet; set it to \"all_gather\" "
-             "for 'model.context_parallel_size' ", cp);
   for (const auto& [key, n] : {std::pair<const char*, int>{"model.tensor_model_parallel_size", tp},
                                {"model.context_parallel_size", cp}}) {
     if (n == 1) continue;

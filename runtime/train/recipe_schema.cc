@@ -59,8 +59,8 @@ std::vector<FieldSpec> build_schema() {
           "2 cp - 1 - r of 2 cp, for causal load balancing); model.seq_length must divide "
           "by 2 cp."),
       KEY(model.cp_comm_type).one_of({"p2p", "all_gather"}).default_to("p2p").help_text(
-          "How context-parallel attention exchanges keys and values: all_gather (built) or "
-          "p2p (a ring; not built yet, refused when context_parallel_size > 1)."),
+          "How context-parallel attention exchanges keys and values: p2p (around a ring, one "
+          "rank's per step, partial results merged by their log-sum-exps) or all_gather."),
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(

@@ -272,7 +272,8 @@ void Trainer::State::setup_model_and_sharding() {
   }
   if (mesh->size(MeshAxis::cp) > 1) {
     cp_group = std::make_unique<CommunicatorTensorParallelGroup>(comms->axis(MeshAxis::cp));
-    apply_context_parallel(*model, model->vocabulary_tables(), *cp_group, recipe.model.seq_length);
+    apply_context_parallel(*model, model->vocabulary_tables(), *cp_group, recipe.model.seq_length,
+                           context_parallel_comm(recipe.model.cp_comm_type));
     cp_layout = nn::ContextParallelLayout::make(recipe.model.seq_length, cp_group->size(),
                                                 cp_group->rank());
   }

@@ -172,3 +172,46 @@ TEST_CASE("a chunk of queries after earlier keys gives the full sequence's rows 
   CHECK_THROWS_AS(ops::attention_forward(ctx, out_c, lse_c, qc, k.narrow(1, 0, c - 1), v.narrow(1, 0, c - 1)),
                   ShapeError);
 }
+
+TEST_CASE("ring blocks merged by their log-sum-exps give the whole attention (f64)",
+          "[kernels][nn]") {
+  // Queries [4, 8) against keys [0, 8) as two blocks: keys [0, 4) unmasked and keys [4, 8)
+  // under the causal mask, merged, against the chunk's attention over all 8 keys at once.
+  Context ctx;
+  const int64_t B = 2, c = 4, H = 4, Hkv = 2, D = 8;
+  const Tensor q = random_tensor(ctx, Shape{B, c, H, D}, DType::f64, 41, -1, 1);
+  const Tensor k = random_tensor(ctx, Shape{B, 2 * c, Hkv, D}, DType::f64, 42, -1, 1);
+  const Tensor v = random_tensor(ctx, Shape{B, 2 * c, Hkv, D}, DType::f64, 43, -1, 1);
+  const Tensor want = ops::empty(ctx, Shape{B, c, H, D}, DType::f64);
+  const Tensor want_lse = ops::empty(ctx, Shape{B, H, c}, DType::f64);
+  ops::attention_forward(ctx, want, want_lse, q, k, v);
+  const Tensor out = ops::zeros(ctx, Shape{B, c, H, D}, DType::f64);
+  const Tensor lse = ops::full(ctx, Shape{B, H, c}, DType::f64, -INFINITY);
+  const Tensor block = ops::empty(ctx, Shape{B, c, H, D}, DType::f64);
+  const Tensor block_lse = ops::empty(ctx, Shape{B, H, c}, DType::f64);
+  for (int j = 0; j < 2; ++j) {
+    ops::attention_forward(ctx, block, block_lse, q, k.narrow(1, j * c, c), v.narrow(1, j * c, c),
+                           0.0, /*causal=*/j == 1);
+    ops::attention_merge(ctx, out, lse, block, block_lse);
+  }
+  CHECK(max_rel_diff(values(ctx, out), values(ctx, want), 1.0) < 1e-14);
+  CHECK(max_rel_diff(values(ctx, lse), values(ctx, want_lse), 1.0) < 1e-14);
+  // Each block's backward against the merged output and log-sum-exp gives its part of the
+  // whole gradient.
+  const Tensor dout = random_tensor(ctx, Shape{B, c, H, D}, DType::f64, 44, -1, 1);
+  const Tensor dq = ops::empty(ctx, Shape{B, c, H, D}, DType::f64);
+  const Tensor dk = ops::empty(ctx, Shape{B, 2 * c, Hkv, D}, DType::f64), dv = ops::empty(ctx, Shape{B, 2 * c, Hkv, D}, DType::f64);
+  ops::attention_backward(ctx, dq, dk, dv, dout, want, want_lse, q, k, v);
+  std::vector<double> dq_sum(size_t(B * c * H * D), 0.0);
+  for (int j = 0; j < 2; ++j) {
+    const Tensor dq_b = ops::empty(ctx, Shape{B, c, H, D}, DType::f64);
+    const Tensor dk_b = ops::empty(ctx, Shape{B, c, Hkv, D}, DType::f64), dv_b = ops::empty(ctx, Shape{B, c, Hkv, D}, DType::f64);
+    ops::attention_backward(ctx, dq_b, dk_b, dv_b, dout, out, lse, q, k.narrow(1, j * c, c),
+                            v.narrow(1, j * c, c), 0.0, j == 1);
+    const auto part = values(ctx, dq_b);
+    for (size_t i = 0; i < dq_sum.size(); ++i) dq_sum[i] += part[i];
+    CHECK(max_rel_diff(values(ctx, dk_b), values(ctx, ops::contiguous(ctx, dk.narrow(1, j * c, c))), 1.0) < 1e-13);
+    CHECK(max_rel_diff(values(ctx, dv_b), values(ctx, ops::contiguous(ctx, dv.narrow(1, j * c, c))), 1.0) < 1e-13);
+  }
+  CHECK(max_rel_diff(dq_sum, values(ctx, dq), 1.0) < 1e-13);
+}

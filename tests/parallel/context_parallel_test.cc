@@ -2,10 +2,10 @@
 // every rank of `mpirun -np 2 / -np 4` (cp = 2, the rest data-parallel), a tiny GPT-2 (learned
 // positions) and Llama (rotary embeddings) in f64 with each rank holding chunks r and
 // 2 cp - 1 - r of every sequence: the group's losses add up to the whole model's and the
-// group's gradients to its gradient, within 1e-12 relative, with one all-gather per
-// attention forward (two under full recompute) and one reduce-scatter per attention
-// backward on the context-parallel communicator; and the attention op on CUDA against the
-// CPU through a group of one.
+// group's gradients to its gradient, within 1e-12 relative, for both ways of exchanging
+// keys and values, with the collectives each issues counted (all-gather: one all-gather per
+// attention forward and one reduce-scatter per backward; ring: a send and a receive per
+// step); and the attention op on CUDA against the CPU through a group of one.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -21,6 +21,7 @@
 #include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "tests/mpi_world.h"
+#include "tests/parallel/local_group.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -87,11 +88,14 @@ TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[para
   const auto layout = nn::ContextParallelLayout::make(T, cp, cp_comm.rank());
   const int64_t Tl = layout.local_seq();
   for (models::Family family : {models::Family::GPT2, models::Family::Llama}) {
+   for (const nn::ContextParallelComm comm : {nn::ContextParallelComm::all_gather, nn::ContextParallelComm::ring}) {
+    const bool ring = comm == nn::ContextParallelComm::ring;
     for (const char* recompute : {"none", "full"}) {
-      INFO(models::family_name(family) << ", recompute " << recompute << ", cp " << cp);
+      INFO(models::family_name(family) << ", recompute " << recompute << ", cp " << cp
+                                       << (ring ? ", ring" : ", all-gather"));
       auto whole = models::build_model(tiny(family));
       auto split = models::build_model(tiny(family));
-      const auto report = apply_context_parallel(*split, split->vocabulary_tables(), group, T);
+      const auto report = apply_context_parallel(*split, split->vocabulary_tables(), group, T, comm);
       // Two attention layers, and GPT-2's learned positions.
       CHECK(report.size() == (cp > 1 ? (family == models::Family::GPT2 ? 3u : 2u) : 0u));
       for (auto* m : {whole.get(), split.get()}) {
@@ -116,12 +120,20 @@ TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[para
       cp_comm.all_reduce(sum, ReduceOp::Sum, ctx.stream());
       const double got = ops::item(ctx, sum) / cp;
       CHECK(std::abs(got - want) <= 1e-12 * std::abs(want));
+      const bool full = std::string(recompute) == "full";
       if (cp == 1) {
-        CHECK(n.all_gather + n.reduce_scatter + n.all_reduce == 0);
-      } else {
-        CHECK(n.all_gather == (std::string(recompute) == "full" ? 4u : 2u));  // per layer
+        CHECK(n.all_gather + n.reduce_scatter + n.all_reduce + n.send + n.recv == 0);
+      } else if (!ring) {
+        CHECK(n.all_gather == (full ? 4u : 2u));  // one per layer's forward (two layers)
         CHECK(n.reduce_scatter == 2u);
-        CHECK(n.all_reduce == 0u);
+        CHECK(n.all_reduce + n.send + n.recv == 0u);
+      } else {
+        // Per layer: cp - 1 steps forward (again under full recompute), and backward cp - 1
+        // steps of keys and values and cp of their gradients; a send and a receive each.
+        const size_t per_layer = size_t((full ? 2 : 1) * (cp - 1) + (2 * cp - 1));
+        CHECK(n.send == 2 * per_layer);
+        CHECK(n.recv == 2 * per_layer);
+        CHECK(n.all_gather + n.reduce_scatter + n.all_reduce == 0u);
       }
       // The group's gradients, averaged as FSDP averages over dp x cp, are the whole model's.
       const std::vector<nn::Parameter*> wp = whole->named_parameters(), pp = split->named_parameters();
@@ -135,26 +147,17 @@ TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[para
         for (size_t k = 0; k < f.size(); ++k) CHECK(std::abs(g[k] / cp - f[k]) <= 1e-12 * scale);
       }
     }
+   }
   }
 }
 
-// A one-rank group: the collectives are copies.
-struct LocalGroup : nn::TensorParallelGroup {
-  int size() const override { return 1; }
-  int rank() const override { return 0; }
-  void all_reduce_sum(Context&, const Tensor&) override {}
-  void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override { ops::copy(ctx, out, in); }
-  void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override {
-    ops::copy(ctx, out, in);
-  }
-};
-
-// The op on CUDA (its chunks after earlier keys run our own attention kernels) against the
-// CPU: one rank holding chunks 0 and 1 of a 96-token sequence, GQA with rotary embeddings.
+// The op on CUDA (its chunks after earlier keys, and the ring's unmasked blocks and merges,
+// run our own kernels) against the CPU: one rank holding chunks 0 and 1 of a 96-token
+// sequence, GQA with rotary embeddings, both ways of exchanging keys and values.
 TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
   Context cpu, gpu(Device::cuda(0));
-  LocalGroup group;
+  testing::LocalGroup group;
   const int64_t B = 2, T = 96, H = 4, Hkv = 2, D = 32, width = (H + 2 * Hkv) * D;
   const auto layout = nn::ContextParallelLayout::make(T, 1, 0);
   std::vector<double> x(size_t(B * T * width)), dy(size_t(B * T * H * D));
@@ -163,10 +166,12 @@ TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]"
   struct Out {
     std::vector<double> y, dx;
   };
+  for (const nn::ContextParallelComm comm : {nn::ContextParallelComm::all_gather, nn::ContextParallelComm::ring}) {
+  INFO((comm == nn::ContextParallelComm::ring ? "ring" : "all-gather"));
   auto run = [&](Context& ctx) {
     autograd::Graph g(ctx);
     const Tensor qkv = autograd::Graph::leaf(ops::from_vector(ctx, x, Shape{B, T, width}, DType::f32));
-    const Tensor y = nn::context_parallel_attention(g, qkv, H, Hkv, 10000.0, layout, group);
+    const Tensor y = nn::context_parallel_attention(g, qkv, H, Hkv, 10000.0, layout, group, comm);
     g.backward(y, ops::from_vector(ctx, dy, Shape{B, T, H * D}, DType::f32));
     return Out{values(ctx, y), values(ctx, autograd::Graph::grad(qkv))};
   };
@@ -179,6 +184,7 @@ TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]"
   for (double v : want.dx) ds = std::max(ds, std::abs(v));
   for (size_t i = 0; i < want.y.size(); ++i) CHECK(std::abs(got.y[i] - want.y[i]) <= 1e-4 * ys);
   for (size_t i = 0; i < want.dx.size(); ++i) CHECK(std::abs(got.dx[i] - want.dx[i]) <= 1e-4 * ds);
+  }
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "runtime/nn/parallel_slice.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "tests/mpi_world.h"
+#include "tests/parallel/local_group.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -230,25 +231,13 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
   }
 }
 
-// A one-rank group: what the ops do on one device, whatever the group's size (the sums are
-// the communicator's job, tested on CPU ranks above).
-struct LocalGroup : nn::TensorParallelGroup {
-  int size() const override { return 1; }
-  int rank() const override { return 0; }
-  void all_reduce_sum(Context&, const Tensor&) override {}
-  void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override { ops::copy(ctx, out, in); }
-  void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override {
-    ops::copy(ctx, out, in);
-  }
-};
-
 // The tensor- and sequence-parallel ops on CUDA: enter, leave and the sequence's split and
 // gather (copies through a group of one), then the bias added through a zero-stride view of
 // it, and back: identity, and the bias's column sums.
 TEST_CASE("CUDA tensor-parallel ops match the CPU's", "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
   Context cpu, gpu(Device::cuda(0));
-  LocalGroup group;
+  testing::LocalGroup group;
   const Shape shape{3, 5, 24};
   std::vector<double> y_values(size_t(shape.numel())), d_values(y_values.size()), b_values(24);
   for (size_t i = 0; i < y_values.size(); ++i) {

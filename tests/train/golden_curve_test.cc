@@ -63,7 +63,8 @@ struct Layout {
   int micro_batch;  // of the global batch of 8 sequences
   int tp = 1;       // tensor-parallel ranks; the data-parallel ones are the rest
   bool sp = false;  // sequence parallelism
-  int cp = 1;       // context-parallel ranks (keys and values all-gathered)
+  int cp = 1;       // context-parallel ranks
+  bool ring = false;  // their keys and values around a ring (p2p), else all-gathered
 };
 
 std::vector<Layout> layouts();
@@ -77,6 +78,7 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
   const std::string out = testing::scratch_dir(
       name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) + "_tp" +
       std::to_string(layout.tp) + (layout.sp ? "_sp" : "") + "_cp" + std::to_string(layout.cp) +
+      (layout.ring ? "_ring" : "") +
       (extra.empty() ? "" : "_resumed") + "_rank" +
       std::to_string(testing::world_rank()));
   std::vector<std::string> overrides = {
@@ -85,7 +87,8 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
       "model.tensor_model_parallel_size=" + std::to_string(layout.tp),
       std::string("model.sequence_parallel=") + (layout.sp ? "true" : "false"),
-      "model.context_parallel_size=" + std::to_string(layout.cp), "model.cp_comm_type=all_gather"};
+      "model.context_parallel_size=" + std::to_string(layout.cp),
+      std::string("model.cp_comm_type=") + (layout.ring ? "p2p" : "all_gather")};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   const Recipe recipe = load_recipe("tests/train/golden/" + name + ".json", overrides);
   TrainerOptions options;
@@ -96,7 +99,8 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
 
   INFO(name << ", " << testing::world_size() << " rank(s), " << layout.strategy
             << ", micro-batch " << layout.micro_batch << ", tensor-parallel " << layout.tp
-            << (layout.sp ? " + sequence-parallel" : "") << ", context-parallel " << layout.cp << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
+            << (layout.sp ? " + sequence-parallel" : "") << ", context-parallel " << layout.cp
+            << (layout.ring ? " (ring)" : "") << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
   const std::vector<double> loss = golden["loss"], grad_norm = golden["grad_norm"];
   const size_t first = size_t(r.first_step);
   REQUIRE(r.losses.size() == loss.size() - first);
@@ -174,7 +178,8 @@ void check_layouts(const std::string& name) {
       if (!split || other_split || other.micro_batch != layout.micro_batch) continue;
       check_same_curve(r, curve, name + ": tensor-parallel " + std::to_string(layout.tp) +
                                      (layout.sp ? " + sequence-parallel" : "") +
-                                     ", context-parallel " + std::to_string(layout.cp) + " " +
+                                     ", context-parallel " + std::to_string(layout.cp) +
+                                     (layout.ring ? " (ring) " : " ") +
                                      layout.strategy + " against " + other.strategy +
                                      " without, micro-batch " + std::to_string(layout.micro_batch));
       break;
@@ -191,11 +196,11 @@ std::vector<Layout> layouts() {
     case 2:
       return {{"optim_grads_params", 4}, {"optim_grads_params", 2},
               {"no_shard", 4, 2}, {"optim_grads_params", 4, 2, true},
-              {"optim_grads_params", 4, 1, false, 2}};
+              {"optim_grads_params", 4, 1, false, 2}, {"optim_grads_params", 4, 1, false, 2, true}};
     case 4:
       return {{"optim_grads_params", 2}, {"optim_grads_params", 1}, {"optim", 1},
               {"optim_grads_params", 2, 2}, {"optim_grads_params", 2, 2, true},
-              {"optim", 2, 1, false, 2}, {"optim_grads_params", 4, 2, false, 2}};
+              {"optim", 2, 1, false, 2}, {"optim_grads_params", 4, 2, false, 2, true}};
     default: return {};
   }
 }

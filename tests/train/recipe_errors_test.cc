@@ -177,13 +177,10 @@ TEST_CASE("tensor and context parallelism that cannot run are refused by key", "
              Catch::Contains("'model.seq_length' (30) is not divisible by "
                              "'model.tensor_model_parallel_size' (4), as 'model.sequence_parallel' "
                              "needs"));
-  // Context parallelism: two chunks of every sequence per rank; the ring is not built.
-  CHECK_THAT(config_error(R"({"model": {"context_parallel_size": 3, "seq_length": 64,
-                                        "cp_comm_type": "all_gather"}})"),
+  // Context parallelism: two chunks of every sequence per rank.
+  CHECK_THAT(config_error(R"({"model": {"context_parallel_size": 3, "seq_length": 64}})"),
              Catch::Contains("'model.seq_length' (64) is not divisible by 2 x "
                              "'model.context_parallel_size' (6)"));
-  CHECK_THAT(config_error(R"({"model": {"context_parallel_size": 2}})"),
-             Catch::Contains("'model.cp_comm_type' is \"p2p\": the ring (p2p) is not built yet"));
 }
 
 TEST_CASE("edit distance counts single-character edits", "[recipe]") {

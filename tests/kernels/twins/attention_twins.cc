@@ -1,7 +1,10 @@
 // Our own causal grouped-query attention kernels (kernels/cuda/attention.h) against the CPU:
 // bf16 training forward and backward with cuDNN switched off (the path of shapes cuDNN
-// refuses), attention over a key/value cache (generation, always our kernel), and a chunk of
-// queries after earlier keys (context parallelism), in bf16 and f32.
+// refuses), attention over a key/value cache (generation, always our kernel), and context
+// parallelism's pieces: a chunk of queries after earlier keys, an unmasked block, and the
+// ring's merge of partial results, in bf16 and f32.
+#include <cmath>
+
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
@@ -64,7 +67,60 @@ void chunk_case(int64_t Tq, int64_t L, DType dt) {
                  }});
 }
 
+// A ring block whose keys all come before its queries: no mask, forward and backward.
+void unmasked_case(DType dt) {
+  const int64_t B = 2, T = 96, H = 6, Hkv = 3, D = 64;
+  register_twin({"attention", str_cat("attention unmasked block B", B, " T", T, " H", H, " Hkv",
+                                      Hkv, " D", D, " ", dtype_name(dt)),
+                 [=](TwinSide& s) {
+                   Context& ctx = s.ctx();
+                   const Tensor q = s.random(Shape{B, T, H, D}, dt, 11, -2, 2);
+                   const Tensor k = s.random(Shape{B, T, Hkv, D}, dt, 12, -2, 2);
+                   const Tensor v = s.random(Shape{B, T, Hkv, D}, dt, 13);
+                   const Tensor out = s.empty(Shape{B, T, H, D}, dt);
+                   const Tensor lse = s.empty(Shape{B, H, T}, DType::f32);
+                   ops::attention_forward(ctx, out, lse, q, k, v, 0.0, /*causal=*/false);
+                   const bool bf16 = dt == DType::bf16;
+                   s.output("out", out, bf16 ? Tolerance::scaled(1e-2, "bf16 probabilities and output")
+                                             : Tolerance::scaled(1e-4, "f32 exp and sums over the keys"));
+                   s.output("lse", lse, Tolerance::scaled(1e-4, "f32 log-sum-exp"));
+                   const Tensor dout = s.random(Shape{B, T, H, D}, dt, 14);
+                   const Tensor dq = s.empty(Shape{B, T, H, D}, dt);
+                   const Tensor dk = s.empty(Shape{B, T, Hkv, D}, dt), dv = s.empty(Shape{B, T, Hkv, D}, dt);
+                   ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v, 0.0, false);
+                   const Tolerance grad = bf16 ? Tolerance::scaled(2e-2, "bf16 gradients of bf16 probabilities")
+                                               : Tolerance::scaled(1e-4, "f32 sums over the keys or queries");
+                   s.output("dq", dq, grad);
+                   s.output("dk", dk, grad);
+                   s.output("dv", dv, grad);
+                 }});
+}
+
+// The ring's merge of a block into the running output, from a first block (nothing yet: lse
+// -inf) and then a second.
+void merge_case(DType dt) {
+  const int64_t B = 2, T = 64, H = 6, D = 64;
+  register_twin({"attention", str_cat("attention_merge B", B, " T", T, " H", H, " D", D, " ",
+                                      dtype_name(dt)),
+                 [=](TwinSide& s) {
+                   Context& ctx = s.ctx();
+                   const Tensor out = s.full(Shape{B, T, H, D}, DType::f32, 0.0);
+                   const Tensor lse = s.full(Shape{B, H, T}, DType::f32, -INFINITY);
+                   for (uint32_t block = 0; block < 2; ++block) {
+                     const Tensor block_out = s.random(Shape{B, T, H, D}, dt, 20 + block);
+                     const Tensor block_lse = s.random(Shape{B, H, T}, DType::f32, 30 + block, -3, 3);
+                     ops::attention_merge(ctx, out, lse, block_out, block_lse);
+                   }
+                   s.output("out", out, Tolerance::scaled(1e-5, "f32 exp of log-sum-exp differences"));
+                   s.output("lse", lse, Tolerance::scaled(1e-6, "f32 log of a sum of two exps"));
+                 }});
+}
+
 void register_attention_twins() {
+  for (DType dt : {DType::bf16, DType::f32}) {
+    unmasked_case(dt);
+    merge_case(dt);
+  }
   for (DType dt : {DType::bf16, DType::f32}) chunk_case(64, 200, dt);
   for (const AttentionShape& a : {kGpt2Attention, kLlamaAttention, kOddAttention}) {
     register_twin({"attention", a.name() + " bf16 without cuDNN", [a](TwinSide& s) {

@@ -75,7 +75,8 @@ class MeshCommunicators {
   ~MeshCommunicators();
 
   const Mesh& mesh() const { return mesh_; }
-  // cp, ep, tp: the axis's communicator. dp_outer, dp_shard: their all-gather communicator.
+  // cp, ep, tp: the axis's communicator. dp_outer, dp_shard: their all-gather communicator
+  // (dp_shard's spans the cp ranks too: DpGroup).
   Communicator& axis(MeshAxis axis);
   Communicator& all_gather_comm(DpGroup group);      // named e.g. "dp_shard/ag"
   Communicator& reduce_scatter_comm(DpGroup group);  // named e.g. "dp_shard/rs"

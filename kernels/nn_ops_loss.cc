@@ -80,11 +80,12 @@ void cross_entropy_forward(Context& ctx, const Tensor& losses, const Tensor& lse
 #endif
 }
 
-void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
-                            const Tensor& lse, const Tensor& targets, int64_t vocab_size,
-                            double dloss) {
-  const char* what = "cross_entropy_backward";
-  const kernels::CrossEntropyDims d = check_logits(ctx, logits, targets, vocab_size, what);
+namespace {
+
+// The backward kernel for checked dims (whole rows or a shard's).
+void run_backward(Context& ctx, const kernels::CrossEntropyDims& d, const Tensor& dlogits,
+                  const Tensor& logits, const Tensor& lse, const Tensor& targets, double dloss,
+                  const char* what) {
   check_row_stats(ctx, lse, d, what);
   check_dense(ctx, dlogits, logits.shape(), logits.dtype(), what);
   const int32_t* t = targets.data<int32_t>();
@@ -98,6 +99,16 @@ void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& l
                                         static_cast<const float*>(lse.data_ptr()), t, dloss,
                                         ctx.stream().cuda_stream());
 #endif
+}
+
+}  // namespace
+
+void cross_entropy_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
+                            const Tensor& lse, const Tensor& targets, int64_t vocab_size,
+                            double dloss) {
+  const char* what = "cross_entropy_backward";
+  run_backward(ctx, check_logits(ctx, logits, targets, vocab_size, what), dlogits, logits, lse,
+               targets, dloss, what);
 }
 
 void cross_entropy_forward_backward(Context& ctx, const Tensor& losses, const Tensor& logits,
@@ -173,21 +184,8 @@ void cross_entropy_shard_backward(Context& ctx, const Tensor& dlogits, const Ten
                                   const Tensor& lse, const Tensor& targets, int64_t vocab_size,
                                   int64_t vocab_begin, double dloss) {
   const char* what = "cross_entropy_shard_backward";
-  const kernels::CrossEntropyDims d =
-      check_shard(ctx, logits, targets, vocab_size, vocab_begin, what);
-  check_row_stats(ctx, lse, d, what);
-  check_dense(ctx, dlogits, logits.shape(), logits.dtype(), what);
-  const int32_t* t = targets.data<int32_t>();
-  if (ctx.device().is_cpu()) {
-    kernels::cpu::cross_entropy_backward(d, dlogits.data_ptr(), logits.data_ptr(), lse.data_ptr(),
-                                         t, dloss);
-    return;
-  }
-#if FSDP_WITH_CUDA
-  kernels::cuda::cross_entropy_backward(d, dlogits.data_ptr(), logits.data_ptr(),
-                                        static_cast<const float*>(lse.data_ptr()), t, dloss,
-                                        ctx.stream().cuda_stream());
-#endif
+  run_backward(ctx, check_shard(ctx, logits, targets, vocab_size, vocab_begin, what), dlogits,
+               logits, lse, targets, dloss, what);
 }
 
 }  // namespace fsdp::ops

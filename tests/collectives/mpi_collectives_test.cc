@@ -466,16 +466,17 @@ TEST_CASE("mesh communicators: sizes, ranks and members of every group") {
     for (MeshAxis a : {MeshAxis::cp, MeshAxis::ep, MeshAxis::tp}) {
       check(comms.axis(a), mesh.axis_group(a, me), mesh_axis_name(a));
     }
-    check(comms.all_gather_comm(DpGroup::dp_shard), mesh.axis_group(MeshAxis::dp_shard, me),
-          "dp_shard/ag");
-    check(comms.reduce_scatter_comm(DpGroup::dp_shard), mesh.axis_group(MeshAxis::dp_shard, me),
-          "dp_shard/rs");
+    // FSDP's groups: the context-parallel ranks shard and reduce with the data-parallel ones.
+    const std::vector<int> shard = mesh.group({MeshAxis::dp_shard, MeshAxis::cp}, me);
+    const std::vector<int> dp = mesh.group({MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp}, me);
+    check(comms.all_gather_comm(DpGroup::dp_shard), shard, "dp_shard/ag");
+    check(comms.reduce_scatter_comm(DpGroup::dp_shard), shard, "dp_shard/rs");
     check(comms.all_gather_comm(DpGroup::dp_outer), mesh.axis_group(MeshAxis::dp_outer, me),
           "dp_outer/ag");
     check(comms.reduce_scatter_comm(DpGroup::dp_outer), mesh.axis_group(MeshAxis::dp_outer, me),
           "dp_outer/rs");
-    check(comms.all_gather_comm(DpGroup::dp), mesh.dp_group(me), "dp/ag");
-    check(comms.reduce_scatter_comm(DpGroup::dp), mesh.dp_group(me), "dp/rs");
+    check(comms.all_gather_comm(DpGroup::dp), dp, "dp/ag");
+    check(comms.reduce_scatter_comm(DpGroup::dp), dp, "dp/rs");
     CHECK(&comms.axis(MeshAxis::dp_shard) == &comms.all_gather_comm(DpGroup::dp_shard));
   }
   if (n > 1) CHECK_THROWS_AS(MeshCommunicators(*world, Mesh({1, 1, 1, 1, 1}, 1)), ConfigError);

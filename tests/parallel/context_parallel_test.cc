@@ -21,7 +21,7 @@
 #include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "tests/mpi_world.h"
-#include "tests/parallel/local_group.h"
+#include "tests/parallel/parallel_test_support.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -52,20 +52,7 @@ TEST_CASE("a context-parallel layout holds chunks r and 2 cp - 1 - r", "[paralle
   CHECK_THROWS_AS(split_sequences(rows, 3, l), ShapeError);
 }
 
-models::ModelConfig tiny(models::Family family) {
-  models::ModelConfig c;
-  c.family = family;
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = family == models::Family::Llama ? 2 : 0;
-  c.d_ff = family == models::Family::Llama ? 24 : 0;
-  c.vocab_size = 29;
-  c.padded_vocab_size = 32;
-  c.seq_len = 8;
-  c.tie_embeddings = family == models::Family::GPT2;
-  return c;
-}
+models::ModelConfig tiny(models::Family family) { return testing::tiny_parallel_model(family); }
 
 std::vector<double> values(Context& ctx, const Tensor& t) {
   return ops::to_vector<double>(ctx, ops::cast(ctx, t, DType::f64));

@@ -25,7 +25,7 @@
 #include "runtime/nn/parallel_slice.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "tests/mpi_world.h"
-#include "tests/parallel/local_group.h"
+#include "tests/parallel/parallel_test_support.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -88,21 +88,11 @@ TEST_CASE("a parallel slice maps its local elements to the full tensor's", "[par
   CHECK_THROWS_AS(nn::equal_part(0, 10, 0, 4, "ten features"), ShapeError);
 }
 
-// kv_heads: Llama's key/value heads (1: fewer than the 2 tensor-parallel ranks, replicated).
+// The head's 16 rows in chunks of 5 (4 chunks, the last of one row): each chunk merges the
+// vocabulary shards' softmax statistics through one all-gather. kv_heads: Llama's (1: fewer
+// than the 2 tensor-parallel ranks, replicated).
 models::ModelConfig tiny(models::Family family, int64_t kv_heads = 2) {
-  models::ModelConfig c;
-  c.family = family;
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = family == models::Family::Llama ? kv_heads : 0;
-  c.d_ff = family == models::Family::Llama ? 24 : 0;
-  c.vocab_size = 29;
-  c.padded_vocab_size = 32;
-  c.seq_len = 8;
-  c.tie_embeddings = family == models::Family::GPT2;
-  // The head's 16 rows in chunks of 5 (4 chunks, the last of one row): each chunk merges
-  // the vocabulary shards' softmax statistics through one all-gather.
+  models::ModelConfig c = testing::tiny_parallel_model(family, kv_heads);
   c.classifier_chunk_rows = 5;
   return c;
 }

@@ -12,6 +12,8 @@
 //     log-sum-exps. Backward runs the same blocks against the final output and log-sum-exp
 //     (which makes each block's gradients exact parts of the whole), with the key and value
 //     gradients travelling along with the keys and values and arriving home after cp steps.
+//     On a GPU each step's keys and values travel on the group's own stream while the step
+//     before computes (TensorParallelGroup::start_send_recv).
 #include "runtime/nn/context_parallel.h"
 
 #include <cmath>
@@ -78,14 +80,17 @@ Tensor ring_attention(Graph& g, const Tensor& qkv, const Tensor& q, const Tensor
   Tensor held = kv, arriving = ctx.empty(kv.shape(), dt);
   for (int step = 0; step < cp; ++step) {
     const int source = (r + cp - step) % cp;  // whose keys and values this rank holds
+    // The next rank's keys and values arrive while these are used.
+    std::unique_ptr<PendingTransfer> transfer;
+    if (step + 1 < cp) transfer = group.start_send_recv(ctx, held, next, arriving, prev);
     for (const RingBlock& blk : ring_blocks(layout, source)) {
       ops::attention_forward(ctx, block_out, block_lse, q.narrow(1, blk.i * c, c),
                              held.select(0, 0).narrow(1, blk.j * c, c),
                              held.select(0, 1).narrow(1, blk.j * c, c), 0.0, blk.causal);
       ops::attention_merge(ctx, acc.select(0, blk.i), lse.select(0, blk.i), block_out, block_lse);
     }
-    if (step + 1 == cp) break;
-    group.send_recv(ctx, held, next, arriving, prev);
+    if (!transfer) break;
+    transfer->finish(ctx);
     std::swap(held, arriving);
     if (step == 0) arriving = ctx.empty(kv.shape(), dt);  // keep this rank's own for backward
   }
@@ -119,6 +124,10 @@ Tensor ring_attention(Graph& g, const Tensor& qkv, const Tensor& q, const Tensor
              const Tensor dv_b = ctx.empty(Shape{b, c, n_kv_head, d}, dt);
              for (int step = 0; step < cp; ++step) {
                const int source = (r + cp - step) % cp;
+               // The next keys and values arrive while these are used; their gradients,
+               // complete only after this step's blocks, follow in line.
+               std::unique_ptr<PendingTransfer> transfer;
+               if (step + 1 < cp) transfer = grp->start_send_recv(ctx, held, next, arriving, prev);
                for (const RingBlock& blk : ring_blocks(layout, source)) {
                  ops::attention_backward(ctx, dq_b, dk_b, dv_b, dout4.narrow(1, blk.i * c, c),
                                          chunk_out.select(0, blk.i), lse.select(0, blk.i),
@@ -133,8 +142,8 @@ Tensor ring_attention(Graph& g, const Tensor& qkv, const Tensor& q, const Tensor
                // gradients travel, to their owner.
                grp->send_recv(ctx, dkv, next, dkv_arriving, prev);
                std::swap(dkv, dkv_arriving);
-               if (step + 1 == cp) break;
-               grp->send_recv(ctx, held, next, arriving, prev);
+               if (!transfer) break;
+               transfer->finish(ctx);
                std::swap(held, arriving);
                if (step == 0) arriving = ctx.empty(kv.shape(), dt);
              }

@@ -14,6 +14,8 @@
 // all-gather), and the norms and biases between them see only their rank's tokens.
 #pragma once
 
+#include <memory>
+
 #include "kernels/nn_ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/core/context.h"
@@ -23,6 +25,14 @@
 namespace fsdp::nn {
 
 using autograd::Graph;
+
+// A ring step started by TensorParallelGroup::start_send_recv. finish() makes ctx's stream
+// wait for it: the received tensor is then ready and the sent one may be written again.
+class PendingTransfer {
+ public:
+  virtual ~PendingTransfer() = default;
+  virtual void finish(Context& ctx) = 0;
+};
 
 class TensorParallelGroup {
  public:
@@ -39,6 +49,11 @@ class TensorParallelGroup {
   // Sends `send` to rank `to` while receiving `recv` (as large) from rank `from`, queued on
   // ctx's stream (a ring step of context parallelism: every rank sends to its successor).
   virtual void send_recv(Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) = 0;
+  // send_recv, started now and finished by the returned transfer: on a GPU it runs beside
+  // ctx's stream, so that the caller computes meanwhile (neither tensor may be written
+  // until finish()). By default, and on the CPU, it completes here.
+  virtual std::unique_ptr<PendingTransfer> start_send_recv(Context& ctx, const Tensor& send,
+                                                           int to, const Tensor& recv, int from);
 };
 
 // How a layer is split over the tensor-parallel group.

@@ -1,5 +1,7 @@
 #include "runtime/parallel/tensor_parallel.h"
 
+#include <vector>
+
 #include "runtime/core/error.h"
 #include "runtime/nn/layers.h"
 
@@ -18,17 +20,54 @@ void CommunicatorTensorParallelGroup::reduce_scatter_sum(Context& ctx, const Ten
   comm_.reduce_scatter(out, in, ReduceOp::Sum, ctx.stream());
 }
 
-void CommunicatorTensorParallelGroup::send_recv(Context& ctx, const Tensor& send, int to,
-                                                const Tensor& recv, int from) {
+namespace {
+
+void check_transfer(const Communicator& comm, const Tensor& send, const Tensor& recv) {
   FSDP_CHECK(send.is_contiguous() && recv.is_contiguous() && send.numel() == recv.numel() &&
                  send.dtype() == recv.dtype(),
-             ShapeError, "send_recv on group '", comm_.name(), "': ", send.str(), " and ",
+             ShapeError, "send_recv on group '", comm.name(), "': ", send.str(), " and ",
              recv.str(), " must be contiguous, of one size and dtype");
-  // Issued together: every rank sends to one neighbour while receiving from the other.
-  comm_.group_start();
-  comm_.send(send.data_ptr(), size_t(send.numel()), send.dtype(), to, ctx.stream());
-  comm_.recv(recv.data_ptr(), size_t(recv.numel()), recv.dtype(), from, ctx.stream());
-  comm_.group_end();
+}
+
+// Issued together: every rank sends to one neighbour while receiving from the other.
+std::vector<Work> issue_send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& recv,
+                                  int from, const Stream& stream) {
+  std::vector<Work> work;
+  comm.group_start();
+  work.push_back(comm.send(send.data_ptr(), size_t(send.numel()), send.dtype(), to, stream));
+  work.push_back(comm.recv(recv.data_ptr(), size_t(recv.numel()), recv.dtype(), from, stream));
+  comm.group_end();
+  return work;
+}
+
+struct CommunicatorTransfer : nn::PendingTransfer {
+  std::vector<Work> work;
+  void finish(Context& ctx) override {
+    for (const Work& w : work) w.wait(ctx.stream());
+  }
+};
+
+}  // namespace
+
+void CommunicatorTensorParallelGroup::send_recv(Context& ctx, const Tensor& send, int to,
+                                                const Tensor& recv, int from) {
+  check_transfer(comm_, send, recv);
+  issue_send_recv(comm_, send, to, recv, from, ctx.stream());
+}
+
+std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_send_recv(
+    Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) {
+  if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_send_recv(ctx, send, to, recv, from);
+  check_transfer(comm_, send, recv);
+  if (!transfer_stream_.is_cuda())
+    transfer_stream_ = Stream::create_cuda(ctx.device().index, -1);
+  // The transfer starts once ctx's stream has produced what it sends.
+  Event ready;
+  ready.record(ctx.stream());
+  transfer_stream_.wait(ready);
+  auto t = std::make_unique<CommunicatorTransfer>();
+  t->work = issue_send_recv(comm_, send, to, recv, from, transfer_stream_);
+  return t;
 }
 
 namespace {

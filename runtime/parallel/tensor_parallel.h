@@ -53,9 +53,14 @@ class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
   void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override;
   void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override;
   void send_recv(Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) override;
+  // On a GPU: the send and receive on the group's own stream, after what ctx's stream has
+  // queued so far.
+  std::unique_ptr<nn::PendingTransfer> start_send_recv(Context& ctx, const Tensor& send, int to,
+                                                       const Tensor& recv, int from) override;
 
  private:
   Communicator& comm_;
+  Stream transfer_stream_;  // created at the first GPU transfer
 };
 
 // A group that only plans (the dry run, memory estimates): rank `rank` of `size`, never

@@ -140,7 +140,8 @@ TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[para
 
 // The op on CUDA (its chunks after earlier keys, and the ring's unmasked blocks and merges,
 // run our own kernels) against the CPU: one rank holding chunks 0 and 1 of a 96-token
-// sequence, GQA with rotary embeddings, both ways of exchanging keys and values.
+// sequence, GQA with rotary embeddings, both ways of exchanging keys and values (the ring
+// also through a real NCCL group).
 TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
   Context cpu, gpu(Device::cuda(0));
@@ -153,16 +154,31 @@ TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]"
   struct Out {
     std::vector<double> y, dx;
   };
-  for (const nn::ContextParallelComm comm : {nn::ContextParallelComm::all_gather, nn::ContextParallelComm::ring}) {
-  INFO((comm == nn::ContextParallelComm::ring ? "ring" : "all-gather"));
-  auto run = [&](Context& ctx) {
+  // The ring also through an NCCL group of one (its steps on the group's own stream,
+  // sending to itself), when this process is alone.
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  World world(options);
+  CommunicatorTensorParallelGroup nccl_group(world.comm());
+  struct Variant {
+    nn::ContextParallelComm comm;
+    nn::TensorParallelGroup* group;
+    const char* what;
+  };
+  std::vector<Variant> variants = {{nn::ContextParallelComm::all_gather, &group, "all-gather"},
+                                   {nn::ContextParallelComm::ring, &group, "ring"}};
+  if (world.size() == 1) variants.push_back({nn::ContextParallelComm::ring, &nccl_group, "ring over NCCL"});
+  for (const Variant& variant : variants) {
+  INFO(variant.what);
+  auto run = [&](Context& ctx, nn::TensorParallelGroup& grp) {
     autograd::Graph g(ctx);
     const Tensor qkv = autograd::Graph::leaf(ops::from_vector(ctx, x, Shape{B, T, width}, DType::f32));
-    const Tensor y = nn::context_parallel_attention(g, qkv, H, Hkv, 10000.0, layout, group, comm);
+    const Tensor y = nn::context_parallel_attention(g, qkv, H, Hkv, 10000.0, layout, grp, variant.comm);
     g.backward(y, ops::from_vector(ctx, dy, Shape{B, T, H * D}, DType::f32));
     return Out{values(ctx, y), values(ctx, autograd::Graph::grad(qkv))};
   };
-  const Out want = run(cpu), got = run(gpu);
+  const Out want = run(cpu, group), got = run(gpu, *variant.group);
   REQUIRE(got.y.size() == want.y.size());
   REQUIRE(got.dx.size() == want.dx.size());
   // f32 on both sides, exp and sums in another order: 1e-4 of each tensor's scale.

@@ -142,8 +142,9 @@ void rope_apply(Context& ctx, const Tensor& x, double theta, bool inverse,
 // otherwise (any D up to 512, any strides) or when KernelOptions::use_cudnn_attention is
 // false. k and v may hold L > T rows (a chunk of a longer sequence, as context parallelism
 // splits it): the queries are then positions [L - T, L) and query t attends to keys
-// 0 .. L - T + t. causal = false lets every query see every key (a ring block whose keys
-// all come before its queries). On CUDA our own kernels run both cases.
+// 0 .. L - T + t; on CUDA our own kernels run it. causal = false lets every query see
+// every key (a ring block whose keys all come before its queries): cuDNN in bf16, our own
+// kernels in f32.
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                        const Tensor& k, const Tensor& v, double scale = 0.0, bool causal = true);
 // Attention of new queries over a key/value cache, for generation (forward only): q

@@ -1,4 +1,5 @@
-// cuDNN fused causal attention (flash attention) through the backend graph API. The graphs
+// cuDNN fused causal attention (flash attention) through the backend graph API, or unmasked
+// (context parallelism's ring blocks whose keys all come before their queries). The graphs
 // are the ones cuDNN's runtime fusion engine recognizes as scaled-dot-product attention:
 //
 // forward:  S = Q K^T * scale; causal mask (row >= col, else -inf); M = max(S); E = exp(S - M);
@@ -66,14 +67,15 @@ TensorRef causal_mask(GraphBuilder& g, const Shapes& s, TensorRef x, TensorRef n
   return y;
 }
 
-// Scaled, masked scores S (B, H, T, T) f32 from Q and K^T.
-TensorRef masked_scores(GraphBuilder& g, const Shapes& s, TensorRef q, TensorRef kt,
-                        TensorRef scale, TensorRef neg_inf) {
+// Scaled scores S (B, H, T, T) f32 from Q and K^T, masked when the problem is causal (an
+// unmasked block of context parallelism's ring has no mask and no -inf scalar).
+TensorRef masked_scores(GraphBuilder& g, const AttentionDims& d, const Shapes& s, TensorRef q,
+                        TensorRef kt, TensorRef scale) {
   TensorRef raw = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.matmul(q, kt, raw);
   TensorRef scaled = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
-  return causal_mask(g, s, scaled, neg_inf);
+  return d.causal ? causal_mask(g, s, scaled, g.scalar(kNegInf, kF32)) : scaled;
 }
 
 std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionDims& d) {
@@ -85,9 +87,8 @@ std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionD
   TensorRef o = g.tensor(kO, bhtd(d, d.heads), strides_of(d.out), kBf16);
   TensorRef lse = g.tensor(kStats, s.rows, s.rows_strides, kF32);
   TensorRef scale = g.scalar(kScale, kF32);
-  TensorRef neg_inf = g.scalar(kNegInf, kF32);
 
-  TensorRef scores = masked_scores(g, s, q, kt, scale, neg_inf);
+  TensorRef scores = masked_scores(g, d, s, q, kt, scale);
   TensorRef max = g.virtual_tensor(s.rows, s.rows_strides, kF32);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, max);
   TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
@@ -130,7 +131,6 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   TensorRef dk = g.tensor(kDK, bhtd(d, d.kv_heads), strides_of(d.dk), kBf16);
   TensorRef dv = g.tensor(kDV, bhtd(d, d.kv_heads), strides_of(d.dv), kBf16);
   TensorRef scale = g.scalar(kScale, kF32);
-  TensorRef neg_inf = g.scalar(kNegInf, kF32);
   TensorRef one = g.scalar(kOne, kF32);
   // Scratch the engine reads back: Delta (B, H, T, 1) and dQ's f32 accumulator.
   TensorRef delta = g.tensor(kDelta, s.rows, s.rows_strides, kF32);
@@ -150,7 +150,7 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
   TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_SUB, scaled, lse, shifted);
-  TensorRef masked = causal_mask(g, s, shifted, neg_inf);
+  TensorRef masked = d.causal ? causal_mask(g, s, shifted, g.scalar(kNegInf, kF32)) : shifted;
   TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_EXP, masked, {}, p);
 
@@ -183,7 +183,8 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
 }
 
 // Everything that shapes a plan: sizes and every stride (not the scale: it is by value).
-using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>>;
+using PlanKey =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>>;
 
 PlanKey key_of(const AttentionDims& d, bool backward) {
   std::vector<int64_t> strides;
@@ -192,7 +193,7 @@ PlanKey key_of(const AttentionDims& d, bool backward) {
   if (backward)
     for (const HeadStrides* s : {&d.dout, &d.dq, &d.dk, &d.dv})
       strides.insert(strides.end(), {s->b, s->t, s->h});
-  return {backward, d.batch, d.seq, d.heads, d.kv_heads, d.head_dim, strides};
+  return {backward, d.causal, d.batch, d.seq, d.heads, d.kv_heads, d.head_dim, strides};
 }
 
 // Shape rules of the fused kernels, checked before asking cuDNN: bf16, a head size that is
@@ -292,10 +293,14 @@ void CudnnAttention::forward(const AttentionDims& d, void* out, float* lse, cons
   const Impl::Entry& e = impl_->entry(d, false);
   FSDP_CHECK(e.plan, ValueError, "cuDNN attention forward: unsupported problem: ", e.why);
   float scale = float(d.scale), neg_inf = -INFINITY;
-  impl_->run(*e.plan, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-             {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale,
-              &neg_inf},
-             0, {});
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
+                             out, lse, &scale};
+  if (d.causal) {  // only the causal graph has the -inf scalar
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  impl_->run(*e.plan, uids, ptrs, 0, {});
 }
 
 void CudnnAttention::backward(const AttentionDims& d, void* dq, void* dk, void* dv,
@@ -307,12 +312,18 @@ void CudnnAttention::backward(const AttentionDims& d, void* dq, void* dk, void* 
   const size_t delta_bytes = size_t(d.batch * d.heads * d.seq) * sizeof(float);
   const size_t delta_padded = (delta_bytes + 255) / 256 * 256;
   const size_t acc_bytes = size_t(d.batch * d.heads * d.seq * d.head_dim) * sizeof(float);
-  impl_->run(*e.plan,
-             {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kDelta, kDQAccum},
-             {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
-              const_cast<void*>(out), const_cast<void*>(dout), const_cast<float*>(lse), dq, dk, dv,
-              &scale, &neg_inf, &one, nullptr, nullptr},
-             int64_t(delta_padded + acc_bytes), {0, delta_padded});
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
+  std::vector<void*> ptrs = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
+                             const_cast<void*>(out), const_cast<void*>(dout),
+                             const_cast<float*>(lse), dq, dk, dv, &scale, &one};
+  if (d.causal) {  // only the causal graph has the -inf scalar
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  // Our scratch, placed by run(): Delta and the dQ accumulator.
+  uids.insert(uids.end(), {kDelta, kDQAccum});
+  ptrs.insert(ptrs.end(), {nullptr, nullptr});
+  impl_->run(*e.plan, uids, ptrs, int64_t(delta_padded + acc_bytes), {0, delta_padded});
 }
 
 }  // namespace fsdp::kernels::cuda

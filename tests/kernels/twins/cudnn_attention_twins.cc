@@ -1,6 +1,10 @@
 // cuDNN's fused attention (kernels/cuda/cudnn_attention.h) against the CPU: bf16 forward and
 // backward at GPT-2 124M's shape, a Llama GQA shape and an odd one (which cuDNN may refuse,
-// falling back to our kernels), and a check that cuDNN really takes the GPT-2 problem.
+// falling back to our kernels), an unmasked block (context parallelism's ring), and checks
+// that cuDNN really takes the GPT-2 problem and the unmasked block.
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+#include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"
 #include "tests/kernels/twins/attention_case.h"
 
@@ -36,7 +40,55 @@ void expect_cudnn_takes_gpt2(TwinSide& s) {
 #endif
 }
 
+// An unmasked block of context parallelism's ring (every query sees every key), bf16
+// through cuDNN, which must take it on an H100/H200: forward and backward against the CPU.
+void unmasked_case() {
+  const int64_t B = 2, T = 128, H = 8, Hkv = 4, D = 64;
+  register_twin({"cudnn_attention", str_cat("unmasked block B", B, " T", T, " H", H, " Hkv", Hkv,
+                                            " D", D, " bf16"),
+                 [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    ctx.extension<ops::KernelOptions>().use_cudnn_attention = true;
+    const Tensor q = s.random(Shape{B, T, H, D}, DType::bf16, 51, -2, 2);
+    const Tensor k = s.random(Shape{B, T, Hkv, D}, DType::bf16, 52, -2, 2);
+    const Tensor v = s.random(Shape{B, T, Hkv, D}, DType::bf16, 53);
+    const Tensor out = s.empty(Shape{B, T, H, D}, DType::bf16);
+    const Tensor lse = s.empty(Shape{B, H, T}, DType::f32);
+    ops::attention_forward(ctx, out, lse, q, k, v, 0.0, /*causal=*/false);
+    s.output("out", out, Tolerance::scaled(1e-2, "probabilities rounded to bf16 before P @ V; bf16 output"));
+    s.output("lse", lse, Tolerance::scaled(1e-4, "f32 log-sum-exp"));
+    const Tensor dout = s.random(Shape{B, T, H, D}, DType::bf16, 54);
+    const Tensor dq = s.empty(Shape{B, T, H, D}, DType::bf16);
+    const Tensor dk = s.empty(Shape{B, T, Hkv, D}, DType::bf16), dv = s.empty(Shape{B, T, Hkv, D}, DType::bf16);
+    ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v, 0.0, false);
+    const Tolerance grad = Tolerance::scaled(2e-2, "bf16 gradients of bf16 probabilities");
+    s.output("dq", dq, grad);
+    s.output("dk", dk, grad);
+    s.output("dv", dv, grad);
+#if FSDP_WITH_CUDA
+    if (!s.is_reference()) {
+      kernels::AttentionDims d;
+      d.batch = B;
+      d.seq = T;
+      d.heads = H;
+      d.kv_heads = Hkv;
+      d.head_dim = D;
+      d.scale = 0.125;
+      d.causal = false;
+      d.q = d.out = d.dout = d.dq = kernels::HeadStrides{T * H * D, H * D, D};
+      d.k = d.v = d.dk = d.dv = kernels::HeadStrides{T * Hkv * D, Hkv * D, D};
+      auto& cudnn = ctx.extension<kernels::cuda::CudnnAttention>();
+      s.expect(cudnn.supports(d, DType::bf16, false),
+               "cuDNN takes the unmasked forward; refusal: " + cudnn.last_refusal());
+      s.expect(cudnn.supports(d, DType::bf16, true),
+               "cuDNN takes the unmasked backward; refusal: " + cudnn.last_refusal());
+    }
+#endif
+  }});
+}
+
 void register_cudnn_attention_twins() {
+  unmasked_case();
   for (const AttentionShape& a : {kGpt2Attention, kLlamaAttention, kOddAttention}) {
     const bool gpt2 = a.name() == kGpt2Attention.name();
     register_twin({"cudnn_attention", a.name() + " bf16", [a, gpt2](TwinSide& s) {

@@ -84,7 +84,8 @@ void ShardedModel::sum_tensor_parallel_grads() {
         tp->all_reduce(u->grad_shard.narrow(0, s.shard_offset, s.numel), ReduceOp::Sum, ctx.stream());
         continue;
       }
-      if (!p.parallel_slice()) continue;
+      // (Most slices replicate nothing: their runs are not looked at.)
+      if (!p.parallel_slice() || p.parallel_slice()->replicas.empty()) continue;
       // Rows that `replicas` ranks hold (replicated key/value heads): each computed a part
       // of their gradient. Every rank of the group holds this segment alike, so the pieces
       // are all-gathered and each block of replicas adds its own in rank order (the same

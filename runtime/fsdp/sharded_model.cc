@@ -407,19 +407,15 @@ std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor
     for (const ShardSegment& s : units_[u]->plan().segments(shared_.groups.shard_rank())) {
       const auto& slice = units_[u]->params()[size_t(s.param)]->parallel_slice();
       Tensor slot = sums.narrow(0, first_param[u] + s.param, 1);
-      if (!slice) {
-        if (tp_rank == 0)
-          ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
-        continue;
-      }
-      const std::vector<nn::ParallelSlice::Run> runs = slice->owned_runs(s.param_offset, s.numel, tp_rank);
-      int64_t owned = 0;
-      for (const nn::ParallelSlice::Run& r : runs) owned += r.numel;
-      if (owned == s.numel) {  // all of the segment: one sum
+      // A whole replicated parameter counts on tp rank 0; a slice of which this rank holds
+      // no shared rows counts whole here; otherwise only the runs this rank owns.
+      const bool whole = slice ? slice->replicas.empty() : tp_rank == 0;
+      if (whole) {
         ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
         continue;
       }
-      for (const nn::ParallelSlice::Run& r : runs)
+      if (!slice) continue;
+      for (const nn::ParallelSlice::Run& r : slice->owned_runs(s.param_offset, s.numel, tp_rank))
         ops::axpby(ctx, slot, 1.0,
                    ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset + (r.local - s.param_offset), r.numel)));
     }

@@ -137,11 +137,13 @@ struct Trainer::State {
   void setup_output();
   void print_startup_report() const;
   void prepare_sample();
-  // The tokens of a micro-batch this rank computes: all of them, or under context
-  // parallelism its chunks of each sequence.
-  std::vector<int32_t> local_tokens(const std::vector<int32_t>& rows) const {
+  // The tokens of a micro-batch this rank computes: `rows` itself, or under context
+  // parallelism its chunks of each sequence (in `scratch`).
+  const std::vector<int32_t>& local_tokens(const std::vector<int32_t>& rows,
+                                           std::vector<int32_t>& scratch) const {
     if (!cp_layout) return rows;
-    return split_sequences(rows, recipe.train.micro_batch_size, *cp_layout);
+    scratch = split_sequences(rows, recipe.train.micro_batch_size, *cp_layout);
+    return scratch;
   }
 
   void print(const std::string& line) const {
@@ -420,15 +422,15 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   clock->start_step();
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
   const int64_t local_T = cp_layout ? cp_layout->local_seq() : T;
-  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), x_local, y_local;
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
   sharded->start_step();
   clock->start_micro_batches();
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
     train_data->next(x.data(), y.data());
-    Tensor idx = tokens->upload(size_t(2 * m), local_tokens(x), B, local_T);
-    Tensor tgt = tokens->upload(size_t(2 * m + 1), local_tokens(y), B, local_T);
+    Tensor idx = tokens->upload(size_t(2 * m), local_tokens(x, x_local), B, local_T);
+    Tensor tgt = tokens->upload(size_t(2 * m + 1), local_tokens(y, y_local), B, local_T);
     // One micro-batch's forward and backward; with train.cuda_graphs it is captured once and
     // replayed (the autograd graph lives inside, so nothing it holds escapes but the loss).
     auto body = [&](const Tensor& inputs, const Tensor& targets) {
@@ -491,7 +493,7 @@ void Trainer::State::log_samples() {
 double Trainer::State::evaluate() {
   NvtxRange r("evaluate");
   const int64_t B = recipe.train.micro_batch_size, T = recipe.model.seq_length;
-  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), x_local, y_local;
   val_data->seek(0);  // the same batches at every evaluation
   // eval_iters global batches, as Megatron counts them: the same samples for any number of
   // data-parallel ranks, so the validation loss does not depend on it either.
@@ -502,9 +504,9 @@ double Trainer::State::evaluate() {
     autograd::Graph g(*ctx);
     autograd::NoGradGuard no_grad(g);
     const int64_t local_T = cp_layout ? cp_layout->local_seq() : T;
-    Tensor loss = model->forward(g, ops::from_host<int32_t>(*ctx, local_tokens(x), Shape{B, local_T}),
-                                 ops::from_host<int32_t>(*ctx, local_tokens(y), Shape{B, local_T}),
-                                 B * local_T);
+    Tensor loss = model->forward(
+        g, ops::from_host<int32_t>(*ctx, local_tokens(x, x_local), Shape{B, local_T}),
+        ops::from_host<int32_t>(*ctx, local_tokens(y, y_local), Shape{B, local_T}), B * local_T);
     sum += ops::item(*ctx, loss);
   }
   return sum_over_ranks({sum})[0] / double(micro_batches * world->size());

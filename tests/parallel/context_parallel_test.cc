@@ -54,9 +54,7 @@ TEST_CASE("a context-parallel layout holds chunks r and 2 cp - 1 - r", "[paralle
 
 models::ModelConfig tiny(models::Family family) { return testing::tiny_parallel_model(family); }
 
-std::vector<double> values(Context& ctx, const Tensor& t) {
-  return ops::to_vector<double>(ctx, ops::cast(ctx, t, DType::f64));
-}
+using testing::values;
 
 TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[parallel][mpi]") {
   testing::MpiWorld w;  // for the world only; the mesh below splits it
@@ -67,11 +65,7 @@ TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[para
   CommunicatorTensorParallelGroup group(cp_comm);
   Context ctx;
   const int64_t B = 2, T = 8;
-  std::vector<int32_t> idx(B * T), tgt(B * T);
-  for (int64_t i = 0; i < B * T; ++i) {
-    idx[size_t(i)] = int32_t((i * 7 + 3) % 29);
-    tgt[size_t(i)] = int32_t((i * 5 + 1) % 29);
-  }
+  const std::vector<int32_t> idx = testing::tiny_tokens(B * T, 7, 3), tgt = testing::tiny_tokens(B * T, 5, 1);
   const auto layout = nn::ContextParallelLayout::make(T, cp, cp_comm.rank());
   const int64_t Tl = layout.local_seq();
   for (models::Family family : {models::Family::GPT2, models::Family::Llama}) {

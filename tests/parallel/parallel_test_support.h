@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "models/config.h"
@@ -24,6 +25,18 @@ inline models::ModelConfig tiny_parallel_model(models::Family family, int64_t kv
   c.seq_len = 8;
   c.tie_embeddings = family == models::Family::GPT2;
   return c;
+}
+
+// Token ids (or targets) of a tiny batch: element i is (i * mul + add) % 29.
+inline std::vector<int32_t> tiny_tokens(int64_t n, int mul, int add) {
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = int32_t((i * mul + add) % 29);
+  return out;
+}
+
+// A tensor's elements as doubles.
+inline std::vector<double> values(Context& ctx, const Tensor& t) {
+  return ops::to_vector<double>(ctx, ops::cast(ctx, t, DType::f64));
 }
 
 // A one-rank group: what the parallel ops do on one device, whatever the group's size (the

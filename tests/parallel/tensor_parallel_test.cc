@@ -97,9 +97,7 @@ models::ModelConfig tiny(models::Family family, int64_t kv_heads = 2) {
   return c;
 }
 
-std::vector<double> values(Context& ctx, const Tensor& t) {
-  return ops::to_vector<double>(ctx, ops::cast(ctx, t, DType::f64));
-}
+using testing::values;
 
 // The local elements of `local`, a slice of `full`, against `full`: equal within rel * the
 // largest magnitude of the full tensor (0: bit for bit).
@@ -130,11 +128,7 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
   CommunicatorTensorParallelGroup group(tp_comm);
   Context ctx;
   const int64_t B = 2, T = 8;
-  std::vector<int32_t> idx(B * T), tgt(B * T);
-  for (int64_t i = 0; i < B * T; ++i) {
-    idx[size_t(i)] = int32_t((i * 7 + 3) % 29);
-    tgt[size_t(i)] = int32_t((i * 5 + 1) % 29);
-  }
+  const std::vector<int32_t> idx = testing::tiny_tokens(B * T, 7, 3), tgt = testing::tiny_tokens(B * T, 5, 1);
   const std::vector<std::pair<models::Family, int64_t>> models_and_kv_heads = {
       {models::Family::GPT2, 0}, {models::Family::Llama, 2}, {models::Family::Llama, 1}};
   for (const auto& [family, kv_heads] : models_and_kv_heads) {

@@ -70,12 +70,12 @@ TensorRef causal_mask(GraphBuilder& g, const Shapes& s, TensorRef x, TensorRef n
 // Scaled scores S (B, H, T, T) f32 from Q and K^T, masked when the problem is causal (an
 // unmasked block of context parallelism's ring has no mask and no -inf scalar).
 TensorRef masked_scores(GraphBuilder& g, const AttentionDims& d, const Shapes& s, TensorRef q,
-                        TensorRef kt, TensorRef scale) {
+                        TensorRef kt, TensorRef scale, TensorRef neg_inf) {
   TensorRef raw = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.matmul(q, kt, raw);
   TensorRef scaled = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
-  return d.causal ? causal_mask(g, s, scaled, g.scalar(kNegInf, kF32)) : scaled;
+  return d.causal ? causal_mask(g, s, scaled, neg_inf) : scaled;
 }
 
 std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionDims& d) {
@@ -87,8 +87,9 @@ std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionD
   TensorRef o = g.tensor(kO, bhtd(d, d.heads), strides_of(d.out), kBf16);
   TensorRef lse = g.tensor(kStats, s.rows, s.rows_strides, kF32);
   TensorRef scale = g.scalar(kScale, kF32);
+  TensorRef neg_inf = d.causal ? g.scalar(kNegInf, kF32) : TensorRef{};
 
-  TensorRef scores = masked_scores(g, d, s, q, kt, scale);
+  TensorRef scores = masked_scores(g, d, s, q, kt, scale, neg_inf);
   TensorRef max = g.virtual_tensor(s.rows, s.rows_strides, kF32);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, max);
   TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
@@ -131,6 +132,7 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   TensorRef dk = g.tensor(kDK, bhtd(d, d.kv_heads), strides_of(d.dk), kBf16);
   TensorRef dv = g.tensor(kDV, bhtd(d, d.kv_heads), strides_of(d.dv), kBf16);
   TensorRef scale = g.scalar(kScale, kF32);
+  TensorRef neg_inf = d.causal ? g.scalar(kNegInf, kF32) : TensorRef{};
   TensorRef one = g.scalar(kOne, kF32);
   // Scratch the engine reads back: Delta (B, H, T, 1) and dQ's f32 accumulator.
   TensorRef delta = g.tensor(kDelta, s.rows, s.rows_strides, kF32);
@@ -150,7 +152,7 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
   TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_SUB, scaled, lse, shifted);
-  TensorRef masked = d.causal ? causal_mask(g, s, shifted, g.scalar(kNegInf, kF32)) : shifted;
+  TensorRef masked = d.causal ? causal_mask(g, s, shifted, neg_inf) : shifted;
   TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_EXP, masked, {}, p);
 
@@ -312,14 +314,17 @@ void CudnnAttention::backward(const AttentionDims& d, void* dq, void* dk, void* 
   const size_t delta_bytes = size_t(d.batch * d.heads * d.seq) * sizeof(float);
   const size_t delta_padded = (delta_bytes + 255) / 256 * 256;
   const size_t acc_bytes = size_t(d.batch * d.heads * d.seq * d.head_dim) * sizeof(float);
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
+  // The variant pack in the order of the graph's tensors; only the causal graph has -inf.
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale};
   std::vector<void*> ptrs = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
                              const_cast<void*>(out), const_cast<void*>(dout),
-                             const_cast<float*>(lse), dq, dk, dv, &scale, &one};
-  if (d.causal) {  // only the causal graph has the -inf scalar
+                             const_cast<float*>(lse), dq, dk, dv, &scale};
+  if (d.causal) {
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
   }
+  uids.push_back(kOne);
+  ptrs.push_back(&one);
   // Our scratch, placed by run(): Delta and the dQ accumulator.
   uids.insert(uids.end(), {kDelta, kDQAccum});
   ptrs.insert(ptrs.end(), {nullptr, nullptr});

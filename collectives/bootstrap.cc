@@ -219,4 +219,12 @@ std::string physical_gpu(const LaunchInfo& launch, int index) {
   return std::to_string(index);
 }
 
+LaunchInfo launch_alone(const LaunchInfo& launch) {
+  LaunchInfo alone = launch;
+  alone.rank = 0;
+  alone.size = 1;
+  alone.local_size = 1;
+  return alone;
+}
+
 }  // namespace fsdp

@@ -49,6 +49,10 @@ LaunchInfo parse_launch_env(const Environment& env);
 // This process's environment.
 Environment process_environment();
 
+// `launch` as a world of this process alone: rank 0 of 1, one rank per node. The local rank
+// still picks the GPU, so processes of one launch that each run alone use different GPUs.
+LaunchInfo launch_alone(const LaunchInfo& launch);
+
 // The CUDA device (an index among the visible ones) for a local rank: local rank modulo
 // the number of visible devices, so N ranks per node use N GPUs, and launchers that give
 // each rank its own CUDA_VISIBLE_DEVICES (one device visible) still work.

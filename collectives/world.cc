@@ -34,17 +34,24 @@ const char* backend_name(Backend backend) {
 World::World(const WorldOptions& options) : World(parse_launch_env(process_environment()), options) {}
 
 World::World(const LaunchInfo& launch, const WorldOptions& options)
-    : launch_(launch), options_(options), uncaught_at_start_(std::uncaught_exceptions()) {
+    : launch_(options.alone ? launch_alone(launch) : launch),
+      options_(options),
+      uncaught_at_start_(std::uncaught_exceptions()) {
   FSDP_CHECK(options.timeout.count() > 0, ConfigError, "collective timeout must be positive, got ",
              options.timeout.count(), " ms");
   health_ = std::make_shared<CommHealth>(options.timeout, options.on_failure);
   backend_ = options.backend;
   if (backend_ == Backend::Auto) backend_ = cuda_device_count() > 0 ? Backend::Nccl : Backend::Mpi;
 
+  // NCCL reads NCCL_COMM_ID itself: a world alone would bootstrap at the job's address.
+  FSDP_CHECK(!(options.alone && backend_ == Backend::Nccl && !launch_.nccl_comm_id.empty()),
+             LaunchError, "a world of this process alone cannot use NCCL with NCCL_COMM_ID set (",
+             launch_.nccl_comm_id, "): NCCL would join the job's bootstrap; unset it");
   if (launch_.mpi || backend_ == Backend::Mpi) init_mpi();
   if (backend_ == Backend::Mpi) {
     device_ = Device::cpu();
-    world_ = MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", health_);
+    world_ = MpiCommunicator::duplicate(options.alone ? MPI_COMM_SELF : MPI_COMM_WORLD, "world",
+                                        health_);
   } else {
     create_nccl_world();
   }
@@ -63,6 +70,7 @@ void World::init_mpi() {
     FSDP_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
     mpi_initialized_here_ = true;
   }
+  if (options_.alone) return;  // MPI_COMM_WORLD's numbers are the launch's, not this world's
   int mpi_rank = 0, mpi_size = 1;
   FSDP_CALL(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank));
   FSDP_CALL(MPI_Comm_size(MPI_COMM_WORLD, &mpi_size));

@@ -51,6 +51,10 @@ struct WorldOptions {
   // that must not hang then ends the process from here, after a grace period (tools/train
   // does).
   std::function<void(const std::string&)> on_failure;
+  // A world of this process alone (rank 0 of 1, launch_alone()), whatever launched it: the
+  // other processes of the launch take no part (MPI_COMM_SELF; NCCL with one rank). For a
+  // run beside the job's own inside one program, e.g. a single-process reference run.
+  bool alone = false;
 };
 
 class World {

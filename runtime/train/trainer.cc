@@ -209,7 +209,8 @@ void Trainer::State::setup_world() {
   recipe.resolve_device(cuda_device_count() > 0);
   // Everything the recipe says about the launch is checked before the world starts, so a
   // bad recipe ends every rank with a ConfigError, not one rank inside a collective.
-  const LaunchInfo launch = parse_launch_env(process_environment());
+  LaunchInfo launch = parse_launch_env(process_environment());
+  if (options.alone) launch = launch_alone(launch);
   recipe.resolve_world(launch.size);
   const Mesh planned(mesh_sizes_of(recipe), launch.size);
   (void)model_config_of(recipe);
@@ -224,6 +225,7 @@ void Trainer::State::setup_world() {
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
   wo.print_summary = options.out != nullptr;
   wo.on_failure = options.on_comm_failure;
+  wo.alone = options.alone;
   world = std::make_unique<World>(launch, wo);
   FSDP_ASSERT(world->size() == launch.size);
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());

@@ -53,6 +53,9 @@ struct TrainerOptions {
   // Profiling (tools/bench --profile): open the profiler's capture window for the timed
   // steps only (profiler_capture in runtime/core/nvtx.h).
   bool profile_timed_steps = false;
+  // Train on this process alone (WorldOptions::alone), whatever launched it: a
+  // single-process run inside a multi-rank program (the tests' reference runs).
+  bool alone = false;
   // Called once with the first communication failure's message (WorldOptions::on_failure).
   std::function<void(const std::string&)> on_comm_failure;
 };

@@ -439,6 +439,30 @@ TEST_CASE("World over MPI: numbers, summary, split") {
   CHECK_NOTHROW(world->check_health());
 }
 
+TEST_CASE("World alone: this process as rank 0 of 1 beside the job's own world") {
+  auto job = mpi_world();
+  WorldOptions options;
+  options.backend = Backend::Mpi;
+  options.print_summary = false;
+  options.alone = true;
+  const int me = testing::world_rank();
+  // Only odd ranks make one: collectives on it must not wait for any other process.
+  if (me % 2 == 1 || testing::world_size() == 1) {
+    World alone(options);
+    CHECK(alone.rank() == 0);
+    CHECK(alone.size() == 1);
+    CHECK(alone.local_size() == 1);
+    CHECK(alone.launch().local_rank == job->launch().local_rank);  // still picks its GPU
+    int64_t mine = 7 + me, sum = -1;
+    alone.comm().all_reduce(&mine, &sum, 1, DType::i64, ReduceOp::Sum, Stream());
+    CHECK(sum == 7 + me);
+  }
+  // The job's world is untouched.
+  int64_t one = 1, ranks = 0;
+  job->comm().all_reduce(&one, &ranks, 1, DType::i64, ReduceOp::Sum, Stream());
+  CHECK(ranks == testing::world_size());
+}
+
 TEST_CASE("mesh communicators: sizes, ranks and members of every group") {
   auto world = mpi_world();
   const int n = world->size(), me = world->rank();

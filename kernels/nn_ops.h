@@ -250,8 +250,8 @@ void moe_permute_backward(Context& ctx, const Tensor& dx, const Tensor& dx_sorte
 // f32 (double on the CPU) and rounded once. y_sorted (R, C) and out of the compute dtype.
 void moe_unpermute(Context& ctx, const Tensor& out, const Tensor& y_sorted,
                    const Tensor& weights, const Tensor& dest);
-// dy_sorted (R, C) rows = weights[n, j] * dout[n]; dweights (N, k) = <dout[n], y_sorted[dest[n, j]]>
-// in f32. Both overwritten.
+// dy_sorted (R, C): row dest[n, j] = weights[n, j] * dout[n]; dweights (N, k) = the dot
+// products <dout[n], y_sorted[dest[n, j]]> in f32 (double on the CPU). Both overwritten.
 void moe_unpermute_backward(Context& ctx, const Tensor& dy_sorted, const Tensor& dweights,
                             const Tensor& dout, const Tensor& y_sorted, const Tensor& weights,
                             const Tensor& dest);

@@ -34,7 +34,8 @@ void moe_permute_backward(const MoeRowsDims& d, void* dx, const void* dx_sorted,
 // out (N, C) = sum over j of weights[n, j] * y_sorted[dest[n, j]].
 void moe_unpermute(const MoeRowsDims& d, void* out, const void* y_sorted, const void* weights,
                    const int32_t* dest);
-// dy_sorted[dest[n, j]] = weights[n, j] * dout[n]; dweights[n, j] = <dout[n], y_sorted[dest[n, j]]>.
+// dy_sorted[dest[n, j]] = weights[n, j] * dout[n];
+// dweights[n, j] = <dout[n], y_sorted[dest[n, j]]>.
 void moe_unpermute_backward(const MoeRowsDims& d, void* dy_sorted, void* dweights,
                             const void* dout, const void* y_sorted, const void* weights,
                             const int32_t* dest);

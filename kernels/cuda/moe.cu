@@ -389,7 +389,8 @@ void moe_unpermute(const MoeRowsDims& d, void* out, const void* y_sorted, const 
     using T = decltype(tag);
     dispatch_width<T>(d.channels, {out, y_sorted}, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      unpermute_kernel<W, T><<<grid_for(d.tokens * d.channels / W, kThreads), kThreads, 0, stream>>>(
+      const unsigned blocks = grid_for(d.tokens * d.channels / W, kThreads);
+      unpermute_kernel<W, T><<<blocks, kThreads, 0, stream>>>(
           static_cast<T*>(out), static_cast<const T*>(y_sorted), weights, dest, d.tokens,
           int(d.top_k), d.channels);
       FSDP_CHECK_LAUNCH();

@@ -141,7 +141,8 @@ TEST_CASE("moe router: k = 1 and k = E", "[kernels][nn][moe]") {
   CHECK(ints(ctx, r.indices) == std::vector<int32_t>{2, 3, 0, 1, 3, 0, 1, 2});
   const std::vector<double> s = values(ctx, r.scores), w = values(ctx, r.weights);
   const std::vector<int32_t> idx = ints(ctx, r.indices);
-  for (size_t i = 0; i < idx.size(); ++i) CHECK(std::fabs(w[i] - s[(i / 4) * 4 + size_t(idx[i])]) < 1e-15);
+  for (size_t i = 0; i < idx.size(); ++i)
+    CHECK(std::fabs(w[i] - s[(i / 4) * 4 + size_t(idx[i])]) < 1e-15);
   o.top_k = 5;
   CHECK_THROWS_AS(route(ctx, logits, o), ValueError);
   o.top_k = 0;
@@ -163,9 +164,9 @@ TEST_CASE("moe router: argument checks name the problem", "[kernels][nn][moe]") 
                   ShapeError);
   // An out-of-range expert index is refused by the backward.
   const Tensor bad = ops::from_host<int32_t>(ctx, {0, 1, 2, 4, 1, 0}, Shape{3, 2});
-  CHECK_THROWS_AS(ops::moe_router_backward(ctx, ops::empty(ctx, Shape{3, 4}, DType::f32),
-                                           ops::zeros(ctx, Shape{3, 2}, DType::f32), scores, bad, o),
-                  IndexError);
+  const Tensor dlogits = ops::empty(ctx, Shape{3, 4}, DType::f32);
+  const Tensor dweights = ops::zeros(ctx, Shape{3, 2}, DType::f32);
+  CHECK_THROWS_AS(ops::moe_router_backward(ctx, dlogits, dweights, scores, bad, o), IndexError);
 }
 
 TEST_CASE("moe router backward matches finite differences", "[kernels][nn][moe]") {
@@ -197,8 +198,11 @@ TEST_CASE("moe router backward matches finite differences", "[kernels][nn][moe]"
           CHECK(max_rel_diff(values(ctx, dlogits), numeric, kFdFloor) < kFdTol);
           // Without the direct score gradient: the weights' part alone.
           ops::moe_router_backward(ctx, dlogits, gw, r.scores, r.indices, o);
-          auto weights_loss = [&] { return weighted_sum(ctx, route(ctx, logits, o, bias).weights, gw); };
-          CHECK(max_rel_diff(values(ctx, dlogits), numeric_grad(logits, weights_loss), kFdFloor) < kFdTol);
+          auto weights_loss = [&] {
+            return weighted_sum(ctx, route(ctx, logits, o, bias).weights, gw);
+          };
+          CHECK(max_rel_diff(values(ctx, dlogits), numeric_grad(logits, weights_loss), kFdFloor) <
+                kFdTol);
         }
       }
     }
@@ -232,7 +236,8 @@ TEST_CASE("moe sort: counts and a stable grouping by expert, by hand", "[kernels
   // Out-of-range indices are refused.
   const Tensor bad = ops::from_host<int32_t>(ctx, {0, 5}, Shape{1, 2});
   CHECK_THROWS_AS(sort_pairs(ctx, bad, 5), IndexError);
-  CHECK_THROWS_AS(sort_pairs(ctx, ops::from_host<int32_t>(ctx, {0, -1}, Shape{1, 2}), 5), IndexError);
+  const Tensor negative = ops::from_host<int32_t>(ctx, {0, -1}, Shape{1, 2});
+  CHECK_THROWS_AS(sort_pairs(ctx, negative, 5), IndexError);
 }
 
 TEST_CASE("moe permute and its backward: gathers, and a gather-sum matching differences",
@@ -247,7 +252,8 @@ TEST_CASE("moe permute and its backward: gathers, and a gather-sum matching diff
   const std::vector<double> xv = values(ctx, x), xsv = values(ctx, xs);
   const std::vector<int32_t> src = ints(ctx, s.source);
   for (int64_t r = 0; r < N * k; ++r)
-    for (int64_t c = 0; c < C; ++c) CHECK(xsv[size_t(r * C + c)] == xv[size_t(src[size_t(r)] * C + c)]);
+    for (int64_t c = 0; c < C; ++c)
+      CHECK(xsv[size_t(r * C + c)] == xv[size_t(src[size_t(r)] * C + c)]);
 
   const Tensor g = random_tensor(ctx, Shape{N * k, C}, DType::f64, 2);
   const Tensor dx = ops::empty(ctx, Shape{N, C}, DType::f64);

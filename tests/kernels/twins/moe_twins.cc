@@ -1,8 +1,9 @@
 // Mixture-of-experts kernels (kernels/cuda/moe.h, and the grouped matmul on cuBLASLt) against
 // the CPU at Mixtral-like (E = 8, k = 2) and fine-grained (E = 64, k = 8) routing of 4096
-// tokens of C = 768 (expert hidden sizes 1024 and 256): the router in each model's variant (softmax, unnormalized softmax,
-// sigmoid with a balancing bias), the grouping by expert, the gathers to and from the
-// experts, the grouped matmul with experts that get no rows, and one whole layer chained.
+// tokens of C = 768 (expert hidden sizes 1024 and 256): the router in each model's variant
+// (softmax, unnormalized softmax, sigmoid with a balancing bias), the grouping by expert, the
+// gathers to and from the experts, the grouped matmul with experts that get no rows, and one
+// whole layer chained.
 #include <vector>
 
 #include "kernels/nn_ops.h"
@@ -212,13 +213,15 @@ void layer_case() {
     const Tensor bias = s.random(Shape{E}, DType::f32, 73, -0.2, 0.2);
     const Tensor w = s.random(Shape{E, F, C}, dt, 74, -0.05, 0.05);
     const Tensor indices = s.empty(Shape{N, k}, DType::i32);
-    const Tensor weights = s.empty(Shape{N, k}, DType::f32), scores = s.empty(Shape{N, E}, DType::f32);
+    const Tensor weights = s.empty(Shape{N, k}, DType::f32);
+    const Tensor scores = s.empty(Shape{N, E}, DType::f32);
     ops::moe_router_forward(ctx, indices, weights, scores, logits, o, bias);
     const Tensor counts = s.empty(Shape{E}, DType::i32), source = s.empty(Shape{R}, DType::i32);
     const Tensor dest = s.empty(Shape{N, k}, DType::i32);
     ops::moe_sort_by_expert(ctx, counts, source, dest, indices);
     std::vector<int64_t> host_counts;
-    for (int32_t c : ops::to_vector<int32_t>(ctx, ops::to_host(ctx, counts))) host_counts.push_back(c);
+    for (int32_t c : ops::to_vector<int32_t>(ctx, ops::to_host(ctx, counts)))
+      host_counts.push_back(c);
 
     const Tensor xs = s.empty(Shape{R, C}, dt), ys = s.empty(Shape{R, F}, dt);
     ops::moe_permute(ctx, xs, x, source);

@@ -1,5 +1,6 @@
 // Transformer kernels at the Tensor level: matmul, embeddings, norms, activations, rotary
-// embeddings, attention, fused cross-entropy, AdamW and the counter-based initializer.
+// embeddings, attention, fused cross-entropy, mixture-of-experts routing and expert
+// matmuls, AdamW and the counter-based initializer.
 //
 // Conventions (shared by the CPU reference in kernels/cpu/ and the CUDA kernels in
 // kernels/cuda/):
@@ -21,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/nn_shapes.h"
 #include "runtime/core/context.h"
@@ -203,6 +205,68 @@ void cross_entropy_merge_shards(Context& ctx, const Tensor& losses, const Tensor
 void cross_entropy_shard_backward(Context& ctx, const Tensor& dlogits, const Tensor& logits,
                                   const Tensor& lse, const Tensor& targets, int64_t vocab_size,
                                   int64_t vocab_begin, double dloss);
+
+// ---------------------------------------------------------------- mixture of experts
+// Shapes: N tokens, E experts, k experts per token (top-k), C channels, R = N k rows sent
+// to experts. Scores, weights and their gradients are f32 (f64 beside f64 logits or rows);
+// expert indices and row maps are i32.
+using RouterScore = kernels::RouterScore;
+struct RouterOptions {
+  RouterScore score = RouterScore::Softmax;
+  int64_t top_k = 2;
+  // Divide the k chosen weights by their sum (+ 1e-20): Mixtral, Qwen3-MoE, DeepSeek-V3;
+  // OLMoE does not.
+  bool normalize = true;
+};
+// Top-k routing of logits (N, E) (compute dtype): scores (N, E) = softmax over the row or
+// sigmoid per expert, saved for the backward and the load-balancing loss; indices (N, k)
+// the chosen experts in descending order of float(score) + expert_bias (ties: the lower
+// expert first, on every backend); weights (N, k) the chosen unbiased scores, normalized
+// when asked. expert_bias (E) f32 (optional) only changes which experts are chosen
+// (DeepSeek-V3's auxiliary-loss-free balancing).
+void moe_router_forward(Context& ctx, const Tensor& indices, const Tensor& weights,
+                        const Tensor& scores, const Tensor& logits, const RouterOptions& options,
+                        const Tensor& expert_bias = Tensor());
+// dlogits (N, E) (overwritten) from dweights (N, k) through the normalization and the score
+// function, plus dscores (N, E) when given (a loss computed from the scores directly, such as
+// the load-balancing loss). The choice of experts itself has no gradient.
+void moe_router_backward(Context& ctx, const Tensor& dlogits, const Tensor& dweights,
+                         const Tensor& scores, const Tensor& indices, const RouterOptions& options,
+                         const Tensor& dscores = Tensor());
+
+// Groups the (token, slot) pairs of indices (N, k) by expert, stably (within an expert in
+// increasing token, then slot), the same on every backend: counts (E) i32 the pairs of each
+// expert (its token count), source (R) i32 the token of each sorted row, dest (N, k) i32 the
+// sorted row of each pair (source[dest[n, j]] == n). E = counts.size(0).
+void moe_sort_by_expert(Context& ctx, const Tensor& counts, const Tensor& source,
+                        const Tensor& dest, const Tensor& indices);
+// x_sorted (R, C) = x (N, C) rows gathered by source (R).
+void moe_permute(Context& ctx, const Tensor& x_sorted, const Tensor& x, const Tensor& source);
+// dx (N, C) (+= when accumulate_dx) = the sum over the token's k rows of dx_sorted (R, C),
+// gathered through dest (N, k) (deterministic, no atomics).
+void moe_permute_backward(Context& ctx, const Tensor& dx, const Tensor& dx_sorted,
+                          const Tensor& dest, bool accumulate_dx);
+// The combine: out (N, C) = sum over j of weights[n, j] * y_sorted[dest[n, j]], summed in
+// f32 (double on the CPU) and rounded once. y_sorted (R, C) and out of the compute dtype.
+void moe_unpermute(Context& ctx, const Tensor& out, const Tensor& y_sorted,
+                   const Tensor& weights, const Tensor& dest);
+// dy_sorted (R, C): row dest[n, j] = weights[n, j] * dout[n]; dweights (N, k) = the dot
+// products <dout[n], y_sorted[dest[n, j]]> in f32 (double on the CPU). Both overwritten.
+void moe_unpermute_backward(Context& ctx, const Tensor& dy_sorted, const Tensor& dweights,
+                            const Tensor& dout, const Tensor& y_sorted, const Tensor& weights,
+                            const Tensor& dest);
+
+// Expert e's linear layer on its rows: x (R, K) holds the experts' rows one after the other,
+// counts[e] of them for expert e (the host copy of moe_sort_by_expert's counts); w (E, F, K)
+// a Linear weight per expert. y (R, F): y_e = x_e @ w_e^T. One matmul per expert with rows.
+void moe_grouped_matmul(Context& ctx, const Tensor& y, const Tensor& x, const Tensor& w,
+                        const std::vector<int64_t>& counts);
+// dx (R, K) = dy_e @ w_e (overwritten; skipped when undefined); dw (E, F, K) (+= when
+// accumulate) dy_e^T @ x_e in its grad dtype (skipped when undefined). An expert without
+// rows gets a zero gradient (left as it is when accumulating).
+void moe_grouped_matmul_backward(Context& ctx, const Tensor& dx, const Tensor& dw,
+                                 const Tensor& dy, const Tensor& x, const Tensor& w,
+                                 const std::vector<int64_t>& counts, bool accumulate);
 
 // ---------------------------------------------------------------- optimizer
 struct AdamWParams {

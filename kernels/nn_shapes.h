@@ -95,6 +95,29 @@ struct CrossEntropyDims {
   }
 };
 
+// Mixture of experts: how a router turns its logits into scores.
+enum class RouterScore : uint8_t {
+  Softmax,  // over the row's experts (Mixtral, Qwen3-MoE, OLMoE)
+  Sigmoid,  // per expert (DeepSeek-V3)
+};
+
+// Top-k routing of `tokens` rows of `experts` logits. The scores and weights (and their
+// gradients) are f32, f64 when the logits are f64.
+struct RouterDims {
+  int64_t tokens = 0, experts = 0, top_k = 0;
+  RouterScore score = RouterScore::Softmax;
+  bool normalize = true;     // the k chosen weights are divided by their sum
+  DType dtype = DType::f32;  // logits and their gradient
+};
+
+// Token rows sent to their experts: `tokens` rows of `channels`, each to top_k experts, give
+// tokens * top_k rows grouped by expert. The combine weights are f32, f64 for f64 rows.
+struct MoeRowsDims {
+  int64_t tokens = 0, top_k = 0, channels = 0;
+  DType dtype = DType::f32;  // every row tensor and its gradient
+  int64_t rows() const { return tokens * top_k; }
+};
+
 // The buffers of one fused AdamW update (n contiguous elements each).
 struct AdamWBuffers {
   void* param = nullptr;  // f32 or f64

@@ -40,6 +40,24 @@ FSDP_HD T silu_grad(T g) {
   return s * (T(1) + g * (T(1) - s));
 }
 
+// Top-k routing. An expert's selection key is its score plus its balancing bias, added in
+// the statistics type S (float for f32 and bf16 logits) from the stored score, so both
+// backends order the same values; a NaN key counts as -inf, which makes the order total.
+template <typename S>
+FSDP_HD S router_key(S score, float bias) {
+  const S key = score + S(bias);
+  return key != key ? S(-INFINITY) : key;
+}
+// Expert a (key ka) is chosen before expert b (key kb): a larger key, or an equal one and a
+// lower index.
+template <typename S>
+FSDP_HD bool router_before(S ka, int64_t a, S kb, int64_t b) {
+  return ka > kb || (ka == kb && a < b);
+}
+// Added to the sum of the chosen scores before normalizing by it (as DeepSeek-V3 does): the
+// chosen sigmoids of very negative logits may all be 0 in f32.
+constexpr double kRouterNormEps = 1e-20;
+
 // One AdamW update of one element, PyTorch's formulation (decoupled weight decay, bias
 // correction folded into the step size and the denominator). Updates param, m and v in place.
 struct AdamWScalars {

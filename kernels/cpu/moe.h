@@ -1,0 +1,43 @@
+// CPU mixture-of-experts kernels: top-k routing, the stable grouping of (token, slot) pairs
+// by expert, and the gathers that move token rows to and from their experts. Computed in
+// double, rounded once when stored. S below is the statistics type: float, or double for
+// f64 rows.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/nn_shapes.h"
+
+namespace fsdp::kernels::cpu {
+
+// logits (N, E) -> scores (N, E) S (softmax or sigmoid), indices (N, k) i32 in descending
+// order of the key float(score) + bias (ties: the lower expert first), weights (N, k) S from
+// the unbiased scores (divided by their sum + 1e-20 when d.normalize). bias (E) f32 or null.
+void moe_router_forward(const RouterDims& d, int32_t* indices, void* weights, void* scores,
+                        const void* logits, const float* bias);
+// dlogits (N, E) from dweights (N, k) S through the normalization and the score function,
+// plus dscores (N, E) S (a gradient reaching the scores directly; null: none).
+void moe_router_backward(const RouterDims& d, void* dlogits, const void* dweights,
+                         const void* dscores, const void* scores, const int32_t* indices);
+
+// indices (N, k) in [0, E) (IndexError otherwise) -> counts (E), and the (token, slot) pairs
+// sorted stably by expert: source (N k) = the token of each sorted row, dest (N, k) = the
+// sorted row of each pair.
+void moe_sort_by_expert(int64_t tokens, int64_t top_k, int64_t experts, int32_t* counts,
+                        int32_t* source, int32_t* dest, const int32_t* indices);
+
+// x_sorted (N k, C) = x[source[r]].
+void moe_permute(const MoeRowsDims& d, void* x_sorted, const void* x, const int32_t* source);
+// dx (N, C) (+)= sum over slots j of dx_sorted[dest[n, j]].
+void moe_permute_backward(const MoeRowsDims& d, void* dx, const void* dx_sorted,
+                          const int32_t* dest, bool accumulate_dx);
+// out (N, C) = sum over j of weights[n, j] * y_sorted[dest[n, j]].
+void moe_unpermute(const MoeRowsDims& d, void* out, const void* y_sorted, const void* weights,
+                   const int32_t* dest);
+// dy_sorted[dest[n, j]] = weights[n, j] * dout[n];
+// dweights[n, j] = <dout[n], y_sorted[dest[n, j]]>.
+void moe_unpermute_backward(const MoeRowsDims& d, void* dy_sorted, void* dweights,
+                            const void* dout, const void* y_sorted, const void* weights,
+                            const int32_t* dest);
+
+}  // namespace fsdp::kernels::cpu

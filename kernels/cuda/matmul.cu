@@ -2,8 +2,11 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/library_check.h"
@@ -87,7 +90,12 @@ struct Blas::Impl {
   Context& ctx;
   cublasLtHandle_t handle = nullptr;
   std::map<CUstream_st*, Tensor> workspaces;  // one per stream: concurrent matmuls never share
-  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  struct CachedPlan {
+    std::unique_ptr<Plan> plan;  // null: cuBLASLt has no algorithm for the problem
+    uint64_t last_use = 0;
+  };
+  std::map<PlanKey, CachedPlan> plans;
+  uint64_t uses = 0;
 
   explicit Impl(Context& c) : ctx(c) {
     DeviceGuard guard(ctx.device());
@@ -112,6 +120,31 @@ struct Blas::Impl {
       it = workspaces.emplace(stream, ctx.empty(Shape{int64_t(kWorkspaceBytes)}, DType::u8)).first;
     }
     return it->second.data_ptr();
+  }
+
+  // The cached plan of `key`, made when missing; the least recently used half of the cache
+  // is dropped first when it is full (a plan's descriptors are read only while a matmul is
+  // enqueued, so dropping one never affects work already on a stream).
+  Plan* find_or_make(const PlanKey& key, const void* bias, void* aux) {
+    auto it = plans.find(key);
+    if (it == plans.end()) {
+      if (plans.size() >= Blas::kMaxCachedPlans) drop_older_half();
+      it = plans.emplace(key, CachedPlan{plan(key, bias, aux), 0}).first;
+    }
+    it->second.last_use = ++uses;
+    return it->second.plan.get();
+  }
+
+  void drop_older_half() {
+    std::vector<uint64_t> ages;
+    ages.reserve(plans.size());
+    for (const auto& [key, cached] : plans) ages.push_back(cached.last_use);
+    auto middle = ages.begin() + std::ptrdiff_t(ages.size() / 2);
+    std::nth_element(ages.begin(), middle, ages.end());
+    const uint64_t cut = *middle;
+    for (auto it = plans.begin(); it != plans.end();) {
+      it = it->second.last_use < cut ? plans.erase(it) : std::next(it);
+    }
   }
 
   // Builds the descriptors of `key` and asks the heuristic for its best algorithm.
@@ -266,10 +299,9 @@ bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const voi
               alignment(bias),
               alignment(aux)};
   void* ws = impl_->workspace(stream);
-  auto it = impl_->plans.find(key);
-  if (it == impl_->plans.end()) it = impl_->plans.emplace(key, impl_->plan(key, bias, aux)).first;
-  if (!it->second) return false;  // cuBLASLt has no BiasGrad algorithm for this problem
-  Plan& p = *it->second;
+  Plan* plan = impl_->find_or_make(key, bias, aux);
+  if (!plan) return false;  // cuBLASLt has no BiasGrad algorithm for this problem
+  Plan& p = *plan;
   Impl::set_pointers(p, bias, aux, bias_grad);
   const float alpha_f = float(alpha), beta_f = float(beta);
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,

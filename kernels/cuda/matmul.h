@@ -36,8 +36,12 @@ class Blas {
                   const void* b, DType in_dtype, double alpha, double beta, const void* bias,
                   void* aux, MatmulEpilogue epilogue);
 
-  // Number of distinct problem shapes planned so far (for tests of the cache).
+  // Number of problem shapes whose plans are cached (for tests of the cache). The cache
+  // keeps at most kMaxCachedPlans: the experts of a mixture-of-experts layer get new row
+  // counts every step, so their shapes never stop coming; the least recently used half
+  // goes when it is full.
   size_t cached_plans() const;
+  static constexpr size_t kMaxCachedPlans = 1024;
 
  private:
   struct Impl;

@@ -176,6 +176,24 @@ void register_matmul_twins() {
     }
 #endif
   }});
+
+  // Shapes that never stop coming (a mixture-of-experts layer's rows per expert change every
+  // step): the cache stays bounded and keeps the shape in use.
+  register_twin({"matmul", "matmul plan cache bounded under ever new shapes f32", [](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const int64_t rows = int64_t(kernels::cuda::Blas::kMaxCachedPlans) + 100;
+    const Tensor a = s.random(Shape{rows, 32}, DType::f32, 13);
+    const Tensor w = s.random(Shape{16, 32}, DType::f32, 14);
+    const Tensor out = s.empty(Shape{rows, 16}, DType::f32);
+    for (int64_t m = 1; m <= rows; ++m)  // out[:m] = a[:m] w^T, one new shape per m
+      ops::matmul(ctx, out.narrow(0, 0, m), a.narrow(0, 0, m), w, false, true);
+    s.output("a w^T", out, product_tolerance(DType::f32));
+#if FSDP_WITH_CUDA
+    if (!s.is_reference())
+      s.expect(ctx.extension<kernels::cuda::Blas>().cached_plans() <= kernels::cuda::Blas::kMaxCachedPlans,
+               "the plan cache stays within its bound");
+#endif
+  }});
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ DType stat_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DT
 // ---------------------------------------------------------------- linear
 
 Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
-              ops::Epilogue epilogue) {
+              ops::Epilogue epilogue, const ColumnParallelInput& column) {
   Context& ctx = g.ctx();
   FSDP_CHECK(!weight.vocab_parallel, ValueError, "linear ", weight.name(), ": the weight is "
              "vocabulary-parallel (its rows are split over the tensor-parallel group), so its "
@@ -26,9 +26,14 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, ShapeError, "linear ", weight.name(), ": input ",
              x.str(), " does not end in ", in_f, " features");
   detail::check_compute_dtype(x, weight, "linear");
-  const Tensor x2 = rows(ctx, x, in_f);  // (N, in)
+  const bool gathered = column.group && column.sequence;
+  FSDP_CHECK(!gathered || x.dim() == 3, ShapeError, "linear ", weight.name(), ": a sequence-"
+             "parallel input must be (B, T/tp, C), got ", x.str());
+  // The whole input (B, T, in) under sequence parallelism, gathered from every rank.
+  const Tensor whole = gathered ? SequenceExchange::start_gather(ctx, x, *column.group).finish(ctx) : x;
+  const Tensor x2 = rows(ctx, whole, in_f);  // (N, in)
   const int64_t n = x2.size(0);
-  Tensor y = ctx.empty(with_last(x.shape(), out_f), w.dtype());  // (..., out)
+  Tensor y = ctx.empty(with_last(whole.shape(), out_f), w.dtype());  // (..., out)
   const bool gelu = epilogue == ops::Epilogue::Gelu;
   const Tensor pre = gelu ? ctx.empty(Shape{n, out_f}, w.dtype()) : Tensor();  // (N, out)
   ops::matmul(ctx, y.view(Shape{n, out_f}), x2, w, false, true, 1.0, 0.0,
@@ -37,8 +42,12 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
 
   y = Graph::track(y);
   Parameter* wp = &weight;
+  // Saved for the weight gradient: the input, or under sequence parallelism only this
+  // rank's part of it (gathered again in the backward).
+  const Tensor saved = gathered ? ops::contiguous(ctx, x) : x2;
   g.record("linear:" + weight.name(), {y.autograd_meta()},
-           [tx = Graph::target(x), x2, pre, ym = y.autograd_meta(), wp, bias, gelu, n, out_f, in_f](Graph& g) {
+           [tx = Graph::target(x), saved, pre, ym = y.autograd_meta(), wp, bias, gelu, n, out_f,
+            in_f, column, gathered, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -48,12 +57,25 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
                ops::gelu_backward(ctx, dpre, dy, pre);
                dy = dpre;
              }
-             const autograd::GradSink sx = g.grad_sink(tx);
-             if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
-               ops::matmul(ctx, sx.buffer.view(Shape{n, in_f}), dy, wp->checked_data(), false,
-                           false, 1.0, sx.accumulate ? 1.0 : 0.0);
-             // dW (out, in) += dy^T (out, N) @ x (N, in); db (out) += column sums of dy
+             if (!column.group) {
+               const autograd::GradSink sx = g.grad_sink(tx);
+               if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
+                 ops::matmul(ctx, sx.buffer.view(Shape{n, in_f}), dy, wp->checked_data(), false,
+                             false, 1.0, sx.accumulate ? 1.0 : 0.0);
+               // dW (out, in) += dy^T (out, N) @ x (N, in); db (out) += column sums of dy
+               detail::weight_and_bias_grad(ctx, *wp, bias, dy, saved);
+               return;
+             }
+             // Column-parallel: the input gathered again while the input gradient is
+             // computed, which is then summed over the group while the weight gradient is.
+             std::optional<SequenceExchange> regather;
+             if (gathered) regather = SequenceExchange::start_gather(ctx, saved, *column.group);
+             std::optional<ColumnInputGrad> dx;
+             if (tx.defined())
+               dx = ColumnInputGrad::start(ctx, dy, wp->checked_data(), column, whole_shape);
+             const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), in_f) : saved;
              detail::weight_and_bias_grad(ctx, *wp, bias, dy, x2);
+             if (dx) g.accumulate(tx, dx->finish(ctx));
            });
   return y;
 }

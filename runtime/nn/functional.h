@@ -19,6 +19,7 @@
 #include "kernels/nn_ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/nn/parameter.h"
+#include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn {
 
@@ -26,8 +27,10 @@ using autograd::Graph;
 
 // y (..., out) = x (..., in) @ weight (out, in)^T [+ bias (out)], then GELU (tanh) when
 // epilogue is Gelu (fused into the matmul; the pre-activation is saved for backward).
+// `column`: a column-parallel layer's input exchange (ColumnParallelInput).
 Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias = nullptr,
-              ops::Epilogue epilogue = ops::Epilogue::None);
+              ops::Epilogue epilogue = ops::Epilogue::None,
+              const ColumnParallelInput& column = {});
 
 // out (B, T, C) = wte[idx] (+ wpe[t]): idx (B, T) i32, wte (V, C), wpe (T', C), T <= T'.
 // out has the tables' dtype, or `out_dtype` when given (the residual stream's dtype: f32
@@ -64,9 +67,10 @@ Tensor swiglu(Graph& g, const Tensor& x);
 // activation when it was not saved (F values per token less memory for one elementwise
 // pass), and computes GELU's gradient inside the matmul that produces it.
 enum class MlpActivation { Gelu, SwiGLU };
+// `column`: fc's input exchange when it is column-parallel (ColumnParallelInput).
 Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
            Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
-           bool recompute_activation);
+           bool recompute_activation, const ColumnParallelInput& column = {});
 
 // a + b, same shapes (the residual stream): the result has a's dtype, and b may be narrower
 // (a bf16 branch added to an f32 stream; b's gradient is then the stream's, rounded once).

@@ -15,7 +15,9 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, InitRule we
 }
 
 Tensor Linear::compute(Graph& g, const Tensor& x) {
-  return parallel_output(g, linear(g, parallel_input(g, x), *weight_, fused_bias(), epilogue_));
+  // A column-parallel layer exchanges its input itself (overlapping the backward's
+  // exchanges with its products); a row-parallel one sums its output after.
+  return parallel_output(g, linear(g, x, *weight_, fused_bias(), epilogue_, parallel_input()));
 }
 
 void Linear::set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence) {
@@ -26,10 +28,6 @@ void Linear::set_parallel_style(ParallelStyle style, TensorParallelGroup* group,
   style_ = style;
   group_ = style == ParallelStyle::replicated ? nullptr : group;
   sequence_ = sequence && style != ParallelStyle::replicated;
-}
-
-Tensor Linear::parallel_input(Graph& g, const Tensor& x) {
-  return style_ == ParallelStyle::column ? tensor_parallel_enter(g, x, *group_, sequence_) : x;
 }
 
 Tensor Linear::parallel_output(Graph& g, const Tensor& y) {
@@ -95,8 +93,8 @@ GeluMLP::GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule
 
 Tensor GeluMLP::compute(Graph& g, const Tensor& x) {
   // (..., C) -> (..., F) -> (..., C); under tensor parallelism F is this rank's slice.
-  const Tensor y = mlp(g, fc.parallel_input(g, x), fc.weight(), fc.fused_bias(), proj.weight(),
-                       proj.fused_bias(), MlpActivation::Gelu, recompute_activation);
+  const Tensor y = mlp(g, x, fc.weight(), fc.fused_bias(), proj.weight(), proj.fused_bias(),
+                       MlpActivation::Gelu, recompute_activation, fc.parallel_input());
   return proj.parallel_output(g, y);
 }
 
@@ -109,9 +107,9 @@ SwiGLUMLP::SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, Init
 Tensor SwiGLUMLP::compute(Graph& g, const Tensor& x) {
   // (..., C) -> (..., 2F) -> (..., F) -> (..., C); under tensor parallelism F is this
   // rank's slice (its rows of gate and of up).
-  const Tensor y = mlp(g, gate_up.parallel_input(g, x), gate_up.weight(), gate_up.fused_bias(),
-                       proj.weight(), proj.fused_bias(), MlpActivation::SwiGLU,
-                       recompute_activation);
+  const Tensor y = mlp(g, x, gate_up.weight(), gate_up.fused_bias(), proj.weight(),
+                       proj.fused_bias(), MlpActivation::SwiGLU, recompute_activation,
+                       gate_up.parallel_input());
   return proj.parallel_output(g, y);
 }
 

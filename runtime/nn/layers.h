@@ -41,8 +41,8 @@ class ModuleList : public Module {
 // plan's too): a column-parallel layer takes the whole input and gives its slice of the
 // output features; a row-parallel one takes its slice of the input features and gives the
 // whole output, summed over the group, with the (whole) bias added after the sum. Layers
-// that fuse a Linear into a larger op (the MLP) use parallel_input, fused_bias and
-// parallel_output around it.
+// that fuse a Linear into a larger op (the MLP) pass its parallel_input and fused_bias to
+// that op and use parallel_output after it.
 class Linear : public UnaryModule {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, InitRule weight_init,
@@ -55,8 +55,10 @@ class Linear : public UnaryModule {
   // and the output of a row-parallel one are this rank's part of the sequence).
   void set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence = false);
   ParallelStyle parallel_style() const { return style_; }
-  // The input as the matmul takes it (column: entering the tensor-parallel region).
-  Tensor parallel_input(Graph& g, const Tensor& x);
+  // How the matmul takes its input (column-parallel: its exchange over the group).
+  ColumnParallelInput parallel_input() const {
+    return {style_ == ParallelStyle::column ? group_ : nullptr, sequence_};
+  }
   // The bias to fuse into the matmul: none for a row-parallel layer (added after the sum).
   Parameter* fused_bias() { return style_ == ParallelStyle::row ? nullptr : bias_; }
   // The matmul's output as the layer gives it (row: summed over the group, plus the bias).

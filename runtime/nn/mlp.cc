@@ -29,7 +29,7 @@ void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, cons
 
 Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
            Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
-           bool recompute_activation) {
+           bool recompute_activation, const ColumnParallelInput& column) {
   Context& ctx = g.ctx();
   const Tensor& w_fc = fc_weight.checked_data();      // (F or 2F, C)
   const Tensor& w_proj = proj_weight.checked_data();  // (C, F)
@@ -41,7 +41,12 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              fc_weight.name(), " ", w_fc.str(), " and ", proj_weight.name(), " ", w_proj.str(),
              " do not fit a ", gelu ? "GELU" : "SwiGLU", " MLP");
   detail::check_compute_dtype(x, fc_weight, "mlp");
-  const Tensor x2 = rows(ctx, x, c);  // (N, C)
+  const bool gathered = column.group && column.sequence;
+  FSDP_CHECK(!gathered || x.dim() == 3, ShapeError, "mlp ", fc_weight.name(), ": a sequence-"
+             "parallel input must be (B, T/tp, C), got ", x.str());
+  // The whole input (B, T, C) under sequence parallelism, gathered from every rank.
+  const Tensor whole = gathered ? SequenceExchange::start_gather(ctx, x, *column.group).finish(ctx) : x;
+  const Tensor x2 = rows(ctx, whole, c);  // (N, C)
   const int64_t n = x2.size(0);
   const Tensor b_fc = fc_bias ? fc_bias->checked_data() : Tensor();
   const Tensor b_proj = proj_bias ? proj_bias->checked_data() : Tensor();
@@ -54,18 +59,26 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
     ops::matmul(ctx, h, x2, w_fc, false, true, 1.0, 0.0, b_fc);
     ops::swiglu_forward(ctx, a, h);
   }
-  Tensor y = ctx.empty(with_last(x.shape(), c), w_fc.dtype());  // (..., C)
+  Tensor y = ctx.empty(with_last(whole.shape(), c), w_fc.dtype());  // (..., C)
   ops::matmul(ctx, y.view(Shape{n, c}), a, w_proj, false, true, 1.0, 0.0, b_proj);
   if (!g.should_record({&x}, true)) return y;
 
   y = Graph::track(y);
   const Tensor saved_a = recompute_activation ? Tensor() : a;
+  // Saved for fc's weight gradient: the input, or under sequence parallelism only this
+  // rank's part of it (gathered again in the backward).
+  const Tensor saved_x = gathered ? ops::contiguous(ctx, x) : x2;
   g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
-           [tx = Graph::target(x), x2, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
-            &proj_weight, proj_bias, activation, n, c, h_f, f](Graph& g) {
+           [tx = Graph::target(x), saved_x, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
+            &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered,
+            whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
+             // Column-parallel under sequence parallelism: the input gathered again while
+             // proj's gradients are computed.
+             std::optional<SequenceExchange> regather;
+             if (gathered) regather = SequenceExchange::start_gather(ctx, saved_x, *column.group);
              dy = rows(ctx, dy, c);  // (N, C)
              const Tensor& w_proj = proj_weight.checked_data();
              Tensor a = saved_a;
@@ -87,8 +100,19 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                ops::matmul(ctx, da, dy, w_proj, false, false);
                ops::swiglu_backward(ctx, dh, da, h);
              }
+             if (column.group) {
+               // dx (..., C) = dh @ W_fc first, summed over the group while fc's weight
+               // gradient is computed.
+               std::optional<ColumnInputGrad> dx;
+               if (tx.defined())
+                 dx = ColumnInputGrad::start(ctx, dh, fc_weight.checked_data(), column, whole_shape);
+               const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), c) : saved_x;
+               weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, x2);
+               if (dx) g.accumulate(tx, dx->finish(ctx));
+               return;
+             }
              // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
-             weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, x2);
+             weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, saved_x);
              const autograd::GradSink sx = g.grad_sink(tx);
              if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
                ops::matmul(ctx, sx.buffer.view(Shape{n, c}), dh, fc_weight.checked_data(), false,

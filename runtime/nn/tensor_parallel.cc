@@ -22,26 +22,12 @@ void check_sequence(const Tensor& x, int parts, const char* what) {
              " must be (B, T, C) with T divisible by the ", parts, " tensor-parallel ranks");
 }
 
-// x (B, T/tp, C) of every rank -> (B, T, C), the ranks' parts in order along T.
 Tensor gather_sequence(Context& ctx, const Tensor& x, TensorParallelGroup& group) {
-  const int tp = group.size();
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  const Tensor parts = ctx.empty(Shape{tp, b, t, c}, x.dtype());  // rank-major
-  group.all_gather(ctx, parts.flatten(), ops::contiguous(ctx, x).flatten());
-  const Tensor out = ctx.empty(Shape{b, tp * t, c}, x.dtype());
-  ops::copy(ctx, out.view(Shape{b, tp, t, c}), parts.permute({1, 0, 2, 3}));
-  return out;
+  return SequenceExchange::start_gather(ctx, x, group).finish(ctx);
 }
 
-// y (B, T, C) of every rank -> this rank's (B, T/tp, C) of the sum over ranks.
 Tensor reduce_scatter_sequence(Context& ctx, const Tensor& y, TensorParallelGroup& group) {
-  const int tp = group.size();
-  const int64_t b = y.size(0), t = y.size(1) / tp, c = y.size(2);
-  const Tensor parts = ctx.empty(Shape{tp, b, t, c}, y.dtype());  // rank-major
-  ops::copy(ctx, parts, ops::contiguous(ctx, y).view(Shape{b, tp, t, c}).permute({1, 0, 2, 3}));
-  const Tensor out = ctx.empty(Shape{b, t, c}, y.dtype());
-  group.reduce_scatter_sum(ctx, out.flatten(), parts.flatten());
-  return out;
+  return SequenceExchange::start_reduce_scatter(ctx, y, group).finish(ctx);
 }
 
 // This rank's (B, T/tp, C) of x (B, T, C), copied.
@@ -125,6 +111,81 @@ std::unique_ptr<PendingTransfer> TensorParallelGroup::start_send_recv(Context& c
                                                                       const Tensor& recv, int from) {
   send_recv(ctx, send, to, recv, from);
   return std::make_unique<CompletedTransfer>();
+}
+
+std::unique_ptr<PendingTransfer> TensorParallelGroup::start_all_gather(Context& ctx,
+                                                                       const Tensor& out,
+                                                                       const Tensor& in) {
+  all_gather(ctx, out, in);
+  return std::make_unique<CompletedTransfer>();
+}
+
+std::unique_ptr<PendingTransfer> TensorParallelGroup::start_reduce_scatter_sum(Context& ctx,
+                                                                               const Tensor& out,
+                                                                               const Tensor& in) {
+  reduce_scatter_sum(ctx, out, in);
+  return std::make_unique<CompletedTransfer>();
+}
+
+std::unique_ptr<PendingTransfer> TensorParallelGroup::start_all_reduce_sum(Context& ctx,
+                                                                           const Tensor& t) {
+  all_reduce_sum(ctx, t);
+  return std::make_unique<CompletedTransfer>();
+}
+
+SequenceExchange SequenceExchange::start_gather(Context& ctx, const Tensor& x,
+                                                TensorParallelGroup& group) {
+  const int tp = group.size();
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  SequenceExchange e;
+  e.gather_ = true;
+  e.in_ = ops::contiguous(ctx, x);
+  e.parts_ = ctx.empty(Shape{tp, b, t, c}, x.dtype());  // rank-major
+  e.pending_ = group.start_all_gather(ctx, e.parts_.flatten(), e.in_.flatten());
+  return e;
+}
+
+SequenceExchange SequenceExchange::start_reduce_scatter(Context& ctx, const Tensor& y,
+                                                        TensorParallelGroup& group) {
+  const int tp = group.size();
+  const int64_t b = y.size(0), t = y.size(1) / tp, c = y.size(2);
+  SequenceExchange e;
+  e.parts_ = ctx.empty(Shape{tp, b, t, c}, y.dtype());  // rank-major
+  ops::copy(ctx, e.parts_, ops::contiguous(ctx, y).view(Shape{b, tp, t, c}).permute({1, 0, 2, 3}));
+  e.out_ = ctx.empty(Shape{b, t, c}, y.dtype());
+  e.pending_ = group.start_reduce_scatter_sum(ctx, e.out_.flatten(), e.parts_.flatten());
+  return e;
+}
+
+Tensor SequenceExchange::finish(Context& ctx) {
+  FSDP_CHECK(pending_, ValueError, "SequenceExchange::finish: not started, or finished already");
+  pending_->finish(ctx);
+  pending_.reset();
+  if (!gather_) return out_;
+  const int64_t tp = parts_.size(0), b = parts_.size(1), t = parts_.size(2), c = parts_.size(3);
+  const Tensor out = ctx.empty(Shape{b, tp * t, c}, parts_.dtype());
+  ops::copy(ctx, out.view(Shape{b, tp, t, c}), parts_.permute({1, 0, 2, 3}));
+  return out;
+}
+
+ColumnInputGrad ColumnInputGrad::start(Context& ctx, const Tensor& dy, const Tensor& w,
+                                       const ColumnParallelInput& column, const Shape& whole) {
+  ColumnInputGrad d;
+  d.dx_ = ctx.empty(whole, dy.dtype());  // (..., in)
+  ops::matmul(ctx, d.dx_.view(Shape{dy.size(0), w.size(1)}), dy, w, false, false);
+  if (column.sequence)
+    d.sequence_ = SequenceExchange::start_reduce_scatter(ctx, d.dx_, *column.group);
+  else
+    d.pending_ = column.group->start_all_reduce_sum(ctx, d.dx_);
+  return d;
+}
+
+Tensor ColumnInputGrad::finish(Context& ctx) {
+  if (sequence_) return sequence_->finish(ctx);
+  FSDP_CHECK(pending_, ValueError, "ColumnInputGrad::finish: finished already");
+  pending_->finish(ctx);
+  pending_.reset();
+  return dx_;
 }
 
 ops::VocabShard vocab_shard(const Parameter& table) {

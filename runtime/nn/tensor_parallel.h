@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "kernels/nn_ops.h"
 #include "runtime/autograd/graph.h"
@@ -54,6 +55,59 @@ class TensorParallelGroup {
   // until finish()). By default, and on the CPU, it completes here.
   virtual std::unique_ptr<PendingTransfer> start_send_recv(Context& ctx, const Tensor& send,
                                                            int to, const Tensor& recv, int from);
+  // all_gather, reduce_scatter_sum and all_reduce_sum started now and finished by the
+  // returned transfer, to overlap them with compute the same way (the tensors may be neither
+  // read nor written until finish()). By default, and on the CPU, they complete here.
+  virtual std::unique_ptr<PendingTransfer> start_all_gather(Context& ctx, const Tensor& out,
+                                                            const Tensor& in);
+  virtual std::unique_ptr<PendingTransfer> start_reduce_scatter_sum(Context& ctx, const Tensor& out,
+                                                                    const Tensor& in);
+  virtual std::unique_ptr<PendingTransfer> start_all_reduce_sum(Context& ctx, const Tensor& t);
+};
+
+// Sequence parallelism's two exchanges, started now and finished later (not differentiable;
+// the ops below and column-parallel linears use them). Each keeps its tensors alive until
+// finish(), which makes ctx's stream wait and returns the result.
+//   gather:         x (B, T/tp, C) of every rank -> (B, T, C), the ranks' parts in order.
+//   reduce-scatter: y (B, T, C) of every rank -> this rank's (B, T/tp, C) of their sum.
+class SequenceExchange {
+ public:
+  static SequenceExchange start_gather(Context& ctx, const Tensor& x, TensorParallelGroup& group);
+  static SequenceExchange start_reduce_scatter(Context& ctx, const Tensor& y,
+                                               TensorParallelGroup& group);
+  Tensor finish(Context& ctx);
+
+ private:
+  bool gather_ = false;
+  Tensor in_, parts_, out_;  // parts_: (tp, B, T/tp, C), rank-major
+  std::unique_ptr<PendingTransfer> pending_;
+};
+
+// How a column-parallel linear (or the MLP's first one) takes its input from its
+// tensor-parallel group (no group: a plain linear). Without `sequence`, x is whole on every
+// rank and the input gradient is summed over the group; with it, x is this rank's part of
+// the sequence (B, T/tp, in), all-gathered to (B, T, in), and the input gradient is
+// reduce-scattered back. Megatron's schedule: only x's own part is kept for the backward,
+// which gathers it again beside the input-gradient product and then sums the input
+// gradient beside the weight-gradient product.
+struct ColumnParallelInput {
+  TensorParallelGroup* group = nullptr;
+  bool sequence = false;
+};
+
+// A column-parallel layer's input gradient, started on its way to the other ranks:
+// dx = dy (N, out) @ w (out, in) in the whole input's shape (..., in), then summed over the
+// group in place, or reduce-scattered along the sequence to this rank's (B, T/tp, in).
+class ColumnInputGrad {
+ public:
+  static ColumnInputGrad start(Context& ctx, const Tensor& dy, const Tensor& w,
+                               const ColumnParallelInput& column, const Shape& whole);
+  Tensor finish(Context& ctx);
+
+ private:
+  Tensor dx_;
+  std::optional<SequenceExchange> sequence_;
+  std::unique_ptr<PendingTransfer> pending_;
 };
 
 // How a layer is split over the tensor-parallel group.

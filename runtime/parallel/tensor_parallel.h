@@ -57,8 +57,17 @@ class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
   // queued so far.
   std::unique_ptr<nn::PendingTransfer> start_send_recv(Context& ctx, const Tensor& send, int to,
                                                        const Tensor& recv, int from) override;
+  // The same for the collectives that overlap a column-parallel layer's products.
+  std::unique_ptr<nn::PendingTransfer> start_all_gather(Context& ctx, const Tensor& out,
+                                                        const Tensor& in) override;
+  std::unique_ptr<nn::PendingTransfer> start_reduce_scatter_sum(Context& ctx, const Tensor& out,
+                                                                const Tensor& in) override;
+  std::unique_ptr<nn::PendingTransfer> start_all_reduce_sum(Context& ctx, const Tensor& t) override;
 
  private:
+  // The group's own stream, waiting for what ctx's stream has queued so far.
+  const Stream& transfer_stream_after(Context& ctx);
+
   Communicator& comm_;
   Stream transfer_stream_;  // created at the first GPU transfer
 };

@@ -21,6 +21,7 @@
 #include "kernels/ops.h"
 #include "models/factory.h"
 #include "runtime/autograd/graph.h"
+#include "runtime/nn/functional.h"
 #include "runtime/nn/init.h"
 #include "runtime/nn/parallel_slice.h"
 #include "runtime/parallel/tensor_parallel.h"
@@ -171,10 +172,11 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
         CHECK(n.all_gather == chunks);
         CHECK(n.reduce_scatter == 0);
       } else {
-        // Per block: 2 all-gathers and 2 reduce-scatters forward, the same backward (and the
-        // forward's again under full recompute); the split's backward and the head input's
-        // gather one all-gather each, the head input's gradient one reduce-scatter.
-        CHECK(n.all_gather == (full ? 6u : 4u) * 2 + 2 + chunks);
+        // Per block: 2 all-gathers and 2 reduce-scatters forward, the same backward plus the
+        // column-parallel layers' inputs gathered again (2 all-gathers; and the forward's
+        // again under full recompute); the split's backward and the head input's gather one
+        // all-gather each, the head input's gradient one reduce-scatter.
+        CHECK(n.all_gather == (full ? 8u : 6u) * 2 + 2 + chunks);
         CHECK(n.reduce_scatter == (full ? 6u : 4u) * 2 + 1);
         CHECK(n.all_reduce == 1);
       }
@@ -252,6 +254,76 @@ TEST_CASE("CUDA tensor-parallel ops match the CPU's", "[parallel][gpu]") {
     CHECK(got.dy[i] == want.dy[i]);
   }
   for (size_t i = 0; i < want.db.size(); ++i) CHECK(got.db[i] == Approx(want.db[i]).epsilon(1e-5));
+}
+
+// Column-parallel layers with their exchanges inside (ColumnParallelInput: the backward
+// gathers the input again beside the input-gradient product, then sums that gradient beside
+// the weight-gradient product) through a group of one: on CUDA exactly the plain layer's
+// numbers, through a copying group and through a real NCCL group whose exchanges run on its
+// own stream; and within f32 rounding of the CPU's.
+TEST_CASE("CUDA column-parallel linear and MLP equal the plain ones, also over NCCL", "[parallel][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu, gpu(Device::cuda(0));
+  testing::LocalGroup local;
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  World world(options);
+  if (world.size() != 1) return;  // a group of one: this process alone
+  CommunicatorTensorParallelGroup nccl_group(world.comm());
+  const int64_t B = 2, T = 16, C = 32, F = 48;
+  auto wave = [](int64_t n, double a, double scale) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(a * double(i) + 0.3);
+    return v;
+  };
+  const std::vector<double> x = wave(B * T * C, 0.37, 1.0), w_fc = wave(F * C, 0.21, 0.2),
+                            w_proj = wave(C * F, 0.13, 0.2), b_fc = wave(F, 0.7, 0.1),
+                            dy_lin = wave(B * T * F, 0.11, 1.0), dy_mlp = wave(B * T * C, 0.17, 1.0);
+  auto param = [](Context& ctx, const char* name, const std::vector<double>& v, Shape shape) {
+    auto p = std::make_unique<nn::Parameter>(name, shape, nn::InitRule::zeros(), true);
+    p->data = ops::from_vector(ctx, v, shape, DType::f32);
+    return p;
+  };
+  // Outputs and every gradient of a GELU linear and a GELU MLP on x.
+  auto run = [&](Context& ctx, nn::TensorParallelGroup* group, bool sequence) {
+    std::vector<std::vector<double>> out;
+    const nn::ColumnParallelInput column{group, sequence};
+    auto fc = param(ctx, "fc", w_fc, Shape{F, C}), bias = param(ctx, "fc_bias", b_fc, Shape{F});
+    auto proj = param(ctx, "proj", w_proj, Shape{C, F});
+    {
+      autograd::Graph g(ctx);
+      const Tensor in = autograd::Graph::leaf(ops::from_vector(ctx, x, Shape{B, T, C}, DType::f32));
+      const Tensor y = nn::linear(g, in, *fc, bias.get(), ops::Epilogue::Gelu, column);
+      g.backward(y, ops::from_vector(ctx, dy_lin, Shape{B, T, F}, DType::f32));
+      for (const Tensor& t : {y, autograd::Graph::grad(in), fc->grad, bias->grad}) out.push_back(values(ctx, t));
+    }
+    {
+      autograd::Graph g(ctx);
+      const Tensor in = autograd::Graph::leaf(ops::from_vector(ctx, x, Shape{B, T, C}, DType::f32));
+      const Tensor y = nn::mlp(g, in, *fc, bias.get(), *proj, nullptr, nn::MlpActivation::Gelu, false, column);
+      g.backward(y, ops::from_vector(ctx, dy_mlp, Shape{B, T, C}, DType::f32));
+      for (const Tensor& t : {y, autograd::Graph::grad(in), fc->grad, bias->grad, proj->grad})
+        out.push_back(values(ctx, t));
+    }
+    return out;
+  };
+  const auto plain_cpu = run(cpu, nullptr, false), plain = run(gpu, nullptr, false);
+  REQUIRE(plain.size() == 9);
+  for (size_t k = 0; k < plain.size(); ++k) {  // f32, sums in another order: 1e-4 of the scale
+    double scale = 0;
+    for (double v : plain_cpu[k]) scale = std::max(scale, std::abs(v));
+    for (size_t i = 0; i < plain[k].size(); ++i) CHECK(std::abs(plain[k][i] - plain_cpu[k][i]) <= 1e-4 * scale);
+  }
+  for (nn::TensorParallelGroup* group : {static_cast<nn::TensorParallelGroup*>(&local),
+                                         static_cast<nn::TensorParallelGroup*>(&nccl_group)}) {
+    for (bool sequence : {false, true}) {
+      INFO((group == &local ? "copying group" : "NCCL group") << (sequence ? ", sequence-parallel" : ""));
+      const auto got = run(gpu, group, sequence);
+      REQUIRE(got.size() == plain.size());
+      for (size_t k = 0; k < got.size(); ++k) CHECK(got[k] == plain[k]);
+    }
+  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::send: return "send";
     case CollectiveKind::recv: return "recv";
     case CollectiveKind::barrier: return "barrier";
+    case CollectiveKind::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -157,6 +158,7 @@ void Communicator::record(CollectiveKind kind, size_t count, DType dtype, Reduce
     case CollectiveKind::send: ++counts_.send; break;
     case CollectiveKind::recv: ++counts_.recv; break;
     case CollectiveKind::barrier: ++counts_.barrier; break;
+    case CollectiveKind::all_to_all: ++counts_.all_to_all; break;
   }
   counts_.bytes += bytes;
   // Peers of send/recv differ between ranks by design, so they stay out of the hash.
@@ -259,6 +261,29 @@ Work Communicator::recv(void* buf, size_t count, DType dtype, int peer, const St
   FSDP_CHECK(count == 0 || buf, ValueError, describe(kind, count, dtype), ": null buffer");
   Work work = issue_recv(buf, count, dtype, peer, stream);
   record(kind, count, dtype, ReduceOp::Sum, -1, count * dtype_size(dtype));
+  return work;
+}
+
+Work Communicator::all_to_all(const void* send, const std::vector<size_t>& send_counts,
+                              void* recv, const std::vector<size_t>& recv_counts, DType dtype,
+                              const Stream& stream) {
+  const CollectiveKind kind = CollectiveKind::all_to_all;
+  health_->raise_if_failed();
+  check_stream(stream, kind);
+  FSDP_CHECK(send_counts.size() == size_t(size_) && recv_counts.size() == size_t(size_),
+             ValueError, collective_name(kind), " on group '", name_, "': ", send_counts.size(),
+             " send and ", recv_counts.size(), " receive counts for ", size_, " ranks");
+  size_t sent = 0, received = 0;
+  for (size_t c : send_counts) sent += c;
+  for (size_t c : recv_counts) received += c;
+  const size_t esize = dtype_size(dtype);
+  FSDP_CHECK((sent == 0 || send) && (received == 0 || recv), ValueError,
+             describe(kind, sent, dtype), ": null buffer");
+  FSDP_CHECK(!overlaps(send, sent * esize, recv, received * esize), ValueError,
+             describe(kind, sent, dtype), ": the send and receive buffers overlap");
+  Work work = issue_all_to_all(send, send_counts, recv, recv_counts, dtype, stream);
+  // Only the kind and dtype enter the hash (record's count and root are constant here).
+  record(kind, 0, dtype, ReduceOp::Sum, -1, sent * esize);
   return work;
 }
 

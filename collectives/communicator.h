@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/health.h"
 #include "runtime/core/device.h"
@@ -27,7 +28,7 @@ enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
 const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
 
 enum class CollectiveKind : uint8_t {
-  all_gather, reduce_scatter, all_reduce, broadcast, send, recv, barrier
+  all_gather, reduce_scatter, all_reduce, broadcast, send, recv, barrier, all_to_all
 };
 const char* collective_name(CollectiveKind kind);  // "all_gather", ...
 
@@ -135,7 +136,7 @@ class Communicator {
   // of all-gathers, the input size of reduce-scatters, the buffer size of the others.
   struct Counts {
     uint64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, broadcast = 0, send = 0,
-             recv = 0, barrier = 0;
+             recv = 0, barrier = 0, all_to_all = 0;
     uint64_t bytes = 0;
   };
 
@@ -162,6 +163,13 @@ class Communicator {
   Work broadcast(void* buf, size_t count, DType dtype, int root, const Stream& stream);
   Work send(const void* buf, size_t count, DType dtype, int peer, const Stream& stream);
   Work recv(void* buf, size_t count, DType dtype, int peer, const Stream& stream);
+  // Every rank sends send_counts[p] elements to each rank p and receives recv_counts[p]
+  // from it (expert parallelism's dispatch and combine). The parts lie one after the other
+  // in rank order in `send` and in `recv`; rank p's recv_counts[q] must equal rank q's
+  // send_counts[p] (exchange the counts first). Counts are data: they stay out of the
+  // schedule hash. NCCL: grouped sends and receives; MPI: MPI_Ialltoallv.
+  Work all_to_all(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                  const std::vector<size_t>& recv_counts, DType dtype, const Stream& stream);
   // Returns when every rank of the group has reached it.
   void barrier();
   // Operations between group_start() and group_end() are issued together (ncclGroupStart
@@ -223,6 +231,9 @@ class Communicator {
                           const Stream& stream) = 0;
   virtual Work issue_recv(void* buf, size_t count, DType dtype, int peer,
                           const Stream& stream) = 0;
+  virtual Work issue_all_to_all(const void* send, const std::vector<size_t>& send_counts,
+                                void* recv, const std::vector<size_t>& recv_counts, DType dtype,
+                                const Stream& stream) = 0;
   virtual void issue_barrier() = 0;
   // Registers a checked, non-empty range; nullptr where the backend has nothing to register.
   virtual std::unique_ptr<RegisteredBuffer> issue_register(void* data, size_t bytes,

@@ -245,6 +245,34 @@ Work MpiCommunicator::issue_recv(void* buf, size_t count, DType dtype, int peer,
   return start(std::move(op));
 }
 
+Work MpiCommunicator::issue_all_to_all(const void* send, const std::vector<size_t>& send_counts,
+                                       void* recv, const std::vector<size_t>& recv_counts,
+                                       DType dtype, const Stream&) {
+  size_t sent = 0;
+  for (size_t c : send_counts) sent += c;
+  PendingOp op = begin(CollectiveKind::all_to_all, sent, dtype);
+  // Byte counts and displacements, alive until the operation completes: send counts, send
+  // displacements, receive counts, receive displacements.
+  const size_t n = send_counts.size(), esize = dtype_size(dtype);
+  op.staging.reset(new unsigned char[4 * n * sizeof(int)]);
+  int* table = reinterpret_cast<int*>(op.staging.get());
+  size_t send_at = 0, recv_at = 0;
+  for (size_t p = 0; p < n; ++p) {
+    table[p] = byte_count(send_counts[p] * esize, op.description);
+    table[n + p] = byte_count(send_at, op.description);
+    table[2 * n + p] = byte_count(recv_counts[p] * esize, op.description);
+    table[3 * n + p] = byte_count(recv_at, op.description);
+    send_at += send_counts[p] * esize;
+    recv_at += recv_counts[p] * esize;
+  }
+  byte_count(send_at, op.description);
+  byte_count(recv_at, op.description);
+  op.requests.resize(1);
+  FSDP_CALL(MPI_Ialltoallv(send, table, table + n, MPI_BYTE, recv, table + 2 * n, table + 3 * n,
+                           MPI_BYTE, comm_, &op.requests[0]));
+  return start(std::move(op));
+}
+
 void MpiCommunicator::issue_barrier() {
   FSDP_CHECK(group_depth_ == 0, ValueError, "barrier on group '", name(),
              "' inside group_start()/group_end()");

@@ -53,6 +53,9 @@ class MpiCommunicator final : public Communicator {
   Work issue_send(const void* buf, size_t count, DType dtype, int peer,
                   const Stream& stream) override;
   Work issue_recv(void* buf, size_t count, DType dtype, int peer, const Stream& stream) override;
+  Work issue_all_to_all(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                        const std::vector<size_t>& recv_counts, DType dtype,
+                        const Stream& stream) override;
   void issue_barrier() override;
   // Host buffers need no registration: a no-op (returns nullptr), so that code which
   // registers its buffers runs unchanged on the CPU.

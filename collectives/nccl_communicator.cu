@@ -306,6 +306,34 @@ Work NcclCommunicator::issue_recv(void* buf, size_t count, DType dtype, int peer
   });
 }
 
+Work NcclCommunicator::issue_all_to_all(const void* send, const std::vector<size_t>& send_counts,
+                                        void* recv, const std::vector<size_t>& recv_counts,
+                                        DType dtype, const Stream& stream) {
+  size_t sent = 0;
+  for (size_t c : send_counts) sent += c;
+  const size_t esize = dtype_size(dtype);
+  return issue_watched(CollectiveKind::all_to_all, sent, dtype, stream, [&](ncclComm_t comm) {
+    // One group of a send and a receive per peer with data (NCCL pairs them by peer).
+    FSDP_CALL(ncclGroupStart());
+    size_t send_at = 0, recv_at = 0;
+    for (size_t p = 0; p < send_counts.size(); ++p) {
+      if (send_counts[p] > 0) {
+        const NcclBuffer b = nccl_movement(dtype, send_counts[p]);
+        FSDP_CALL(ncclSend(static_cast<const char*>(send) + send_at, b.count, b.type, int(p),
+                           comm, stream.cuda_stream()));
+      }
+      if (recv_counts[p] > 0) {
+        const NcclBuffer b = nccl_movement(dtype, recv_counts[p]);
+        FSDP_CALL(ncclRecv(static_cast<char*>(recv) + recv_at, b.count, b.type, int(p), comm,
+                           stream.cuda_stream()));
+      }
+      send_at += send_counts[p] * esize;
+      recv_at += recv_counts[p] * esize;
+    }
+    FSDP_CALL(ncclGroupEnd());
+  });
+}
+
 void NcclCommunicator::issue_barrier() {
   // NCCL has no barrier: an all-reduce of one float that the host waits for.
   FSDP_CHECK(shared_->group_depth == 0, ValueError, "barrier on group '", name(),

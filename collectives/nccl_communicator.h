@@ -130,6 +130,9 @@ class NcclCommunicator final : public Communicator {
   Work issue_send(const void* buf, size_t count, DType dtype, int peer,
                   const Stream& stream) override;
   Work issue_recv(void* buf, size_t count, DType dtype, int peer, const Stream& stream) override;
+  Work issue_all_to_all(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                        const std::vector<size_t>& recv_counts, DType dtype,
+                        const Stream& stream) override;
   void issue_barrier() override;
   // ncclCommRegister / ncclCommWindowRegister (nccl_memory.cu).
   std::unique_ptr<RegisteredBuffer> issue_register(void* data, size_t bytes,

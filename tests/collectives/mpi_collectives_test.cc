@@ -263,6 +263,51 @@ TEST_CASE("send/recv around a ring inside a group; Work is usable only after gro
   }
 }
 
+// Rank s sends this many elements to rank p: uneven, and zero for some pairs.
+size_t all_to_all_count(int s, int p) { return size_t((s + 2 * p) % 4) * 3; }
+
+TEST_CASE("all_to_all: uneven and empty parts, every dtype; counts and hash") {
+  auto world = mpi_world();
+  Communicator& comm = world->comm();
+  const int n = comm.size(), me = comm.rank();
+  for (DType dt : tested_dtypes()) {
+    INFO(dtype_name(dt));
+    std::vector<size_t> send_counts(static_cast<size_t>(n)), recv_counts(static_cast<size_t>(n));
+    size_t sent = 0, received = 0;
+    for (int p = 0; p < n; ++p) {
+      send_counts[size_t(p)] = all_to_all_count(me, p);
+      recv_counts[size_t(p)] = all_to_all_count(p, me);
+      sent += send_counts[size_t(p)];
+      received += recv_counts[size_t(p)];
+    }
+    HostBuffer send(dt, sent), recv(dt, received), expected(dt, received);
+    size_t at = 0;
+    for (int p = 0; p < n; ++p)  // the part for rank p: values keyed by (me, p)
+      for (size_t i = 0; i < send_counts[size_t(p)]; ++i) send.set(at++, sample(dt, me * 16 + p, i));
+    at = 0;
+    for (int s = 0; s < n; ++s)
+      for (size_t i = 0; i < recv_counts[size_t(s)]; ++i) expected.set(at++, sample(dt, s * 16 + me, i));
+    recv.poison();
+    comm.reset_counts();
+    const uint64_t hash = comm.schedule_hash();
+    comm.all_to_all(send.data(), send_counts, recv.data(), recv_counts, dt, Stream());
+    REQUIRE(first_mismatch(recv, expected) == "");
+    CHECK(comm.counts().all_to_all == 1);
+    CHECK(comm.counts().bytes == sent * dtype_size(dt));
+    // The counts differ between ranks; the schedule does not.
+    const std::vector<uint64_t> hashes = gather_u64(comm.schedule_hash());
+    CHECK(std::equal(hashes.begin() + 1, hashes.end(), hashes.begin()));
+    CHECK(comm.schedule_hash() != hash);
+  }
+  std::vector<float> x(4);
+  CHECK_THROWS_AS(comm.all_to_all(x.data(), std::vector<size_t>(size_t(n) + 1, 0), x.data(),
+                                  std::vector<size_t>(size_t(n), 0), DType::f32, Stream()),
+                  ValueError);
+  CHECK_THROWS_AS(comm.all_to_all(x.data(), std::vector<size_t>(size_t(n), 1), x.data(),
+                                  std::vector<size_t>(size_t(n), 1), DType::f32, Stream()),
+                  ValueError);  // the buffers overlap
+}
+
 TEST_CASE("grouped collectives, nested groups") {
   auto world = mpi_world();
   Communicator& comm = world->comm();

@@ -220,6 +220,41 @@ TEST_CASE("NCCL: groups of send/recv and collectives; Work after group_end", "[g
   for (size_t i = 0; i < 64; ++i) REQUIRE(total.get(i) == double(n));
 }
 
+// Expert parallelism's exchange: rank s sends (s + 2 p + 1) % 4 * 1000 bf16 values to rank p
+// (uneven, some parts empty, one part to itself).
+TEST_CASE("NCCL: all_to_all with uneven and empty parts", "[gpu]") {
+  FSDP_REQUIRE_GPU();
+  auto world = nccl_world();
+  Communicator& comm = world->comm();
+  Context ctx(world->device());
+  const int n = comm.size(), me = comm.rank();
+  auto count = [](int s, int p) { return size_t((s + 2 * p + 1) % 4) * 1000; };
+  std::vector<size_t> send_counts, recv_counts;
+  size_t sent = 0, received = 0;
+  for (int p = 0; p < n; ++p) {
+    send_counts.push_back(count(me, p));
+    recv_counts.push_back(count(p, me));
+    sent += send_counts.back();
+    received += recv_counts.back();
+  }
+  HostBuffer mine(DType::bf16, sent), theirs(DType::bf16, received), want(DType::bf16, received);
+  size_t at = 0;
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < count(me, p); ++i) mine.set(at++, sample(DType::bf16, me * 16 + p, i));
+  at = 0;
+  for (int s = 0; s < n; ++s)
+    for (size_t i = 0; i < count(s, me); ++i) want.set(at++, sample(DType::bf16, s * 16 + me, i));
+  theirs.poison();
+  Tensor dsend = upload(ctx, mine), drecv = upload(ctx, theirs);
+  comm.reset_counts();
+  Work w = comm.all_to_all(sent ? dsend.data_ptr() : nullptr, send_counts,
+                           received ? drecv.data_ptr() : nullptr, recv_counts, DType::bf16,
+                           ctx.stream());
+  w.synchronize();
+  CHECK(comm.counts().all_to_all == 1);
+  REQUIRE(first_mismatch(download(ctx, drecv), want) == "");
+}
+
 TEST_CASE("NCCL: counts, hash, barrier, split and mesh communicators", "[gpu]") {
   FSDP_REQUIRE_GPU();
   auto world = nccl_world();

@@ -1,6 +1,7 @@
 // bench: benchmarks of fsdp.cpp's parts, one subcommand each.
 //
 //   bench collectives [flags]   bus bandwidth of our collectives against raw NCCL / MPI
+//   bench grouped-matmul [flags] the experts' grouped matmul beside a dense one (GPU)
 //   bench matmul [flags]        the CPU matmul on one shape, OpenBLAS against our kernel
 //   bench train [flags]         tokens/s, MFU, memory and step-time split of a workload
 //
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "tools/bench/collectives_bench.h"
+#include "tools/bench/grouped_matmul_bench.h"
 #include "tools/bench/matmul_bench.h"
 #include "tools/bench/train_bench.h"
 
@@ -26,6 +28,8 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
     {"collectives", fsdp::bench::run_collectives_bench,
      "all-gather / reduce-scatter / all-reduce bus bandwidth, ours vs raw"},
+    {"grouped-matmul", fsdp::bench::run_grouped_matmul_bench,
+     "the experts' grouped matmul on a GPU beside one dense matmul of the same size"},
     {"matmul", fsdp::bench::run_matmul_bench,
      "the CPU matmul on one shape: OpenBLAS against the hand-written kernel"},
     {"train", fsdp::bench::run_train_bench,

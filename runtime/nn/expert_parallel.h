@@ -1,0 +1,58 @@
+// What expert parallelism communicates, without the layers knowing how: the tokens' rows
+// go to the ranks that hold their experts (dispatch) and come back (combine), both
+// differentiable. runtime/parallel implements the group over a communicator.
+//
+// Shapes: R rows of this rank's tokens grouped by expert in global expert order (as
+// ops::moe_sort_by_expert and ops::moe_permute give them), C channels; R' rows of this
+// rank's local experts from every rank, expert-major (for each local expert, rank 0's rows,
+// then rank 1's, ...: the order a single process holding every rank's tokens in rank order
+// gives them; see ExpertParallelLayout).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/autograd/graph.h"
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
+#include "runtime/nn/expert_parallel_layout.h"
+
+namespace fsdp::nn {
+
+using autograd::Graph;
+
+class ExpertParallelGroup {
+ public:
+  virtual ~ExpertParallelGroup() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // `counts` (size() x n, host): part p for rank p. Returns (size() x n): part s from rank
+  // s. Every rank of the group calls it with the same n. Waits for the values.
+  virtual std::vector<int64_t> exchange_counts(Context& ctx, const std::vector<int64_t>& counts) = 0;
+  // The rows of `send` (contiguous, (sum send_rows, C)), send_rows[p] of them for rank p in
+  // rank order, into `recv` ((sum recv_rows, C)), recv_rows[s] from rank s; queued on ctx's
+  // stream.
+  virtual void exchange_rows(Context& ctx, const Tensor& send, const std::vector<size_t>& send_rows,
+                             const Tensor& recv, const std::vector<size_t>& recv_rows) = 0;
+};
+
+// One dispatch's plan, shared with the combine that returns its rows.
+struct ExpertExchange {
+  ExpertParallelLayout layout;
+  std::vector<size_t> send_rows;       // (ep) this rank's rows for each rank
+  ExpertParallelLayout::Regroup regroup;
+  Tensor gather, scatter;              // regroup's maps on ctx's device, i32
+};
+
+// x_sorted (R, C) with counts (E) rows per expert -> (R', C) and the plan (into *exchange).
+// Backward: the gradient goes back the same way. The counts are exchanged first.
+Tensor expert_dispatch(Graph& g, const Tensor& x_sorted, const std::vector<int64_t>& counts,
+                       const ExpertParallelLayout& layout, ExpertParallelGroup& group,
+                       std::shared_ptr<const ExpertExchange>* exchange);
+// y (R', C') of this rank's experts -> (R, C') at the rows' own ranks, in x_sorted's order.
+// Backward: the gradient goes to the experts' ranks as the dispatch sent the rows.
+Tensor expert_combine(Graph& g, const Tensor& y, const std::shared_ptr<const ExpertExchange>& exchange,
+                      ExpertParallelGroup& group);
+
+}  // namespace fsdp::nn

@@ -1,0 +1,37 @@
+#include "runtime/parallel/expert_parallel.h"
+
+#include "kernels/ops.h"
+#include "runtime/core/error.h"
+
+namespace fsdp {
+
+std::vector<int64_t> CommunicatorExpertParallelGroup::exchange_counts(
+    Context& ctx, const std::vector<int64_t>& counts) {
+  const size_t ranks = size_t(comm_.size());
+  FSDP_CHECK(counts.size() % ranks == 0, ShapeError, "exchange_counts on group '", comm_.name(),
+             "': ", counts.size(), " counts do not split into ", ranks, " equal parts");
+  const size_t part = counts.size() / ranks;
+  const std::vector<size_t> parts(ranks, part);
+  const Tensor send = ops::from_host<int64_t>(ctx, counts, Shape{int64_t(counts.size())});
+  const Tensor recv = ctx.empty(send.shape(), DType::i64);
+  comm_.all_to_all(send.data_ptr(), parts, recv.data_ptr(), parts, DType::i64, ctx.stream());
+  return ops::to_vector<int64_t>(ctx, recv);
+}
+
+void CommunicatorExpertParallelGroup::exchange_rows(Context& ctx, const Tensor& send,
+                                                    const std::vector<size_t>& send_rows,
+                                                    const Tensor& recv,
+                                                    const std::vector<size_t>& recv_rows) {
+  FSDP_CHECK(send.is_contiguous() && recv.is_contiguous() && send.dim() == 2 && recv.dim() == 2 &&
+                 send.size(1) == recv.size(1) && send.dtype() == recv.dtype(),
+             ShapeError, "exchange_rows on group '", comm_.name(), "': ", send.str(), " and ",
+             recv.str(), " must be contiguous rows of one width and dtype");
+  const size_t width = size_t(send.size(1));
+  std::vector<size_t> send_counts, recv_counts;
+  for (size_t r : send_rows) send_counts.push_back(r * width);
+  for (size_t r : recv_rows) recv_counts.push_back(r * width);
+  comm_.all_to_all(send.numel() ? send.data_ptr() : nullptr, send_counts,
+                   recv.numel() ? recv.data_ptr() : nullptr, recv_counts, send.dtype(), ctx.stream());
+}
+
+}  // namespace fsdp

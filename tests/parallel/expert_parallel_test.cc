@@ -1,0 +1,126 @@
+// Expert parallelism's dispatch and combine under mpirun -np 1/2/4 (f64, CPU ranks): every
+// rank routes its own rows to experts that the ranks hold in equal parts, each rank runs
+// its experts (a grouped matmul) on the rows it receives, and the results come home. The
+// outputs, the rows' gradients and the expert weights' gradients must equal what one process
+// computes with every expert and every rank's rows (gathered here with plain MPI).
+#include <mpi.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "collectives/mesh.h"
+#include "collectives/world.h"
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+#include "runtime/autograd/graph.h"
+#include "runtime/nn/expert_parallel.h"
+#include "runtime/parallel/expert_parallel.h"
+#include "tests/mpi_world.h"
+#include "tests/test_support.h"
+
+using namespace fsdp;
+
+namespace {
+
+// Rank s's rows for expert e: (s + 2 e) % 3 of them (zero for some).
+int64_t rows_of(int s, int64_t e) { return (s + 2 * e) % 3; }
+
+double value(int s, int64_t row, int64_t c) { return std::sin(0.3 * double(s * 1000 + row * 17 + c)); }
+
+std::vector<double> all_gather_doubles(const std::vector<double>& mine, int n) {
+  std::vector<int> sizes(static_cast<size_t>(n)), offsets(static_cast<size_t>(n));
+  const int size = int(mine.size());
+  MPI_Allgather(&size, 1, MPI_INT, sizes.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  int total = 0;
+  for (int s = 0; s < n; ++s) offsets[size_t(s)] = total, total += sizes[size_t(s)];
+  std::vector<double> all(static_cast<size_t>(total));
+  MPI_Allgatherv(mine.data(), size, MPI_DOUBLE, all.data(), sizes.data(), offsets.data(),
+                 MPI_DOUBLE, MPI_COMM_WORLD);
+  return all;
+}
+
+TEST_CASE("expert dispatch and combine equal one process holding every expert (f64)",
+          "[parallel][mpi]") {
+  testing::MpiWorld w;
+  const int n = w.size(), me = w.rank();
+  Communicator& comm = w.world.comm();
+  CommunicatorExpertParallelGroup group(comm);
+  Context ctx;
+  const int64_t E = 8, C = 6, F = 5;
+  const auto layout = nn::ExpertParallelLayout::make(E, n, me);
+  const int64_t local = layout.local_experts();
+  // Every expert's weight (E, F, C), the same on every rank; this rank holds its part.
+  std::vector<double> w_all(static_cast<size_t>(E * F * C));
+  for (size_t i = 0; i < w_all.size(); ++i) w_all[i] = std::cos(0.07 * double(i));
+  const Tensor w_full = ops::from_vector(ctx, w_all, Shape{E, F, C}, DType::f64);
+  const Tensor w_local = ops::clone(ctx, w_full.narrow(0, layout.first_expert(me), local));
+  // This rank's rows grouped by expert, and the output gradient.
+  std::vector<int64_t> counts;
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e) counts.push_back(rows_of(me, e)), rows += counts.back();
+  std::vector<double> xs, dys;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < C; ++c) xs.push_back(value(me, r, c));
+    for (int64_t f = 0; f < F; ++f) dys.push_back(value(me + 7, r, f));
+  }
+
+  autograd::Graph g(ctx);
+  const Tensor x = autograd::Graph::leaf(ops::from_vector(ctx, xs, Shape{rows, C}, DType::f64));
+  comm.reset_counts();
+  std::shared_ptr<const nn::ExpertExchange> plan;
+  const Tensor at_experts = nn::expert_dispatch(g, x, counts, layout, group, &plan);
+  // The local experts' matmul, recorded by hand: y = x_e w_e^T per expert.
+  const std::vector<int64_t>& mine_counts = plan->regroup.expert_counts;
+  Tensor y_local = ctx.empty(Shape{at_experts.size(0), F}, DType::f64);
+  ops::moe_grouped_matmul(ctx, y_local, at_experts, w_local, mine_counts);
+  y_local = autograd::Graph::track(y_local);
+  Tensor dw_local = ctx.empty(w_local.shape(), DType::f64);
+  ops::fill(ctx, dw_local, 0.0);
+  g.record("experts", {y_local.autograd_meta()},
+           [ta = autograd::Graph::target(at_experts), ym = y_local.autograd_meta(), at_experts,
+            w_local, dw_local, mine_counts](autograd::Graph& g) {
+             const Tensor dy = autograd::Graph::grad_of(ym);
+             Tensor dx = g.ctx().empty(at_experts.shape(), DType::f64);
+             ops::moe_grouped_matmul_backward(g.ctx(), dx, dw_local, dy, at_experts, w_local,
+                                              mine_counts, true);
+             g.accumulate(ta, dx);
+           });
+  const Tensor y = nn::expert_combine(g, y_local, plan, group);
+  REQUIRE(y.size(0) == rows);
+  g.backward(y, ops::from_vector(ctx, dys, Shape{rows, F}, DType::f64));
+  // One exchange of counts and one of rows each way, forward and backward.
+  CHECK(comm.counts().all_to_all == 5);
+
+  // The single process: every rank's rows, every expert.
+  const std::vector<double> got_y = ops::to_vector<double>(ctx, y);
+  const std::vector<double> got_dx = ops::to_vector<double>(ctx, autograd::Graph::grad(x));
+  for (int64_t r = 0, e = 0, left = counts[0]; r < rows; ++r, --left) {
+    while (left == 0) left = counts[size_t(++e)];
+    for (int64_t f = 0; f < F; ++f) {
+      double want = 0;
+      for (int64_t c = 0; c < C; ++c) want += xs[size_t(r * C + c)] * w_all[size_t((e * F + f) * C + c)];
+      CHECK(std::abs(got_y[size_t(r * F + f)] - want) <= 1e-13);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      double want = 0;
+      for (int64_t f = 0; f < F; ++f) want += dys[size_t(r * F + f)] * w_all[size_t((e * F + f) * C + c)];
+      CHECK(std::abs(got_dx[size_t(r * C + c)] - want) <= 1e-13);
+    }
+  }
+  // dW_e = the sum over every rank's rows of expert e of dy^T x.
+  const std::vector<double> all_x = all_gather_doubles(xs, n), all_dy = all_gather_doubles(dys, n);
+  std::vector<double> want_dw(static_cast<size_t>(E * F * C), 0.0);
+  int64_t row = 0;
+  for (int s = 0; s < n; ++s)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = 0; i < rows_of(s, e); ++i, ++row)
+        for (int64_t f = 0; f < F; ++f)
+          for (int64_t c = 0; c < C; ++c)
+            want_dw[size_t((e * F + f) * C + c)] += all_dy[size_t(row * F + f)] * all_x[size_t(row * C + c)];
+  const std::vector<double> got_dw = ops::to_vector<double>(ctx, dw_local);
+  for (int64_t i = 0; i < local * F * C; ++i)
+    CHECK(std::abs(got_dw[size_t(i)] - want_dw[size_t(layout.first_expert(me) * F * C + i)]) <= 1e-12);
+}
+
+}  // namespace

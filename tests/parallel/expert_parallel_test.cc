@@ -123,4 +123,68 @@ TEST_CASE("expert dispatch and combine equal one process holding every expert (f
     CHECK(std::abs(got_dw[size_t(i)] - want_dw[size_t(layout.first_expert(me) * F * C + i)]) <= 1e-12);
 }
 
+// A group of one that copies (the CPU side of the GPU test).
+struct LocalExpertGroup : nn::ExpertParallelGroup {
+  int size() const override { return 1; }
+  int rank() const override { return 0; }
+  std::vector<int64_t> exchange_counts(Context&, const std::vector<int64_t>& counts) override {
+    return counts;
+  }
+  void exchange_rows(Context& ctx, const Tensor& send, const std::vector<size_t>&,
+                     const Tensor& recv, const std::vector<size_t>&) override {
+    ops::copy(ctx, recv, send);
+  }
+};
+
+// On one GPU through a real NCCL group of one (the counts through device memory, the rows by
+// grouped sends and receives to itself): dispatch, a grouped matmul and combine, forward and
+// backward, against the CPU's.
+TEST_CASE("CUDA expert dispatch and combine over NCCL match the CPU's", "[parallel][gpu]") {
+  FSDP_REQUIRE_GPU();
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  World world(options);
+  if (world.size() != 1) return;  // a group of one: this process alone
+  CommunicatorExpertParallelGroup nccl_group(world.comm());
+  LocalExpertGroup local_group;
+  Context cpu, gpu(world.device());
+  const int64_t E = 4, C = 64, F = 32;
+  const std::vector<int64_t> counts = {70, 0, 33, 5};
+  const int64_t rows = 108;
+  std::vector<double> xs(static_cast<size_t>(rows * C)), dys(static_cast<size_t>(rows * F)),
+      ws(static_cast<size_t>(E * F * C));
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37 * double(i));
+  for (size_t i = 0; i < dys.size(); ++i) dys[i] = std::cos(0.11 * double(i));
+  for (size_t i = 0; i < ws.size(); ++i) ws[i] = 0.1 * std::sin(0.05 * double(i));
+  auto run = [&](Context& ctx, nn::ExpertParallelGroup& group) {
+    const auto layout = nn::ExpertParallelLayout::make(E, 1, 0);
+    const Tensor w = ops::from_vector(ctx, ws, Shape{E, F, C}, DType::f32);
+    autograd::Graph g(ctx);
+    const Tensor x = autograd::Graph::leaf(ops::from_vector(ctx, xs, Shape{rows, C}, DType::f32));
+    std::shared_ptr<const nn::ExpertExchange> plan;
+    const Tensor at = nn::expert_dispatch(g, x, counts, layout, group, &plan);
+    Tensor y_local = ctx.empty(Shape{rows, F}, DType::f32);
+    ops::moe_grouped_matmul(ctx, y_local, at, w, plan->regroup.expert_counts);
+    y_local = autograd::Graph::track(y_local);
+    g.record("experts", {y_local.autograd_meta()},
+             [ta = autograd::Graph::target(at), ym = y_local.autograd_meta(), at, w,
+              c = plan->regroup.expert_counts](autograd::Graph& g) {
+               Tensor dx = g.ctx().empty(at.shape(), DType::f32);
+               ops::moe_grouped_matmul_backward(g.ctx(), dx, Tensor(), autograd::Graph::grad_of(ym),
+                                                at, w, c, false);
+               g.accumulate(ta, dx);
+             });
+    const Tensor y = nn::expert_combine(g, y_local, plan, group);
+    g.backward(y, ops::from_vector(ctx, dys, Shape{rows, F}, DType::f32));
+    return std::make_pair(ops::to_vector<float>(ctx, ops::cast(ctx, y, DType::f32)),
+                          ops::to_vector<float>(ctx, autograd::Graph::grad(x)));
+  };
+  const auto want = run(cpu, local_group), got = run(gpu, nccl_group);
+  REQUIRE(got.first.size() == want.first.size());
+  REQUIRE(got.second.size() == want.second.size());
+  for (size_t i = 0; i < want.first.size(); ++i) CHECK(got.first[i] == Approx(want.first[i]).margin(1e-4));
+  for (size_t i = 0; i < want.second.size(); ++i) CHECK(got.second[i] == Approx(want.second[i]).margin(1e-4));
+}
+
 }  // namespace

@@ -23,6 +23,18 @@ models::ModelConfig model_config_of(const Recipe& r) {
   c.tie_embeddings = r.model.tie_embeddings;
   c.fp32_residual_connection = r.model.fp32_residual_connection;
   c.classifier_chunk_rows = r.model.classifier_chunk_rows;
+  c.num_moe_experts = r.model.num_moe_experts;
+  c.moe_router_topk = r.model.moe_router_topk;
+  c.moe_ffn_hidden_size = r.model.moe_ffn_hidden_size;
+  c.moe_shared_expert_intermediate_size = r.model.moe_shared_expert_intermediate_size;
+  c.moe_layer_freq = r.model.moe_layer_freq;
+  c.moe_first_k_dense_replace = r.model.moe_first_k_dense_replace;
+  c.moe_router_score_function = r.model.moe_router_score_function;
+  c.moe_router_normalize = r.model.moe_router_normalize;
+  c.moe_router_enable_expert_bias = r.model.moe_router_enable_expert_bias;
+  c.moe_router_load_balancing_type = r.model.moe_router_load_balancing_type;
+  c.moe_aux_loss_coeff = r.model.moe_aux_loss_coeff;
+  c.moe_z_loss_coeff = r.model.moe_z_loss_coeff;
   return c.resolved();
 }
 

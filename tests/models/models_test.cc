@@ -375,6 +375,56 @@ TEST_CASE("activation recompute changes no MoE loss, gradient or statistic (bitw
   }
 }
 
+TEST_CASE("tiny MoE models on CUDA match the CPU reference", "[models][moe][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu;
+  Context gpu(Device::cuda(0));
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    // f32: the same routing on both (the gaps between scores are far above f32 rounding), so
+    // only summation order differs. bf16 rounds the router's logits to 8 bits, which can move
+    // a token to another expert: there the loss is compared, and the gradients are finite.
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      INFO(family_name(f) << " " << dtype_name(dtype));
+      ModelConfig config = tiny_moe(f);
+      config.moe_aux_loss_coeff = 0.1;
+      config.moe_z_loss_coeff = 0.01;
+      if (f == Family::GPT2) {
+        config.moe_router_score_function = "sigmoid";
+        config.moe_router_enable_expert_bias = true;
+        config.moe_router_load_balancing_type = "seq_aux_loss";
+      }
+      auto on_gpu = build_model(config);
+      auto on_cpu = build_model(config);
+      nn::materialize(gpu, *on_gpu, dtype, 31);
+      const std::vector<nn::Parameter*> gp = on_gpu->named_parameters();
+      const std::vector<nn::Parameter*> cp = on_cpu->named_parameters();
+      for (size_t i = 0; i < gp.size(); ++i)
+        cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
+      const std::vector<int32_t> idx = pattern(16, 7, 1, 30), tgt = pattern(16, 3, 5, 30);
+      Graph gg(gpu), gc(cpu);
+      const Tensor lg = on_gpu->forward(gg, ids(gpu, idx, 2, 8), ids(gpu, tgt, 2, 8));
+      const Tensor lc = on_cpu->forward(gc, ids(cpu, idx, 2, 8), ids(cpu, tgt, 2, 8));
+      const double tolerance = dtype == DType::f32 ? 1e-4 : 3e-2;
+      CHECK(ops::item(gpu, lg) == Approx(ops::item(cpu, lc)).epsilon(tolerance));
+      gg.backward(lg, 1.0);
+      gc.backward(lc, 1.0);
+      const std::vector<nn::MoELayer*> mg = on_gpu->moe_layers(), mc = on_cpu->moe_layers();
+      for (size_t l = 0; l < mg.size(); ++l) {
+        CHECK(mg[l]->stats().aux_loss == Approx(mc[l]->stats().aux_loss).epsilon(tolerance));
+        CHECK(mg[l]->stats().z_loss == Approx(mc[l]->stats().z_loss).epsilon(tolerance));
+        if (dtype == DType::f32) CHECK(mg[l]->stats().counts == mc[l]->stats().counts);
+      }
+      for (size_t i = 0; i < gp.size(); ++i) {
+        INFO(gp[i]->name());
+        if (dtype == DType::f32)
+          CHECK(rel_l2(gpu, gp[i]->grad, cp[i]->grad) <= 1e-4);
+        else
+          CHECK(std::isfinite(ops::item(gpu, ops::max_abs(gpu, gp[i]->grad))));
+      }
+    }
+  }
+}
+
 TEST_CASE("MoE configs refuse inconsistent values by key", "[models][moe]") {
   auto error = [](ModelConfig c) -> std::string {
     try {

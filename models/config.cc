@@ -12,6 +12,58 @@ Family family_from_name(const std::string& name) {
   FSDP_THROW(ConfigError, "model family '", name, "' is not one of: gpt2, llama");
 }
 
+namespace {
+
+// The mixture-of-experts keys, after d_ff is resolved (moe_ffn_hidden_size defaults to it).
+void check_moe(ModelConfig& c) {
+  FSDP_CHECK(c.num_moe_experts >= 0 && c.num_moe_experts <= 65536, ConfigError,
+             "model.num_moe_experts must be in [0, 65536] (0 = dense), got ", c.num_moe_experts);
+  FSDP_CHECK(c.moe_router_score_function == "softmax" || c.moe_router_score_function == "sigmoid",
+             ConfigError, "model.moe_router_score_function '", c.moe_router_score_function,
+             "' is not one of: softmax, sigmoid");
+  const std::string& lb = c.moe_router_load_balancing_type;
+  FSDP_CHECK(lb == "aux_loss" || lb == "seq_aux_loss" || lb == "none", ConfigError,
+             "model.moe_router_load_balancing_type '", lb,
+             "' is not one of: aux_loss, seq_aux_loss, none");
+  FSDP_CHECK(c.moe_aux_loss_coeff >= 0, ConfigError, "model.moe_aux_loss_coeff must be >= 0, got ",
+             c.moe_aux_loss_coeff);
+  FSDP_CHECK(c.moe_z_loss_coeff >= 0, ConfigError, "model.moe_z_loss_coeff must be >= 0, got ",
+             c.moe_z_loss_coeff);
+  FSDP_CHECK(c.moe_layer_freq >= 1, ConfigError, "model.moe_layer_freq must be >= 1, got ",
+             c.moe_layer_freq);
+  FSDP_CHECK(c.moe_first_k_dense_replace >= 0, ConfigError,
+             "model.moe_first_k_dense_replace must be >= 0, got ", c.moe_first_k_dense_replace);
+  FSDP_CHECK(c.moe_shared_expert_intermediate_size >= 0, ConfigError,
+             "model.moe_shared_expert_intermediate_size must be >= 0, got ",
+             c.moe_shared_expert_intermediate_size);
+  if (!c.is_moe()) return;
+  if (c.moe_ffn_hidden_size == 0) c.moe_ffn_hidden_size = c.d_ff;
+  FSDP_CHECK(c.moe_ffn_hidden_size >= 1 && c.moe_ffn_hidden_size <= kMaxWidth * 8, ConfigError,
+             "model.moe_ffn_hidden_size must be in [1, ", kMaxWidth * 8, "] with experts, got ",
+             c.moe_ffn_hidden_size);
+  FSDP_CHECK(c.moe_router_topk >= 1 && c.moe_router_topk <= c.num_moe_experts, ConfigError,
+             "model.moe_router_topk (", c.moe_router_topk, ") must be in [1, model.num_moe_experts = ",
+             c.num_moe_experts, "]");
+  FSDP_CHECK(c.num_moe_layers() > 0, ConfigError, "model.num_moe_experts is ", c.num_moe_experts,
+             " but no layer is an MoE layer (model.moe_first_k_dense_replace ",
+             c.moe_first_k_dense_replace, ", model.n_layer ", c.n_layer, ")");
+}
+
+}  // namespace
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < n_layer; ++i) n += is_moe_layer(i);
+  return n;
+}
+
+double ModelConfig::inactive_parameters_per_token() const {
+  if (!is_moe()) return 0;
+  const double per_expert = (family == Family::GPT2 ? 2.0 : 3.0) * double(d_model) *
+                            double(moe_ffn_hidden_size ? moe_ffn_hidden_size : d_ff);
+  return double(num_moe_layers()) * double(num_moe_experts - moe_router_topk) * per_expert;
+}
+
 ModelConfig ModelConfig::resolved() const {
   ModelConfig c = *this;
   auto positive = [](int64_t v, const char* key) {
@@ -56,6 +108,7 @@ ModelConfig ModelConfig::resolved() const {
   FSDP_CHECK(c.classifier_chunk_rows >= 0, ConfigError,
              "model.classifier_chunk_rows must be >= 0 (0 = one chunk), got ",
              c.classifier_chunk_rows);
+  check_moe(c);
   const double params = c.parameter_estimate();
   FSDP_CHECK(params <= kMaxParameters, ConfigError, "the model would have about ", params,
              " parameters (model.n_layer ", c.n_layer, ", model.d_model ", c.d_model,
@@ -85,7 +138,22 @@ double ModelConfig::parameter_estimate() const {
   const double vocab = double(padded_vocab_size ? padded_vocab_size : vocab_size);
   const double embeddings = vocab * C * (tie_embeddings ? 1 : 2) +
                             (family == Family::GPT2 ? double(seq_len) * C : 0);
-  return L * per_layer + embeddings + 2 * C;
+  // An MoE layer replaces the dense MLP (and its biases) by a router, E experts without
+  // biases and an optional shared expert.
+  double moe = 0;
+  if (num_moe_experts > 0 && moe_layer_freq >= 1) {
+    const double per_mlp = family == Family::GPT2 ? 2 : 3;
+    const double Fe = double(moe_ffn_hidden_size ? moe_ffn_hidden_size : d_ff);
+    const double Fs = double(moe_shared_expert_intermediate_size);
+    const double layer = C * double(num_moe_experts) +
+                         double(num_moe_experts) * per_mlp * C * Fe + per_mlp * C * Fs;
+    const double dense = mlp + (family == Family::GPT2 ? F + C : 0);
+    int64_t n = 0;
+    for (int64_t i = 0; i < n_layer && i < kMaxLayers; ++i)
+      n += i >= moe_first_k_dense_replace && i % moe_layer_freq == 0;
+    moe = double(n) * (layer - dense);
+  }
+  return L * per_layer + embeddings + 2 * C + moe;
 }
 
 std::string ModelConfig::str() const {
@@ -95,7 +163,15 @@ std::string ModelConfig::str() const {
                  family == Family::Llama ? str_cat(" rope_theta=", rope_theta) : std::string(),
                  " init_std=", init_std, " tied=", tie_embeddings ? "yes" : "no",
                  " fp32_residual=", fp32_residual_connection ? "yes" : "no",
-                 " classifier_chunk_rows=", classifier_chunk_rows);
+                 " classifier_chunk_rows=", classifier_chunk_rows,
+                 is_moe() ? str_cat(" experts=", num_moe_experts, " topk=", moe_router_topk,
+                                    " moe_ffn=", moe_ffn_hidden_size, " shared=",
+                                    moe_shared_expert_intermediate_size, " moe_layers=",
+                                    num_moe_layers(), " router=", moe_router_score_function,
+                                    moe_router_normalize ? "/normalized" : "",
+                                    moe_router_enable_expert_bias ? "/bias" : "",
+                                    " balancing=", moe_router_load_balancing_type)
+                          : std::string());
 }
 
 ModelConfig gpt2_config(int depth) {
@@ -143,7 +219,7 @@ ModelConfig model_config(const std::string& name) {
 }
 
 std::map<std::string, std::string> config_metadata(const ModelConfig& c) {
-  return {{"family", family_name(c.family)},
+  std::map<std::string, std::string> m = {{"family", family_name(c.family)},
           {"n_layer", std::to_string(c.n_layer)},
           {"d_model", std::to_string(c.d_model)},
           {"n_head", std::to_string(c.n_head)},
@@ -157,6 +233,17 @@ std::map<std::string, std::string> config_metadata(const ModelConfig& c) {
           {"init_std", str_cat(c.init_std)},
           {"tie_embeddings", c.tie_embeddings ? "true" : "false"},
           {"fp32_residual_connection", c.fp32_residual_connection ? "true" : "false"}};
+  if (!c.is_moe()) return m;  // dense models' metadata stays as it was
+  m.insert({{"num_moe_experts", std::to_string(c.num_moe_experts)},
+          {"moe_router_topk", std::to_string(c.moe_router_topk)},
+          {"moe_ffn_hidden_size", std::to_string(c.moe_ffn_hidden_size)},
+          {"moe_shared_expert_intermediate_size",
+           std::to_string(c.moe_shared_expert_intermediate_size)},
+          {"moe_layer_freq", std::to_string(c.moe_layer_freq)},
+          {"moe_first_k_dense_replace", std::to_string(c.moe_first_k_dense_replace)},
+          {"moe_router_score_function", c.moe_router_score_function},
+          {"moe_router_normalize", c.moe_router_normalize ? "true" : "false"}});
+  return m;
 }
 
 }  // namespace fsdp::models

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace fsdp::models {
 
@@ -50,6 +51,33 @@ struct ModelConfig {
   // (nn::classifier_loss): only one (chunk, Vp) logits buffer exists at once. 0 = all
   // tokens in one chunk.
   int64_t classifier_chunk_rows = kDefaultClassifierChunkRows;
+
+  // ---- mixture of experts (Megatron-Bridge's key names; runtime/nn/moe.h)
+  int64_t num_moe_experts = 0;        // E; 0 = a dense model
+  int64_t moe_router_topk = 2;        // k experts per token
+  int64_t moe_ffn_hidden_size = 0;    // each expert's hidden size; 0 = d_ff
+  int64_t moe_shared_expert_intermediate_size = 0;  // a dense shared expert; 0 = none
+  // Layer i is an MoE layer when i >= moe_first_k_dense_replace and i % moe_layer_freq == 0
+  // (Megatron's integer moe_layer_freq; DeepSeek's first_k_dense_replace).
+  int64_t moe_layer_freq = 1;
+  int64_t moe_first_k_dense_replace = 0;
+  std::string moe_router_score_function = "softmax";  // "softmax" | "sigmoid"
+  // Divide the k chosen weights by their sum (Mixtral, Qwen3-MoE; Megatron's default
+  // top-k-then-softmax); false keeps the scores as they are (OLMoE; Megatron's
+  // moe_router_pre_softmax).
+  bool moe_router_normalize = true;
+  bool moe_router_enable_expert_bias = false;
+  std::string moe_router_load_balancing_type = "aux_loss";  // | "seq_aux_loss" | "none"
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;
+  bool is_moe() const { return num_moe_experts > 0; }
+  bool is_moe_layer(int64_t layer) const {
+    return is_moe() && layer >= moe_first_k_dense_replace && layer % moe_layer_freq == 0;
+  }
+  int64_t num_moe_layers() const;
+  // Parameters a token does not use: the (E - k) experts it is not routed to, in every MoE
+  // layer (for FLOPs per token: active = all - these).
+  double inactive_parameters_per_token() const;
 
   // The same config with every 0 default filled in, checked: throws ConfigError naming the
   // offending field.

@@ -26,28 +26,28 @@ nn::InitRule residual_init(const ModelConfig& c) {
 
 }  // namespace
 
-GPT2Block::GPT2Block(const ModelConfig& c)
+GPT2Block::GPT2Block(const ModelConfig& c, int64_t layer)
     : ln_1(c.d_model, c.norm_eps),
       attn(attention_config(c), weight_init(c), residual_init(c)),
       ln_2(c.d_model, c.norm_eps),
-      mlp(c.d_model, c.d_ff, true, weight_init(c), residual_init(c)) {
+      mlp(build_mlp(c, layer, nn::MlpActivation::Gelu, true, weight_init(c), residual_init(c))) {
   add_module("ln_1", ln_1);
   add_module("attn", attn);
   add_module("ln_2", ln_2);
-  add_module("mlp", mlp);
+  add_module("mlp", *mlp);
 }
 
 Tensor GPT2Block::compute(Graph& g, const Tensor& x) {
   // The mid-block add and ln_2 run as one kernel; the block's last add stays separate, since
   // the norm after it belongs to the next block (another FSDP unit).
   const nn::AddNorm h = ln_2.add_and_norm(g, x, attn(g, ln_1(g, x)));  // (B, T, C) twice
-  return nn::add(g, h.sum, mlp(g, h.out));                             // (B, T, C)
+  return nn::add(g, h.sum, (*mlp)(g, h.out));                             // (B, T, C)
 }
 
 Tensor GPT2Block::decode(Graph& g, const Tensor& x, nn::AttentionCache& cache, int64_t position) {
   return run_forward(g, [&] {
     const nn::AddNorm h = ln_2.add_and_norm(g, x, attn.decode(g, ln_1(g, x), cache, position));
-    return nn::add(g, h.sum, mlp(g, h.out));
+    return nn::add(g, h.sum, (*mlp)(g, h.out));
   });
 }
 
@@ -61,7 +61,7 @@ GPT2::GPT2(const ModelConfig& config)
   add_module("wte", wte);
   add_module("wpe", wpe);
   add_module("h", h);
-  for (int64_t i = 0; i < config_.n_layer; ++i) h.append(std::make_unique<GPT2Block>(config_));
+  for (int64_t i = 0; i < config_.n_layer; ++i) h.append(std::make_unique<GPT2Block>(config_, i));
   add_module("ln_f", ln_f);
 }
 

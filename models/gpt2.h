@@ -5,7 +5,9 @@
 // h.<i>.attn.qkv.{weight,bias}, h.<i>.attn.proj.{weight,bias}, h.<i>.ln_2.{weight,bias},
 // h.<i>.mlp.fc.{weight,bias}, h.<i>.mlp.proj.{weight,bias}, ln_f.{weight,bias}.
 // Init: weights N(0, init_std), attn.proj and mlp.proj weights N(0, init_std / sqrt(2 L)),
-// biases 0, LayerNorm weights 1.
+// biases 0, LayerNorm weights 1. MoE layers (config.is_moe_layer) have h.<i>.mlp.router.weight
+// (E, C), h.<i>.mlp.experts.fc (E, F, C), h.<i>.mlp.experts.proj (E, C, F) (no biases) and
+// optionally h.<i>.mlp.shared_expert.{fc,proj}.weight (runtime/nn/moe.h).
 #pragma once
 
 #include "models/language_model.h"
@@ -15,12 +17,13 @@ namespace fsdp::models {
 
 class GPT2Block : public nn::UnaryModule {
  public:
-  explicit GPT2Block(const ModelConfig& c);
+  // `layer`: the block's index (config.is_moe_layer says whether its MLP is an MoE layer).
+  explicit GPT2Block(const ModelConfig& c, int64_t layer = 0);
   std::string kind() const override { return "block"; }
   nn::LayerNorm ln_1;
   nn::CausalSelfAttention attn;
   nn::LayerNorm ln_2;
-  nn::GeluMLP mlp;
+  std::unique_ptr<nn::MLP> mlp;  // nn::GeluMLP, or nn::MoELayer with GELU experts
 
   // compute() for tokens after those in `cache` (LanguageModel::decode).
   Tensor decode(Graph& g, const Tensor& x, nn::AttentionCache& cache, int64_t position);

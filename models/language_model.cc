@@ -25,6 +25,39 @@ Tensor LanguageModel::forward(Graph& g, const Tensor& idx, const Tensor& targets
   });
 }
 
+std::vector<nn::MoELayer*> LanguageModel::moe_layers() {
+  std::vector<nn::MoELayer*> out;
+  for (nn::Module* m : modules())
+    if (auto* moe = dynamic_cast<nn::MoELayer*>(m)) out.push_back(moe);
+  return out;
+}
+
+nn::MoeOptions moe_options(const ModelConfig& c) {
+  nn::MoeOptions o;
+  o.experts = c.num_moe_experts;
+  o.top_k = c.moe_router_topk;
+  o.hidden = c.moe_ffn_hidden_size;
+  o.score = c.moe_router_score_function == "sigmoid" ? ops::RouterScore::Sigmoid
+                                                     : ops::RouterScore::Softmax;
+  o.normalize = c.moe_router_normalize;
+  o.balancing = nn::moe_balancing_from_name(c.moe_router_load_balancing_type);
+  o.aux_loss_coeff = o.balancing == nn::MoeBalancing::None ? 0.0 : c.moe_aux_loss_coeff;
+  o.z_loss_coeff = c.moe_z_loss_coeff;
+  o.expert_bias = c.moe_router_enable_expert_bias;
+  return o;
+}
+
+std::unique_ptr<nn::MLP> build_mlp(const ModelConfig& c, int64_t layer, nn::MlpActivation act,
+                                   bool bias, nn::InitRule init, nn::InitRule proj_init) {
+  if (c.is_moe_layer(layer))
+    return std::make_unique<nn::MoELayer>(c.d_model, moe_options(c),
+                                          c.moe_shared_expert_intermediate_size, act, init,
+                                          proj_init);
+  if (act == nn::MlpActivation::Gelu)
+    return std::make_unique<nn::GeluMLP>(c.d_model, c.d_ff, bias, init, proj_init);
+  return std::make_unique<nn::SwiGLUMLP>(c.d_model, c.d_ff, bias, init, proj_init);
+}
+
 Tensor LanguageModel::compute_logits(Graph& g, const Tensor& idx) {
   return nn::linear(g, compute_hidden(g, idx), head_weight());  // (B, T, Vp)
 }

@@ -6,11 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "models/config.h"
 #include "models/kv_cache.h"
+#include "runtime/nn/layers.h"
 #include "runtime/nn/module.h"
+#include "runtime/nn/moe.h"
 #include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::models {
@@ -46,6 +49,9 @@ class LanguageModel : public nn::Module {
 
   // The transformer blocks, in forward order (FSDP's default units).
   std::vector<nn::Module*> blocks() { return modules_of_kind("block"); }
+  // The mixture-of-experts layers, in forward order (empty for a dense model).
+  std::vector<nn::MoELayer*> moe_layers();
+
   // The token embedding, the head and the learned positions (what a tensor-parallel plan
   // splits along the vocabulary).
   virtual nn::VocabularyTables vocabulary_tables() = 0;
@@ -68,5 +74,12 @@ class LanguageModel : public nn::Module {
 
   ModelConfig config_;
 };
+
+// The MoE options a config gives its MoE layers.
+nn::MoeOptions moe_options(const ModelConfig& c);
+// Layer `layer`'s MLP: the dense MLP (hidden d_ff, with biases when `bias`), or, where
+// config.is_moe_layer(layer), an MoE layer of the same activation (no biases).
+std::unique_ptr<nn::MLP> build_mlp(const ModelConfig& c, int64_t layer, nn::MlpActivation act,
+                                   bool bias, nn::InitRule init, nn::InitRule proj_init);
 
 }  // namespace fsdp::models

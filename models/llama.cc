@@ -19,21 +19,21 @@ nn::InitRule weight_init(const ModelConfig& c) { return nn::InitRule::normal(0.0
 
 }  // namespace
 
-LlamaBlock::LlamaBlock(const ModelConfig& c)
+LlamaBlock::LlamaBlock(const ModelConfig& c, int64_t layer)
     : attn_norm(c.d_model, c.norm_eps),
       attn(attention_config(c), weight_init(c), weight_init(c)),
       mlp_norm(c.d_model, c.norm_eps),
-      mlp(c.d_model, c.d_ff, false, weight_init(c), weight_init(c)) {
+      mlp(build_mlp(c, layer, nn::MlpActivation::SwiGLU, false, weight_init(c), weight_init(c))) {
   add_module("attn_norm", attn_norm);
   add_module("attn", attn);
   add_module("mlp_norm", mlp_norm);
-  add_module("mlp", mlp);
+  add_module("mlp", *mlp);
 }
 
 Tensor LlamaBlock::compute(Graph& g, const Tensor& x) {
   // The mid-block add and mlp_norm run as one kernel (see GPT2Block::compute).
   const nn::AddNorm h = mlp_norm.add_and_norm(g, x, attn(g, attn_norm(g, x)));  // (B, T, C)
-  return nn::add(g, h.sum, mlp(g, h.out));                                      // (B, T, C)
+  return nn::add(g, h.sum, (*mlp)(g, h.out));                                      // (B, T, C)
 }
 
 Tensor LlamaBlock::decode(Graph& g, const Tensor& x, nn::AttentionCache& cache,
@@ -41,7 +41,7 @@ Tensor LlamaBlock::decode(Graph& g, const Tensor& x, nn::AttentionCache& cache,
   return run_forward(g, [&] {
     const nn::AddNorm h =
         mlp_norm.add_and_norm(g, x, attn.decode(g, attn_norm(g, x), cache, position));
-    return nn::add(g, h.sum, mlp(g, h.out));
+    return nn::add(g, h.sum, (*mlp)(g, h.out));
   });
 }
 
@@ -54,7 +54,7 @@ Llama::Llama(const ModelConfig& config)
   add_module("embed", embed);
   add_module("layers", layers);
   for (int64_t i = 0; i < config_.n_layer; ++i)
-    layers.append(std::make_unique<LlamaBlock>(config_));
+    layers.append(std::make_unique<LlamaBlock>(config_, i));
   add_module("norm", norm);
   if (!config_.tie_embeddings) {
     lm_head = std::make_unique<nn::Linear>(config_.d_model, config_.padded_vocab_size, false,

@@ -6,6 +6,9 @@
 // layers.<i>.attn.qkv.weight ((H + 2 Hkv) D, C), layers.<i>.attn.proj.weight (C, H D),
 // layers.<i>.mlp_norm.weight, layers.<i>.mlp.gate_up.weight (2F, C) = [gate; up],
 // layers.<i>.mlp.proj.weight (C, F), norm.weight, lm_head.weight (Vp, C).
+// MoE layers (config.is_moe_layer) have layers.<i>.mlp.router.weight (E, C),
+// layers.<i>.mlp.experts.gate_up (E, 2F, C), layers.<i>.mlp.experts.proj (E, C, F) and
+// optionally layers.<i>.mlp.shared_expert.{gate_up,proj}.weight (runtime/nn/moe.h).
 // Init: every weight N(0, init_std) (Hugging Face's rule), norm weights 1.
 #pragma once
 
@@ -18,12 +21,13 @@ namespace fsdp::models {
 
 class LlamaBlock : public nn::UnaryModule {
  public:
-  explicit LlamaBlock(const ModelConfig& c);
+  // `layer`: the block's index (config.is_moe_layer says whether its MLP is an MoE layer).
+  explicit LlamaBlock(const ModelConfig& c, int64_t layer = 0);
   std::string kind() const override { return "block"; }
   nn::RMSNorm attn_norm;
   nn::CausalSelfAttention attn;
   nn::RMSNorm mlp_norm;
-  nn::SwiGLUMLP mlp;
+  std::unique_ptr<nn::MLP> mlp;  // nn::SwiGLUMLP, or nn::MoELayer with SwiGLU experts
 
   // compute() for tokens after those in `cache` (LanguageModel::decode).
   Tensor decode(Graph& g, const Tensor& x, nn::AttentionCache& cache, int64_t position);

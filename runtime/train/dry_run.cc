@@ -75,8 +75,14 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  recipe.train.micro_batch_size, " per rank)\nmesh: ", mesh.str(), " on ",
                  world_size, " rank(s), ", recipe.dist.device, "\n", mesh_groups(mesh),
                  "training FLOPs per token: ",
-                 format_count(flops_per_token(n_params, int(mc.n_layer), int(mc.d_model),
-                                              int(mc.seq_len))),
+                 format_count(flops_per_token(
+                     n_params - int64_t(mc.inactive_parameters_per_token()), int(mc.n_layer),
+                     int(mc.d_model), int(mc.seq_len))),
+                 mc.is_moe() ? str_cat(" (active parameters: ",
+                                       format_count(double(n_params) -
+                                                    mc.inactive_parameters_per_token()),
+                                       ")")
+                             : std::string(),
                  "\n", plan.describe());
   out += str_cat("memory per rank (", strategy_name(fo.strategy), "):\n",
                  "  compute weights   ", format_bytes(int64_t(mem.compute_weights)), "\n",

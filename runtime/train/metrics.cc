@@ -68,6 +68,9 @@ std::string metrics_json_line(const StepMetrics& m) {
   if (m.val_loss) obj["val_loss"] = number(*m.val_loss);
   if (m.tflops) obj["tflops"] = number(*m.tflops);
   if (m.mfu) obj["mfu"] = number(*m.mfu);
+  if (m.moe_aux_loss) obj["moe_aux_loss"] = number(*m.moe_aux_loss);
+  if (m.moe_z_loss) obj["moe_z_loss"] = number(*m.moe_z_loss);
+  if (m.moe_max_load) obj["moe_max_load"] = number(*m.moe_max_load);
   if (!m.update_norms.empty()) {
     Json norms = Json::object();
     for (const auto& [group, norm] : m.update_norms) norms[group] = number(norm);
@@ -94,6 +97,9 @@ StepMetrics parse_metrics_line(const std::string& line) {
   m.val_loss = read_optional(obj, "val_loss");
   m.tflops = read_optional(obj, "tflops");
   m.mfu = read_optional(obj, "mfu");
+  m.moe_aux_loss = read_optional(obj, "moe_aux_loss");
+  m.moe_z_loss = read_optional(obj, "moe_z_loss");
+  m.moe_max_load = read_optional(obj, "moe_max_load");
   if (obj.contains("update_norms")) {
     const Json& norms = obj["update_norms"];
     FSDP_CHECK(norms.is_object(), DataError, "metrics field 'update_norms' is not an object");

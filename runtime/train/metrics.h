@@ -23,6 +23,13 @@ struct StepMetrics {
   std::optional<double> val_loss;    // when validation ran at this step
   std::optional<double> tflops;      // achieved model TFLOP/s per device
   std::optional<double> mfu;         // model FLOPs utilization, a fraction of peak
+  // Mixture-of-experts models only. The auxiliary losses without their coefficients, summed
+  // over the MoE layers, per micro-batch (averaged over the step's micro-batches and ranks);
+  // the load: the most tokens any expert got over the mean per expert, the largest over the
+  // MoE layers, counted over the step's global batch (1 = perfectly balanced).
+  std::optional<double> moe_aux_loss;
+  std::optional<double> moe_z_loss;
+  std::optional<double> moe_max_load;
   // logger.log_update_norms: ||new - old master weights|| per tensor group (empty: off).
   std::map<std::string, double> update_norms;
 };

@@ -109,6 +109,9 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool ter
   line.field("lr", printf_string("%.3e", m.lr), "", 9);
   line.field("grad norm", printf_string("%.3f", m.grad_norm), "", 7,
              std::isfinite(m.grad_norm) ? nullptr : kRed);
+  if (m.moe_aux_loss) line.field("aux", printf_string("%.4f", *m.moe_aux_loss), "", 7);
+  if (m.moe_z_loss) line.field("z", printf_string("%.4f", *m.moe_z_loss), "", 7);
+  if (m.moe_max_load) line.field("max load", printf_string("%.2f", *m.moe_max_load), "", 5);
   line.field("", format_count(m.tokens_per_sec), "tok/s", 6);
   if (m.tflops) line.field("", printf_string("%.1f", *m.tflops), "TFLOP/s", 6);
   if (m.mfu) line.field("MFU", printf_string("%.1f", 100.0 * *m.mfu) + "%", "", 6);

@@ -40,6 +40,22 @@ struct ModelSection {
   bool sequence_parallel = false;
   int context_parallel_size = 0;
   std::string cp_comm_type;          // "p2p" | "all_gather"
+  // Mixture of experts (Megatron-Bridge's names; models::ModelConfig documents them).
+  int num_moe_experts = 0;           // 0 = dense
+  int moe_router_topk = 0;
+  int moe_ffn_hidden_size = 0;       // 0 = d_ff
+  int moe_shared_expert_intermediate_size = 0;
+  int moe_layer_freq = 0;
+  int moe_first_k_dense_replace = 0;
+  std::string moe_router_score_function;       // "softmax" | "sigmoid"
+  bool moe_router_normalize = true;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 0;
+  std::string moe_router_load_balancing_type;  // "aux_loss" | "seq_aux_loss" | "none"
+  double moe_aux_loss_coeff = 0;
+  double moe_z_loss_coeff = 0;
+  std::string moe_token_dispatcher_type;       // "alltoall" | "allgather" (expert parallelism)
+  int expert_model_parallel_size = 0;
 };
 
 struct TokenizerSection {

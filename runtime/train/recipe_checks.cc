@@ -64,6 +64,28 @@ void check_model_parallel(const Recipe& r) {
   }
 }
 
+// Mixture of experts: what this build supports.
+void check_moe(const Recipe& r) {
+  const ModelSection& m = r.model;
+  // Expert parallelism is built separately; this one check is what it replaces.
+  FSDP_CHECK(m.expert_model_parallel_size == 1, ConfigError, "'model.expert_model_parallel_size' (",
+             m.expert_model_parallel_size, ") must be 1: expert parallelism is not part of this "
+             "build yet (it is built separately); the experts are replicated and sharded by FSDP "
+             "like every other parameter");
+  if (m.num_moe_experts == 0) return;
+  FSDP_CHECK(m.moe_router_topk <= m.num_moe_experts, ConfigError, "'model.moe_router_topk' (",
+             m.moe_router_topk, ") must not exceed 'model.num_moe_experts' (", m.num_moe_experts,
+             ")");
+  for (const auto& [key, n] : {std::pair<const char*, int>{"model.tensor_model_parallel_size",
+                                                          m.tensor_model_parallel_size},
+                               {"model.context_parallel_size", m.context_parallel_size}})
+    FSDP_CHECK(n == 1, ConfigError, "'", key, "' ", n, " with 'model.num_moe_experts' ",
+               m.num_moe_experts, " is not supported yet (the MoE layer runs on whole tokens of "
+               "one rank)");
+  FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with 'model.num_moe_experts' "
+             "is not supported: the MoE layer reads its expert counts on the host every forward");
+}
+
 void check_batches(const TrainSection& t) {
   FSDP_CHECK(t.global_batch_size % t.micro_batch_size == 0, ConfigError,
              "'train.global_batch_size' (", t.global_batch_size,
@@ -159,6 +181,7 @@ void check_paths(const Recipe& r) {
 void check_consistency(const Recipe& r) {
   check_model(r.model);
   check_model_parallel(r);
+  check_moe(r);
   check_batches(r.train);
   check_schedule(r);
   check_precision(r);

@@ -61,6 +61,44 @@ std::vector<FieldSpec> build_schema() {
       KEY(model.cp_comm_type).one_of({"p2p", "all_gather"}).default_to("p2p").help_text(
           "How context-parallel attention exchanges keys and values: p2p (around a ring, one "
           "rank's per step, partial results merged by their log-sum-exps) or all_gather."),
+      // mixture of experts
+      KEY(model.num_moe_experts).default_to(0).at_least(0).help_text(
+          "Experts per MoE layer; 0 = a dense model."),
+      KEY(model.moe_router_topk).default_to(2).at_least(1).help_text(
+          "Experts each token is routed to (k)."),
+      KEY(model.moe_ffn_hidden_size).default_to(0).at_least(0).help_text(
+          "Hidden size of each expert's MLP; 0 = model.d_ff."),
+      KEY(model.moe_shared_expert_intermediate_size).default_to(0).at_least(0).help_text(
+          "Hidden size of a dense shared expert every token passes through; 0 = none."),
+      KEY(model.moe_layer_freq).default_to(1).at_least(1).help_text(
+          "Layer i is an MoE layer when i % moe_layer_freq == 0 (and i >= "
+          "moe_first_k_dense_replace); the others keep the dense MLP."),
+      KEY(model.moe_first_k_dense_replace).default_to(0).at_least(0).help_text(
+          "The first this many layers keep the dense MLP (DeepSeek's first_k_dense_replace)."),
+      KEY(model.moe_router_score_function).one_of({"softmax", "sigmoid"}).default_to("softmax")
+          .help_text("Router scores: softmax over the experts, or sigmoid per expert."),
+      KEY(model.moe_router_normalize).default_to(true).help_text(
+          "Divide the k chosen scores by their sum (Mixtral, Qwen3-MoE); false uses them as "
+          "they are (OLMoE; Megatron's moe_router_pre_softmax)."),
+      KEY(model.moe_router_enable_expert_bias).default_to(false).help_text(
+          "A per-expert bias added to the scores to choose the experts (not to weight them), "
+          "moved after every step toward balance (auxiliary-loss-free balancing)."),
+      KEY(model.moe_router_bias_update_rate).default_to(1e-3).at_least(0).help_text(
+          "The expert bias's step: bias_e += rate * sign(mean count - count_e), over the "
+          "global batch's tokens."),
+      KEY(model.moe_router_load_balancing_type).one_of({"aux_loss", "seq_aux_loss", "none"})
+          .default_to("aux_loss").help_text(
+              "Load-balancing loss: aux_loss (over each micro-batch's tokens), seq_aux_loss "
+              "(per sequence, averaged) or none."),
+      KEY(model.moe_aux_loss_coeff).default_to(0.0).at_least(0).help_text(
+          "Weight of the load-balancing loss in the objective (reported apart from the loss)."),
+      KEY(model.moe_z_loss_coeff).default_to(0.0).at_least(0).help_text(
+          "Weight of the router z-loss (mean squared log-sum-exp of the router logits)."),
+      KEY(model.moe_token_dispatcher_type).one_of({"alltoall", "allgather"})
+          .default_to("alltoall").help_text(
+              "How tokens reach experts on other ranks under expert parallelism."),
+      KEY(model.expert_model_parallel_size).default_to(1).at_least(1).help_text(
+          "Expert-parallel ranks; only 1 for now (expert parallelism is built separately)."),
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(

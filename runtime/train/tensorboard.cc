@@ -131,6 +131,9 @@ void TensorBoardWriter::add_step_metrics(const StepMetrics& m) {
   add_scalar("train/memory_peak_gib", m.step, double(m.mem_peak_bytes) / double(1 << 30));
   if (m.mfu) add_scalar("train/mfu", m.step, *m.mfu);
   if (m.val_loss) add_scalar("val/loss", m.step, *m.val_loss);
+  if (m.moe_aux_loss) add_scalar("moe/aux_loss", m.step, *m.moe_aux_loss);
+  if (m.moe_z_loss) add_scalar("moe/z_loss", m.step, *m.moe_z_loss);
+  if (m.moe_max_load) add_scalar("moe/max_load", m.step, *m.moe_max_load);
   for (const auto& [group, norm] : m.update_norms) add_scalar("update_norm/" + group, m.step, norm);
 }
 

@@ -15,8 +15,9 @@
 // What the trainer writes (rank 0, at each logged step; tags as TensorBoard groups them by
 // the part before the slash):
 //   train/loss, train/lr, train/grad_norm, train/tokens_per_sec, train/step_time_s,
-//   train/mfu (when known), train/memory_peak_gib, val/loss (when validation ran) and
-//   update_norm/<group> (logger.log_update_norms): add_step_metrics() writes exactly these.
+//   train/mfu (when known), train/memory_peak_gib, val/loss (when validation ran),
+//   moe/aux_loss, moe/z_loss, moe/max_load (MoE models) and update_norm/<group>
+//   (logger.log_update_norms): add_step_metrics() writes exactly these.
 #pragma once
 
 #include <cstdint>

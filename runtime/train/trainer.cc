@@ -26,6 +26,7 @@
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/moe_step.h"
 #include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/tensorboard.h"
@@ -116,6 +117,7 @@ struct Trainer::State {
   Clock::time_point loop_start;
   int64_t loop_first_step = 0;
   std::unique_ptr<UpdateNorms> update_norms;   // logger.log_update_norms
+  std::unique_ptr<MoeStep> moe;                // the MoE layers' step accounting
   std::vector<StepMetrics> history;            // what the loss picture draws
   // The tokenizer of the end-of-run sample; null when no sample is printed (not asked for,
   // or the model's vocabulary cannot hold the tokenizer's: a finished run never fails there).
@@ -282,8 +284,11 @@ void Trainer::State::setup_model_and_sharding() {
                                                 cp_group->rank());
   }
   models::set_activation_recompute(*model, recompute_of(recipe));
-  flops_per_token = train::flops_per_token(n_params, int(model_config.n_layer),
-                                           int(model_config.d_model), int(model_config.seq_len));
+  // A token runs through k of each MoE layer's E experts: the FLOPs count active parameters.
+  flops_per_token = train::flops_per_token(
+      n_params - int64_t(model_config.inactive_parameters_per_token()),
+      int(model_config.n_layer), int(model_config.d_model), int(model_config.seq_len));
+  moe = std::make_unique<MoeStep>(*model, recipe.model.moe_router_bias_update_rate);
   // A run whose predicted memory exceeds the device is refused before anything is allocated.
   check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(), world->local_size());
   fsdp_options = fsdp_options_of(recipe);
@@ -336,6 +341,11 @@ void Trainer::State::setup_output() {
   checkpoints->check_save_directory();
   std::optional<int64_t> resumed;
   if (options.resume) resumed = checkpoints->resume();
+  // The expert biases are training state that checkpoints do not hold yet: a resume would
+  // restart them at zero and leave the run's curve without saying so.
+  FSDP_CHECK(!resumed || !model_config.moe_router_enable_expert_bias, ConfigError,
+             "resuming with 'model.moe_router_enable_expert_bias' is not supported yet: the "
+             "expert biases are not in checkpoints (set checkpoint.load=null to start fresh)");
   if (resumed) step = *resumed;
   // The resolved recipe, and the step logs (a resumed run keeps their earlier lines).
   if (world->rank() == 0) {
@@ -427,6 +437,7 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), x_local, y_local;
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
   sharded->start_step();
+  moe->start_step();
   clock->start_micro_batches();
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
@@ -581,7 +592,11 @@ TrainResult Trainer::run_steps() {
     }
     // One small all-reduce carries the losses and any rank's stop request.
     const bool stop_here = s.options.stop_requested && s.options.stop_requested();
-    const std::vector<double> summed = s.sum_over_ranks({*local_loss, stop_here ? 1.0 : 0.0});
+    // The MoE layers' totals ride along (empty for a dense model).
+    std::vector<double> local = {*local_loss, stop_here ? 1.0 : 0.0};
+    const std::vector<double> moe_local = s.moe->local_values();
+    if (s.moe->active()) local.insert(local.end(), moe_local.begin(), moe_local.end());
+    const std::vector<double> summed = s.sum_over_ranks(local);
     // Every rank's micro-batch losses (the tensor-parallel ranks of one data-parallel rank
     // compute the same ones).
     const double loss = summed[0] / double(s.accum * s.world->size());
@@ -593,6 +608,14 @@ TrainResult Trainer::run_steps() {
 
     StepMetrics m = stats.metrics(s.step, loss, lr, norm, dt);
     if (s.update_norms) m.update_norms = s.update_norms->after_step();
+    if (s.moe->active())
+      s.moe->finish_step(*s.ctx, std::vector<double>(summed.begin() + 2, summed.end()),
+                         double(s.accum * s.world->size()), m);
+    if (m.moe_aux_loss) {
+      result.moe_aux_losses.push_back(*m.moe_aux_loss);
+      result.moe_z_losses.push_back(*m.moe_z_loss);
+      result.moe_max_loads.push_back(*m.moe_max_load);
+    }
     const bool eval_now = s.val_data && s.recipe.train.eval_interval > 0 &&
                           (s.step % s.recipe.train.eval_interval == 0 || s.step == total);
     if (eval_now) {

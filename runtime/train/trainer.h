@@ -66,6 +66,9 @@ struct TrainResult {
   std::vector<double> losses;        // mean loss of each step this run trained
   std::vector<double> grad_norms;    // each step's global gradient norm, before clipping
   std::vector<double> val_losses;    // each evaluation's mean validation loss
+  // MoE models: each step's auxiliary losses (StepMetrics::moe_aux_loss, moe_z_loss) and
+  // load (moe_max_load); empty for dense models.
+  std::vector<double> moe_aux_losses, moe_z_losses, moe_max_loads;
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any
   // Timing over the steps after options.warmup_steps (all ranks together).

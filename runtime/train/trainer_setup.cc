@@ -23,6 +23,18 @@ models::ModelConfig model_config_of(const Recipe& r) {
   c.tie_embeddings = r.model.tie_embeddings;
   c.fp32_residual_connection = r.model.fp32_residual_connection;
   c.classifier_chunk_rows = r.model.classifier_chunk_rows;
+  c.num_moe_experts = r.model.num_moe_experts;
+  c.moe_router_topk = r.model.moe_router_topk;
+  c.moe_ffn_hidden_size = r.model.moe_ffn_hidden_size;
+  c.moe_shared_expert_intermediate_size = r.model.moe_shared_expert_intermediate_size;
+  c.moe_layer_freq = r.model.moe_layer_freq;
+  c.moe_first_k_dense_replace = r.model.moe_first_k_dense_replace;
+  c.moe_router_score_function = r.model.moe_router_score_function;
+  c.moe_router_normalize = r.model.moe_router_normalize;
+  c.moe_router_enable_expert_bias = r.model.moe_router_enable_expert_bias;
+  c.moe_router_load_balancing_type = r.model.moe_router_load_balancing_type;
+  c.moe_aux_loss_coeff = r.model.moe_aux_loss_coeff;
+  c.moe_z_loss_coeff = r.model.moe_z_loss_coeff;
   return c.resolved();
 }
 
@@ -133,18 +145,38 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // parallelism splits them too.
   const int64_t stream_parts = sequence_parallel ? tp : 1;
   int64_t layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + C + mlp) / tp * e);
-  if (recompute == models::Recompute::full) layer_bytes = n * C * r / stream_parts;  // the block input
+  // An MoE layer (runtime/nn/moe.cc) keeps, instead of the dense MLP's hidden tensors, each
+  // token's k expert rows (the permuted input, the hidden pre- and post-activation, the
+  // expert output), a shared expert's hidden tensors, and per token the router's scores and
+  // the losses' gradients (E each), the choices, weights and row map (k each).
+  const int64_t stat = compute == DType::f64 ? 8 : 4;
+  int64_t moe_layer_bytes = layer_bytes;
+  if (c.is_moe()) {
+    const int64_t Fe = c.moe_ffn_hidden_size ? c.moe_ffn_hidden_size : F;
+    const int64_t Fs = c.moe_shared_expert_intermediate_size;
+    const int64_t k = c.moe_router_topk, E = c.num_moe_experts;
+    const bool llama = c.family == models::Family::Llama;
+    const bool selective = recompute == models::Recompute::selective;
+    const int64_t expert = (llama ? 2 : 1) * Fe + (selective ? 0 : Fe);
+    const int64_t shared = Fs > 0 ? (llama ? 2 : 1) * Fs + (selective ? 0 : Fs) : 0;
+    moe_layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + C) / tp * e +
+                           k * (2 * C + expert) * e + shared * e + E * (2 * stat + e) +
+                           k * (8 + stat));
+  }
+  const int64_t moe_layers = c.num_moe_layers();
+  if (recompute == models::Recompute::full) {
+    layer_bytes = moe_layer_bytes = n * C * r / stream_parts;  // the block input
+  }
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
   // head-weight gradient (Vp, C) (f64 for f64 compute); the per-token losses; the embedding
   // output. The (n, Vp) logits are never held. Tensor parallelism splits the vocabulary:
   // Vp / tp rows each.
   const int64_t chunk = c.classifier_chunk_rows == 0 ? n : std::min(c.classifier_chunk_rows, n);
-  const int64_t stat = compute == DType::f64 ? 8 : 4;
   const int64_t vocab_rows = c.padded_vocab_size / tp;
   const int64_t head = chunk * vocab_rows * e + n * C * e + vocab_rows * C * stat + n * stat +
                        n * C * r;
-  return L * layer_bytes + head;
+  return (L - moe_layers) * layer_bytes + moe_layers * moe_layer_bytes + head;
 }
 
 }  // namespace fsdp::train

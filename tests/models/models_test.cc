@@ -287,6 +287,173 @@ TEST_CASE("tiny models on CUDA match the CPU reference", "[models][gpu]") {
   }
 }
 
+ModelConfig tiny_moe(Family family) {
+  ModelConfig c = tiny(family);
+  c.n_layer = 3;
+  c.num_moe_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 6;
+  c.moe_shared_expert_intermediate_size = 5;
+  c.moe_layer_freq = 2;  // layers 0 and 2
+  return c;
+}
+
+TEST_CASE("MoE layers: where the frequency says, named and counted as documented", "[models][moe]") {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    INFO(family_name(f));
+    const ModelConfig c = tiny_moe(f).resolved();
+    CHECK(c.is_moe_layer(0));
+    CHECK_FALSE(c.is_moe_layer(1));
+    CHECK(c.is_moe_layer(2));
+    CHECK(c.num_moe_layers() == 2);
+    auto model = build_model(c);
+    CHECK(model->moe_layers().size() == 2);
+    const std::string p = f == Family::GPT2 ? "h." : "layers.";
+    const bool llama = f == Family::Llama;
+    CHECK(model->find_parameter(p + "0.mlp.router.weight")->shape() == Shape{4, 16});
+    CHECK(model->find_parameter(p + "0.mlp.experts." + (llama ? "gate_up" : "fc"))->shape() ==
+          Shape{4, llama ? 12 : 6, 16});
+    CHECK(model->find_parameter(p + "2.mlp.experts.proj")->shape() == Shape{4, 16, 6});
+    CHECK(model->find_parameter(p + "2.mlp.shared_expert.proj.weight")->shape() == Shape{16, 5});
+    CHECK(model->find_parameter(p + "1.mlp.proj.weight") != nullptr);  // dense layer 1
+    CHECK(model->find_parameter(p + "1.mlp.router.weight") == nullptr);
+    // The estimate's MoE term is exact: what the experts add over the dense model.
+    ModelConfig dense = c;
+    dense.num_moe_experts = 0;
+    CHECK(double(model->num_parameters() - build_model(dense)->num_parameters()) ==
+          c.parameter_estimate() - dense.parameter_estimate());
+    // A token uses k = 2 of the 4 experts in each of the 2 MoE layers.
+    CHECK(c.inactive_parameters_per_token() == 2.0 * 2 * (llama ? 3 : 2) * 16 * 6);
+    // It trains: a loss near ln(vocab), finite gradients for the router and experts.
+    Context ctx;
+    nn::materialize(ctx, *model, DType::f64, 5);
+    Graph g(ctx);
+    const Tensor loss = model->forward(g, ids(ctx, pattern(16, 7, 1, 30), 2, 8),
+                                       ids(ctx, pattern(16, 3, 5, 30), 2, 8));
+    CHECK(ops::item(ctx, loss) == Approx(std::log(30.0)).epsilon(0.05));
+    g.backward(loss, 1.0);
+    CHECK(ops::item(ctx, ops::max_abs(ctx, model->find_parameter(p + "0.mlp.router.weight")->grad)) > 0);
+  }
+}
+
+TEST_CASE("activation recompute changes no MoE loss, gradient or statistic (bitwise)",
+          "[models][moe][recompute]") {
+  Context ctx;
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    ModelConfig c = tiny_moe(f);
+    c.moe_aux_loss_coeff = 0.1;
+    c.moe_z_loss_coeff = 0.01;
+    std::vector<std::vector<float>> reference;
+    std::vector<double> reference_stats;
+    for (const char* mode : {"none", "full", "selective"}) {
+      INFO(family_name(f) << " " << mode);
+      auto model = build_model(c);
+      nn::materialize(ctx, *model, DType::f32, 21);
+      set_activation_recompute(*model, recompute_from_name(mode));
+      Graph g(ctx);
+      const Tensor loss = model->forward(g, ids(ctx, pattern(16, 7, 1, 30), 2, 8),
+                                         ids(ctx, pattern(16, 3, 5, 30), 2, 8));
+      g.backward(loss, 1.0);
+      std::vector<std::vector<float>> gr;
+      for (nn::Parameter* p : model->named_parameters())
+        gr.push_back(ops::to_vector<float>(ctx, p->grad));
+      // Each layer counted its one forward once, also when backward re-ran it.
+      std::vector<double> stats;
+      for (nn::MoELayer* l : model->moe_layers()) {
+        CHECK(l->stats().forwards == 1);
+        stats.push_back(l->stats().aux_loss);
+        stats.push_back(l->stats().z_loss);
+      }
+      if (std::string(mode) == "none") {
+        reference = gr;
+        reference_stats = stats;
+      } else {
+        CHECK(gr == reference);
+        CHECK(stats == reference_stats);
+      }
+    }
+  }
+}
+
+TEST_CASE("tiny MoE models on CUDA match the CPU reference", "[models][moe][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context cpu;
+  Context gpu(Device::cuda(0));
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    // f32: the same routing on both (the gaps between scores are far above f32 rounding), so
+    // only summation order differs. bf16 rounds the router's logits to 8 bits, which can move
+    // a token to another expert: there the loss is compared, and the gradients are finite.
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      INFO(family_name(f) << " " << dtype_name(dtype));
+      ModelConfig config = tiny_moe(f);
+      config.moe_aux_loss_coeff = 0.1;
+      config.moe_z_loss_coeff = 0.01;
+      if (f == Family::GPT2) {
+        config.moe_router_score_function = "sigmoid";
+        config.moe_router_enable_expert_bias = true;
+        config.moe_router_load_balancing_type = "seq_aux_loss";
+      }
+      auto on_gpu = build_model(config);
+      auto on_cpu = build_model(config);
+      nn::materialize(gpu, *on_gpu, dtype, 31);
+      const std::vector<nn::Parameter*> gp = on_gpu->named_parameters();
+      const std::vector<nn::Parameter*> cp = on_cpu->named_parameters();
+      for (size_t i = 0; i < gp.size(); ++i)
+        cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
+      const std::vector<int32_t> idx = pattern(16, 7, 1, 30), tgt = pattern(16, 3, 5, 30);
+      Graph gg(gpu), gc(cpu);
+      const Tensor lg = on_gpu->forward(gg, ids(gpu, idx, 2, 8), ids(gpu, tgt, 2, 8));
+      const Tensor lc = on_cpu->forward(gc, ids(cpu, idx, 2, 8), ids(cpu, tgt, 2, 8));
+      const double tolerance = dtype == DType::f32 ? 1e-4 : 3e-2;
+      CHECK(ops::item(gpu, lg) == Approx(ops::item(cpu, lc)).epsilon(tolerance));
+      gg.backward(lg, 1.0);
+      gc.backward(lc, 1.0);
+      const std::vector<nn::MoELayer*> mg = on_gpu->moe_layers(), mc = on_cpu->moe_layers();
+      for (size_t l = 0; l < mg.size(); ++l) {
+        CHECK(mg[l]->stats().aux_loss == Approx(mc[l]->stats().aux_loss).epsilon(tolerance));
+        CHECK(mg[l]->stats().z_loss == Approx(mc[l]->stats().z_loss).epsilon(tolerance));
+        if (dtype == DType::f32) CHECK(mg[l]->stats().counts == mc[l]->stats().counts);
+      }
+      for (size_t i = 0; i < gp.size(); ++i) {
+        INFO(gp[i]->name());
+        if (dtype == DType::f32)
+          CHECK(rel_l2(gpu, gp[i]->grad, cp[i]->grad) <= 1e-4);
+        else
+          CHECK(std::isfinite(ops::item(gpu, ops::max_abs(gpu, gp[i]->grad))));
+      }
+    }
+  }
+}
+
+TEST_CASE("MoE configs refuse inconsistent values by key", "[models][moe]") {
+  auto error = [](ModelConfig c) -> std::string {
+    try {
+      c.resolved();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  ModelConfig c = tiny_moe(Family::Llama);
+  c.moe_router_topk = 5;
+  CHECK_THAT(error(c), Catch::Contains("model.moe_router_topk"));
+  c = tiny_moe(Family::Llama);
+  c.moe_router_score_function = "relu";
+  CHECK_THAT(error(c), Catch::Contains("model.moe_router_score_function"));
+  c = tiny_moe(Family::Llama);
+  c.moe_router_load_balancing_type = "sinkhorn";
+  CHECK_THAT(error(c), Catch::Contains("model.moe_router_load_balancing_type"));
+  c = tiny_moe(Family::Llama);
+  c.moe_first_k_dense_replace = 3;
+  CHECK_THAT(error(c), Catch::Contains("no layer is an MoE layer"));
+  c = tiny_moe(Family::Llama);
+  c.moe_layer_freq = 0;
+  CHECK_THAT(error(c), Catch::Contains("model.moe_layer_freq"));
+  c = tiny_moe(Family::Llama);
+  c.moe_ffn_hidden_size = 0;  // defaults to d_ff
+  CHECK(c.resolved().moe_ffn_hidden_size == c.resolved().d_ff);
+}
+
 TEST_CASE("absurd model sizes are refused by name before anything is built", "[models]") {
   struct Case {
     const char* what;

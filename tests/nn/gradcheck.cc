@@ -71,7 +71,8 @@ void check_gradients(Context& ctx, const GradCase& c) {
   auto loss = [&] {
     Graph g(ctx);
     autograd::NoGradGuard no_grad(g);
-    return weighted_sum(c.forward(g, c.inputs), r, ctx);
+    const double l = weighted_sum(c.forward(g, c.inputs), r, ctx);
+    return c.added_to_loss ? l + c.added_to_loss() : l;
   };
   for (const Checked& t : checked) {
     INFO("gradient of " << t.name);

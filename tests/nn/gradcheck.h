@@ -20,6 +20,10 @@ struct GradCase {
   // The function under test: any output shape. The harness checks the gradients of
   // L = sum(output * R) for a fixed random R of the output's shape.
   std::function<Tensor(autograd::Graph&, const std::vector<Tensor>& inputs)> forward;
+  // Optional: a scalar the function adds to the objective by itself, read after each
+  // forward (a loss whose gradient the function's backward adds without a seed, such as a
+  // mixture-of-experts layer's auxiliary losses). L = sum(output * R) + added_to_loss().
+  std::function<double()> added_to_loss;
 };
 
 // Runs one case and CHECKs every gradient element against (L(x + h) - L(x - h)) / 2h.

@@ -30,7 +30,12 @@ TEST_CASE("every recipe in configs/ loads and splits its batch", "[recipe][confi
     CHECK_NOTHROW(r.validate_world(1));
     CHECK(r.grad_accum_steps(1) >= 1);
     CHECK(r.model.padded_vocab_size % 128 == 0);
-    CHECK(r.model.vocab_size == 50257);  // all use the shipped GPT-2 tokenizer
+    // All use the shipped GPT-2 tokenizer; the MoE recipes of published models keep their
+    // models' larger vocabularies (for memory and FLOP estimates), which hold its ids.
+    if (r.model.num_moe_experts == 0 || name == "moe-tiny.json")
+      CHECK(r.model.vocab_size == 50257);
+    else
+      CHECK(r.model.vocab_size >= 50257);
     CHECK(r.run.output_dir.rfind("runs/", 0) == 0);
   }
 }
@@ -134,4 +139,48 @@ TEST_CASE("configs/llama-7b.json is a Llama-style model of about 7B parameters",
   int64_t total = 2 * int64_t(m.padded_vocab_size) * d + m.n_layer * per_block + d;
   CHECK(total > 6500000000);
   CHECK(total < 8000000000);
+}
+
+TEST_CASE("configs/moe-tiny.json is a small Llama MoE for CPUs on the embedded text", "[configs]") {
+  Recipe r = load_recipe("configs/moe-tiny.json");
+  CHECK(r.model.family == "llama");
+  CHECK(r.model.n_layer == 4);
+  CHECK(r.model.d_model == 128);
+  CHECK(r.model.num_moe_experts == 8);
+  CHECK(r.model.moe_router_topk == 2);
+  CHECK(r.model.moe_ffn_hidden_size == 256);
+  CHECK(r.model.moe_shared_expert_intermediate_size == 256);
+  CHECK(r.model.moe_aux_loss_coeff > 0);
+  CHECK(r.dist.device == "auto");
+  CHECK(std::filesystem::is_regular_file(r.dataset.train_path));
+  for (int dp : {1, 2, 4}) CHECK_NOTHROW(parse_recipe(r.to_json_string(), {"train.global_batch_size=8",
+                                                                       "train.micro_batch_size=2"})
+                                             .validate_world(dp));
+}
+
+TEST_CASE("configs/olmoe-1b-7b.json and qwen3-30b-a3b.json are the published MoE shapes",
+          "[configs]") {
+  Recipe o = load_recipe("configs/olmoe-1b-7b.json");
+  CHECK(o.model.n_layer == 16);
+  CHECK(o.model.d_model == 2048);
+  CHECK(o.model.n_head == 16);
+  CHECK(o.model.num_moe_experts == 64);
+  CHECK(o.model.moe_router_topk == 8);
+  CHECK(o.model.moe_ffn_hidden_size == 1024);
+  CHECK(o.model.vocab_size == 50304);
+  CHECK(o.model.seq_length == 4096);
+  CHECK(o.model.moe_router_score_function == "softmax");
+  CHECK_FALSE(o.model.moe_router_normalize);
+  CHECK(o.model.moe_aux_loss_coeff == 0.01);
+  CHECK(o.model.moe_z_loss_coeff == 0.001);
+  Recipe q = load_recipe("configs/qwen3-30b-a3b.json");
+  CHECK(q.model.n_layer == 48);
+  CHECK(q.model.d_model == 2048);
+  CHECK(q.model.n_head == 32);
+  CHECK(q.model.n_kv_head == 4);
+  CHECK(q.model.num_moe_experts == 128);
+  CHECK(q.model.moe_router_topk == 8);
+  CHECK(q.model.moe_ffn_hidden_size == 768);
+  CHECK(q.model.vocab_size == 151936);
+  CHECK(q.model.moe_router_normalize);
 }

@@ -208,3 +208,22 @@ TEST_CASE("durations are shown in their two largest units", "[metrics]") {
   CHECK(format_duration(-1) == "?");
   CHECK(format_duration(1.0 / 0.0) == "?");
 }
+
+TEST_CASE("an MoE model's losses and load are in its step line and metrics record", "[metrics]") {
+  StepMetrics m = record(10, 5.4321);
+  CHECK(metrics_json_line(m).find("moe_") == std::string::npos);  // dense: absent
+  m.moe_aux_loss = 2.0625;
+  m.moe_z_loss = 0.125;
+  m.moe_max_load = 1.75;
+  CHECK(format_step_line(m, 200, false) ==
+        "step 10/200 | loss 5.4321 | lr 1.000e-03 | grad norm 0.750 | aux 2.0625 | z 0.1250 | "
+        "max load 1.75 | 12.3k tok/s | mem 3.00 GiB | 250.0 ms");
+  const StepMetrics back = parse_metrics_line(metrics_json_line(m));
+  REQUIRE(back.moe_aux_loss);
+  CHECK(*back.moe_aux_loss == 2.0625);
+  REQUIRE(back.moe_z_loss);
+  CHECK(*back.moe_z_loss == 0.125);
+  REQUIRE(back.moe_max_load);
+  CHECK(*back.moe_max_load == 1.75);
+  CHECK_FALSE(parse_metrics_line(metrics_json_line(record(1, 1.0))).moe_aux_loss);
+}

@@ -229,3 +229,20 @@ TEST_CASE("a recipe path that is missing or a directory is a configuration error
   CHECK_THROWS_AS(load_recipe("/nonexistent/recipe.json"), ConfigError);
   CHECK_THROWS_WITH(load_recipe("/"), Catch::Contains("is not a file"));
 }
+
+TEST_CASE("MoE recipes refuse what this build cannot run, by key", "[recipe][moe]") {
+  const std::string moe = R"({"model": {"num_moe_experts": 4, "moe_router_topk": 2}})";
+  CHECK_THAT(config_error(moe, {"model.moe_router_topk=5"}),
+             Catch::Contains("'model.moe_router_topk' (5) must not exceed 'model.num_moe_experts' (4)"));
+  CHECK_THAT(config_error(moe, {"model.expert_model_parallel_size=2"}),
+             Catch::Contains("'model.expert_model_parallel_size' (2) must be 1"));
+  CHECK_THAT(config_error(moe, {"model.tensor_model_parallel_size=2"}),
+             Catch::Contains("'model.tensor_model_parallel_size' 2 with 'model.num_moe_experts'"));
+  CHECK_THAT(config_error(moe, {"model.context_parallel_size=2"}),
+             Catch::Contains("'model.context_parallel_size' 2 with 'model.num_moe_experts'"));
+  CHECK_THAT(config_error(moe, {"model.moe_router_score_function=relu"}),
+             Catch::Contains("model.moe_router_score_function"));
+  CHECK_THAT(config_error(moe, {"model.moe_token_dispatcher_type=flex"}),
+             Catch::Contains("model.moe_token_dispatcher_type"));
+  CHECK_NOTHROW(parse_recipe(moe, {"model.moe_token_dispatcher_type=allgather"}));
+}

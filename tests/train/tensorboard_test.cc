@@ -219,6 +219,9 @@ TEST_CASE("TensorBoard writer: a logged step's metrics, optional ones only when 
     m.val_loss = 6.5;
     m.mfu = 0.41;
     m.update_norms["h.*.attn.qkv.weight"] = 0.01;
+    m.moe_aux_loss = 2.5;
+    m.moe_z_loss = 0.25;
+    m.moe_max_load = 1.5;
     writer.add_step_metrics(m);
   }
   const std::vector<std::string> records = read_records(path);
@@ -237,6 +240,10 @@ TEST_CASE("TensorBoard writer: a logged step's metrics, optional ones only when 
   CHECK(value_of(100, "val/loss") == 6.5f);
   CHECK(value_of(100, "train/mfu") == 0.41f);
   CHECK(value_of(100, "update_norm/h.*.attn.qkv.weight") == 0.01f);
+  CHECK_FALSE(value_of(50, "moe/aux_loss"));
+  CHECK(value_of(100, "moe/aux_loss") == 2.5f);
+  CHECK(value_of(100, "moe/z_loss") == 0.25f);
+  CHECK(value_of(100, "moe/max_load") == 1.5f);
 }
 
 TEST_CASE("TensorBoard writer: a directory it cannot create is an IoError naming it",

@@ -79,6 +79,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 std::vector<HfTensor> hf_tensors(const models::ModelConfig& c) {
+  // Refused rather than half-mapped: the experts' (E, ...) tensors have no rows here yet.
+  FSDP_CHECK(!c.is_moe(), ConfigError, "the Hugging Face format of mixture-of-experts models "
+             "(model.num_moe_experts ", c.num_moe_experts, ") is not mapped yet");
   return c.family == models::Family::GPT2 ? gpt2_tensors(c) : llama_tensors(c);
 }
 

@@ -1,0 +1,243 @@
+// The mixture-of-experts layer: the routed experts as one differentiable op (nn::moe), and
+// the module around it (MoELayer). One node for the whole routed path keeps the many
+// intermediate index tensors out of the tape and lets backward reuse the forward's host
+// copy of the expert counts.
+#include "runtime/nn/moe.h"
+
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "runtime/nn/functional.h"
+#include "runtime/nn/op_support.h"
+
+namespace fsdp::nn {
+
+using detail::rows;
+
+namespace {
+
+void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, const Tensor& h) {
+  if (act == MlpActivation::Gelu)
+    ops::gelu_forward(ctx, out, h);
+  else
+    ops::swiglu_forward(ctx, out, h);
+}
+
+// A host (N, E) f64 copy of t (any floating dtype).
+std::vector<double> host_f64(Context& ctx, const Tensor& t) {
+  return ops::to_vector<double>(ctx, ops::cast(ctx, t, DType::f64));
+}
+
+}  // namespace
+
+Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
+           MlpActivation activation, const MoeOptions& o, const Tensor& expert_bias,
+           MoeStats* stats, bool recompute_activation) {
+  Context& ctx = g.ctx();
+  const Tensor& w_router = router.checked_data();  // (E, C)
+  const Tensor& w_fc = fc.checked_data();          // (E, F or 2F, C)
+  const Tensor& w_proj = proj.checked_data();      // (E, C, F)
+  const int64_t E = w_router.size(0), C = w_router.size(1), k = o.top_k;
+  const int64_t h_f = w_fc.size(1), f = w_proj.size(2);
+  const bool gelu = activation == MlpActivation::Gelu;
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == C, ShapeError, "moe ", router.name(), ": input ",
+             x.str(), " does not end in ", C, " features");
+  FSDP_CHECK(w_fc.dim() == 3 && w_proj.dim() == 3 && w_fc.size(0) == E && w_proj.size(0) == E &&
+                 w_fc.size(2) == C && w_proj.size(1) == C && h_f == (gelu ? f : 2 * f),
+             ShapeError, "moe: ", fc.name(), " ", w_fc.str(), " and ", proj.name(), " ",
+             w_proj.str(), " are not the ", gelu ? "GELU" : "SwiGLU", " experts of ",
+             router.name(), " ", w_router.str());
+  FSDP_CHECK(k >= 1 && k <= E, ConfigError, "moe ", router.name(), ": top_k ", k,
+             " must be in [1, ", E, "]");
+  detail::check_compute_dtype(x, router, "moe");
+  const DType cd = w_fc.dtype(), sd = stat_dtype(cd);
+  const Tensor x2 = rows(ctx, x, C);  // (N, C)
+  const int64_t N = x2.size(0), R = N * k;
+  FSDP_CHECK(N > 0, ShapeError, "moe ", router.name(), ": no tokens in ", x.str());
+
+  // Routing: logits (N, E) -> the k experts of each token and their weights.
+  Tensor logits = ctx.empty(Shape{N, E}, cd);
+  ops::matmul(ctx, logits, x2, w_router, false, true);
+  const Tensor indices = ctx.empty(Shape{N, k}, DType::i32);  // (N, k)
+  const Tensor weights = ctx.empty(Shape{N, k}, sd);          // (N, k)
+  const Tensor scores = ctx.empty(Shape{N, E}, sd);           // (N, E)
+  ops::RouterOptions ro;
+  ro.score = o.score;
+  ro.top_k = k;
+  ro.normalize = o.normalize;
+  ops::moe_router_forward(ctx, indices, weights, scores, logits, ro, expert_bias);
+
+  // Dropless dispatch: every (token, expert) pair becomes one row of its expert's group.
+  const Tensor counts_dev = ctx.empty(Shape{E}, DType::i32);  // (E)
+  const Tensor source = ctx.empty(Shape{R}, DType::i32);      // (R) token of each sorted row
+  const Tensor dest = ctx.empty(Shape{N, k}, DType::i32);     // (N, k) row of each pair
+  ops::moe_sort_by_expert(ctx, counts_dev, source, dest, indices);
+  std::vector<int64_t> counts;  // on the host: the grouped matmuls split their rows by it
+  for (int32_t c : ops::to_vector<int32_t>(ctx, counts_dev)) counts.push_back(c);
+
+  const Tensor xs = ctx.empty(Shape{R, C}, cd);  // (R, C) the rows, grouped by expert
+  ops::moe_permute(ctx, xs, x2, source);
+  const Tensor h = ctx.empty(Shape{R, h_f}, cd);  // (R, F or 2F) the activation's input
+  ops::moe_grouped_matmul(ctx, h, xs, w_fc, counts);
+  Tensor a = ctx.empty(Shape{R, f}, cd);  // (R, F)
+  activation_forward(ctx, activation, a, h);
+  const Tensor ys = ctx.empty(Shape{R, C}, cd);  // (R, C) each row's expert output
+  ops::moe_grouped_matmul(ctx, ys, a, w_proj, counts);
+  Tensor y = ctx.empty(x.shape(), cd);  // (..., C)
+  ops::moe_unpermute(ctx, y.view(Shape{N, C}), ys, weights, dest);
+
+  // The auxiliary losses, from host copies of the routing.
+  MoeLossInputs li;
+  li.tokens = N;
+  li.experts = E;
+  li.top_k = k;
+  li.sequences = x.dim() == 3 ? x.size(0) : 1;
+  li.sigmoid = o.score == ops::RouterScore::Sigmoid;
+  li.balancing = o.balancing;
+  li.aux_coeff = o.aux_loss_coeff;
+  li.z_coeff = o.z_loss_coeff;
+  std::vector<double> h_scores, h_logits;
+  std::vector<int32_t> h_indices;
+  if (o.balancing != MoeBalancing::None) {
+    h_scores = host_f64(ctx, scores);
+    h_indices = ops::to_vector<int32_t>(ctx, indices);
+    li.scores = h_scores.data();
+    li.indices = h_indices.data();
+  }
+  if (o.z_loss_coeff > 0) {
+    h_logits = host_f64(ctx, logits);
+    li.logits = h_logits.data();
+  }
+  const MoeLosses losses = moe_losses(li);
+  if (stats && !g.recomputing()) {
+    stats->forwards++;
+    stats->aux_loss += losses.aux;
+    stats->z_loss += losses.z;
+    stats->counts.resize(size_t(E), 0.0);
+    for (int64_t e = 0; e < E; ++e) stats->counts[size_t(e)] += double(counts[size_t(e)]);
+  }
+  if (!g.should_record({&x}, true)) return y;
+
+  // The losses' gradients, ready for backward (the coefficients are in them).
+  const Tensor dscores = losses.dscores.empty()
+                             ? Tensor()
+                             : ops::from_vector(ctx, losses.dscores, Shape{N, E}, sd);
+  const Tensor dlogits_z = losses.dlogits.empty()
+                               ? Tensor()
+                               : ops::from_vector(ctx, losses.dlogits, Shape{N, E}, cd);
+  y = Graph::track(y);
+  const Tensor saved_a = recompute_activation ? Tensor() : a;
+  a = Tensor();
+  g.record("moe:" + router.name(), {y.autograd_meta()},
+           [tx = Graph::target(x), ym = y.autograd_meta(), x2, indices, weights, scores, dest,
+            counts, xs, h, saved_a, ys, dscores, dlogits_z, &router, &fc, &proj, activation, ro,
+            N, C, E, R, h_f, f](Graph& g) {
+             Context& ctx = g.ctx();
+             const DType cd = xs.dtype(), sd = weights.dtype();
+             // The auxiliary losses send gradients even where the output gets none.
+             Tensor dy = Graph::grad_of(ym);
+             dy = dy.defined() ? rows(ctx, dy, C) : ops::zeros(ctx, Shape{N, C}, cd);  // (N, C)
+             // The combine: dys (R, C) and the routing weights' gradient (N, k).
+             const Tensor dys = ctx.empty(Shape{R, C}, cd);
+             const Tensor dweights = ctx.empty(weights.shape(), sd);
+             ops::moe_unpermute_backward(ctx, dys, dweights, dy, ys, weights, dest);
+             Tensor a = saved_a;
+             if (!a.defined()) {
+               a = ctx.empty(Shape{R, f}, cd);  // (R, F), recomputed
+               activation_forward(ctx, activation, a, h);
+             }
+             // proj: da (R, F) = dys_e @ proj_e; dproj_e (C, F) += dys_e^T @ a_e
+             const Tensor da = ctx.empty(Shape{R, f}, cd);
+             ops::moe_grouped_matmul_backward(ctx, da, proj.grad_for_accumulation(ctx), dys, a,
+                                              proj.checked_data(), counts, true);
+             a = Tensor();
+             const Tensor dh = ctx.empty(Shape{R, h_f}, cd);  // (R, F or 2F)
+             if (activation == MlpActivation::Gelu)
+               ops::gelu_backward(ctx, dh, da, h);
+             else
+               ops::swiglu_backward(ctx, dh, da, h);
+             // fc: dxs (R, C) = dh_e @ fc_e; dfc_e += dh_e^T @ xs_e
+             const Tensor dxs = ctx.empty(Shape{R, C}, cd);
+             ops::moe_grouped_matmul_backward(ctx, dxs, fc.grad_for_accumulation(ctx), dh, xs,
+                                              fc.checked_data(), counts, true);
+             // The router: dlogits (N, E) from the weights' gradient and the balancing loss's
+             // gradient of the scores, plus the z-loss's gradient of the logits.
+             const Tensor dlogits = ctx.empty(Shape{N, E}, cd);
+             ops::moe_router_backward(ctx, dlogits, dweights, scores, indices, ro, dscores);
+             if (dlogits_z.defined()) ops::axpby(ctx, dlogits, 1.0, dlogits_z, 1.0);
+             // drouter (E, C) += dlogits^T @ x
+             ops::matmul(ctx, router.grad_for_accumulation(ctx), dlogits, x2, true, false, 1.0,
+                         1.0);
+             const autograd::GradSink sx = g.grad_sink(tx);
+             if (!sx.defined()) return;
+             // dx (N, C) (+)= the sum of each token's k rows of dxs, + dlogits @ W_router
+             const Tensor dx = sx.buffer.view(Shape{N, C});
+             ops::moe_permute_backward(ctx, dx, dxs, dest, sx.accumulate);
+             ops::matmul(ctx, dx, dlogits, router.checked_data(), false, false, 1.0, 1.0);
+           });
+  return y;
+}
+
+// ---------------------------------------------------------------- modules
+
+ExpertWeights::ExpertWeights(int64_t experts, int64_t dim, int64_t hidden,
+                             MlpActivation activation, InitRule init, InitRule proj_init) {
+  const bool gelu = activation == MlpActivation::Gelu;
+  fc_ = &add_parameter(gelu ? "fc" : "gate_up", Shape{experts, gelu ? hidden : 2 * hidden, dim},
+                       init, true);
+  proj_ = &add_parameter("proj", Shape{experts, dim, hidden}, proj_init, true);
+}
+
+namespace {
+
+std::unique_ptr<MLP> shared_mlp(int64_t dim, int64_t hidden, MlpActivation activation,
+                                InitRule init, InitRule proj_init) {
+  if (hidden <= 0) return nullptr;
+  if (activation == MlpActivation::Gelu)
+    return std::make_unique<GeluMLP>(dim, hidden, false, init, proj_init);
+  return std::make_unique<SwiGLUMLP>(dim, hidden, false, init, proj_init);
+}
+
+}  // namespace
+
+MoELayer::MoELayer(int64_t dim, const MoeOptions& options, int64_t shared_hidden,
+                   MlpActivation activation, InitRule init, InitRule proj_init)
+    : router(dim, options.experts, false, init),
+      experts(options.experts, dim, options.hidden, activation, init, proj_init),
+      shared_expert(shared_mlp(dim, shared_hidden, activation, init, proj_init)),
+      options_(options),
+      activation_(activation) {
+  FSDP_CHECK(options.experts >= 1 && options.top_k >= 1 && options.top_k <= options.experts &&
+                 options.hidden >= 1,
+             ConfigError, "MoE layer: ", options.experts, " experts, top ", options.top_k,
+             ", hidden ", options.hidden, " do not make a layer");
+  add_module("router", router);
+  add_module("experts", experts);
+  if (shared_expert) add_module("shared_expert", *shared_expert);
+  stats_.counts.assign(size_t(options.experts), 0.0);
+}
+
+Tensor MoELayer::compute(Graph& g, const Tensor& x) {
+  if (options_.expert_bias && !expert_bias_.defined())
+    expert_bias_ = ops::zeros(g.ctx(), Shape{options_.experts}, DType::f32);
+  Tensor y = moe(g, x, router.weight(), experts.fc(), experts.proj(), activation_, options_,
+                 expert_bias_, &stats_, recompute_activation);  // (..., C)
+  if (shared_expert) y = add(g, y, (*shared_expert)(g, x));
+  return y;
+}
+
+void MoELayer::update_expert_bias(Context& ctx, const std::vector<double>& counts, double rate) {
+  if (!options_.expert_bias || !expert_bias_.defined()) return;
+  FSDP_CHECK(int64_t(counts.size()) == options_.experts, ShapeError, "update_expert_bias: ",
+             counts.size(), " counts for ", options_.experts, " experts");
+  double mean = 0;
+  for (double c : counts) mean += c / double(counts.size());
+  std::vector<float> bias = ops::to_vector<float>(ctx, expert_bias_);
+  for (size_t e = 0; e < bias.size(); ++e) {
+    const double d = mean - counts[e];
+    bias[e] += float(rate * double((d > 0) - (d < 0)));
+  }
+  ops::copy(ctx, expert_bias_, ops::from_host<float>(ctx, bias, expert_bias_.shape()));
+}
+
+}  // namespace fsdp::nn

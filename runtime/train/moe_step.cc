@@ -1,0 +1,49 @@
+#include "runtime/train/moe_step.h"
+
+#include <algorithm>
+
+#include "runtime/core/error.h"
+
+namespace fsdp::train {
+
+MoeStep::MoeStep(models::LanguageModel& model, double bias_update_rate)
+    : layers_(model.moe_layers()), rate_(bias_update_rate) {}
+
+void MoeStep::start_step() {
+  for (nn::MoELayer* l : layers_) l->stats().reset();
+}
+
+std::vector<double> MoeStep::local_values() const {
+  std::vector<double> v = {0.0, 0.0};
+  for (nn::MoELayer* l : layers_) {
+    v[0] += l->stats().aux_loss;
+    v[1] += l->stats().z_loss;
+  }
+  for (nn::MoELayer* l : layers_)
+    v.insert(v.end(), l->stats().counts.begin(), l->stats().counts.end());
+  return v;
+}
+
+void MoeStep::finish_step(Context& ctx, const std::vector<double>& summed, double forwards,
+                          StepMetrics& m) {
+  if (!active()) return;
+  FSDP_CHECK(summed.size() == local_values().size() && forwards > 0, ValueError,
+             "MoeStep::finish_step: ", summed.size(), " totals for ", local_values().size());
+  // Per micro-batch, summed over the layers (each layer's loss is a mean over its tokens).
+  m.moe_aux_loss = summed[0] / forwards;
+  m.moe_z_loss = summed[1] / forwards;
+  double worst = 0;
+  size_t at = 2;
+  for (nn::MoELayer* l : layers_) {
+    const size_t E = size_t(l->options().experts);
+    const std::vector<double> counts(summed.begin() + long(at), summed.begin() + long(at + E));
+    at += E;
+    double total = 0, most = 0;
+    for (double c : counts) total += c, most = std::max(most, c);
+    if (total > 0) worst = std::max(worst, most / (total / double(E)));
+    l->update_expert_bias(ctx, counts, rate_);
+  }
+  m.moe_max_load = worst;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,227 @@
+// The mixture-of-experts layer (runtime/nn/moe.h): its backward against central finite
+// differences in f64 (input, router, experts, shared expert; every balancing loss and the
+// z-loss, softmax and sigmoid scores, k = 1 and 2, an expert that gets no token, an expert
+// bias), the losses' values on hand-made routings, the expert-bias update, and one expert
+// with k = 1 equal to the dense MLP.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "runtime/nn/functional.h"
+#include "runtime/nn/init.h"
+#include "runtime/nn/moe.h"
+#include "tests/nn/gradcheck.h"
+#include "tests/test_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+using autograd::Graph;
+using nn::MlpActivation;
+using nn::MoeBalancing;
+using nn::MoeOptions;
+
+constexpr int64_t kB = 2, kT = 5, kC = 8, kE = 4, kF = 6, kShared = 5;
+
+// Random f64 values for every parameter, then the router row of the last expert pointing
+// against the inputs' common direction (channel 0, where every token holds about +3): its
+// logit is far below the others, so it never gets a token.
+void setup(Context& ctx, nn::MoELayer& layer, uint64_t seed) {
+  nn::materialize(ctx, layer, DType::f64, seed);
+  uint64_t i = 0;
+  for (nn::Parameter* p : layer.named_parameters()) fill_random(ctx, p->data, seed + 10 * ++i, 0.5);
+  double* w = layer.router.weight().data.data<double>();  // (E, C)
+  for (int64_t e = 0; e < kE - 1; ++e) w[e * kC] = 0.0;
+  w[(kE - 1) * kC] = -4.0;
+}
+
+Tensor inputs(Context& ctx, uint64_t seed) {
+  Tensor x = ctx.empty(Shape{kB, kT, kC}, DType::f64);
+  fill_random(ctx, x, seed, 1.0);
+  double* v = x.data<double>();
+  for (int64_t n = 0; n < kB * kT; ++n) v[n * kC] = 3.0 + 0.1 * v[n * kC];
+  return x;
+}
+
+// The smallest gap, over tokens, between the k-th and (k+1)-th largest selection values
+// (logits; logits + bias for a biased sigmoid: both orders are the scores' orders).
+double routing_margin(const Tensor& x, const Tensor& w, int64_t k, const std::vector<float>& bias,
+                      bool sigmoid) {
+  const double* xv = x.data<double>();
+  const double* wv = w.data<double>();
+  double margin = 1e9;
+  for (int64_t n = 0; n < kB * kT; ++n) {
+    std::vector<double> s;
+    for (int64_t e = 0; e < kE; ++e) {
+      double l = 0;
+      for (int64_t c = 0; c < kC; ++c) l += xv[n * kC + c] * wv[e * kC + c];
+      if (sigmoid) l = 1 / (1 + std::exp(-l)) + (bias.empty() ? 0.0 : bias[size_t(e)]);
+      s.push_back(l);
+    }
+    std::sort(s.rbegin(), s.rend());
+    margin = std::min(margin, s[size_t(k - 1)] - s[size_t(k)]);
+  }
+  return margin;
+}
+
+struct MoeCase {
+  std::string name;
+  ops::RouterScore score;
+  int64_t k;
+  bool normalize;
+  MoeBalancing balancing;
+  double z;
+  MlpActivation activation;
+  bool shared;
+  bool bias;
+};
+
+void check_moe_case(Context& ctx, const MoeCase& mc) {
+  INFO(mc.name);
+  MoeOptions o;
+  o.experts = kE;
+  o.top_k = mc.k;
+  o.hidden = kF;
+  o.score = mc.score;
+  o.normalize = mc.normalize;
+  o.balancing = mc.balancing;
+  o.aux_loss_coeff = mc.balancing == MoeBalancing::None ? 0.0 : 0.7;
+  o.z_loss_coeff = mc.z;
+  o.expert_bias = mc.bias;
+  const nn::InitRule init = nn::InitRule::normal(0, 0.02);
+  nn::MoELayer layer(kC, o, mc.shared ? kShared : 0, mc.activation, init, init);
+  setup(ctx, layer, 11);
+  std::vector<float> bias;
+  if (mc.bias) {
+    bias = {0.3f, -0.2f, 0.1f, 0.0f};
+    layer.expert_bias() = ops::from_host<float>(ctx, bias, Shape{kE});
+  }
+  const Tensor x = inputs(ctx, 5);
+  const bool sigmoid = mc.score == ops::RouterScore::Sigmoid;
+  REQUIRE(routing_margin(x, layer.router.weight().data, mc.k, bias, sigmoid) > 1e-3);
+
+  GradCase c;
+  c.name = mc.name;
+  c.inputs = {x};
+  c.params = layer.named_parameters();
+  c.forward = [&](Graph& g, const std::vector<Tensor>& in) {
+    layer.stats().reset();
+    return layer(g, in[0]);
+  };
+  c.added_to_loss = [&] {
+    return o.aux_loss_coeff * layer.stats().aux_loss + o.z_loss_coeff * layer.stats().z_loss;
+  };
+  check_gradients(ctx, c);
+  // The last expert got no token, the others all of them.
+  CHECK(layer.stats().counts[kE - 1] == 0.0);
+  double total = 0;
+  for (double n : layer.stats().counts) total += n;
+  CHECK(total == double(kB * kT * mc.k));
+  if (mc.balancing != MoeBalancing::None) CHECK(layer.stats().aux_loss > 0);
+}
+
+TEST_CASE("moe layer: gradients against finite differences", "[nn][moe][gradcheck]") {
+  Context ctx;
+  const auto soft = ops::RouterScore::Softmax, sig = ops::RouterScore::Sigmoid;
+  const auto swiglu = MlpActivation::SwiGLU, gelu = MlpActivation::Gelu;
+  const MoeCase cases[] = {
+      {"softmax k=1 aux_loss", soft, 1, true, MoeBalancing::AuxLoss, 0.0, swiglu, true, false},
+      {"softmax k=2 aux_loss z", soft, 2, true, MoeBalancing::AuxLoss, 0.3, swiglu, true, false},
+      {"softmax k=2 unnormalized seq_aux_loss", soft, 2, false, MoeBalancing::SeqAuxLoss, 0.0,
+       swiglu, false, false},
+      {"softmax k=1 none z", soft, 1, true, MoeBalancing::None, 0.3, swiglu, false, false},
+      {"softmax k=2 none, GELU experts", soft, 2, true, MoeBalancing::None, 0.0, gelu, true,
+       false},
+      {"sigmoid k=1 aux_loss", sig, 1, true, MoeBalancing::AuxLoss, 0.0, swiglu, false, false},
+      {"sigmoid k=2 seq_aux_loss z", sig, 2, true, MoeBalancing::SeqAuxLoss, 0.3, swiglu, true,
+       false},
+      {"sigmoid k=2 none, expert bias", sig, 2, true, MoeBalancing::None, 0.0, swiglu, false,
+       true},
+      {"sigmoid k=2 aux_loss, GELU experts, unnormalized", sig, 2, false, MoeBalancing::AuxLoss,
+       0.3, gelu, true, false},
+  };
+  for (const MoeCase& mc : cases) check_moe_case(ctx, mc);
+}
+
+TEST_CASE("moe losses: values on hand-made routings", "[nn][moe]") {
+  // Two experts, k = 1, four tokens split evenly with uniform scores: perfectly balanced.
+  const std::vector<double> even = {0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
+  const std::vector<int32_t> split = {0, 1, 0, 1}, all_first = {0, 0, 0, 0};
+  nn::MoeLossInputs in;
+  in.tokens = 4;
+  in.experts = 2;
+  in.top_k = 1;
+  in.balancing = MoeBalancing::AuxLoss;
+  in.aux_coeff = 1.0;
+  in.scores = even.data();
+  in.indices = split.data();
+  CHECK(nn::moe_losses(in).aux == Approx(1.0));
+  // Every token to expert 0 whose score is 1: E * 1 * 1 = 2, the worst case.
+  const std::vector<double> first = {1, 0, 1, 0, 1, 0, 1, 0};
+  in.scores = first.data();
+  in.indices = all_first.data();
+  CHECK(nn::moe_losses(in).aux == Approx(2.0));
+  // Per sequence: two sequences of two tokens, each sequence balanced only over the whole.
+  const std::vector<int32_t> halves = {0, 0, 1, 1};
+  const std::vector<double> peaked = {1, 0, 1, 0, 0, 1, 0, 1};
+  in.scores = peaked.data();
+  in.indices = halves.data();
+  CHECK(nn::moe_losses(in).aux == Approx(1.0));
+  in.balancing = MoeBalancing::SeqAuxLoss;
+  in.sequences = 2;
+  CHECK(nn::moe_losses(in).aux == Approx(2.0));
+  // z-loss: logits all 0 over 2 experts: logsumexp = log 2.
+  const std::vector<double> zeros(8, 0.0);
+  in.balancing = MoeBalancing::None;
+  in.z_coeff = 1.0;
+  in.logits = zeros.data();
+  CHECK(nn::moe_losses(in).z == Approx(std::log(2.0) * std::log(2.0)));
+  CHECK_THROWS_AS(nn::moe_balancing_from_name("switch"), ConfigError);
+}
+
+TEST_CASE("moe layer: one expert with k = 1 is the dense MLP", "[nn][moe]") {
+  Context ctx;
+  MoeOptions o;
+  o.experts = 1;
+  o.top_k = 1;
+  o.hidden = kF;
+  o.balancing = MoeBalancing::None;
+  const nn::InitRule init = nn::InitRule::normal(0, 0.5);
+  nn::MoELayer layer(kC, o, 0, MlpActivation::SwiGLU, init, init);
+  nn::SwiGLUMLP dense(kC, kF, false, init, init);
+  nn::materialize(ctx, layer, DType::f64, 3);
+  nn::materialize(ctx, dense, DType::f64, 3);
+  ops::copy(ctx, dense.gate_up.weight().data, layer.experts.fc().data.select(0, 0));
+  ops::copy(ctx, dense.proj.weight().data, layer.experts.proj().data.select(0, 0));
+  const Tensor x = inputs(ctx, 9);
+  Graph g(ctx);
+  autograd::NoGradGuard no_grad(g);
+  const ops::Difference d = ops::compare(ctx, layer(g, x), dense(g, x));
+  CHECK(d.max_abs < 1e-14);
+}
+
+TEST_CASE("moe layer: the expert bias moves toward the mean count", "[nn][moe]") {
+  Context ctx;
+  MoeOptions o;
+  o.experts = 3;
+  o.top_k = 1;
+  o.hidden = 2;
+  o.score = ops::RouterScore::Sigmoid;
+  o.expert_bias = true;
+  nn::MoELayer layer(4, o, 0, MlpActivation::SwiGLU, nn::InitRule::normal(0, 0.1),
+                     nn::InitRule::normal(0, 0.1));
+  nn::materialize(ctx, layer, DType::f64, 1);
+  Graph g(ctx);
+  autograd::NoGradGuard no_grad(g);
+  Tensor x = ctx.empty(Shape{1, 6, 4}, DType::f64);
+  fill_random(ctx, x, 2);
+  layer(g, x);  // creates the bias, zero
+  layer.update_expert_bias(ctx, {5, 1, 3}, 0.25);
+  const std::vector<float> b = ops::to_vector<float>(ctx, layer.expert_bias());
+  CHECK(b == std::vector<float>{-0.25f, 0.25f, 0.0f});
+}
+
+}  // namespace
+}  // namespace fsdp::testing

@@ -594,8 +594,10 @@ TrainResult Trainer::run_steps() {
     const bool stop_here = s.options.stop_requested && s.options.stop_requested();
     // The MoE layers' totals ride along (empty for a dense model).
     std::vector<double> local = {*local_loss, stop_here ? 1.0 : 0.0};
-    const std::vector<double> moe_local = s.moe->local_values();
-    if (s.moe->active()) local.insert(local.end(), moe_local.begin(), moe_local.end());
+    if (s.moe->active()) {
+      const std::vector<double> moe_local = s.moe->local_values();
+      local.insert(local.end(), moe_local.begin(), moe_local.end());
+    }
     const std::vector<double> summed = s.sum_over_ranks(local);
     // Every rank's micro-batch losses (the tensor-parallel ranks of one data-parallel rank
     // compute the same ones).

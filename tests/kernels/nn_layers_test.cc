@@ -16,9 +16,7 @@ using fsdp::testing::weighted_sum;
 
 namespace {
 
-// Finite differences in f64 agree with exact gradients to ~1e-8 relative (h = 1e-6, smooth
-// functions of O(1) inputs: truncation ~h^2, cancellation ~1e-16/h).
-constexpr double kFdTol = 1e-7;
+using fsdp::testing::kFdTol;
 
 std::vector<double> scaled(std::vector<double> v, double s) {
   for (double& x : v) x *= s;

@@ -19,9 +19,7 @@ using fsdp::testing::weighted_sum;
 
 namespace {
 
-// f64 central differences of smooth functions of O(1) inputs agree with exact gradients to
-// ~1e-8 relative (see nn_layers_test.cc).
-constexpr double kFdTol = 1e-7;
+using fsdp::testing::kFdTol;
 // Differences carry ~1e-10 of absolute noise: relative errors are taken against at least
 // this, so gradients near zero are held to an absolute ~1e-8.
 constexpr double kFdFloor = 0.1;

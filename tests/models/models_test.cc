@@ -246,6 +246,31 @@ double rel_l2(Context& ctx, const Tensor& ours, const Tensor& ref) {
   return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
 }
 
+// `config` built twice: on the GPU in `dtype`, and on the CPU in f32 with exactly the GPU's
+// (possibly bf16-rounded) weights; both run forward and backward on the same tokens.
+struct GpuCpuRun {
+  std::unique_ptr<LanguageModel> on_gpu, on_cpu;
+  double gpu_loss = 0, cpu_loss = 0;
+};
+
+GpuCpuRun run_on_gpu_and_cpu(Context& gpu, Context& cpu, const ModelConfig& config, DType dtype) {
+  GpuCpuRun r{build_model(config), build_model(config)};
+  nn::materialize(gpu, *r.on_gpu, dtype, 31);
+  const std::vector<nn::Parameter*> gp = r.on_gpu->named_parameters();
+  const std::vector<nn::Parameter*> cp = r.on_cpu->named_parameters();
+  for (size_t i = 0; i < gp.size(); ++i)
+    cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
+  const std::vector<int32_t> idx = pattern(16, 7, 1, 30), tgt = pattern(16, 3, 5, 30);
+  Graph gg(gpu), gc(cpu);
+  const Tensor lg = r.on_gpu->forward(gg, ids(gpu, idx, 2, 8), ids(gpu, tgt, 2, 8));
+  const Tensor lc = r.on_cpu->forward(gc, ids(cpu, idx, 2, 8), ids(cpu, tgt, 2, 8));
+  r.gpu_loss = ops::item(gpu, lg);
+  r.cpu_loss = ops::item(cpu, lc);
+  gg.backward(lg, 1.0);
+  gc.backward(lc, 1.0);
+  return r;
+}
+
 TEST_CASE("tiny models on CUDA match the CPU reference", "[models][gpu]") {
   FSDP_REQUIRE_GPU();
   Context cpu;
@@ -263,21 +288,10 @@ TEST_CASE("tiny models on CUDA match the CPU reference", "[models][gpu]") {
         INFO(family_name(f) << " " << dtype_name(p.dtype) << " fp32 residual " << fp32_residual);
         ModelConfig config = tiny(f);
         config.fp32_residual_connection = fp32_residual;
-        auto on_gpu = build_model(config);
-        auto on_cpu = build_model(config);
-        nn::materialize(gpu, *on_gpu, p.dtype, 31);
-        // The CPU computes in f32 with exactly the GPU's (possibly bf16-rounded) weights.
-        const std::vector<nn::Parameter*> gp = on_gpu->named_parameters();
-        const std::vector<nn::Parameter*> cp = on_cpu->named_parameters();
-        for (size_t i = 0; i < gp.size(); ++i)
-          cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
-        const std::vector<int32_t> idx = pattern(16, 7, 1, 30), tgt = pattern(16, 3, 5, 30);
-        Graph gg(gpu), gc(cpu);
-        const Tensor lg = on_gpu->forward(gg, ids(gpu, idx, 2, 8), ids(gpu, tgt, 2, 8));
-        const Tensor lc = on_cpu->forward(gc, ids(cpu, idx, 2, 8), ids(cpu, tgt, 2, 8));
-        CHECK(ops::item(gpu, lg) == Approx(ops::item(cpu, lc)).epsilon(p.tolerance));
-        gg.backward(lg, 1.0);
-        gc.backward(lc, 1.0);
+        const GpuCpuRun r = run_on_gpu_and_cpu(gpu, cpu, config, p.dtype);
+        CHECK(r.gpu_loss == Approx(r.cpu_loss).epsilon(p.tolerance));
+        const std::vector<nn::Parameter*> gp = r.on_gpu->named_parameters();
+        const std::vector<nn::Parameter*> cp = r.on_cpu->named_parameters();
         for (size_t i = 0; i < gp.size(); ++i) {
           INFO(gp[i]->name());
           CHECK(rel_l2(gpu, gp[i]->grad, cp[i]->grad) <= p.tolerance);
@@ -393,22 +407,12 @@ TEST_CASE("tiny MoE models on CUDA match the CPU reference", "[models][moe][gpu]
         config.moe_router_enable_expert_bias = true;
         config.moe_router_load_balancing_type = "seq_aux_loss";
       }
-      auto on_gpu = build_model(config);
-      auto on_cpu = build_model(config);
-      nn::materialize(gpu, *on_gpu, dtype, 31);
-      const std::vector<nn::Parameter*> gp = on_gpu->named_parameters();
-      const std::vector<nn::Parameter*> cp = on_cpu->named_parameters();
-      for (size_t i = 0; i < gp.size(); ++i)
-        cp[i]->data = ops::cast(cpu, ops::to_host(gpu, gp[i]->data), DType::f32);
-      const std::vector<int32_t> idx = pattern(16, 7, 1, 30), tgt = pattern(16, 3, 5, 30);
-      Graph gg(gpu), gc(cpu);
-      const Tensor lg = on_gpu->forward(gg, ids(gpu, idx, 2, 8), ids(gpu, tgt, 2, 8));
-      const Tensor lc = on_cpu->forward(gc, ids(cpu, idx, 2, 8), ids(cpu, tgt, 2, 8));
+      const GpuCpuRun r = run_on_gpu_and_cpu(gpu, cpu, config, dtype);
       const double tolerance = dtype == DType::f32 ? 1e-4 : 3e-2;
-      CHECK(ops::item(gpu, lg) == Approx(ops::item(cpu, lc)).epsilon(tolerance));
-      gg.backward(lg, 1.0);
-      gc.backward(lc, 1.0);
-      const std::vector<nn::MoELayer*> mg = on_gpu->moe_layers(), mc = on_cpu->moe_layers();
+      CHECK(r.gpu_loss == Approx(r.cpu_loss).epsilon(tolerance));
+      const std::vector<nn::Parameter*> gp = r.on_gpu->named_parameters();
+      const std::vector<nn::Parameter*> cp = r.on_cpu->named_parameters();
+      const std::vector<nn::MoELayer*> mg = r.on_gpu->moe_layers(), mc = r.on_cpu->moe_layers();
       for (size_t l = 0; l < mg.size(); ++l) {
         CHECK(mg[l]->stats().aux_loss == Approx(mc[l]->stats().aux_loss).epsilon(tolerance));
         CHECK(mg[l]->stats().z_loss == Approx(mc[l]->stats().z_loss).epsilon(tolerance));

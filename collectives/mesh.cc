@@ -21,6 +21,8 @@ const char* dp_group_name(DpGroup group) {
     case DpGroup::dp_shard: return "dp_shard";
     case DpGroup::dp_outer: return "dp_outer";
     case DpGroup::dp: return "dp";
+    case DpGroup::expert_dp_shard: return "expert_dp_shard";
+    case DpGroup::expert_dp: return "expert_dp";
   }
   return "?";
 }
@@ -127,10 +129,13 @@ std::unique_ptr<Communicator> split_groups(World& world, const Mesh& mesh,
 std::vector<MeshAxis> dp_axes(DpGroup group) {
   switch (group) {
     // Context-parallel ranks hold the same parameters and reduce their gradients with the
-    // data-parallel ones (FSDP shards over dp_shard x cp).
-    case DpGroup::dp_shard: return {MeshAxis::dp_shard, MeshAxis::cp};
+    // data-parallel ones (FSDP shards over dp_shard x cp), as do expert-parallel ones for
+    // the dense parameters.
+    case DpGroup::dp_shard: return {MeshAxis::dp_shard, MeshAxis::cp, MeshAxis::ep};
     case DpGroup::dp_outer: return {MeshAxis::dp_outer};
-    case DpGroup::dp: return {MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp};
+    case DpGroup::dp: return {MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp, MeshAxis::ep};
+    case DpGroup::expert_dp_shard: return {MeshAxis::dp_shard, MeshAxis::cp};
+    case DpGroup::expert_dp: return {MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp};
   }
   return {};
 }
@@ -145,8 +150,11 @@ MeshCommunicators::MeshCommunicators(World& world, const Mesh& mesh) : mesh_(mes
   for (int i = 0; i < 3; ++i) {
     model_axes_[size_t(i)] = split_groups(world, mesh, {model[i]}, mesh_axis_name(model[i]));
   }
-  const DpGroup groups[3] = {DpGroup::dp_shard, DpGroup::dp_outer, DpGroup::dp};
-  for (DpGroup g : groups) {
+  const bool experts = mesh.size(MeshAxis::ep) > 1;
+  for (int i = 0; i < kNumDpGroups; ++i) {
+    const DpGroup g = DpGroup(i);
+    const bool expert_group = g == DpGroup::expert_dp_shard || g == DpGroup::expert_dp;
+    if (expert_group && !experts) continue;  // the same ranks as dp_shard and dp
     const std::string name = dp_group_name(g);
     gather_[size_t(g)] = split_groups(world, mesh, dp_axes(g), name + "/ag");
     reduce_[size_t(g)] = split_groups(world, mesh, dp_axes(g), name + "/rs");
@@ -166,10 +174,24 @@ Communicator& MeshCommunicators::axis(MeshAxis axis) {
   FSDP_THROW(IndexError, "unknown mesh axis ", int(axis));
 }
 
-Communicator& MeshCommunicators::all_gather_comm(DpGroup group) { return *gather_[size_t(group)]; }
+namespace {
+
+// Without expert parallelism the experts' groups are the others.
+DpGroup built_group(const Mesh& mesh, DpGroup group) {
+  if (mesh.size(MeshAxis::ep) > 1) return group;
+  if (group == DpGroup::expert_dp_shard) return DpGroup::dp_shard;
+  if (group == DpGroup::expert_dp) return DpGroup::dp;
+  return group;
+}
+
+}  // namespace
+
+Communicator& MeshCommunicators::all_gather_comm(DpGroup group) {
+  return *gather_[size_t(built_group(mesh_, group))];
+}
 
 Communicator& MeshCommunicators::reduce_scatter_comm(DpGroup group) {
-  return *reduce_[size_t(group)];
+  return *reduce_[size_t(built_group(mesh_, group))];
 }
 
 }  // namespace fsdp

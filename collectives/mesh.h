@@ -2,8 +2,10 @@
 //
 // Axes, slowest-varying first: dp_outer (replicas of HSDP), dp_shard (FSDP sharding),
 // cp (context parallel), ep (expert parallel), tp (tensor parallel, fastest-varying, so a
-// tensor-parallel group is consecutive ranks, i.e. one node's GPUs). The flattened
-// data-parallel group "dp" is dp_outer x dp_shard.
+// tensor-parallel group is consecutive ranks, i.e. one node's GPUs). The ranks that take
+// different data are dp_outer x dp_shard x ep: expert parallelism splits the experts over
+// ep ranks that each run their own tokens (and exchange them), so the dense parameters are
+// data-parallel over all three and the experts over dp_outer x dp_shard.
 //
 // Mesh is a pure value type (rank <-> coordinates, groups), tested without any process.
 // MeshCommunicators builds the communicators of one rank from a World: one per axis group,
@@ -39,7 +41,10 @@ class Mesh {
   int world_size() const { return world_size_; }
   int size(MeshAxis axis) const { return sizes_[size_t(axis)]; }
   const MeshSizes& sizes() const { return sizes_; }
-  int dp_size() const { return size(MeshAxis::dp_outer) * size(MeshAxis::dp_shard); }
+  // The ranks that take different data (dp_outer x dp_shard x ep).
+  int dp_size() const {
+    return size(MeshAxis::dp_outer) * size(MeshAxis::dp_shard) * size(MeshAxis::ep);
+  }
 
   MeshCoords coords(int rank) const;
   int rank_of(const MeshCoords& coords) const;
@@ -49,7 +54,7 @@ class Mesh {
   std::vector<int> group(const std::vector<MeshAxis>& axes, int rank) const;
   std::vector<int> axis_group(MeshAxis axis, int rank) const { return group({axis}, rank); }
   std::vector<int> dp_group(int rank) const {
-    return group({MeshAxis::dp_outer, MeshAxis::dp_shard}, rank);
+    return group({MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::ep}, rank);
   }
 
   std::string str() const;  // "dp_outer=1 x dp_shard=2 x cp=1 x ep=1 x tp=2"
@@ -63,9 +68,13 @@ class Mesh {
 
 // The data-parallel groups that get an all-gather and a reduce-scatter communicator. The
 // context-parallel ranks belong to dp_shard and dp (they hold the same parameters and
-// reduce their gradients together; dp_group() of the data is without them).
-enum class DpGroup { dp_shard, dp_outer, dp };
-const char* dp_group_name(DpGroup group);  // "dp_shard", "dp_outer", "dp"
+// reduce their gradients together; dp_group() of the data is without them), and so do the
+// expert-parallel ones (for the dense parameters). The experts' groups leave ep out:
+// expert_dp_shard = dp_shard x cp, expert_dp = dp_outer x dp_shard x cp; they exist only
+// when ep > 1 (otherwise they are dp_shard and dp).
+enum class DpGroup { dp_shard, dp_outer, dp, expert_dp_shard, expert_dp };
+constexpr int kNumDpGroups = 5;
+const char* dp_group_name(DpGroup group);  // "dp_shard", "dp_outer", "dp", ...
 
 class MeshCommunicators {
  public:
@@ -84,8 +93,8 @@ class MeshCommunicators {
  private:
   Mesh mesh_;
   std::array<std::unique_ptr<Communicator>, 3> model_axes_;  // cp, ep, tp
-  std::array<std::unique_ptr<Communicator>, 3> gather_;      // by DpGroup
-  std::array<std::unique_ptr<Communicator>, 3> reduce_;      // by DpGroup
+  std::array<std::unique_ptr<Communicator>, kNumDpGroups> gather_;  // by DpGroup
+  std::array<std::unique_ptr<Communicator>, kNumDpGroups> reduce_;  // by DpGroup
 };
 
 }  // namespace fsdp

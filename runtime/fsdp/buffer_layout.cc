@@ -15,6 +15,18 @@ int grad_pool_slots(const FsdpOptions& options, int64_t max_block_numel) {
   return int(std::clamp<size_t>(by_budget, 2, 8));
 }
 
+int64_t block_slot_numel(const ShardingPlan& plan) {
+  // Every unit but the root (the last) is a block's or, right after it, its experts'.
+  const std::vector<UnitPlan>& units = plan.units();
+  int64_t most = 0;
+  for (size_t i = 0; i + 1 < units.size(); ++i) {
+    if (units[i].experts) continue;
+    const bool experts = i + 2 < units.size() && units[i + 1].experts;
+    most = std::max(most, units[i].padded_numel + (experts ? units[i + 1].padded_numel : 0));
+  }
+  return most;
+}
+
 ReduceStaging reduce_staging(const ShardingPlan& plan, const FsdpOptions& options) {
   ReduceStaging r;
   for (const UnitPlan& u : plan.units()) {

@@ -24,6 +24,10 @@ struct PersistentLayout {
 };
 PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& options);
 
+// Elements of one pool slot: the largest block's full buffer, with its experts unit's
+// after it (an experts unit is gathered and reduced with its block, in the same slot).
+int64_t block_slot_numel(const ShardingPlan& plan);
+
 // nccl_ub with sharded gradients (ZeRO-2/3): elements of reduce_dtype in the persistent
 // reduce-scatter output (the largest unit's shard) and input (the largest unit, when the
 // gradients are cast to the reduce dtype before the reduction; else 0).

@@ -32,9 +32,7 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
   const UnitPlan& root = plan.units().back();
   if (zero3) b.gather_pool += buffer_cost(root.padded_numel, o.compute_dtype, ub);
   if (grads_sharded) b.grad_pool += buffer_cost(root.padded_numel, o.grad_dtype, ub);
-  int64_t max_block = 0;
-  for (size_t i = 0; i + 1 < plan.units().size(); ++i)
-    max_block = std::max(max_block, plan.units()[i].padded_numel);
+  const int64_t max_block = block_slot_numel(plan);
   if (plan.units().size() > 1) {
     if (zero3) b.gather_pool += size_t(gather_pool_slots(o)) * buffer_cost(max_block, o.compute_dtype, ub);
     if (grads_sharded)

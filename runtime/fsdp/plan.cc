@@ -78,8 +78,9 @@ int UnitPlan::param_index(const std::string& pname) const {
 ShardingPlan ShardingPlan::build(
     const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units,
     const PlanOptions& options) {
-  FSDP_CHECK(options.dp_size >= 1, ConfigError, "data-parallel size must be >= 1, got ",
-             options.dp_size);
+  FSDP_CHECK(options.dp_size >= 1 && options.expert_dp_size >= 1, ConfigError,
+             "data-parallel sizes must be >= 1, got ", options.dp_size, " and (experts) ",
+             options.expert_dp_size);
   FSDP_CHECK(options.block >= kParamAlign && options.block % kParamAlign == 0, ConfigError,
              "shard block must be a positive multiple of ", kParamAlign, ", got ", options.block);
   ShardingPlan plan;
@@ -89,6 +90,11 @@ ShardingPlan ShardingPlan::build(
     FSDP_CHECK(unit_names.insert(uname).second, ValueError, "unit '", uname, "' appears twice");
     UnitPlan u;
     u.name = uname;
+    const auto experts = std::count_if(specs.begin(), specs.end(), [](const ParamSpec& s) { return s.expert; });
+    FSDP_CHECK(experts == 0 || experts == int64_t(specs.size()), ValueError, "unit '", uname,
+               "' mixes expert-parallel parameters with others; experts go in a unit of their own");
+    u.experts = experts > 0;
+    u.dp_size = u.experts ? options.expert_dp_size : options.dp_size;
     // Decayed parameters first (stable: model order within each group).
     std::vector<const ParamSpec*> ordered;
     for (const ParamSpec& s : specs)
@@ -105,8 +111,8 @@ ShardingPlan ShardingPlan::build(
       offset += n;
     }
     u.numel = offset;
-    u.padded_numel = round_up(std::max<int64_t>(offset, 1), int64_t(options.dp_size) * options.block);
-    u.shard_numel = u.padded_numel / options.dp_size;
+    u.padded_numel = round_up(std::max<int64_t>(offset, 1), int64_t(u.dp_size) * options.block);
+    u.shard_numel = u.padded_numel / u.dp_size;
     plan.units_.push_back(std::move(u));
   }
   return plan;
@@ -157,10 +163,12 @@ struct Fnv {
 uint64_t ShardingPlan::hash() const {
   Fnv f;
   f.i64(options_.dp_size);
+  f.i64(options_.expert_dp_size);
   f.i64(options_.block);
   f.i64(int64_t(options_.strategy));
   for (const UnitPlan& u : units_) {
     f.str(u.name);
+    f.i64(u.experts);
     f.i64(u.padded_numel);
     for (const ParamPlacement& p : u.params) {
       f.str(p.name);
@@ -173,8 +181,11 @@ uint64_t ShardingPlan::hash() const {
 }
 
 std::string ShardingPlan::describe() const {
+  const std::string experts_dp = options_.expert_dp_size == options_.dp_size
+                                     ? ""
+                                     : str_cat(" (experts: ", options_.expert_dp_size, ")");
   std::string out = str_cat("sharding plan: ", strategy_name(options_.strategy), ", dp ",
-                            options_.dp_size, ", ", units_.size(), " units\n");
+                            options_.dp_size, experts_dp, ", ", units_.size(), " units\n");
   char line[256];
   std::snprintf(line, sizeof line, "  %-16s %7s %14s %14s %14s\n", "unit", "params", "elements",
                 "padded", "shard");
@@ -216,19 +227,29 @@ std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Modul
                                                                        int per_unit) {
   std::vector<std::pair<std::string, std::vector<ParamSpec>>> specs;
   std::set<nn::Parameter*> in_blocks;
+  auto spec = [](const nn::Parameter* p) {
+    return ParamSpec{p->name(), p->shape(), p->weight_decay(), p->expert_parallel};
+  };
   for (const std::vector<nn::Module*>& group : unit_module_groups(model, module_kind, per_unit)) {
-    std::vector<ParamSpec> ps;
+    std::vector<ParamSpec> ps, experts;
     for (nn::Module* m : group)
       for (nn::Parameter* p : m->named_parameters()) {
         FSDP_CHECK(in_blocks.insert(p).second, ConfigError, "parameter '", p->name(),
                    "' is shared between two units; shared parameters must live in the root unit");
-        ps.push_back({p->name(), p->shape(), p->weight_decay()});
+        (p->expert_parallel ? experts : ps).push_back(spec(p));
       }
-    specs.emplace_back(unit_group_name(group), std::move(ps));
+    const std::string name = unit_group_name(group);
+    specs.emplace_back(name, std::move(ps));
+    if (!experts.empty()) specs.emplace_back(name + ".experts", std::move(experts));
   }
   std::vector<ParamSpec> root;
-  for (nn::Parameter* p : model.named_parameters())
-    if (!in_blocks.count(p)) root.push_back({p->name(), p->shape(), p->weight_decay()});
+  for (nn::Parameter* p : model.named_parameters()) {
+    if (in_blocks.count(p)) continue;
+    FSDP_CHECK(!p->expert_parallel, ConfigError, "expert-parallel parameter '", p->name(),
+               "' is outside every unit of kind '", module_kind, "': its experts must be part of "
+               "a block");
+    root.push_back(spec(p));
+  }
   specs.emplace_back("root", std::move(root));
   return specs;
 }

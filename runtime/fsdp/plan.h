@@ -49,6 +49,7 @@ struct ParamSpec {
   std::string name;  // full dotted name, unique in the model
   Shape shape;
   bool weight_decay = false;
+  bool expert = false;  // Parameter::expert_parallel: sharded over the expert-data-parallel group
 };
 
 // Where one parameter sits in its unit's flat buffer.
@@ -77,8 +78,13 @@ struct DecayRange {
 };
 
 struct UnitPlan {
-  std::string name;  // e.g. "root" or the block module's name, "h.3"
+  std::string name;  // e.g. "root" or the block module's name, "h.3"; "h.3.experts"
   std::vector<ParamPlacement> params;
+  // An experts unit holds a block's expert-parallel parameters: it is sharded over the
+  // expert-data-parallel group (expert_dp_size ranks) and gathered and reduced with its
+  // block's unit, which precedes it in the plan.
+  bool experts = false;
+  int dp_size = 1;           // the ranks the unit is sharded over
   int64_t numel = 0;         // used elements, alignment gaps included
   int64_t padded_numel = 0;  // a multiple of dp_size * block
   int64_t shard_numel = 0;   // padded_numel / dp_size
@@ -96,12 +102,15 @@ struct PlanOptions {
   int dp_size = 1;
   int64_t block = 4096;  // shard granularity in elements (see the file comment)
   ShardingStrategy strategy = ShardingStrategy::OptimGradsParams;
+  int expert_dp_size = 1;  // what experts units are sharded over (expert parallelism)
 };
 
 class ShardingPlan {
  public:
   // `units[i]` lists the parameters of unit i in the model's order; each parameter must
-  // appear in exactly one unit (a shared parameter, such as a tied embedding, once).
+  // appear in exactly one unit (a shared parameter, such as a tied embedding, once). A unit
+  // whose parameters are all experts (ParamSpec::expert) is an experts unit; one that mixes
+  // experts with other parameters is refused.
   static ShardingPlan build(const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units,
                             const PlanOptions& options);
 
@@ -136,9 +145,10 @@ std::vector<std::vector<nn::Module*>> unit_module_groups(nn::Module& model,
 std::string unit_group_name(const std::vector<nn::Module*>& group);
 
 // The units of `model` as fully_shard() forms them: one per group of `per_unit` modules of
-// `module_kind` in forward order (named by unit_group_name), then "root" with every other
-// parameter (a parameter shared by several modules appears once, in the root). The input
-// of ShardingPlan::build.
+// `module_kind` in forward order (named by unit_group_name), each followed by an experts unit
+// ("<name>.experts") when the group has expert-parallel parameters, then "root" with every
+// other parameter (a parameter shared by several modules appears once, in the root). The
+// input of ShardingPlan::build.
 std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
                                                                        const std::string& module_kind,
                                                                        int per_unit = 1);

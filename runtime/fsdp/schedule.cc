@@ -29,6 +29,7 @@ void ShardedModel::attach_hooks() {
   // backward included, waits for the gather.
   for (auto& up : units_) {
     FsdpUnit* u = up.get();
+    if (u->plan().experts) continue;  // its block's unit hands it the events
     nn::Module* first = u->modules().front();
     nn::Module* last = u->modules().back();
     for (nn::Module* m : u->modules()) {
@@ -68,8 +69,19 @@ void ShardedModel::finish_grad_sync() {
   shared_.ctx.stream().wait(mark(shared_.reduce_stream));
   if (shared_.last_micro_batch && !tensor_parallel_grads_summed_) {
     sum_tensor_parallel_grads();
+    scale_expert_grads();
     tensor_parallel_grads_summed_ = true;
   }
+}
+
+void ShardedModel::scale_expert_grads() {
+  // Each reduction averaged over its own group. An expert's gradient holds the tokens of
+  // every expert-parallel rank (the exchanges brought them), so its mean over the
+  // expert-data-parallel group is ep times the mean over all data-parallel ranks.
+  const int ep = shared_.groups.expert_parallel_size();
+  if (ep == 1) return;
+  for (auto& u : units_)
+    if (u->plan().experts) ops::scale(shared_.ctx, u->grad_shard, u->grad_shard, 1.0 / ep);
 }
 
 void ShardedModel::sum_tensor_parallel_grads() {
@@ -78,14 +90,14 @@ void ShardedModel::sum_tensor_parallel_grads() {
   if (!tp || !shared_.communicates(tp)) return;
   Context& ctx = shared_.ctx;
   for (auto& u : units_)
-    for (const ShardSegment& s : u->plan().segments(shard_rank())) {
+    for (const ShardSegment& s : u->plan().segments(u->shard_rank())) {
       const nn::Parameter& p = *u->params()[size_t(s.param)];
       if (p.tensor_parallel_grad_sum) {
         tp->all_reduce(u->grad_shard.narrow(0, s.shard_offset, s.numel), ReduceOp::Sum, ctx.stream());
         continue;
       }
       // (Most slices replicate nothing: their runs are not looked at.)
-      if (!p.parallel_slice() || p.parallel_slice()->replicas.empty()) continue;
+      if (!p.parallel_slice() || p.parallel_slice()->replicas.empty() || p.expert_parallel) continue;
       // Rows that `replicas` ranks hold (replicated key/value heads): each computed a part
       // of their gradient. Every rank of the group holds this segment alike, so the pieces
       // are all-gathered and each block of replicas adds its own in rank order (the same
@@ -113,9 +125,9 @@ double ShardedModel::grad_norm() {
   // Per-block sums of squares, gathered in rank order: the global list of blocks is the
   // same for any data-parallel size, and it is summed in one fixed order.
   Context& ctx = shared_.ctx;
-  if (shared_.groups.tensor_parallel) {
-    // Tensor parallelism: the full parameters' sums (per parameter, in plan order). The
-    // order of the sums differs from one process's blocks: equal up to rounding.
+  if (shared_.groups.tensor_parallel || shared_.groups.expert_parallel) {
+    // Tensor or expert parallelism: the full parameters' sums (per parameter, in plan
+    // order). The order of the sums differs from one process's blocks: equal up to rounding.
     std::vector<Tensor> grads;
     for (auto& u : units_) grads.push_back(u->grad_shard);
     double sum = 0;

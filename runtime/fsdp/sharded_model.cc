@@ -66,13 +66,29 @@ DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrate
   const int cp = mesh.size(MeshAxis::cp);
   if (strategy == ShardingStrategy::NoShard) {
     if (mesh.dp_size() * cp > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp);
+    if (mesh.size(MeshAxis::ep) > 1) {
+      g.expert_parallel = &comms.axis(MeshAxis::ep);
+      if (mesh.dp_size() / mesh.size(MeshAxis::ep) * cp > 1)
+        g.expert_replicate = &comms.reduce_scatter_comm(DpGroup::expert_dp);
+    }
     return g;
   }
-  if (mesh.size(MeshAxis::dp_shard) * cp > 1) {
+  const int ep = mesh.size(MeshAxis::ep);
+  if (mesh.size(MeshAxis::dp_shard) * cp * ep > 1) {
     g.shard_gather = &comms.all_gather_comm(DpGroup::dp_shard);
     g.shard_reduce = &comms.reduce_scatter_comm(DpGroup::dp_shard);
   }
   if (mesh.size(MeshAxis::dp_outer) > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp_outer);
+  if (ep > 1) {
+    // Expert parallelism: the ranks that hold the same experts are the data-parallel ones
+    // without the ep axis (the dense groups above span it).
+    g.expert_parallel = &comms.axis(MeshAxis::ep);
+    if (mesh.size(MeshAxis::dp_shard) * cp > 1) {
+      g.expert_shard_gather = &comms.all_gather_comm(DpGroup::expert_dp_shard);
+      g.expert_shard_reduce = &comms.reduce_scatter_comm(DpGroup::expert_dp_shard);
+    }
+    g.expert_replicate = g.replicate;  // dp_outer: the same ranks for both
+  }
   return g;
 }
 
@@ -85,6 +101,7 @@ void ShardedModel::build_units() {
   const auto groups = unit_module_groups(model_, kind, o.blocks_per_unit);
   PlanOptions po;
   po.dp_size = shared_.groups.shard_size();
+  po.expert_dp_size = shared_.expert_groups.shard_size();
   po.block = o.shard_block;
   po.strategy = o.strategy;
   plan_ = ShardingPlan::build(specs, po);
@@ -93,16 +110,21 @@ void ShardedModel::build_units() {
   // unit's parameters in the plan's order (decayed first).
   std::map<std::string, nn::Parameter*> by_name;
   for (nn::Parameter* p : model_.named_parameters()) by_name[p->name()] = p;
+  // An experts unit follows its block's unit, which hands it every event (no hooks).
+  size_t group = 0;
   for (size_t i = 0; i < plan_.units().size(); ++i) {
     const UnitPlan& up = plan_.units()[i];
     const bool root = i + 1 == plan_.units().size();
     std::vector<nn::Parameter*> params;
     for (const ParamPlacement& pp : up.params) params.push_back(by_name.at(pp.name));
-    units_.push_back(std::make_unique<FsdpUnit>(
-        shared_, int(i), up, root ? std::vector<nn::Module*>{&model_} : groups.at(i),
-        std::move(params), root));
+    std::vector<nn::Module*> modules{&model_};
+    if (!root) modules = up.experts ? units_.back()->modules() : groups.at(group++);
+    units_.push_back(std::make_unique<FsdpUnit>(shared_, int(i), up, std::move(modules),
+                                                std::move(params), root));
     if (root)
       root_ = int(i);
+    else if (up.experts)
+      unit(blocks_.back()).set_companion(units_.back().get());
     else
       blocks_.push_back(int(i));
   }
@@ -128,7 +150,8 @@ void ShardedModel::check_plan_across_ranks() {
   // Every rank must run the same plan: compare hashes over both groups.
   Context& ctx = shared_.ctx;
   const uint64_t h = plan_.hash();
-  for (Communicator* c : {shared_.groups.shard_gather, shared_.groups.replicate}) {
+  for (Communicator* c : {shared_.groups.shard_gather, shared_.groups.replicate,
+                         shared_.groups.expert_shard_gather, shared_.groups.expert_parallel}) {
     if (!c || c->size() == 1) continue;
     Tensor mine = ctx.empty_host(Shape{1}, DType::i64);
     mine.data<int64_t>()[0] = int64_t(h);
@@ -197,7 +220,7 @@ ShardedModel::Arenas ShardedModel::allocate_arenas() {
 void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
   const FsdpOptions& o = shared_.options;
   const UnitPlan& p = u.plan();
-  const int rank = shared_.groups.shard_rank();
+  const int rank = u.shard_rank();
   const bool ub = shared_.registered_memory();
   const size_t i = size_t(u.index());
   auto view = [i](const Tensor& t, const ArenaLayout& l, int64_t n) { return t.narrow(0, l.offsets[i], n); };
@@ -252,8 +275,7 @@ void ShardedModel::allocate_pools() {
   Context& ctx = shared_.ctx;
   const FsdpOptions& o = shared_.options;
   const bool ub = shared_.registered_memory();
-  int64_t max_block_numel = 0;
-  for (int b : blocks_) max_block_numel = std::max(max_block_numel, unit(b).plan().padded_numel);
+  const int64_t max_block_numel = block_slot_numel(plan_);
   if (shared_.zero3() && !blocks_.empty()) {
     shared_.gather_pool = std::make_unique<BufferPool>(ctx, "gathered weights", gather_pool_slots(o),
                                                        max_block_numel, o.compute_dtype, ub);
@@ -320,9 +342,9 @@ void ShardedModel::register_buffers(const Tensor& compute, const Tensor& grad_ac
 
 void ShardedModel::initialize_weights() {
   Context& ctx = shared_.ctx;
-  const int rank = shared_.groups.shard_rank();
   for (auto& up : units_) {
     FsdpUnit& u = *up;
+    const int rank = u.shard_rank();
     // Master weights in host memory (offload) are drawn on the device, a unit at a time,
     // and copied over: the counter-based initializer gives the same values anywhere.
     const bool on_host = u.main.defined() && u.main.device() != ctx.device();
@@ -343,7 +365,10 @@ std::vector<size_t> ShardedModel::forward_range_order() const {
     for (size_t r = unit(u).first_range; r < unit(u).end_range; ++r) order.push_back(r);
   };
   if (root_ >= 0) add(root_);
-  for (int b : blocks_) add(b);
+  for (int b : blocks_) {
+    add(b);
+    if (unit(b).companion()) add(unit(b).companion()->index());
+  }
   return order;
 }
 
@@ -382,7 +407,7 @@ void ShardedModel::refresh_compute_weights() {
 Tensor ShardedModel::main_shard(int u) const { return unit(u).main; }
 Tensor ShardedModel::compute_shard(int u) const { return unit(u).compute_shard; }
 int64_t ShardedModel::main_offset(int u) const {
-  return unit(u).plan().shard_begin(shared_.groups.shard_rank());
+  return unit(u).plan().shard_begin(unit(u).shard_rank());
 }
 
 std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor>& shards) {
@@ -400,16 +425,23 @@ std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor
   // slices are summed over the tensor-parallel group too, and a replicated one is counted
   // on its first tensor-parallel rank only (the others add zeros), as are the rows a slice
   // shares with other ranks (replicated key/value heads) on their owner.
+  // Experts units' sums go over their own shard group and the expert-parallel group (whose
+  // ranks hold other experts), in a vector of their own.
   Communicator* tp = shared_.groups.tensor_parallel;
   const int tp_rank = tp ? tp->rank() : 0;
   Tensor sums = ops::zeros(ctx, Shape{n_params}, DType::f64);
+  Tensor expert_sums = shared_.groups.expert_parallel ? ops::zeros(ctx, Shape{n_params}, DType::f64) : Tensor();
   for (size_t u = 0; u < units_.size(); ++u) {
-    for (const ShardSegment& s : units_[u]->plan().segments(shared_.groups.shard_rank())) {
-      const auto& slice = units_[u]->params()[size_t(s.param)]->parallel_slice();
-      Tensor slot = sums.narrow(0, first_param[u] + s.param, 1);
+    const FsdpUnit& un = *units_[u];
+    for (const ShardSegment& s : un.plan().segments(un.shard_rank())) {
+      const nn::Parameter& param = *un.params()[size_t(s.param)];
+      // (An expert's slice is over the expert-parallel group: it counts whole here.)
+      const std::optional<nn::ParallelSlice> none;
+      const auto& slice = param.expert_parallel ? none : param.parallel_slice();
+      Tensor slot = (un.plan().experts ? expert_sums : sums).narrow(0, first_param[u] + s.param, 1);
       // A whole replicated parameter counts on tp rank 0; a slice of which this rank holds
       // no shared rows counts whole here; otherwise only the runs this rank owns.
-      const bool whole = slice ? slice->replicas.empty() : tp_rank == 0;
+      const bool whole = slice ? slice->replicas.empty() : tp_rank == 0 || param.expert_parallel;
       if (whole) {
         ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
         continue;
@@ -422,6 +454,11 @@ std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor
   }
   if (shared_.communicates(shared_.groups.shard_gather))
     shared_.groups.shard_gather->all_reduce(sums, ReduceOp::Sum, ctx.stream());
+  if (expert_sums.defined()) {
+    for (Communicator* c : {shared_.groups.expert_shard_gather, shared_.groups.expert_parallel})
+      if (shared_.communicates(c)) c->all_reduce(expert_sums, ReduceOp::Sum, ctx.stream());
+    ops::add(ctx, sums, sums, expert_sums);
+  }
   if (tp && shared_.communicates(tp)) tp->all_reduce(sums, ReduceOp::Sum, ctx.stream());
   return ops::to_vector<double>(ctx, sums);
 }
@@ -433,11 +470,11 @@ void ShardedModel::gather_full_weights(int u, const Tensor& out) {
   FSDP_CHECK(out.numel() == un.plan().padded_numel && out.dtype() == dtype, ShapeError,
              "gather_full_weights(", un.name(), "): output must be ", un.plan().padded_numel,
              " x ", dtype_name(dtype), ", got ", out.str());
-  if (!shared_.zero3() || shared_.groups.shard_size() == 1) {
+  if (!shared_.zero3() || un.shard_size() == 1) {
     ops::copy(ctx, out, shared_.zero3() ? un.compute_shard : un.compute_full);
     return;
   }
-  shared_.calls.all_gather(*shared_.groups.shard_gather, out, un.compute_shard, ctx.stream());
+  shared_.calls.all_gather(*un.groups().shard_gather, out, un.compute_shard, ctx.stream());
 }
 
 // ---------------------------------------------------------------- reports

@@ -157,6 +157,7 @@ class ShardedModel {
   void initialize_weights();
   void attach_hooks();
   void sum_tensor_parallel_grads();
+  void scale_expert_grads();
   FsdpUnit& unit(int u) { return *units_[size_t(u)]; }
   const FsdpUnit& unit(int u) const { return *units_[size_t(u)]; }
 

@@ -17,7 +17,7 @@ Event mark(const Stream& stream) {
 }  // namespace
 
 UnitShared::UnitShared(Context& c, const FsdpOptions& o, const DataParallelGroups& g)
-    : ctx(c), options(o), groups(g), calls(c, o.time_collectives) {
+    : ctx(c), options(o), groups(g), expert_groups(g.experts()), calls(c, o.time_collectives) {
   // Collectives on their own streams (high priority: scheduled ahead of compute when both
   // are ready), unless overlap is turned off for that kind.
   gather_stream = c.is_cuda() && o.overlap_gather ? Stream::create_cuda(c.device().index, -1)
@@ -37,6 +37,12 @@ void FsdpUnit::set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
   forward_prefetch_ = std::move(forward_prefetch);
   backward_prefetch_ = std::move(backward_prefetch);
   keep_for_backward_ = keep_for_backward;
+}
+
+void FsdpUnit::set_companion(FsdpUnit* experts) {
+  FSDP_ASSERT(experts && experts->plan().experts && !plan_.experts && !is_root_,
+              "an experts unit follows a block's unit");
+  companion_ = experts;
 }
 
 // ---------------------------------------------------------------- events
@@ -65,11 +71,17 @@ void FsdpUnit::pre_backward() {
     wait_for_unshard();
     for (FsdpUnit* previous : backward_prefetch_) previous->unshard(/*prefetch=*/true);
   }
+  prepare_grads(Tensor());
+}
+
+void FsdpUnit::prepare_grads(const Tensor& slot) {
   if (s_.grads_sharded()) {
     // A fresh full-gradient buffer for this micro-batch's backward of the unit.
     Tensor full;
     if (is_root_) {
       full = root_grad;
+    } else if (slot.defined()) {
+      full = slot;
     } else {
       grad_lease_ = s_.grad_pool->acquire(s_.ctx.stream());
       full = grad_lease_.buffer.narrow(0, 0, plan_.padded_numel);
@@ -82,27 +94,41 @@ void FsdpUnit::pre_backward() {
     // zero each micro-batch.
     ops::fill(s_.ctx, grad_full, 0.0);
   }
+  if (companion_)
+    companion_->prepare_grads(grad_lease_.slot >= 0 ? companion_slot(grad_lease_) : Tensor());
 }
 
 void FsdpUnit::post_backward() {
+  // The experts' reduction is queued first: this unit's releases the slot they share.
+  if (companion_) companion_->reduce_grads();
   reduce_grads();
   if (s_.zero3()) reshard();
 }
 
+Tensor FsdpUnit::companion_slot(const BufferPool::Lease& lease) const {
+  return lease.buffer.narrow(0, plan_.padded_numel, companion_->plan().padded_numel);
+}
+
 // ---------------------------------------------------------------- weights
 
-void FsdpUnit::unshard(bool prefetch) {
-  if (state_ != State::sharded) return;
+void FsdpUnit::unshard(bool prefetch, const Tensor& slot) {
+  if (state_ == State::sharded && !start_gather(prefetch, slot)) return;
+  if (companion_ && gather_lease_.slot >= 0) companion_->unshard(prefetch, companion_slot(gather_lease_));
+}
+
+bool FsdpUnit::start_gather(bool prefetch, const Tensor& slot) {
   // An optimizer update still running (CPU offload overlapped): this unit's new shard.
   Event updated;
   if (s_.weights_fence && first_range < end_range &&
       !s_.weights_fence(first_range, end_range, !prefetch, &updated))
-    return;
+    return false;
   Tensor full;
   if (is_root_) {
     // The root's own buffer: the previous micro-batch's backward may still be reading it.
     full = root_gathered;
     s_.gather_stream.wait(released_);
+  } else if (slot.defined()) {
+    full = slot;
   } else {
     gather_lease_ = s_.gather_pool->acquire(s_.gather_stream);
     full = gather_lease_.buffer.narrow(0, 0, plan_.padded_numel);
@@ -111,21 +137,23 @@ void FsdpUnit::unshard(bool prefetch) {
   // The shard is written by the optimizer on the compute stream.
   s_.gather_stream.wait(s_.params_updated);
   s_.gather_stream.wait(updated);
-  if (!s_.communicates(s_.groups.shard_gather)) {
+  if (!s_.communicates(groups().shard_gather)) {
     StreamScope scope(s_.ctx, s_.gather_stream);
     // One rank: its shard is the whole. Several under skip_collectives (the benchmark's
     // compute baseline): every rank's place gets this rank's shard, so the weights hold real
     // values; half-zero weights would draw less power and run faster than training does.
-    for (int r = 0; r < s_.groups.shard_size(); ++r)
+    for (int r = 0; r < shard_size(); ++r)
       ops::copy(s_.ctx, full.narrow(0, plan_.shard_begin(r), plan_.shard_numel), compute_shard);
   } else {
-    s_.calls.all_gather(*s_.groups.shard_gather, full, compute_shard, s_.gather_stream);
+    s_.calls.all_gather(*groups().shard_gather, full, compute_shard, s_.gather_stream);
   }
   gathered_ = mark(s_.gather_stream);
   state_ = State::gathering;
+  return true;
 }
 
 void FsdpUnit::wait_for_unshard() {
+  if (companion_) companion_->wait_for_unshard();
   if (state_ == State::gathered) return;
   FSDP_ASSERT(state_ == State::gathering, "unit ", name(), " used before its weights were gathered");
   s_.ctx.stream().wait(gathered_);
@@ -134,22 +162,26 @@ void FsdpUnit::wait_for_unshard() {
 }
 
 void FsdpUnit::reshard() {
+  // The experts first: their weights lie in this unit's slot.
+  if (companion_) companion_->reshard();
   if (state_ == State::sharded) return;
   if (gather_lease_.slot >= 0) {
     // The compute stream's queued work (this unit's ops) is the slot's last reader.
     s_.gather_pool->release(gather_lease_.slot, s_.ctx.stream());
     gather_lease_ = BufferPool::Lease();
     compute_full = Tensor();
-  } else {
+  } else if (is_root_) {
     released_ = mark(s_.ctx.stream());
+  } else {
+    compute_full = Tensor();  // an experts unit's part of its block's slot
   }
   unbind_weights();
   state_ = State::sharded;
 }
 
 void FsdpUnit::install() {
-  if (s_.communicates(s_.groups.shard_gather))
-    s_.calls.all_gather(*s_.groups.shard_gather, compute_full, compute_shard, s_.gather_stream);
+  if (s_.communicates(groups().shard_gather))
+    s_.calls.all_gather(*groups().shard_gather, compute_full, compute_shard, s_.gather_stream);
   gathered_ = mark(s_.gather_stream);
   state_ = State::gathering;
 }
@@ -225,8 +257,8 @@ Averaging averaging(const FsdpOptions& o, int n, bool registered) {
 }  // namespace
 
 void FsdpUnit::reduce_sharded_grads() {
-  const Averaging shard = averaging(s_.options, s_.groups.shard_size(), s_.registered_memory());
-  const Averaging rep = averaging(s_.options, s_.groups.replicate_size(), false);
+  const Averaging shard = averaging(s_.options, shard_size(), s_.registered_memory());
+  const Averaging rep = averaging(s_.options, groups().replicate_size(), false);
   // This micro-batch's full gradients, in the reduce dtype.
   Tensor src = grad_full;
   if (s_.options.grad_dtype != s_.options.reduce_dtype) {
@@ -237,19 +269,19 @@ void FsdpUnit::reduce_sharded_grads() {
       src = ops::cast(s_.ctx, src, s_.options.reduce_dtype);
     }
   }
-  if (!s_.communicates(s_.groups.shard_reduce)) {
-    const int64_t mine = plan_.shard_begin(s_.groups.shard_rank());
+  if (!s_.communicates(groups().shard_reduce)) {
+    const int64_t mine = plan_.shard_begin(shard_rank());
     ops::axpby(s_.ctx, grad_accum, 1.0, src.narrow(0, mine, plan_.shard_numel), 1.0);
   } else {
     Tensor part = s_.reduce_out.defined()
                       ? s_.reduce_out.narrow(0, 0, plan_.shard_numel)
                       : s_.ctx.empty(Shape{plan_.shard_numel}, s_.options.reduce_dtype);
-    s_.calls.reduce_scatter(*s_.groups.shard_reduce, part, src, shard.op, s_.reduce_stream,
+    s_.calls.reduce_scatter(*groups().shard_reduce, part, src, shard.op, s_.reduce_stream,
                             shard.prescale);
     ops::axpby(s_.ctx, grad_accum, shard.after, part, 1.0);
   }
-  if (s_.last_micro_batch && s_.communicates(s_.groups.replicate))
-    s_.calls.all_reduce(*s_.groups.replicate, grad_accum, rep.op, s_.reduce_stream, rep.prescale);
+  if (s_.last_micro_batch && s_.communicates(groups().replicate))
+    s_.calls.all_reduce(*groups().replicate, grad_accum, rep.op, s_.reduce_stream, rep.prescale);
   // The full-gradient buffer is free once the reduce stream has read it.
   if (grad_lease_.slot >= 0) {
     s_.grad_pool->release(grad_lease_.slot, s_.reduce_stream);
@@ -262,25 +294,25 @@ void FsdpUnit::reduce_sharded_grads() {
 void FsdpUnit::reduce_full_grads() {
   if (!grad_full.shares_storage(grad_accum)) ops::axpby(s_.ctx, grad_accum, 1.0, grad_full, 1.0);
   if (!s_.last_micro_batch) return;
-  const Averaging shard = averaging(s_.options, s_.groups.shard_size(), s_.registered_memory());
-  const Averaging rep = averaging(s_.options, s_.groups.replicate_size(), false);
-  const bool replicated = s_.communicates(s_.groups.replicate);
+  const Averaging shard = averaging(s_.options, shard_size(), s_.registered_memory());
+  const Averaging rep = averaging(s_.options, groups().replicate_size(), false);
+  const bool replicated = s_.communicates(groups().replicate);
   if (s_.options.strategy == ShardingStrategy::NoShard) {
     if (replicated)
-      s_.calls.all_reduce(*s_.groups.replicate, grad_accum, rep.op, s_.reduce_stream, rep.prescale);
+      s_.calls.all_reduce(*groups().replicate, grad_accum, rep.op, s_.reduce_stream, rep.prescale);
     return;
   }
   // ZeRO-1: one reduce-scatter of the accumulated gradients into the gradient shard.
-  if (!s_.communicates(s_.groups.shard_reduce)) {
-    const int64_t mine = plan_.shard_begin(s_.groups.shard_rank());
+  if (!s_.communicates(groups().shard_reduce)) {
+    const int64_t mine = plan_.shard_begin(shard_rank());
     ops::copy(s_.ctx, grad_shard, grad_accum.narrow(0, mine, plan_.shard_numel));
   } else {
-    s_.calls.reduce_scatter(*s_.groups.shard_reduce, grad_shard, grad_accum, shard.op,
+    s_.calls.reduce_scatter(*groups().shard_reduce, grad_shard, grad_accum, shard.op,
                             s_.reduce_stream, shard.prescale);
     if (shard.after != 1.0) ops::scale(s_.ctx, grad_shard, grad_shard, shard.after);
   }
   if (replicated)
-    s_.calls.all_reduce(*s_.groups.replicate, grad_shard, rep.op, s_.reduce_stream, rep.prescale);
+    s_.calls.all_reduce(*groups().replicate, grad_shard, rep.op, s_.reduce_stream, rep.prescale);
 }
 
 }  // namespace fsdp

@@ -51,6 +51,24 @@ struct DataParallelGroups {
   // Tensor parallelism: the group over which parameters are sliced (ParallelSlice). The
   // scheduler never reduces over it; norms of sliced parameters are summed over it.
   Communicator* tensor_parallel = nullptr;
+  // Expert parallelism (null without it): expert-parallel parameters
+  // (Parameter::expert_parallel) are sharded and replicated over the expert-data-parallel
+  // groups instead (the ranks that hold the same experts; null when of one rank), and the
+  // sums of their norms run over expert_parallel too (its ranks hold other experts).
+  Communicator* expert_shard_gather = nullptr;
+  Communicator* expert_shard_reduce = nullptr;
+  Communicator* expert_replicate = nullptr;
+  Communicator* expert_parallel = nullptr;
+  int expert_parallel_size() const { return expert_parallel ? expert_parallel->size() : 1; }
+  // The groups of an experts unit: the expert groups in the places of the shard and
+  // replicate groups.
+  DataParallelGroups experts() const {
+    DataParallelGroups g = *this;
+    g.shard_gather = expert_shard_gather;
+    g.shard_reduce = expert_shard_reduce;
+    g.replicate = expert_replicate;
+    return g;
+  }
   int shard_size() const { return shard_gather ? shard_gather->size() : 1; }
   int shard_rank() const { return shard_gather ? shard_gather->rank() : 0; }
   int replicate_size() const { return replicate ? replicate->size() : 1; }
@@ -69,6 +87,7 @@ struct UnitShared {
   Context& ctx;
   FsdpOptions options;
   DataParallelGroups groups;
+  DataParallelGroups expert_groups;  // groups.experts(): what experts units use
   Stream gather_stream, reduce_stream;  // the compute stream when overlap is off
   std::unique_ptr<BufferPool> gather_pool, grad_pool;  // ZeRO-3 weights; ZeRO-2/3 gradients
   CollectiveCalls calls;
@@ -87,8 +106,11 @@ struct UnitShared {
   bool communicates(const Communicator* c) const {
     return c && c->size() > 1 && !options.skip_collectives;
   }
-  // Whether the shard group's buffers are registrable (nccl_ub with more than one shard).
-  bool registered_memory() const { return options.nccl_ub && groups.shard_size() > 1; }
+  // Whether the shard group's buffers are registrable (nccl_ub with more than one shard;
+  // never with expert parallelism, whose units span two groups).
+  bool registered_memory() const {
+    return options.nccl_ub && groups.shard_size() > 1 && !groups.expert_parallel;
+  }
 };
 
 class FsdpUnit {
@@ -105,6 +127,11 @@ class FsdpUnit {
   // embedding is used at both ends; the last block: its backward comes next).
   void set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
                       std::vector<FsdpUnit*> backward_prefetch, bool keep_for_backward);
+  // A block's experts unit (plan().experts), sharded over other groups: it has no hooks of
+  // its own but follows this unit through every event, its full weights and gradients in
+  // the tail of this unit's pool slots.
+  void set_companion(FsdpUnit* experts);
+  FsdpUnit* companion() const { return companion_; }
 
   // ---- events of a micro-batch (the module hooks call these)
   void pre_forward(const autograd::Graph& g);
@@ -116,7 +143,9 @@ class FsdpUnit {
   // Queues the all-gather of the full weights (ZeRO-3; sharded -> gathering). A prefetch
   // does not wait for an optimizer update still running (the weights fence) and then
   // leaves the unit sharded.
-  void unshard(bool prefetch = false);
+  // `slot`: where the full weights go (a companion's part of its block's slot); undefined:
+  // a slot of the pool (the root: its own buffer).
+  void unshard(bool prefetch = false, const Tensor& slot = Tensor());
   // The compute stream waits for the gather; the parameters point at the full weights
   // (gathering -> gathered).
   void wait_for_unshard();
@@ -136,6 +165,11 @@ class FsdpUnit {
   void bind_grads(const Tensor& full);
 
   // ---- identity and buffers (laid out by the ShardedModel)
+  // The groups this unit is sharded and replicated over (the expert groups for an experts
+  // unit), its rank in the shard group and the group's size.
+  const DataParallelGroups& groups() const { return plan_.experts ? s_.expert_groups : s_.groups; }
+  int shard_rank() const { return groups().shard_rank(); }
+  int shard_size() const { return groups().shard_size(); }
   int index() const { return index_; }
   const std::string& name() const { return plan_.name; }
   const UnitPlan& plan() const { return plan_; }
@@ -163,6 +197,14 @@ class FsdpUnit {
   void bind_weights(const Tensor& full);
   void unbind_weights();
   void unbind_grads();
+  // Queues the all-gather into `slot` (or a pool slot); false when a prefetch finds the
+  // unit's new weights not yet on their way (the weights fence).
+  bool start_gather(bool prefetch, const Tensor& slot);
+  // Before a micro-batch's backward: ZeRO-2/3 a fresh full-gradient buffer (`slot`: a
+  // companion's part of its block's slot), otherwise zeroed separate gradients.
+  void prepare_grads(const Tensor& slot);
+  // The companion's part of a slot this unit leased: after this unit's own weights.
+  Tensor companion_slot(const BufferPool::Lease& lease) const;
 
   UnitShared& s_;
   int index_;
@@ -172,6 +214,7 @@ class FsdpUnit {
   bool is_root_;
   std::vector<FsdpUnit*> forward_prefetch_, backward_prefetch_;
   bool keep_for_backward_ = false;
+  FsdpUnit* companion_ = nullptr;
 
   State state_ = State::sharded;
   Event gathered_;              // gather stream, after the gather

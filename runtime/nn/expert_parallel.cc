@@ -29,17 +29,6 @@ Tensor exchange(Context& ctx, ExpertParallelGroup& group, const Tensor& x,
   return recv;
 }
 
-// From the rows' ranks to the experts' (source-major, then regrouped expert-major).
-Tensor to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e, const Tensor& x) {
-  return gather_rows(ctx, exchange(ctx, group, x, e.send_rows, e.regroup.recv_counts), e.gather);
-}
-
-// From the experts' ranks back to the rows' own.
-Tensor from_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e, const Tensor& y) {
-  return exchange(ctx, group, gather_rows(ctx, ops::contiguous(ctx, y), e.scatter),
-                  e.regroup.recv_counts, e.send_rows);
-}
-
 void check_rows(const Tensor& x, int64_t rows, const char* what, const char* role) {
   FSDP_CHECK(x.dim() == 2 && x.size(0) == rows, ShapeError, what, ": ", role, " ", x.str(),
              " must be (", rows, ", C)");
@@ -47,30 +36,52 @@ void check_rows(const Tensor& x, int64_t rows, const char* what, const char* rol
 
 }  // namespace
 
-Tensor expert_dispatch(Graph& g, const Tensor& x_sorted, const std::vector<int64_t>& counts,
-                       const ExpertParallelLayout& layout, ExpertParallelGroup& group,
-                       std::shared_ptr<const ExpertExchange>* exchange_out) {
-  Context& ctx = g.ctx();
+// From the rows' ranks to the experts' (source-major, then regrouped expert-major).
+Tensor rows_to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e,
+                       const Tensor& x) {
+  check_rows(x, int64_t(total(e.send_rows)), "rows_to_experts", "x");
+  return gather_rows(ctx, exchange(ctx, group, x, e.send_rows, e.regroup.recv_counts), e.gather);
+}
+
+// From the experts' ranks back to the rows' own.
+Tensor rows_from_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e,
+                         const Tensor& y) {
+  check_rows(y, int64_t(e.regroup.gather.size()), "rows_from_experts", "y");
+  return exchange(ctx, group, gather_rows(ctx, ops::contiguous(ctx, y), e.scatter),
+                  e.regroup.recv_counts, e.send_rows);
+}
+
+std::shared_ptr<const ExpertExchange> plan_expert_exchange(Context& ctx,
+                                                           const std::vector<int64_t>& counts,
+                                                           const ExpertParallelLayout& layout,
+                                                           ExpertParallelGroup& group) {
   FSDP_CHECK(group.size() == layout.ep && group.rank() == layout.rank, ValueError,
-             "expert_dispatch: the layout is rank ", layout.rank, " of ", layout.ep,
+             "expert exchange: the layout is rank ", layout.rank, " of ", layout.ep,
              ", the group rank ", group.rank(), " of ", group.size());
   auto e = std::make_shared<ExpertExchange>();
   e->layout = layout;
   e->send_rows = layout.send_counts(counts);
-  check_rows(x_sorted, int64_t(total(e->send_rows)), "expert_dispatch", "x_sorted");
   // Each rank's counts of every rank's experts: the parts of `counts` (E) in rank order.
   e->regroup = layout.regroup(group.exchange_counts(ctx, counts));
   const int64_t received = int64_t(e->regroup.gather.size());
   e->gather = ops::from_host<int32_t>(ctx, e->regroup.gather, Shape{received});
   e->scatter = ops::from_host<int32_t>(ctx, e->regroup.scatter, Shape{received});
+  return e;
+}
+
+Tensor expert_dispatch(Graph& g, const Tensor& x_sorted, const std::vector<int64_t>& counts,
+                       const ExpertParallelLayout& layout, ExpertParallelGroup& group,
+                       std::shared_ptr<const ExpertExchange>* exchange_out) {
+  Context& ctx = g.ctx();
+  const std::shared_ptr<const ExpertExchange> e = plan_expert_exchange(ctx, counts, layout, group);
   if (exchange_out) *exchange_out = e;
-  Tensor out = to_experts(ctx, group, *e, x_sorted);  // (R', C)
+  Tensor out = rows_to_experts(ctx, group, *e, x_sorted);  // (R', C)
   if (!g.should_record({&x_sorted}, false)) return out;
   out = Graph::track(out);
   g.record("expert_dispatch", {out.autograd_meta()},
            [tx = Graph::target(x_sorted), om = out.autograd_meta(), e, &group](Graph& g) {
              const Tensor dout = Graph::grad_of(om);
-             if (dout.defined()) g.accumulate(tx, from_experts(g.ctx(), group, *e, dout));
+             if (dout.defined()) g.accumulate(tx, rows_from_experts(g.ctx(), group, *e, dout));
            });
   return out;
 }
@@ -78,15 +89,14 @@ Tensor expert_dispatch(Graph& g, const Tensor& x_sorted, const std::vector<int64
 Tensor expert_combine(Graph& g, const Tensor& y, const std::shared_ptr<const ExpertExchange>& e,
                       ExpertParallelGroup& group) {
   FSDP_CHECK(e != nullptr, ValueError, "expert_combine: no dispatch plan");
-  check_rows(y, int64_t(e->regroup.gather.size()), "expert_combine", "y");
   Context& ctx = g.ctx();
-  Tensor out = from_experts(ctx, group, *e, y);  // (R, C')
+  Tensor out = rows_from_experts(ctx, group, *e, y);  // (R, C')
   if (!g.should_record({&y}, false)) return out;
   out = Graph::track(out);
   g.record("expert_combine", {out.autograd_meta()},
            [ty = Graph::target(y), om = out.autograd_meta(), e, &group](Graph& g) {
              const Tensor dout = Graph::grad_of(om);
-             if (dout.defined()) g.accumulate(ty, to_experts(g.ctx(), group, *e, dout));
+             if (dout.defined()) g.accumulate(ty, rows_to_experts(g.ctx(), group, *e, dout));
            });
   return out;
 }

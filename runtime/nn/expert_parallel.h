@@ -45,6 +45,20 @@ struct ExpertExchange {
   Tensor gather, scatter;              // regroup's maps on ctx's device, i32
 };
 
+// The plan of one exchange: `counts` (E) are this rank's rows per expert in global expert
+// order; the counts are exchanged with the group first (the host waits for them).
+std::shared_ptr<const ExpertExchange> plan_expert_exchange(Context& ctx,
+                                                           const std::vector<int64_t>& counts,
+                                                           const ExpertParallelLayout& layout,
+                                                           ExpertParallelGroup& group);
+// The exchanges themselves, outside any tape (a layer that records its own backward uses
+// them in both directions): rows (R, C) grouped by expert -> (R', C) of this rank's experts,
+// expert-major; and back.
+Tensor rows_to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& exchange,
+                       const Tensor& x);
+Tensor rows_from_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& exchange,
+                         const Tensor& y);
+
 // x_sorted (R, C) with counts (E) rows per expert -> (R', C) and the plan (into *exchange).
 // Backward: the gradient goes back the same way. The counts are exchanged first.
 Tensor expert_dispatch(Graph& g, const Tensor& x_sorted, const std::vector<int64_t>& counts,

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "runtime/nn/expert_parallel.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/op_support.h"
 
@@ -32,7 +33,7 @@ std::vector<double> host_f64(Context& ctx, const Tensor& t) {
 
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& o, const Tensor& expert_bias,
-           MoeStats* stats, bool recompute_activation) {
+           MoeStats* stats, bool recompute_activation, ExpertParallelGroup* ep) {
   Context& ctx = g.ctx();
   const Tensor& w_router = router.checked_data();  // (E, C)
   const Tensor& w_fc = fc.checked_data();          // (E, F or 2F, C)
@@ -40,9 +41,14 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   const int64_t E = w_router.size(0), C = w_router.size(1), k = o.top_k;
   const int64_t h_f = w_fc.size(1), f = w_proj.size(2);
   const bool gelu = activation == MlpActivation::Gelu;
+  // Under expert parallelism this rank holds E / ep of the experts (ExpertParallelLayout).
+  const ExpertParallelLayout layout =
+      ExpertParallelLayout::make(E, ep ? ep->size() : 1, ep ? ep->rank() : 0);
+  const int64_t E_local = layout.local_experts();
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == C, ShapeError, "moe ", router.name(), ": input ",
              x.str(), " does not end in ", C, " features");
-  FSDP_CHECK(w_fc.dim() == 3 && w_proj.dim() == 3 && w_fc.size(0) == E && w_proj.size(0) == E &&
+  FSDP_CHECK(w_fc.dim() == 3 && w_proj.dim() == 3 && w_fc.size(0) == E_local &&
+                 w_proj.size(0) == E_local &&
                  w_fc.size(2) == C && w_proj.size(1) == C && h_f == (gelu ? f : 2 * f),
              ShapeError, "moe: ", fc.name(), " ", w_fc.str(), " and ", proj.name(), " ",
              w_proj.str(), " are not the ", gelu ? "GELU" : "SwiGLU", " experts of ",
@@ -77,12 +83,24 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
 
   const Tensor xs = ctx.empty(Shape{R, C}, cd);  // (R, C) the rows, grouped by expert
   ops::moe_permute(ctx, xs, x2, source);
-  const Tensor h = ctx.empty(Shape{R, h_f}, cd);  // (R, F or 2F) the activation's input
-  ops::moe_grouped_matmul(ctx, h, xs, w_fc, counts);
-  Tensor a = ctx.empty(Shape{R, f}, cd);  // (R, F)
+  // Expert parallelism: the rows go to the ranks that hold their experts and come back
+  // after the experts ran (xe, ye: (R', C), this rank's experts' rows from every rank).
+  std::shared_ptr<const ExpertExchange> exchange;
+  std::vector<int64_t> local_counts = counts;  // (E_local) rows of each expert held here
+  Tensor xe = xs;
+  if (ep) {
+    exchange = plan_expert_exchange(ctx, counts, layout, *ep);
+    local_counts = exchange->regroup.expert_counts;
+    xe = rows_to_experts(ctx, *ep, *exchange, xs);
+  }
+  const int64_t Re = xe.size(0);
+  const Tensor h = ctx.empty(Shape{Re, h_f}, cd);  // (R', F or 2F) the activation's input
+  ops::moe_grouped_matmul(ctx, h, xe, w_fc, local_counts);
+  Tensor a = ctx.empty(Shape{Re, f}, cd);  // (R', F)
   activation_forward(ctx, activation, a, h);
-  const Tensor ys = ctx.empty(Shape{R, C}, cd);  // (R, C) each row's expert output
-  ops::moe_grouped_matmul(ctx, ys, a, w_proj, counts);
+  Tensor ys = ctx.empty(Shape{Re, C}, cd);  // (R', C) each row's expert output
+  ops::moe_grouped_matmul(ctx, ys, a, w_proj, local_counts);
+  if (ep) ys = rows_from_experts(ctx, *ep, *exchange, ys);  // (R, C)
   Tensor y = ctx.empty(x.shape(), cd);  // (..., C)
   ops::moe_unpermute(ctx, y.view(Shape{N, C}), ys, weights, dest);
 
@@ -130,10 +148,10 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   a = Tensor();
   g.record("moe:" + router.name(), {y.autograd_meta()},
            [tx = Graph::target(x), ym = y.autograd_meta(), x2, indices, weights, scores, dest,
-            counts, xs, h, saved_a, ys, dscores, dlogits_z, &router, &fc, &proj, activation, ro,
-            N, C, E, R, h_f, f](Graph& g) {
+            local_counts, xe, h, saved_a, ys, dscores, dlogits_z, &router, &fc, &proj, activation,
+            ro, N, C, E, R, Re, h_f, f, ep, exchange](Graph& g) {
              Context& ctx = g.ctx();
-             const DType cd = xs.dtype(), sd = weights.dtype();
+             const DType cd = xe.dtype(), sd = weights.dtype();
              // The auxiliary losses send gradients even where the output gets none.
              Tensor dy = Graph::grad_of(ym);
              dy = dy.defined() ? rows(ctx, dy, C) : ops::zeros(ctx, Shape{N, C}, cd);  // (N, C)
@@ -141,25 +159,29 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
              const Tensor dys = ctx.empty(Shape{R, C}, cd);
              const Tensor dweights = ctx.empty(weights.shape(), sd);
              ops::moe_unpermute_backward(ctx, dys, dweights, dy, ys, weights, dest);
+             // Expert parallelism: the rows' gradients go to their experts' ranks.
+             const Tensor dye = ep ? rows_to_experts(ctx, *ep, *exchange, dys) : dys;  // (R', C)
              Tensor a = saved_a;
              if (!a.defined()) {
-               a = ctx.empty(Shape{R, f}, cd);  // (R, F), recomputed
+               a = ctx.empty(Shape{Re, f}, cd);  // (R', F), recomputed
                activation_forward(ctx, activation, a, h);
              }
-             // proj: da (R, F) = dys_e @ proj_e; dproj_e (C, F) += dys_e^T @ a_e
-             const Tensor da = ctx.empty(Shape{R, f}, cd);
-             ops::moe_grouped_matmul_backward(ctx, da, proj.grad_for_accumulation(ctx), dys, a,
-                                              proj.checked_data(), counts, true);
+             // proj: da (R', F) = dye_e @ proj_e; dproj_e (C, F) += dye_e^T @ a_e
+             const Tensor da = ctx.empty(Shape{Re, f}, cd);
+             ops::moe_grouped_matmul_backward(ctx, da, proj.grad_for_accumulation(ctx), dye, a,
+                                              proj.checked_data(), local_counts, true);
              a = Tensor();
-             const Tensor dh = ctx.empty(Shape{R, h_f}, cd);  // (R, F or 2F)
+             const Tensor dh = ctx.empty(Shape{Re, h_f}, cd);  // (R', F or 2F)
              if (activation == MlpActivation::Gelu)
                ops::gelu_backward(ctx, dh, da, h);
              else
                ops::swiglu_backward(ctx, dh, da, h);
-             // fc: dxs (R, C) = dh_e @ fc_e; dfc_e += dh_e^T @ xs_e
-             const Tensor dxs = ctx.empty(Shape{R, C}, cd);
-             ops::moe_grouped_matmul_backward(ctx, dxs, fc.grad_for_accumulation(ctx), dh, xs,
-                                              fc.checked_data(), counts, true);
+             // fc: dxe (R', C) = dh_e @ fc_e; dfc_e += dh_e^T @ xe_e
+             const Tensor dxe = ctx.empty(Shape{Re, C}, cd);
+             ops::moe_grouped_matmul_backward(ctx, dxe, fc.grad_for_accumulation(ctx), dh, xe,
+                                              fc.checked_data(), local_counts, true);
+             // ... and the inputs' gradients come back to the rows' ranks (R, C).
+             const Tensor dxs = ep ? rows_from_experts(ctx, *ep, *exchange, dxe) : dxe;
              // The router: dlogits (N, E) from the weights' gradient and the balancing loss's
              // gradient of the scores, plus the z-loss's gradient of the logits.
              const Tensor dlogits = ctx.empty(Shape{N, E}, cd);
@@ -221,7 +243,7 @@ Tensor MoELayer::compute(Graph& g, const Tensor& x) {
   if (options_.expert_bias && !expert_bias_.defined())
     expert_bias_ = ops::zeros(g.ctx(), Shape{options_.experts}, DType::f32);
   Tensor y = moe(g, x, router.weight(), experts.fc(), experts.proj(), activation_, options_,
-                 expert_bias_, &stats_, recompute_activation);  // (..., C)
+                 expert_bias_, &stats_, recompute_activation, expert_group_);  // (..., C)
   if (shared_expert) y = add(g, y, (*shared_expert)(g, x));
   return y;
 }

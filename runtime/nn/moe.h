@@ -27,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/nn/expert_parallel.h"
 #include "runtime/nn/layers.h"
 #include "runtime/nn/moe_losses.h"
 
@@ -101,6 +102,10 @@ class MoELayer : public MLP {
   // bias_e += rate * sign(mean count - count_e) for the given counts (E): raises the bias of
   // the experts that got fewer tokens than the mean. No-op without an expert bias.
   void update_expert_bias(Context& ctx, const std::vector<double>& counts, double rate);
+  // Expert parallelism (set by a plan from outside, with the experts' weights sliced to this
+  // rank's E / ep): the layer exchanges its rows with the group. Null: none.
+  void set_expert_parallel(ExpertParallelGroup* group) { expert_group_ = group; }
+  ExpertParallelGroup* expert_parallel() const { return expert_group_; }
 
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;
@@ -110,6 +115,7 @@ class MoELayer : public MLP {
   MlpActivation activation_;
   Tensor expert_bias_;
   MoeStats stats_;
+  ExpertParallelGroup* expert_group_ = nullptr;
 };
 
 }  // namespace fsdp::nn

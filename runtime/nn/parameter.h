@@ -82,6 +82,11 @@ class Parameter {
   // The parameter's gradient must be summed over the tensor-parallel group before the
   // update (a replicated parameter fed by sequence-parallel activations); set by the plan.
   bool tensor_parallel_grad_sum = false;
+  // Expert parallelism: the experts (dim 0) are split over the expert-parallel group
+  // (set_parallel_slice holds this rank's), so FSDP shards the parameter over the
+  // expert-data-parallel group (the ranks holding the same experts), not the data-parallel
+  // one; set by the plan.
+  bool expert_parallel = false;
   // A vocabulary-parallel table (token embedding, classifier head): its rows, the
   // vocabulary, are split over this group (one range per rank, set_parallel_slice), and the
   // ops that read it (nn::embedding, nn::classifier_loss) combine the ranks' parts.

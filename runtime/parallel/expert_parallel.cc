@@ -2,6 +2,7 @@
 
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/moe.h"
 
 namespace fsdp {
 
@@ -32,6 +33,39 @@ void CommunicatorExpertParallelGroup::exchange_rows(Context& ctx, const Tensor& 
   for (size_t r : recv_rows) recv_counts.push_back(r * width);
   comm_.all_to_all(send.numel() ? send.data_ptr() : nullptr, send_counts,
                    recv.numel() ? recv.data_ptr() : nullptr, recv_counts, send.dtype(), ctx.stream());
+}
+
+std::vector<int64_t> PlanningExpertParallelGroup::exchange_counts(Context&,
+                                                                  const std::vector<int64_t>&) {
+  FSDP_THROW(ValueError, "a planning expert-parallel group exchanges nothing");
+}
+
+void PlanningExpertParallelGroup::exchange_rows(Context&, const Tensor&, const std::vector<size_t>&,
+                                                const Tensor&, const std::vector<size_t>&) {
+  FSDP_THROW(ValueError, "a planning expert-parallel group exchanges nothing");
+}
+
+std::vector<std::string> apply_expert_parallel(nn::Module& model, nn::ExpertParallelGroup& group) {
+  std::vector<std::string> report;
+  if (group.size() == 1) return report;
+  for (nn::Module* m : model.modules()) {
+    auto* layer = dynamic_cast<nn::MoELayer*>(m);
+    if (!layer) continue;
+    const int64_t E = layer->options().experts;
+    FSDP_CHECK(E % group.size() == 0, ConfigError, layer->name(), ": its ", E, " experts do not ",
+               "split over 'model.expert_model_parallel_size' ", group.size(), " ranks");
+    const nn::ExpertParallelLayout layout = nn::ExpertParallelLayout::make(E, group.size(), group.rank());
+    const int64_t first = layout.first_expert(layout.rank), last = first + layout.local_experts();
+    for (nn::Parameter* p : {&layer->experts.fc(), &layer->experts.proj()}) {
+      FSDP_CHECK(!p->parallel_slice(), ConfigError, p->name(), " is already split (",
+                 p->parallel_slice()->str(), "): expert parallelism does not compose with that");
+      p->set_parallel_slice({p->shape(), 0, {{first, last}}});
+      p->expert_parallel = true;
+    }
+    layer->set_expert_parallel(&group);
+    report.push_back(str_cat(layer->name(), ": experts ", first, "..", last - 1, " of ", E));
+  }
+  return report;
 }
 
 }  // namespace fsdp

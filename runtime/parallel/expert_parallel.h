@@ -6,8 +6,11 @@
 #include <cstdint>
 #include <vector>
 
+#include <string>
+
 #include "collectives/communicator.h"
 #include "runtime/nn/expert_parallel.h"
+#include "runtime/nn/module.h"
 
 namespace fsdp {
 
@@ -24,5 +27,30 @@ class CommunicatorExpertParallelGroup : public nn::ExpertParallelGroup {
  private:
   Communicator& comm_;
 };
+
+// A group that only plans (the dry run, memory estimates): rank `rank` of `size`, never
+// exchanging anything (its exchanges throw).
+class PlanningExpertParallelGroup : public nn::ExpertParallelGroup {
+ public:
+  PlanningExpertParallelGroup(int size, int rank) : size_(size), rank_(rank) {}
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  std::vector<int64_t> exchange_counts(Context& ctx, const std::vector<int64_t>& counts) override;
+  void exchange_rows(Context& ctx, const Tensor& send, const std::vector<size_t>& send_rows,
+                     const Tensor& recv, const std::vector<size_t>& recv_rows) override;
+
+ private:
+  int size_, rank_;
+};
+
+// Expert parallelism applied from outside the model: every MoE layer of `model` (specs,
+// before FSDP or materialization) keeps experts [r E/ep, (r + 1) E/ep) of group rank r
+// (ExpertParallelLayout): its experts' weights are sliced along dim 0 (ParallelSlice, so
+// they initialize, save and load as those experts of the full tensor) and marked
+// Parameter::expert_parallel (FSDP shards them over the expert-data-parallel group), and the
+// layer exchanges its rows with `group`. Returns one line per layer
+// ("layers.1.mlp: experts 4..7 of 16"). A group of one leaves the model as it is. Throws
+// ConfigError naming the layer when its experts do not split into equal parts.
+std::vector<std::string> apply_expert_parallel(nn::Module& model, nn::ExpertParallelGroup& group);
 
 }  // namespace fsdp

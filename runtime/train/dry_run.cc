@@ -6,6 +6,7 @@
 
 #include "models/factory.h"
 #include "runtime/parallel/context_parallel.h"
+#include "runtime/parallel/expert_parallel.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics.h"
@@ -15,33 +16,40 @@
 namespace fsdp::train {
 namespace {
 
+// "what groups: [0 1] [2 3]" for the groups `axes` make, or nothing when each has one rank.
+std::string groups_line(const char* what, const Mesh& mesh, const std::vector<MeshAxis>& axes) {
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    std::vector<int> g = mesh.group(axes, r);
+    if (g.size() > 1 && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  }
+  if (groups.empty()) return "";
+  std::string out = str_cat("  ", what, " groups:");
+  for (const std::vector<int>& g : groups) {
+    out += " [";
+    for (size_t i = 0; i < g.size(); ++i) out += str_cat(i ? " " : "", g[i]);
+    out += "]";
+  }
+  return out + "\n";
+}
+
 // One line per kind of group that has more than one rank: "tensor-parallel groups: [0 1] [2 3]".
 std::string mesh_groups(const Mesh& mesh) {
-  const std::vector<std::pair<const char*, std::vector<MeshAxis>>> kinds = {
-      {"tensor-parallel", {MeshAxis::tp}},
-      {"context-parallel", {MeshAxis::cp}},
-      {"data-parallel (sharding)", {MeshAxis::dp_shard}},
-      {"FSDP sharding (data x context-parallel)", {MeshAxis::dp_shard, MeshAxis::cp}},
-      {"data-parallel (replicas)", {MeshAxis::dp_outer}}};
-  std::string out;
-  for (const auto& [what, axes] : kinds) {
-    // The FSDP groups are the data-parallel ones unless context parallelism joins them.
-    if (axes.size() > 1 && mesh.size(MeshAxis::cp) == 1) continue;
-    std::vector<std::vector<int>> groups;
-    for (int r = 0; r < mesh.world_size(); ++r) {
-      std::vector<int> g = mesh.group(axes, r);
-      if (g.size() > 1 && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
-    }
-    if (groups.empty()) continue;
-    out += str_cat("  ", what, " groups:");
-    for (const std::vector<int>& g : groups) {
-      out += " [";
-      for (size_t i = 0; i < g.size(); ++i) out += str_cat(i ? " " : "", g[i]);
-      out += "]";
-    }
-    out += "\n";
-  }
-  return out;
+  const bool cp = mesh.size(MeshAxis::cp) > 1, ep = mesh.size(MeshAxis::ep) > 1;
+  std::string out = groups_line("tensor-parallel", mesh, {MeshAxis::tp}) +
+                    groups_line("context-parallel", mesh, {MeshAxis::cp}) +
+                    groups_line("expert-parallel", mesh, {MeshAxis::ep}) +
+                    groups_line("data-parallel (sharding)", mesh, {MeshAxis::dp_shard});
+  // FSDP shards over the data-parallel ranks with the context- and expert-parallel ones;
+  // the experts without the expert-parallel ones.
+  if (cp || ep)
+    out += groups_line(ep ? "FSDP sharding (data x context x expert-parallel)"
+                          : "FSDP sharding (data x context-parallel)",
+                       mesh, {MeshAxis::dp_shard, MeshAxis::cp, MeshAxis::ep});
+  if (cp && ep)
+    out += groups_line("FSDP sharding of the experts (data x context-parallel)", mesh,
+                       {MeshAxis::dp_shard, MeshAxis::cp});
+  return out + groups_line("data-parallel (replicas)", mesh, {MeshAxis::dp_outer});
 }
 
 }  // namespace
@@ -60,6 +68,8 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   PlanningTensorParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
   apply_context_parallel(*model, model->vocabulary_tables(), cp_plan, recipe.model.seq_length,
                          context_parallel_comm(recipe.model.cp_comm_type));
+  PlanningExpertParallelGroup ep_plan(mesh.size(MeshAxis::ep), 0);
+  apply_expert_parallel(*model, ep_plan);
   const FsdpOptions fo = fsdp_options_of(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;

@@ -12,9 +12,10 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
                                 const Mesh& mesh) {
   const FsdpOptions fo = fsdp_options_of(recipe);
   PlanOptions po;
-  po.dp_size = fo.strategy == ShardingStrategy::NoShard
-                   ? 1
-                   : mesh.size(MeshAxis::dp_shard) * mesh.size(MeshAxis::cp);
+  const bool sharded = fo.strategy != ShardingStrategy::NoShard;
+  // Experts shard over the data-parallel ranks that hold them; the rest over ep too.
+  po.expert_dp_size = sharded ? mesh.size(MeshAxis::dp_shard) * mesh.size(MeshAxis::cp) : 1;
+  po.dp_size = po.expert_dp_size * (sharded ? mesh.size(MeshAxis::ep) : 1);
   po.block = fo.shard_block;
   po.strategy = fo.strategy;
   MemoryPrediction p;

@@ -503,10 +503,12 @@ void Recipe::resolve_device(bool cuda_available) {
 void Recipe::resolve_world(int world_size) {
   FSDP_CHECK(world_size >= 1, ConfigError, "world size must be >= 1, got ", world_size);
   const int tp = model.tensor_model_parallel_size, cp = model.context_parallel_size;
-  const int64_t fixed = int64_t(dist.dp_outer) * tp * cp;
-  const std::string fixed_keys = str_cat("dist.dp_outer (", dist.dp_outer,
-                                         ") * model.tensor_model_parallel_size (", tp,
-                                         ") * model.context_parallel_size (", cp, ")");
+  const int ep = model.expert_model_parallel_size;
+  const int64_t fixed = int64_t(dist.dp_outer) * tp * cp * ep;
+  const std::string fixed_keys =
+      str_cat("dist.dp_outer (", dist.dp_outer, ") * model.tensor_model_parallel_size (", tp,
+              ") * model.context_parallel_size (", cp, ")",
+              ep > 1 ? str_cat(" * model.expert_model_parallel_size (", ep, ")") : std::string());
   if (dist.dp_shard == -1) {
     FSDP_CHECK(world_size % fixed == 0, ConfigError, "world size ", world_size,
                " is not divisible by ", fixed_keys, " = ", fixed);
@@ -515,7 +517,8 @@ void Recipe::resolve_world(int world_size) {
   FSDP_CHECK(fixed * dist.dp_shard == world_size, ConfigError, fixed_keys, " * dist.dp_shard (",
              dist.dp_shard, ") = ", fixed * dist.dp_shard, " does not match the world size ",
              world_size);
-  validate_world(dist.dp_outer * dist.dp_shard);
+  // Expert-parallel ranks take data of their own (collectives/mesh.h).
+  validate_world(dist.dp_outer * dist.dp_shard * ep);
 }
 
 void Recipe::validate_world(int dp_size) const {

@@ -67,12 +67,26 @@ void check_model_parallel(const Recipe& r) {
 // Mixture of experts: what this build supports.
 void check_moe(const Recipe& r) {
   const ModelSection& m = r.model;
-  // Expert parallelism is built separately; this one check is what it replaces.
-  FSDP_CHECK(m.expert_model_parallel_size == 1, ConfigError, "'model.expert_model_parallel_size' (",
-             m.expert_model_parallel_size, ") must be 1: expert parallelism is not part of this "
-             "build yet (it is built separately); the experts are replicated and sharded by FSDP "
-             "like every other parameter");
+  const int ep = m.expert_model_parallel_size;
+  FSDP_CHECK(ep == 1 || m.num_moe_experts > 0, ConfigError, "'model.expert_model_parallel_size' ",
+             ep, " needs a mixture-of-experts model ('model.num_moe_experts' > 0)");
   if (m.num_moe_experts == 0) return;
+  FSDP_CHECK(m.num_moe_experts % ep == 0, ConfigError, "'model.num_moe_experts' (", m.num_moe_experts,
+             ") must be a multiple of 'model.expert_model_parallel_size' (", ep,
+             "): each expert-parallel rank holds an equal part of the experts");
+  if (ep > 1) {
+    FSDP_CHECK(m.moe_token_dispatcher_type == "alltoall", ConfigError,
+               "'model.moe_token_dispatcher_type' '", m.moe_token_dispatcher_type, "' with ",
+               "'model.expert_model_parallel_size' ", ep, ": expert parallelism exchanges the "
+               "tokens by all-to-all (\"alltoall\")");
+    FSDP_CHECK(!r.ddp.nccl_ub, ConfigError, "'ddp.nccl_ub' with 'model.expert_model_parallel_size' ",
+               ep, " is not supported: the experts are sharded over another group than the "
+               "registered buffers'");
+    FSDP_CHECK(!r.checkpoint.save, ConfigError, "'checkpoint.save' with "
+               "'model.expert_model_parallel_size' ", ep, " is not supported yet: checkpoints "
+               "do not store experts split over expert-parallel ranks (set checkpoint.save=null, "
+               "or train with expert_model_parallel_size 1)");
+  }
   FSDP_CHECK(m.moe_router_topk <= m.num_moe_experts, ConfigError, "'model.moe_router_topk' (",
              m.moe_router_topk, ") must not exceed 'model.num_moe_experts' (", m.num_moe_experts,
              ")");

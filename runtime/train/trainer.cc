@@ -22,6 +22,7 @@
 #include "runtime/data/tokenizer.h"
 #include "runtime/checkpoint/rank_agreement.h"
 #include "runtime/parallel/context_parallel.h"
+#include "runtime/parallel/expert_parallel.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
@@ -80,6 +81,10 @@ class TokenUploader {
 
 // Members are destroyed in reverse order: the sharded model (its hooks) before the model,
 // tensors before their context, communicators before the world.
+struct ExpertCounts {
+  uint64_t all_to_alls = 0, all_gathers = 0, reduce_scatters = 0;
+};
+
 struct Trainer::State {
   Recipe recipe;
   TrainerOptions options;
@@ -95,6 +100,7 @@ struct Trainer::State {
   models::ModelConfig model_config;
   std::unique_ptr<CommunicatorTensorParallelGroup> tp_group;
   std::unique_ptr<CommunicatorTensorParallelGroup> cp_group;
+  std::unique_ptr<CommunicatorExpertParallelGroup> ep_group;
   // Context parallelism: this rank's tokens of each sequence (every rank reads the whole
   // micro-batch of its data-parallel rank and keeps these).
   std::optional<nn::ContextParallelLayout> cp_layout;
@@ -127,6 +133,14 @@ struct Trainer::State {
   // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
   // replay (null when off). Declared last: destroyed before the model and the context.
   std::unique_ptr<MicroBatchGraph> graphs;
+
+  // The expert-parallel collectives so far (zeros without expert parallelism).
+  ExpertCounts expert_counts() {
+    if (!ep_group) return {};
+    return {comms->axis(MeshAxis::ep).counts().all_to_all,
+            comms->all_gather_comm(DpGroup::expert_dp_shard).counts().all_gather,
+            comms->reduce_scatter_comm(DpGroup::expert_dp_shard).counts().reduce_scatter};
+  }
 
   // Set-up, in order.
   void setup_world();
@@ -283,6 +297,12 @@ void Trainer::State::setup_model_and_sharding() {
     cp_layout = nn::ContextParallelLayout::make(recipe.model.seq_length, cp_group->size(),
                                                 cp_group->rank());
   }
+  if (mesh->size(MeshAxis::ep) > 1) {
+    // Each expert-parallel rank keeps its part of every MoE layer's experts; FSDP shards
+    // them over the ranks that hold the same ones.
+    ep_group = std::make_unique<CommunicatorExpertParallelGroup>(comms->axis(MeshAxis::ep));
+    apply_expert_parallel(*model, *ep_group);
+  }
   models::set_activation_recompute(*model, recompute_of(recipe));
   // A token runs through k of each MoE layer's E experts: the FLOPs count active parameters.
   flops_per_token = train::flops_per_token(
@@ -369,6 +389,7 @@ void Trainer::State::print_startup_report() const {
   print(str_cat("training: ", recipe.train.train_iters, " steps of ", recipe.train.global_batch_size,
                 " x ", T, " tokens (", accum, " micro-batches of ", B, " per rank, ", dp_size,
                 " data-parallel ranks", tp_group ? str_cat(" x ", tp_group->size(), " tensor-parallel") : "",
+                ep_group ? str_cat(", experts over ", ep_group->size(), " expert-parallel ranks") : "",
                 "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
   if (graphs)
@@ -398,9 +419,9 @@ void Trainer::State::prepare_sample() {
   if (!options.print_sample) return;
   // Decided the same way on every rank, before training, so that every rank generates or none.
   std::string why_not;
-  if (tp_group || cp_group) {
-    print("no text sample at the end of the run: generation does not run tensor- or "
-          "context-parallel models yet");
+  if (tp_group || cp_group || ep_group) {
+    print("no text sample at the end of the run: generation does not run tensor-, context- "
+          "or expert-parallel models yet");
     return;
   }
   try {
@@ -573,6 +594,7 @@ TrainResult Trainer::run_steps() {
                  s.flops_per_token, s.world->size());
   s.loop_start = Clock::now();
   s.loop_first_step = s.step;
+  const ExpertCounts experts_before = s.expert_counts();
   while (s.step < total) {
     s.world->set_step(s.step + 1);
     stats.start_step(s.step + 1);
@@ -637,6 +659,10 @@ TrainResult Trainer::run_steps() {
 
   result.steps = s.step;
   result.cuda_graph_replays = s.graphs ? s.graphs->replays() : 0;
+  const ExpertCounts experts_after = s.expert_counts();
+  result.expert_all_to_alls = experts_after.all_to_alls - experts_before.all_to_alls;
+  result.expert_all_gathers = experts_after.all_gathers - experts_before.all_gathers;
+  result.expert_reduce_scatters = experts_after.reduce_scatters - experts_before.reduce_scatters;
   stats.finish(result);
   if (s.world->rank() == 0 && !s.history.empty()) {
     const std::string chart = s.recipe.run.output_dir + "/loss.svg";

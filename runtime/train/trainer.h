@@ -69,6 +69,10 @@ struct TrainResult {
   // MoE models: each step's auxiliary losses (StepMetrics::moe_aux_loss, moe_z_loss) and
   // load (moe_max_load); empty for dense models.
   std::vector<double> moe_aux_losses, moe_z_losses, moe_max_loads;
+  // Expert parallelism: this rank's all-to-alls over the expert-parallel group (counts and
+  // rows), and the all-gathers and reduce-scatters over the experts' shard group, in this
+  // run's steps; 0 without expert parallelism.
+  uint64_t expert_all_to_alls = 0, expert_all_gathers = 0, expert_reduce_scatters = 0;
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any
   // Timing over the steps after options.warmup_steps (all ranks together).

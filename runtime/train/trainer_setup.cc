@@ -90,8 +90,8 @@ OptimizerConfig optimizer_config_of(const Recipe& r) {
 }
 
 MeshSizes mesh_sizes_of(const Recipe& r) {
-  return {r.dist.dp_outer, r.dist.dp_shard, r.model.context_parallel_size, 1,
-          r.model.tensor_model_parallel_size};
+  return {r.dist.dp_outer, r.dist.dp_shard, r.model.context_parallel_size,
+          r.model.expert_model_parallel_size, r.model.tensor_model_parallel_size};
 }
 
 data::DataSpec train_data_of(const Recipe& r) {

@@ -60,6 +60,11 @@ TEST_CASE("groups: per axis, and the flattened dp group") {
   CHECK(m.axis_group(MeshAxis::cp, 5) == std::vector<int>{5});
   CHECK(m.dp_group(5) == std::vector<int>{1, 3, 5, 7});
   CHECK(m.dp_group(0) == std::vector<int>{0, 2, 4, 6});
+  // Expert-parallel ranks take different data: they are in the data-parallel group.
+  const Mesh ep(sizes(1, 2, 1, 2, 1), 4);
+  CHECK(ep.dp_size() == 4);
+  CHECK(ep.dp_group(1) == std::vector<int>{0, 1, 2, 3});
+  CHECK(ep.axis_group(MeshAxis::ep, 2) == std::vector<int>{2, 3});
   // Every rank is in exactly one group of each kind, and the groups agree with each other.
   for (int r = 0; r < 8; ++r) {
     for (int other : m.dp_group(r)) CHECK(m.dp_group(other) == m.dp_group(r));

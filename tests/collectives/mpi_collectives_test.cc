@@ -516,7 +516,10 @@ TEST_CASE("mesh communicators: sizes, ranks and members of every group") {
     shapes.push_back({1, 2, 1, 1, 2});  // FSDP x TP
     shapes.push_back({2, 2, 1, 1, 1});  // HSDP
     shapes.push_back({1, 1, 2, 1, -1});
+    shapes.push_back({1, 2, 1, 2, 1});  // FSDP x EP
+    shapes.push_back({2, 1, 1, 2, 1});  // HSDP x EP
   }
+  if (n == 2) shapes.push_back({1, 1, 1, 2, 1});  // EP alone
   for (const MeshSizes& shape : shapes) {
     const Mesh mesh(shape, n);
     INFO(mesh.str());
@@ -535,9 +538,20 @@ TEST_CASE("mesh communicators: sizes, ranks and members of every group") {
     for (MeshAxis a : {MeshAxis::cp, MeshAxis::ep, MeshAxis::tp}) {
       check(comms.axis(a), mesh.axis_group(a, me), mesh_axis_name(a));
     }
-    // FSDP's groups: the context-parallel ranks shard and reduce with the data-parallel ones.
-    const std::vector<int> shard = mesh.group({MeshAxis::dp_shard, MeshAxis::cp}, me);
-    const std::vector<int> dp = mesh.group({MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp}, me);
+    // FSDP's groups: the context- and expert-parallel ranks shard and reduce with the
+    // data-parallel ones; the experts' groups leave the expert-parallel ranks out.
+    const std::vector<int> shard = mesh.group({MeshAxis::dp_shard, MeshAxis::cp, MeshAxis::ep}, me);
+    const std::vector<int> dp = mesh.group(
+        {MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp, MeshAxis::ep}, me);
+    if (mesh.size(MeshAxis::ep) > 1) {
+      check(comms.all_gather_comm(DpGroup::expert_dp_shard),
+            mesh.group({MeshAxis::dp_shard, MeshAxis::cp}, me), "expert_dp_shard/ag");
+      check(comms.reduce_scatter_comm(DpGroup::expert_dp),
+            mesh.group({MeshAxis::dp_outer, MeshAxis::dp_shard, MeshAxis::cp}, me), "expert_dp/rs");
+    } else {
+      CHECK(&comms.all_gather_comm(DpGroup::expert_dp_shard) == &comms.all_gather_comm(DpGroup::dp_shard));
+      CHECK(&comms.reduce_scatter_comm(DpGroup::expert_dp) == &comms.reduce_scatter_comm(DpGroup::dp));
+    }
     check(comms.all_gather_comm(DpGroup::dp_shard), shard, "dp_shard/ag");
     check(comms.reduce_scatter_comm(DpGroup::dp_shard), shard, "dp_shard/rs");
     check(comms.all_gather_comm(DpGroup::dp_outer), mesh.axis_group(MeshAxis::dp_outer, me),

@@ -3,7 +3,10 @@
 // bias, seq_aux_loss, a dense first layer) train with a falling loss and report their
 // auxiliary losses and load; and under mpirun -np 2 and -np 4, with ZeRO-1 and ZeRO-3 and
 // gradient accumulation, give the loss sequence of the single-process run with the same
-// micro-batches (which rank 0 trains alone, TrainerOptions::alone) within 1e-12.
+// micro-batches (which rank 0 trains alone, TrainerOptions::alone) within 1e-12; so do
+// expert parallelism's layouts (EP2 and EP4 beside ZeRO-1 / ZeRO-3 over the experts' own
+// data-parallel group, which has one rank under EP4 and EP2 on 2 ranks), whose all-to-alls
+// and expert-group collectives are counted.
 //
 // The same micro-batch size on both sides: the load-balancing loss of a micro-batch is not
 // the mean of its halves' (f_e P_e is a product of two means), so, as in Megatron, the
@@ -55,17 +58,20 @@ std::vector<std::string> moe_overrides(const std::string& name) {
 struct Layout {
   std::string strategy;
   int micro_batch;  // of the global batch of 8 sequences
+  int ep = 1;       // model.expert_model_parallel_size
 };
 
 TrainResult train(const std::string& name, const Layout& layout, bool alone,
                   const std::vector<std::string>& extra = {}) {
   const std::string tag = name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) +
-                          (alone ? "_alone" : "") + "_rank" + std::to_string(testing::world_rank());
+                          "_ep" + std::to_string(layout.ep) + (alone ? "_alone" : "") + "_rank" +
+                          std::to_string(testing::world_rank());
   std::vector<std::string> overrides = {
       "dataset.train_path=" + byte_tokens_shard(), "run.output_dir=" + testing::scratch_dir(tag),
       "logger.samples_file=null", "logger.log_update_norms=false",
       "ddp.data_parallel_sharding_strategy=" + layout.strategy,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
+      "model.expert_model_parallel_size=" + std::to_string(layout.ep),
       "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
       "scheduler.lr_decay_iters=" + std::to_string(kSteps)};
   const std::vector<std::string> moe = moe_overrides(name);
@@ -82,10 +88,42 @@ TrainResult train(const std::string& name, const Layout& layout, bool alone,
 std::vector<Layout> layouts() {
   switch (testing::world_size()) {
     case 1: return {{"no_shard", 4}, {"optim_grads_params", 2}};
-    case 2: return {{"optim_grads_params", 2}, {"optim", 2}, {"optim_grads_params", 4}};
-    case 4: return {{"optim_grads_params", 1}, {"optim", 1}, {"optim_grads_params", 2}};
+    case 2:
+      return {{"optim_grads_params", 2}, {"optim", 2}, {"optim_grads_params", 4},
+              {"optim_grads_params", 2, 2}, {"optim", 1, 2}};
+    case 4:
+      return {{"optim_grads_params", 1}, {"optim", 1}, {"optim_grads_params", 2},
+              {"optim_grads_params", 1, 2}, {"optim", 1, 2}, {"optim_grads_params", 1, 4},
+              {"optim", 2, 4}};
     default: return {};
   }
+}
+
+// The MoE layers of the two tiny models (gpt2_tiny's first layer is dense).
+int moe_layers(const std::string& name) { return name == "llama_tiny" ? 2 : 1; }
+
+// What expert parallelism communicates per step: each MoE layer's forward exchanges the
+// counts, the rows and the rows back, its backward the rows' gradients both ways; per
+// experts unit, ZeRO-3 gathers the experts in forward and again in backward (except the
+// last block's, kept from its forward: both models' last layer is MoE) and reduce-scatters
+// every micro-batch, ZeRO-1 reduce-scatters once and gathers the update once. Over a group
+// of one rank the FSDP collectives do not run.
+void check_expert_counts(const std::string& name, const Layout& layout, const TrainResult& r) {
+  const uint64_t steps = kSteps, layers = uint64_t(moe_layers(name));
+  const uint64_t accum = uint64_t(8 / (layout.micro_batch * testing::world_size()));
+  const int expert_dp = testing::world_size() / layout.ep;
+  INFO("expert collectives: " << r.expert_all_to_alls << " all-to-alls, " << r.expert_all_gathers
+                              << " all-gathers, " << r.expert_reduce_scatters << " reduce-scatters");
+  if (layout.ep == 1) {
+    CHECK(r.expert_all_to_alls + r.expert_all_gathers + r.expert_reduce_scatters == 0);
+    return;
+  }
+  CHECK(r.expert_all_to_alls == steps * accum * layers * 5);
+  const bool zero3 = layout.strategy == "optim_grads_params";
+  const uint64_t gathers = expert_dp == 1 ? 0 : zero3 ? steps * accum * (layers * 2 - 1) : steps * layers;
+  const uint64_t reduces = expert_dp == 1 ? 0 : zero3 ? steps * accum * layers : steps * layers;
+  CHECK(r.expert_all_gathers == gathers);
+  CHECK(r.expert_reduce_scatters == reduces);
 }
 
 void check_model(const std::string& name) {
@@ -96,7 +134,8 @@ void check_model(const std::string& name) {
     if (testing::world_rank() == 0) reference = train(name, {"no_shard", layout.micro_batch}, true);
     const TrainResult got = train(name, layout, false);
     INFO(name << " on " << testing::world_size() << " rank(s), " << layout.strategy
-              << ", micro-batch " << layout.micro_batch);
+              << ", micro-batch " << layout.micro_batch << ", ep " << layout.ep);
+    check_expert_counts(name, layout, got);
     REQUIRE(got.losses.size() == size_t(kSteps));
     REQUIRE(got.moe_aux_losses.size() == size_t(kSteps));
     REQUIRE(got.moe_max_loads.size() == size_t(kSteps));

@@ -234,8 +234,17 @@ TEST_CASE("MoE recipes refuse what this build cannot run, by key", "[recipe][moe
   const std::string moe = R"({"model": {"num_moe_experts": 4, "moe_router_topk": 2}})";
   CHECK_THAT(config_error(moe, {"model.moe_router_topk=5"}),
              Catch::Contains("'model.moe_router_topk' (5) must not exceed 'model.num_moe_experts' (4)"));
-  CHECK_THAT(config_error(moe, {"model.expert_model_parallel_size=2"}),
-             Catch::Contains("'model.expert_model_parallel_size' (2) must be 1"));
+  CHECK_THAT(config_error(moe, {"model.expert_model_parallel_size=3"}),
+             Catch::Contains("'model.num_moe_experts' (4) must be a multiple of "
+                             "'model.expert_model_parallel_size' (3)"));
+  CHECK_THAT(config_error(R"({"model": {}})", {"model.expert_model_parallel_size=2"}),
+             Catch::Contains("'model.expert_model_parallel_size' 2 needs a mixture-of-experts model"));
+  CHECK_THAT(config_error(moe, {"model.expert_model_parallel_size=2",
+                                "model.moe_token_dispatcher_type=allgather"}),
+             Catch::Contains("'model.moe_token_dispatcher_type' 'allgather' with "
+                             "'model.expert_model_parallel_size' 2"));
+  CHECK_THAT(config_error(moe, {"model.expert_model_parallel_size=2", "checkpoint.save=/tmp/x"}),
+             Catch::Contains("'checkpoint.save' with 'model.expert_model_parallel_size' 2"));
   CHECK_THAT(config_error(moe, {"model.tensor_model_parallel_size=2"}),
              Catch::Contains("'model.tensor_model_parallel_size' 2 with 'model.num_moe_experts'"));
   CHECK_THAT(config_error(moe, {"model.context_parallel_size=2"}),

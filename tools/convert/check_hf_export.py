@@ -14,6 +14,13 @@ same batch and compares the logits:
 Pass (exit status 0) when the max rel error is within --tolerance (default 1e-2: bf16
 rounding; an f32 comparison is typically near 1e-6), otherwise exit status 1.
 
+Mixture-of-experts exports are MixtralForCausalLM. In bfloat16 a token whose router scores
+nearly tie between its k-th and (k+1)-th expert can pick another expert than in f32, which
+changes that token's logits by far more than bf16 rounding; so for an MoE model in bfloat16
+the script also runs the export in float32 and prints, per layer, how many tokens' top-k
+choices differ between the two (a failure with differing choices in the first layer is a
+near tie, not a wrong layout; the float32 comparison is the test of the layout).
+
     python3 tools/convert/check_hf_export.py OUT_DIR [--device cuda|cpu]
                                              [--dtype float32|bfloat16] [--tolerance 1e-2]
 
@@ -29,6 +36,29 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
+
+
+def top_k_choices(model, ids, k):
+    """Each layer's chosen experts per token, sorted: a list of (tokens, k) tensors."""
+    with torch.no_grad():
+        out = model(ids, output_router_logits=True)
+    return [l.reshape(-1, l.shape[-1]).float().topk(k, dim=-1).indices.sort(-1).values.cpu()
+            for l in out.router_logits]
+
+
+def report_routing(args, model, ids, dtype):
+    """How many tokens route differently in `dtype` than in float32, per layer."""
+    try:
+        k = model.config.num_experts_per_tok
+        ref = AutoModelForCausalLM.from_pretrained(args.export_dir).to(device=args.device, dtype=torch.float32).eval()
+        ids = ids.to(args.device)
+        low, high = top_k_choices(model, ids, k), top_k_choices(ref, ids, k)
+        differ = [int((a != b).any(-1).sum()) for a, b in zip(low, high)]
+        print(f"routing: tokens whose top-{k} experts differ from a float32 run, per layer: {differ} "
+              f"of {low[0].shape[0]}")
+        del ref
+    except Exception as e:  # a report only: transformers versions differ in router outputs
+        print(f"routing: no report ({type(e).__name__}: {e})")
 
 
 def main():
@@ -64,6 +94,10 @@ def main():
     if theirs.shape != ours.shape:
         print(f"FAIL: transformers gives logits {tuple(theirs.shape)}, ours are {tuple(ours.shape)}")
         return 1
+
+    experts = getattr(model.config, "num_local_experts", None)
+    if experts and dtype != torch.float32:
+        report_routing(args, model, ids, dtype)
 
     diff = (theirs - ours).abs()
     max_abs = diff.max().item()

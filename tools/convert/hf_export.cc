@@ -71,6 +71,8 @@ models::ModelConfig export_hf(const std::string& checkpoint_dir, const std::stri
   reader.check_files_present();
   for (size_t i = 0; i < reader.metadata().files.size(); ++i) reader.verify_file(i);
   const models::ModelConfig config = model_config_of_checkpoint(reader.metadata(), dir);
+  // The layout first: a model Hugging Face cannot express is refused before anything is written.
+  const std::vector<HfTensor> tensors = hf_tensors(config);
 
   // Into a new or empty directory: an export never overwrites what is there.
   std::error_code ec;
@@ -80,10 +82,10 @@ models::ModelConfig export_hf(const std::string& checkpoint_dir, const std::stri
              "new or empty one");
   std::filesystem::create_directories(out_dir);
   Context ctx;
-  const std::vector<HfTensor> tensors = hf_tensors(config);
   checkpoint::SafetensorsWriter writer(out_dir + "/model.safetensors", {{"format", "pt"}});
   for (const HfTensor& t : tensors) writer.declare(t.name, options.dtype, t.shape);
-  // Tensors cut from one parameter (Llama's q/k/v, gate/up) follow each other: read it once.
+  // Tensors cut from one parameter (Llama's q/k/v, gate/up, Mixtral's experts) follow each
+  // other: read it once.
   std::string loaded_name;
   Tensor loaded;
   for (const HfTensor& t : tensors) {
@@ -91,7 +93,7 @@ models::ModelConfig export_hf(const std::string& checkpoint_dir, const std::stri
       loaded = reader.read_parameter(ctx, checkpoint::kMainWeights, t.ours);
       loaded_name = t.ours;
     }
-    Tensor part = loaded.narrow(0, t.row_begin, t.rows);
+    Tensor part = hf_rows(loaded).narrow(0, t.row_begin, t.rows);
     if (t.transpose) part = part.transpose(0, 1);
     FSDP_ASSERT(part.shape() == t.shape, t.name, ": cut ", part.shape(), " from ", t.ours, " for ", t.shape);
     Tensor out = ctx.empty_host(t.shape, options.dtype);

@@ -82,7 +82,7 @@ HfModel read_hf_model(Context& ctx, const std::string& hf_dir, int64_t padded_vo
   for (const HfTensor& t : tensors) used.insert(stored_name(t.name));
   for (const auto& [name, reader] : holder) {
     FSDP_CHECK(used.count(name) || is_ignorable_hf_tensor(name, c), CheckpointError, reader->path(),
-               ": tensor \"", name, "\" is not part of a ", models::family_name(c.family),
+               ": tensor \"", name, "\" is not part of a ", c.is_moe() ? "mixtral" : models::family_name(c.family),
                " model as config.json describes it");
   }
 
@@ -104,14 +104,14 @@ HfModel read_hf_model(Context& ctx, const std::string& hf_dir, int64_t padded_vo
     // A NaN or infinite weight would train to NaN at once, far from its cause.
     FSDP_CHECK(std::isfinite(ops::item(ctx, ops::sum_squares(ctx, hf))), CheckpointError, hf_dir,
                ": tensor \"", name, "\" holds NaN or infinite values");
-    Tensor dst = out.params.at(t.ours).narrow(0, t.row_begin, t.rows);
+    Tensor dst = hf_rows(out.params.at(t.ours)).narrow(0, t.row_begin, t.rows);
     ops::copy(ctx, t.transpose ? dst.transpose(0, 1) : dst, hf);
   }
   return out;
 }
 
 std::string recipe_json_for(const models::ModelConfig& c) {
-  const std::vector<std::string> overrides = {
+  std::vector<std::string> overrides = {
       std::string("model.family=") + models::family_name(c.family),
       "model.n_layer=" + std::to_string(c.n_layer),
       "model.n_head=" + std::to_string(c.n_head),
@@ -126,6 +126,23 @@ std::string recipe_json_for(const models::ModelConfig& c) {
       "model.rope_theta=" + number_text(c.rope_theta),
       "model.init_std=" + number_text(c.init_std),
   };
+  if (c.is_moe()) {
+    const std::vector<std::string> moe = {
+        "model.num_moe_experts=" + std::to_string(c.num_moe_experts),
+        "model.moe_router_topk=" + std::to_string(c.moe_router_topk),
+        "model.moe_ffn_hidden_size=" + std::to_string(c.moe_ffn_hidden_size),
+        "model.moe_shared_expert_intermediate_size=" + std::to_string(c.moe_shared_expert_intermediate_size),
+        "model.moe_layer_freq=" + std::to_string(c.moe_layer_freq),
+        "model.moe_first_k_dense_replace=" + std::to_string(c.moe_first_k_dense_replace),
+        "model.moe_router_score_function=" + c.moe_router_score_function,
+        std::string("model.moe_router_normalize=") + (c.moe_router_normalize ? "true" : "false"),
+        std::string("model.moe_router_enable_expert_bias=") + (c.moe_router_enable_expert_bias ? "true" : "false"),
+        "model.moe_router_load_balancing_type=" + c.moe_router_load_balancing_type,
+        "model.moe_aux_loss_coeff=" + number_text(c.moe_aux_loss_coeff),
+        "model.moe_z_loss_coeff=" + number_text(c.moe_z_loss_coeff),
+    };
+    overrides.insert(overrides.end(), moe.begin(), moe.end());
+  }
   return train::parse_recipe("{}", overrides, "import").to_json_string();
 }
 

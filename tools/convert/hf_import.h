@@ -25,8 +25,8 @@ struct HfModel {
 // buffer). Padding rows of the vocabulary are zero.
 HfModel read_hf_model(Context& ctx, const std::string& hf_dir, int64_t padded_vocab_size = 0);
 
-// The resolved recipe (JSON) of a run of model `c` with every other key at its default;
-// kept in the imported checkpoint so that tools can tell which model it holds.
+// The resolved recipe (JSON) of a run of model `c` (its MoE keys too) with every other key
+// at its default; kept in the imported checkpoint so that tools can tell which model it holds.
 std::string recipe_json_for(const models::ModelConfig& c);
 
 // Writes the model as SAVE_DIR/step_000000 (and SAVE_DIR/latest). Returns the step directory.

@@ -234,6 +234,22 @@ void moe_router_backward(Context& ctx, const Tensor& dlogits, const Tensor& dwei
                          const Tensor& scores, const Tensor& indices, const RouterOptions& options,
                          const Tensor& dscores = Tensor());
 
+// The load-balancing loss of a routing (scores (N, E) and indices (N, k) of
+// moe_router_forward): the N tokens are `groups` equal runs (the sequences of seq_aux_loss;
+// 1 for aux_loss), and the loss is the mean over the runs of E sum_e f_e P_e, with f_e the
+// run's share of choices that went to e and P_e its mean score of e (sigmoid scores
+// normalized per token first): 1 when balanced. per_token (N) of the scores' dtype: each
+// token's term (the loss is their sum); dscores (N, E): coeff times the loss's gradient (the
+// router backward's dscores). Both overwritten.
+void moe_balancing_loss(Context& ctx, const Tensor& per_token, const Tensor& dscores,
+                        const Tensor& scores, const Tensor& indices, int64_t groups,
+                        bool sigmoid, double coeff);
+// The router z-loss, the mean over tokens of logsumexp(logits[n])^2: per_token (N) f32
+// (f64 for f64 logits) each token's term; dlogits (N, E) of the logits' dtype = coeff times
+// its gradient. Both overwritten.
+void moe_z_loss(Context& ctx, const Tensor& per_token, const Tensor& dlogits,
+                const Tensor& logits, double coeff);
+
 // Groups the (token, slot) pairs of indices (N, k) by expert, stably (within an expert in
 // increasing token, then slot), the same on every backend: counts (E) i32 the pairs of each
 // expert (its token count), source (R) i32 the token of each sorted row, dest (N, k) i32 the

@@ -153,6 +153,61 @@ void moe_router_backward(Context& ctx, const Tensor& dlogits, const Tensor& dwei
 #endif
 }
 
+void moe_balancing_loss(Context& ctx, const Tensor& per_token, const Tensor& dscores,
+                        const Tensor& scores, const Tensor& indices, int64_t groups,
+                        bool sigmoid, double coeff) {
+  const char* what = "moe_balancing_loss";
+  check_matrix(ctx, scores, what, "the scores");
+  check_matrix(ctx, indices, what, "the expert indices");
+  kernels::MoeLossDims d;
+  d.tokens = scores.size(0);
+  d.experts = scores.size(1);
+  d.top_k = indices.size(1);
+  d.groups = groups;
+  d.sigmoid = sigmoid;
+  d.dtype = scores.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  FSDP_CHECK(groups >= 1 && d.tokens % groups == 0, ShapeError, what, ": ", d.tokens,
+             " tokens are not ", groups, " equal runs");
+  const DType stats = stats_dtype(d.dtype);
+  check_dense(ctx, scores, Shape{d.tokens, d.experts}, stats, what);
+  check_dense(ctx, indices, Shape{d.tokens, d.top_k}, DType::i32, what);
+  check_dense(ctx, per_token, Shape{d.tokens}, stats, what);
+  check_dense(ctx, dscores, Shape{d.tokens, d.experts}, stats, what);
+  check_int32_rows(d.tokens * d.top_k, what);
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::moe_balancing_loss(d, per_token.data_ptr(), dscores.data_ptr(),
+                                     scores.data_ptr(), indices.data<int32_t>(), coeff);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  const Tensor counts = ctx.empty(Shape{groups, d.experts}, DType::i32);  // workspace
+  kernels::cuda::moe_balancing_loss(d, per_token.data<float>(), dscores.data<float>(),
+                                    scores.data<float>(), indices.data<int32_t>(),
+                                    counts.data<int32_t>(), coeff, ctx.stream().cuda_stream());
+#endif
+}
+
+void moe_z_loss(Context& ctx, const Tensor& per_token, const Tensor& dlogits,
+                const Tensor& logits, double coeff) {
+  const char* what = "moe_z_loss";
+  check_matrix(ctx, logits, what, "the logits");
+  kernels::MoeLossDims d;
+  d.tokens = logits.size(0);
+  d.experts = logits.size(1);
+  d.dtype = logits.dtype();
+  check_dense(ctx, logits, Shape{d.tokens, d.experts}, d.dtype, what);
+  check_dense(ctx, dlogits, Shape{d.tokens, d.experts}, d.dtype, what);
+  check_dense(ctx, per_token, Shape{d.tokens}, stats_dtype(d.dtype), what);
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::moe_z_loss(d, per_token.data_ptr(), dlogits.data_ptr(), logits.data_ptr(), coeff);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::moe_z_loss(d, per_token.data<float>(), dlogits.data_ptr(), logits.data_ptr(),
+                            coeff, ctx.stream().cuda_stream());
+#endif
+}
+
 void moe_sort_by_expert(Context& ctx, const Tensor& counts, const Tensor& source,
                         const Tensor& dest, const Tensor& indices) {
   const char* what = "moe_sort_by_expert";

@@ -110,6 +110,15 @@ struct RouterDims {
   DType dtype = DType::f32;  // logits and their gradient
 };
 
+// The router's auxiliary losses: `tokens` tokens in `groups` equal runs (the sequences of
+// seq_aux_loss; one run for aux_loss), each with top_k choices among `experts`. The scores,
+// their gradient and the per-token terms are f32, f64 when the logits are f64.
+struct MoeLossDims {
+  int64_t tokens = 0, experts = 0, top_k = 0, groups = 1;
+  bool sigmoid = false;      // sigmoid scores: normalized per token for the balancing loss
+  DType dtype = DType::f32;  // logits and their gradient
+};
+
 // Token rows sent to their experts: `tokens` rows of `channels`, each to top_k experts, give
 // tokens * top_k rows grouped by expert. The combine weights are f32, f64 for f64 rows.
 struct MoeRowsDims {

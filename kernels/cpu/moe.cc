@@ -1,5 +1,6 @@
 #include "kernels/cpu/moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -217,6 +218,66 @@ void moe_unpermute_backward(const MoeRowsDims& d, void* dy_sorted, void* dweight
         }
         static_cast<S*>(dweights)[n * k + j] = S(dot);
       }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- auxiliary losses
+
+void moe_balancing_loss(const MoeLossDims& d, void* per_token, void* dscores, const void* scores,
+                        const int32_t* indices, double coeff) {
+  dispatch_compute(d.dtype, "moe_balancing_loss", [&](auto tag) {
+    using S = StatsOf<decltype(tag)>;
+    const int64_t N = d.tokens, E = d.experts, k = d.top_k, n = N / d.groups;
+    check_indices(indices, N * k, E, "moe_balancing_loss");
+    const double weight = 1.0 / double(d.groups);  // the mean over the runs
+    std::vector<double> c(static_cast<size_t>(E));
+    for (int64_t g = 0; g < d.groups; ++g) {
+      // c_e = d loss / d P_e / n = E f_e / n = E count_e / (n n k): every token's score of e
+      // counts 1 / n in P_e.
+      std::fill(c.begin(), c.end(), 0.0);
+      for (int64_t i = g * n * k; i < (g + 1) * n * k; ++i) c[size_t(indices[i])] += 1.0;
+      for (double& ce : c) ce *= double(E) / (double(n) * double(n) * double(k));
+      for (int64_t t = g * n; t < (g + 1) * n; ++t) {
+        const S* s = static_cast<const S*>(scores) + t * E;  // (E)
+        S* ds = static_cast<S*>(dscores) + t * E;             // (E)
+        // Sigmoid scores do not sum to 1 over the experts: they are normalized per token
+        // first (s_e / sum s), as Megatron does, so P_e is again a share of the token.
+        double sum = 1.0;
+        if (d.sigmoid) {
+          sum = 0;
+          for (int64_t e = 0; e < E; ++e) sum += double(s[e]);
+          sum += 1e-20;
+        }
+        double dot = 0;  // sum_e c_e s_e / sum
+        for (int64_t e = 0; e < E; ++e) dot += c[size_t(e)] * double(s[e]) / sum;
+        static_cast<S*>(per_token)[t] = S(weight * dot);
+        // d(s_e / S)/d s_j = [e == j] / S - s_e / S^2 (the second term only for sigmoid).
+        for (int64_t e = 0; e < E; ++e)
+          ds[e] = S(coeff * weight * (c[size_t(e)] / sum - (d.sigmoid ? dot / sum : 0.0)));
+      }
+    }
+  });
+}
+
+void moe_z_loss(const MoeLossDims& d, void* per_token, void* dlogits, const void* logits,
+                double coeff) {
+  dispatch_compute(d.dtype, "moe_z_loss", [&](auto tag) {
+    using T = decltype(tag);
+    using S = StatsOf<T>;
+    const int64_t N = d.tokens, E = d.experts;
+    for (int64_t t = 0; t < N; ++t) {
+      const T* l = static_cast<const T*>(logits) + t * E;  // (E)
+      T* dl = static_cast<T*>(dlogits) + t * E;            // (E)
+      double m = -INFINITY;
+      for (int64_t e = 0; e < E; ++e) m = std::fmax(m, double(l[e]));
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += std::exp(double(l[e]) - m);
+      const double lse = m + std::log(s);
+      static_cast<S*>(per_token)[t] = S(lse * lse / double(N));
+      // d z / d logit_e = 2 lse softmax_e / N.
+      for (int64_t e = 0; e < E; ++e)
+        dl[e] = T(coeff * 2.0 * lse * std::exp(double(l[e]) - m) / s / double(N));
     }
   });
 }

@@ -416,4 +416,94 @@ void moe_unpermute_backward(const MoeRowsDims& d, void* dy_sorted, float* dweigh
   });
 }
 
+// ---------------------------------------------------------------- auxiliary losses
+
+namespace {
+
+// counts (groups, E): the choices of each run of `per_group` pairs, by expert.
+__global__ void count_group_experts_kernel(int32_t* counts, const int32_t* indices, int64_t pairs,
+                                           int64_t per_group, int E) {
+  for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
+       p += int64_t(gridDim.x) * blockDim.x)
+    atomicAdd(&counts[(p / per_group) * E + indices[p]], 1);  // integers: any order
+}
+
+__global__ void balancing_loss_kernel(float* per_token, float* dscores, const float* scores,
+                                      const int32_t* counts, int64_t N, int E, int64_t n, int k,
+                                      double weight, double coeff, bool sigmoid_score) {
+  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t t = int64_t(blockIdx.x) * warps + warp;
+  if (t >= N) return;
+  const int32_t* c = counts + (t / n) * E;  // (E) the run's choices
+  const float* s = scores + t * E;          // (E)
+  // c_e = E count_e / (n n k): the balancing loss's gradient by each score, unnormalized.
+  const double scale = double(E) / (double(n) * double(n) * double(k));
+  double sum = 1.0;
+  if (sigmoid_score) {
+    double a = 0;
+    for (int e = lane; e < E; e += kWarp) a += double(s[e]);
+    sum = warp_sum_double(a) + 1e-20;
+  }
+  double dot = 0;
+  for (int e = lane; e < E; e += kWarp) dot += double(c[e]) * scale * double(s[e]) / sum;
+  dot = warp_sum_double(dot);
+  if (lane == 0) per_token[t] = float(weight * dot);
+  for (int e = lane; e < E; e += kWarp)
+    dscores[t * E + e] =
+        float(coeff * weight * (double(c[e]) * scale / sum - (sigmoid_score ? dot / sum : 0.0)));
+}
+
+template <typename T>
+__global__ void z_loss_kernel(float* per_token, T* dlogits, const T* logits, int64_t N, int E,
+                              double coeff) {
+  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t t = int64_t(blockIdx.x) * warps + warp;
+  if (t >= N) return;
+  const T* l = logits + t * E;  // (E)
+  double m = -INFINITY;
+  for (int e = lane; e < E; e += kWarp) m = fmax(m, double(to_float(l[e])));
+  m = warp_max_double(m);
+  double s = 0;
+  for (int e = lane; e < E; e += kWarp) s += exp(double(to_float(l[e])) - m);
+  s = warp_sum_double(s);
+  const double lse = m + log(s);
+  if (lane == 0) per_token[t] = float(lse * lse / double(N));
+  for (int e = lane; e < E; e += kWarp)
+    dlogits[t * E + e] =
+        from_float<T>(float(coeff * 2.0 * lse * exp(double(to_float(l[e])) - m) / s / double(N)));
+}
+
+}  // namespace
+
+void moe_balancing_loss(const MoeLossDims& d, float* per_token, float* dscores,
+                        const float* scores, const int32_t* indices, int32_t* counts,
+                        double coeff, stream_t stream) {
+  if (d.tokens == 0 || d.experts == 0) return;
+  const int64_t n = d.tokens / d.groups, pairs = d.tokens * d.top_k;
+  FSDP_CALL(cudaMemsetAsync(counts, 0, size_t(d.groups * d.experts) * sizeof(int32_t), stream));
+  count_group_experts_kernel<<<grid_for(pairs, kThreads), kThreads, 0, stream>>>(
+      counts, indices, pairs, n * d.top_k, int(d.experts));
+  FSDP_CHECK_LAUNCH();
+  const int warps = kThreads / kWarp;
+  const unsigned blocks = unsigned((d.tokens + warps - 1) / warps);
+  balancing_loss_kernel<<<blocks, kThreads, 0, stream>>>(
+      per_token, dscores, scores, counts, d.tokens, int(d.experts), n, int(d.top_k),
+      1.0 / double(d.groups), coeff, d.sigmoid);
+  FSDP_CHECK_LAUNCH();
+}
+
+void moe_z_loss(const MoeLossDims& d, float* per_token, void* dlogits, const void* logits,
+                double coeff, stream_t stream) {
+  if (d.tokens == 0 || d.experts == 0) return;
+  const int warps = kThreads / kWarp;
+  const unsigned blocks = unsigned((d.tokens + warps - 1) / warps);
+  dispatch_compute(d.dtype, "moe_z_loss", [&](auto tag) {
+    using T = decltype(tag);
+    z_loss_kernel<T><<<blocks, kThreads, 0, stream>>>(
+        per_token, static_cast<T*>(dlogits), static_cast<const T*>(logits), d.tokens,
+        int(d.experts), coeff);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace fsdp::kernels::cuda

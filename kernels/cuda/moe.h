@@ -25,6 +25,15 @@ void moe_router_backward(const RouterDims& d, void* dlogits, const float* dweigh
                          const float* dscores, const float* scores, const int32_t* indices,
                          stream_t stream);
 
+// As kernels::cpu::moe_balancing_loss (f32 scores); counts: a (groups, E) i32 workspace.
+// One warp per token, its sums in double.
+void moe_balancing_loss(const MoeLossDims& d, float* per_token, float* dscores,
+                        const float* scores, const int32_t* indices, int32_t* counts,
+                        double coeff, stream_t stream);
+// As kernels::cpu::moe_z_loss (per_token f32). One warp per token, its sums in double.
+void moe_z_loss(const MoeLossDims& d, float* per_token, void* dlogits, const void* logits,
+                double coeff, stream_t stream);
+
 // As kernels::cpu::moe_sort_by_expert, through a stable radix sort of the pairs by expert.
 size_t moe_sort_workspace_bytes(int64_t tokens, int64_t top_k, int64_t experts);
 void moe_sort_by_expert(int64_t tokens, int64_t top_k, int64_t experts, int32_t* counts,

@@ -24,11 +24,6 @@ void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, cons
     ops::swiglu_forward(ctx, out, h);
 }
 
-// A host (N, E) f64 copy of t (any floating dtype).
-std::vector<double> host_f64(Context& ctx, const Tensor& t) {
-  return ops::to_vector<double>(ctx, ops::cast(ctx, t, DType::f64));
-}
-
 }  // namespace
 
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
@@ -104,45 +99,24 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   Tensor y = ctx.empty(x.shape(), cd);  // (..., C)
   ops::moe_unpermute(ctx, y.view(Shape{N, C}), ys, weights, dest);
 
-  // The auxiliary losses, from host copies of the routing.
-  MoeLossInputs li;
-  li.tokens = N;
-  li.experts = E;
-  li.top_k = k;
-  li.sequences = x.dim() == 3 ? x.size(0) : 1;
-  li.sigmoid = o.score == ops::RouterScore::Sigmoid;
-  li.balancing = o.balancing;
-  li.aux_coeff = o.aux_loss_coeff;
-  li.z_coeff = o.z_loss_coeff;
-  std::vector<double> h_scores, h_logits;
-  std::vector<int32_t> h_indices;
-  if (o.balancing != MoeBalancing::None) {
-    h_scores = host_f64(ctx, scores);
-    h_indices = ops::to_vector<int32_t>(ctx, indices);
-    li.scores = h_scores.data();
-    li.indices = h_indices.data();
-  }
-  if (o.z_loss_coeff > 0) {
-    h_logits = host_f64(ctx, logits);
-    li.logits = h_logits.data();
-  }
-  const MoeLosses losses = moe_losses(li);
+  // The auxiliary losses and their gradients, on the device.
+  MoeLossOptions lo;
+  lo.sequences = x.dim() == 3 ? x.size(0) : 1;
+  lo.sigmoid = o.score == ops::RouterScore::Sigmoid;
+  lo.balancing = o.balancing;
+  lo.aux_coeff = o.aux_loss_coeff;
+  lo.z_coeff = o.z_loss_coeff;
+  const MoeLosses losses = moe_losses(ctx, scores, logits, indices, lo);
   if (stats && !g.recomputing()) {
     stats->forwards++;
-    stats->aux_loss += losses.aux;
-    stats->z_loss += losses.z;
+    stats->add_losses(ctx, losses.aux, losses.z);
     stats->counts.resize(size_t(E), 0.0);
     for (int64_t e = 0; e < E; ++e) stats->counts[size_t(e)] += double(counts[size_t(e)]);
   }
   if (!g.should_record({&x}, true)) return y;
 
   // The losses' gradients, ready for backward (the coefficients are in them).
-  const Tensor dscores = losses.dscores.empty()
-                             ? Tensor()
-                             : ops::from_vector(ctx, losses.dscores, Shape{N, E}, sd);
-  const Tensor dlogits_z = losses.dlogits.empty()
-                               ? Tensor()
-                               : ops::from_vector(ctx, losses.dlogits, Shape{N, E}, cd);
+  const Tensor dscores = losses.dscores, dlogits_z = losses.dlogits;
   y = Graph::track(y);
   const Tensor saved_a = recompute_activation ? Tensor() : a;
   a = Tensor();
@@ -201,6 +175,19 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
 }
 
 // ---------------------------------------------------------------- modules
+
+void MoeStats::add_losses(Context& ctx, const Tensor& aux, const Tensor& z) {
+  const Tensor& any = aux.defined() ? aux : z;
+  if (!any.defined()) return;
+  if (!losses.defined()) losses = ops::zeros(ctx, Shape{2}, any.dtype());
+  if (aux.defined()) ops::axpby(ctx, losses.narrow(0, 0, 1), 1.0, aux.view(Shape{1}), 1.0);
+  if (z.defined()) ops::axpby(ctx, losses.narrow(0, 1, 1), 1.0, z.view(Shape{1}), 1.0);
+}
+
+std::vector<double> MoeStats::loss_values(Context& ctx) const {
+  if (!losses.defined()) return {0.0, 0.0};
+  return ops::to_vector<double>(ctx, ops::cast(ctx, losses, DType::f64));
+}
 
 ExpertWeights::ExpertWeights(int64_t experts, int64_t dim, int64_t hidden,
                              MlpActivation activation, InitRule init, InitRule proj_init) {

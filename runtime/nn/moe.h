@@ -20,7 +20,8 @@
 // how the trainer runs each micro-batch's backward (its LM loss is seeded with 1 and the
 // gradients are scaled by 1 / (micro-batches x data-parallel ranks) afterwards, so the
 // auxiliary terms scale exactly as the LM loss does). Their values are not part of the
-// returned tensor: the layer adds them, unscaled, into its MoeStats for reporting.
+// returned tensor: the layer adds them, unscaled, into its MoeStats for reporting, on the
+// device (the step reads them once).
 #pragma once
 
 #include <cstdint>
@@ -47,17 +48,22 @@ struct MoeOptions {
   bool expert_bias = false;
 };
 
-// What a layer's forwards measured since the last reset() (host values).
+// What a layer's forwards measured since the last reset().
 struct MoeStats {
   int64_t forwards = 0;
-  double aux_loss = 0;          // unscaled balancing loss, summed over the forwards
-  double z_loss = 0;            // unscaled z-loss, summed over the forwards
-  std::vector<double> counts;   // (E) token-expert assignments, summed over the forwards
+  std::vector<double> counts;  // (E) token-expert assignments, summed over the forwards
+  // (2) on the device: the unscaled balancing loss and z-loss, summed over the forwards
+  // (undefined until the first forward that computes one).
+  Tensor losses;
   void reset() {
     forwards = 0;
-    aux_loss = z_loss = 0;
     counts.assign(counts.size(), 0.0);
+    losses = Tensor();
   }
+  // Adds a forward's losses (() tensors or undefined; MoeLosses::aux and z).
+  void add_losses(Context& ctx, const Tensor& aux, const Tensor& z);
+  // {balancing loss, z-loss} summed over the forwards (waits for the device).
+  std::vector<double> loss_values(Context& ctx) const;
 };
 
 // The routed experts as one differentiable op: x (..., C) -> (..., C). Experts are

@@ -1,16 +1,15 @@
-// The router's auxiliary losses of a mixture-of-experts layer, on the host: the
-// load-balancing loss (Switch Transformer / Megatron "aux_loss", or per sequence
-// "seq_aux_loss") and the router z-loss (ST-MoE), with their gradients.
-//
-// They are computed from host copies of the layer's scores, logits and choices: the layer
-// copies its expert counts to the host on every forward anyway (the grouped matmul needs
-// them), and these (N, E) copies are small beside the activations. A device kernel can
-// replace this file without changing its contract.
+// The router's auxiliary losses of a mixture-of-experts layer: the load-balancing loss
+// (Switch Transformer / Megatron "aux_loss", or per sequence "seq_aux_loss") and the router
+// z-loss (ST-MoE), with their gradients, computed where the scores are (ops::
+// moe_balancing_loss, ops::moe_z_loss): nothing is copied to the host, and their values
+// stay on the device until the step reads them.
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <vector>
+
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
 
 namespace fsdp::nn {
 
@@ -22,29 +21,27 @@ enum class MoeBalancing : uint8_t {
 const char* moe_balancing_name(MoeBalancing b);        // "none", "aux_loss", "seq_aux_loss"
 MoeBalancing moe_balancing_from_name(const std::string& name);  // throws ConfigError
 
-struct MoeLossInputs {
-  int64_t tokens = 0;     // N
-  int64_t experts = 0;    // E
-  int64_t top_k = 0;      // k
+struct MoeLossOptions {
   int64_t sequences = 1;  // the N tokens are this many sequences of N / sequences, in order
   bool sigmoid = false;   // sigmoid scores: normalized per token before the balancing loss
   MoeBalancing balancing = MoeBalancing::None;
   double aux_coeff = 0;   // the balancing loss's weight in the objective
-  double z_coeff = 0;     // the z-loss's weight in the objective
-  const double* scores = nullptr;   // (N, E)
-  const double* logits = nullptr;   // (N, E), read only when z_coeff > 0
-  const int32_t* indices = nullptr; // (N, k) the chosen experts
+  double z_coeff = 0;     // the z-loss's weight in the objective (0: not computed)
 };
 
+// On the device, without waiting for it: the values are () tensors of the scores' dtype,
+// undefined when their term is off.
 struct MoeLosses {
   // Unscaled values (without their coefficients).
-  double aux = 0;  // E sum_e f_e P_e: 1 when perfectly balanced (0 when balancing is None)
-  double z = 0;    // mean over tokens of logsumexp(logits)^2 (0 when z_coeff == 0)
-  // Gradients of aux_coeff * aux and z_coeff * z, (N, E) each; empty when that term is off.
-  std::vector<double> dscores;
-  std::vector<double> dlogits;
+  Tensor aux;  // E sum_e f_e P_e (per sequence and averaged for seq_aux_loss): 1 when balanced
+  Tensor z;    // mean over tokens of logsumexp(logits)^2
+  // Gradients of aux_coeff * aux (N, E) (the scores' dtype) and of z_coeff * z (N, E) (the
+  // logits' dtype).
+  Tensor dscores, dlogits;
 };
 
-MoeLosses moe_losses(const MoeLossInputs& in);
+// scores (N, E) and indices (N, k) from ops::moe_router_forward, logits (N, E) its input.
+MoeLosses moe_losses(Context& ctx, const Tensor& scores, const Tensor& logits,
+                     const Tensor& indices, const MoeLossOptions& options);
 
 }  // namespace fsdp::nn

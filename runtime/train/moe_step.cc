@@ -13,11 +13,12 @@ void MoeStep::start_step() {
   for (nn::MoELayer* l : layers_) l->stats().reset();
 }
 
-std::vector<double> MoeStep::local_values() const {
+std::vector<double> MoeStep::local_values(Context& ctx) const {
   std::vector<double> v = {0.0, 0.0};
   for (nn::MoELayer* l : layers_) {
-    v[0] += l->stats().aux_loss;
-    v[1] += l->stats().z_loss;
+    const std::vector<double> losses = l->stats().loss_values(ctx);
+    v[0] += losses[0];
+    v[1] += losses[1];
   }
   for (nn::MoELayer* l : layers_)
     v.insert(v.end(), l->stats().counts.begin(), l->stats().counts.end());
@@ -27,8 +28,10 @@ std::vector<double> MoeStep::local_values() const {
 void MoeStep::finish_step(Context& ctx, const std::vector<double>& summed, double forwards,
                           StepMetrics& m) {
   if (!active()) return;
-  FSDP_CHECK(summed.size() == local_values().size() && forwards > 0, ValueError,
-             "MoeStep::finish_step: ", summed.size(), " totals for ", local_values().size());
+  size_t values = 2;
+  for (nn::MoELayer* l : layers_) values += size_t(l->options().experts);
+  FSDP_CHECK(summed.size() == values && forwards > 0, ValueError, "MoeStep::finish_step: ",
+             summed.size(), " totals for ", values);
   // Per micro-batch, summed over the layers (each layer's loss is a mean over its tokens).
   m.moe_aux_loss = summed[0] / forwards;
   m.moe_z_loss = summed[1] / forwards;

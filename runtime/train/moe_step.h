@@ -24,7 +24,8 @@ class MoeStep {
   // Before the step's first forward.
   void start_step();
   // This rank's totals, to be summed over the ranks: [aux, z, then each layer's counts (E)].
-  std::vector<double> local_values() const;
+  // (Waits for the device: the losses are summed there.)
+  std::vector<double> local_values(Context& ctx) const;
   // From the summed totals (`summed` as local_values lays them out) and the number of
   // micro-batch forwards they cover over all ranks: sets m's MoE fields and moves the expert
   // biases (after the optimizer step, before the next forward).

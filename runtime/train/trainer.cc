@@ -218,7 +218,7 @@ TrainResult Trainer::run_steps() {
     // The MoE layers' totals ride along (empty for a dense model).
     std::vector<double> local = {*local_loss, stop_here ? 1.0 : 0.0};
     if (s.moe->active()) {
-      const std::vector<double> moe_local = s.moe->local_values();
+      const std::vector<double> moe_local = s.moe->local_values(*s.ctx);
       local.insert(local.end(), moe_local.begin(), moe_local.end());
     }
     const std::vector<double> summed = s.sum_over_ranks(local);

@@ -111,7 +111,8 @@ void check_moe_case(Context& ctx, const MoeCase& mc) {
     return layer(g, in[0]);
   };
   c.added_to_loss = [&] {
-    return o.aux_loss_coeff * layer.stats().aux_loss + o.z_loss_coeff * layer.stats().z_loss;
+    const std::vector<double> losses = layer.stats().loss_values(ctx);
+    return o.aux_loss_coeff * losses[0] + o.z_loss_coeff * losses[1];
   };
   check_gradients(ctx, c);
   // The last expert got no token, the others all of them.
@@ -119,7 +120,7 @@ void check_moe_case(Context& ctx, const MoeCase& mc) {
   double total = 0;
   for (double n : layer.stats().counts) total += n;
   CHECK(total == double(kB * kT * mc.k));
-  if (mc.balancing != MoeBalancing::None) CHECK(layer.stats().aux_loss > 0);
+  if (mc.balancing != MoeBalancing::None) CHECK(layer.stats().loss_values(ctx)[0] > 0);
 }
 
 TEST_CASE("moe layer: gradients against finite differences", "[nn][moe][gradcheck]") {
@@ -146,38 +147,40 @@ TEST_CASE("moe layer: gradients against finite differences", "[nn][moe][gradchec
 }
 
 TEST_CASE("moe losses: values on hand-made routings", "[nn][moe]") {
+  Context ctx;
+  // (4, 2) f64 scores or logits and (4, 1) choices.
+  auto table = [&](const std::vector<double>& v) { return ops::from_vector(ctx, v, Shape{4, 2}, DType::f64); };
+  auto choices = [&](const std::vector<int32_t>& v) { return ops::from_host<int32_t>(ctx, v, Shape{4, 1}); };
+  auto value = [&](const Tensor& t) { return ops::to_vector<double>(ctx, t)[0]; };
+  const Tensor zeros = table(std::vector<double>(8, 0.0));
+  nn::MoeLossOptions o;
+  o.balancing = MoeBalancing::AuxLoss;
+  o.aux_coeff = 1.0;
   // Two experts, k = 1, four tokens split evenly with uniform scores: perfectly balanced.
-  const std::vector<double> even = {0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
-  const std::vector<int32_t> split = {0, 1, 0, 1}, all_first = {0, 0, 0, 0};
-  nn::MoeLossInputs in;
-  in.tokens = 4;
-  in.experts = 2;
-  in.top_k = 1;
-  in.balancing = MoeBalancing::AuxLoss;
-  in.aux_coeff = 1.0;
-  in.scores = even.data();
-  in.indices = split.data();
-  CHECK(nn::moe_losses(in).aux == Approx(1.0));
+  const Tensor even = table({0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5});
+  const Tensor split = choices({0, 1, 0, 1}), all_first = choices({0, 0, 0, 0});
+  CHECK(value(nn::moe_losses(ctx, even, zeros, split, o).aux) == Approx(1.0));
   // Every token to expert 0 whose score is 1: E * 1 * 1 = 2, the worst case.
-  const std::vector<double> first = {1, 0, 1, 0, 1, 0, 1, 0};
-  in.scores = first.data();
-  in.indices = all_first.data();
-  CHECK(nn::moe_losses(in).aux == Approx(2.0));
+  const Tensor first = table({1, 0, 1, 0, 1, 0, 1, 0});
+  CHECK(value(nn::moe_losses(ctx, first, zeros, all_first, o).aux) == Approx(2.0));
   // Per sequence: two sequences of two tokens, each sequence balanced only over the whole.
-  const std::vector<int32_t> halves = {0, 0, 1, 1};
-  const std::vector<double> peaked = {1, 0, 1, 0, 0, 1, 0, 1};
-  in.scores = peaked.data();
-  in.indices = halves.data();
-  CHECK(nn::moe_losses(in).aux == Approx(1.0));
-  in.balancing = MoeBalancing::SeqAuxLoss;
-  in.sequences = 2;
-  CHECK(nn::moe_losses(in).aux == Approx(2.0));
-  // z-loss: logits all 0 over 2 experts: logsumexp = log 2.
-  const std::vector<double> zeros(8, 0.0);
-  in.balancing = MoeBalancing::None;
-  in.z_coeff = 1.0;
-  in.logits = zeros.data();
-  CHECK(nn::moe_losses(in).z == Approx(std::log(2.0) * std::log(2.0)));
+  const Tensor peaked = table({1, 0, 1, 0, 0, 1, 0, 1});
+  const Tensor halves = choices({0, 0, 1, 1});
+  CHECK(value(nn::moe_losses(ctx, peaked, zeros, halves, o).aux) == Approx(1.0));
+  o.balancing = MoeBalancing::SeqAuxLoss;
+  o.sequences = 2;
+  CHECK(value(nn::moe_losses(ctx, peaked, zeros, halves, o).aux) == Approx(2.0));
+  o.sequences = 3;  // 4 tokens are not 3 sequences
+  CHECK_THROWS_AS(nn::moe_losses(ctx, peaked, zeros, halves, o), ShapeError);
+  // z-loss: logits all 0 over 2 experts: logsumexp = log 2; off without a coefficient.
+  o.balancing = MoeBalancing::None;
+  CHECK_FALSE(nn::moe_losses(ctx, even, zeros, split, o).z.defined());
+  o.z_coeff = 1.0;
+  const nn::MoeLosses z = nn::moe_losses(ctx, even, zeros, split, o);
+  CHECK_FALSE(z.aux.defined());
+  CHECK(value(z.z) == Approx(std::log(2.0) * std::log(2.0)));
+  // Its gradient: 2 lse softmax / N = 2 log 2 * 0.5 / 4 per logit.
+  for (double g : ops::to_vector<double>(ctx, z.dlogits)) CHECK(g == Approx(std::log(2.0) / 4));
   CHECK_THROWS_AS(nn::moe_balancing_from_name("switch"), ConfigError);
 }
 

@@ -245,6 +245,37 @@ void layer_case() {
   }});
 }
 
+// The balancing loss (over the whole batch, and per sequence of 512 tokens) and the z-loss,
+// from scores the router made on both sides and skewed choices.
+void losses_case(int64_t E, int64_t k, bool sigmoid, int64_t groups, DType dt) {
+  const std::string name = str_cat("losses ", kTokens, "x", E, " k", k, sigmoid ? " sigmoid" : "",
+                                   " groups", groups, " ", dtype_name(dt));
+  register_twin({"moe", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const int64_t N = kTokens;
+    const Tensor logits = s.random(Shape{N, E}, dt, 51, -3, 3);  // (N, E)
+    ops::RouterOptions o{sigmoid ? ops::RouterScore::Sigmoid : ops::RouterScore::Softmax, k, true};
+    const Tensor scores = s.empty(Shape{N, E}, DType::f32);  // (N, E) the router's, on each side
+    ops::moe_router_forward(ctx, s.empty(Shape{N, k}, DType::i32), s.empty(Shape{N, k}, DType::f32),
+                            scores, logits, o);
+    const Tensor indices = s.indices(skewed_choices(N, E, k, 52), Shape{N, k});
+    const Tensor per_token = s.empty(Shape{N}, DType::f32);
+    const Tensor dscores = s.empty(Shape{N, E}, DType::f32);
+    ops::moe_balancing_loss(ctx, per_token, dscores, scores, indices, groups, sigmoid, 0.01);
+    // Sums of E terms in double (a warp's order on CUDA), rounded once to f32.
+    s.output("balancing per token", per_token, kStats);
+    s.output("dscores", dscores, kStats);
+    s.output("balancing loss", ops::sum(ctx, per_token),
+             Tolerance::scaled(1e-5, "f32 sums of 4096 terms in another order"));
+    const Tensor z_per_token = s.empty(Shape{N}, DType::f32);
+    const Tensor dlogits = s.empty(Shape{N, E}, dt);
+    ops::moe_z_loss(ctx, z_per_token, dlogits, logits, 0.001);
+    s.output("z per token", z_per_token, kStats);
+    s.output("z dlogits", dlogits, dt == DType::bf16 ? Tolerance::scaled(5e-3, "one bf16 rounding")
+                                                     : kStats);
+  }});
+}
+
 void register_moe_twins() {
   const ops::RouterOptions softmax{ops::RouterScore::Softmax, 0, true};
   const ops::RouterOptions olmoe{ops::RouterScore::Softmax, 0, false};
@@ -265,6 +296,9 @@ void register_moe_twins() {
     grouped_matmul_case(1024, 64, 8, dt);
   }
   layer_case();
+  losses_case(8, 2, false, 1, DType::bf16);
+  losses_case(64, 8, false, 8, DType::f32);
+  losses_case(64, 8, true, 1, DType::bf16);
 }
 
 }  // namespace

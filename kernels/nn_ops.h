@@ -272,17 +272,24 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy_sorted, const Tensor&
                             const Tensor& dout, const Tensor& y_sorted, const Tensor& weights,
                             const Tensor& dest);
 
+// How CUDA runs the experts' matmuls: Auto = one cuBLAS grouped GEMM for all the experts
+// (every expert's tiles in one launch) where cuBLAS has one for the dtypes, otherwise one
+// cuBLASLt matmul per expert with rows (PerExpert). The CPU runs one per expert.
+enum class GroupedMatmulMethod : uint8_t { Auto, PerExpert };
+
 // Expert e's linear layer on its rows: x (R, K) holds the experts' rows one after the other,
 // counts[e] of them for expert e (the host copy of moe_sort_by_expert's counts); w (E, F, K)
-// a Linear weight per expert. y (R, F): y_e = x_e @ w_e^T. One matmul per expert with rows.
+// a Linear weight per expert. y (R, F): y_e = x_e @ w_e^T.
 void moe_grouped_matmul(Context& ctx, const Tensor& y, const Tensor& x, const Tensor& w,
-                        const std::vector<int64_t>& counts);
+                        const std::vector<int64_t>& counts,
+                        GroupedMatmulMethod method = GroupedMatmulMethod::Auto);
 // dx (R, K) = dy_e @ w_e (overwritten; skipped when undefined); dw (E, F, K) (+= when
 // accumulate) dy_e^T @ x_e in its grad dtype (skipped when undefined). An expert without
 // rows gets a zero gradient (left as it is when accumulating).
 void moe_grouped_matmul_backward(Context& ctx, const Tensor& dx, const Tensor& dw,
                                  const Tensor& dy, const Tensor& x, const Tensor& w,
-                                 const std::vector<int64_t>& counts, bool accumulate);
+                                 const std::vector<int64_t>& counts, bool accumulate,
+                                 GroupedMatmulMethod method = GroupedMatmulMethod::Auto);
 
 // ---------------------------------------------------------------- optimizer
 struct AdamWParams {

@@ -9,6 +9,7 @@
 #include "kernels/ops.h"
 
 #if FSDP_WITH_CUDA
+#include "kernels/cuda/grouped_matmul.h"
 #include "kernels/cuda/moe.h"
 #endif
 
@@ -323,12 +324,43 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy_sorted, const Tensor&
 #endif
 }
 
+#if FSDP_WITH_CUDA
+namespace {
+
+// Whether a CUDA grouped call may take these (contiguous, one dtype) operands.
+bool grouped_gemm(Context& ctx, GroupedMatmulMethod method, std::initializer_list<Tensor> operands) {
+  if (!ctx.is_cuda() || method != GroupedMatmulMethod::Auto) return false;
+  for (const Tensor& t : operands)
+    if (!t.is_contiguous() || t.dtype() != operands.begin()->dtype()) return false;
+  const DType dt = operands.begin()->dtype();
+  return dt == DType::bf16 || dt == DType::f32;
+}
+
+kernels::cuda::GroupedMatmulDims grouped_dims(const std::vector<int64_t>& counts, int64_t F,
+                                              const Tensor& x) {
+  kernels::cuda::GroupedMatmulDims d;
+  d.rows = counts;
+  d.F = F;
+  d.K = x.size(1);
+  d.dtype = x.dtype();
+  return d;
+}
+
+}  // namespace
+#endif
+
 void moe_grouped_matmul(Context& ctx, const Tensor& y, const Tensor& x, const Tensor& w,
-                        const std::vector<int64_t>& counts) {
+                        const std::vector<int64_t>& counts, GroupedMatmulMethod method) {
   const char* what = "moe_grouped_matmul";
   const int64_t F = check_grouped(ctx, x, w, counts, what);
   check_matrix(ctx, y, what, "y");
   check_shape(y, Shape{x.size(0), F}, what);
+#if FSDP_WITH_CUDA
+  if (grouped_gemm(ctx, method, {y, x, w}) &&
+      ctx.extension<kernels::cuda::GroupedBlas>().forward(grouped_dims(counts, F, x), y.data_ptr(),
+                                                          x.data_ptr(), w.data_ptr()))
+    return;
+#endif
   int64_t begin = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t rows = counts[e];
@@ -341,7 +373,8 @@ void moe_grouped_matmul(Context& ctx, const Tensor& y, const Tensor& x, const Te
 
 void moe_grouped_matmul_backward(Context& ctx, const Tensor& dx, const Tensor& dw,
                                  const Tensor& dy, const Tensor& x, const Tensor& w,
-                                 const std::vector<int64_t>& counts, bool accumulate) {
+                                 const std::vector<int64_t>& counts, bool accumulate,
+                                 GroupedMatmulMethod method) {
   const char* what = "moe_grouped_matmul_backward";
   const int64_t F = check_grouped(ctx, x, w, counts, what);
   check_matrix(ctx, dy, what, "dy");
@@ -355,19 +388,42 @@ void moe_grouped_matmul_backward(Context& ctx, const Tensor& dx, const Tensor& d
     check_contiguous(dw, what);
     check_shape(dw, w.shape(), what);
   }
+#if FSDP_WITH_CUDA
+  // One grouped call for each gradient cuBLAS can group; the rest per expert below.
+  const kernels::cuda::GroupedMatmulDims gd = grouped_dims(counts, F, x);
+  kernels::cuda::GroupedBlas* grouped =
+      grouped_gemm(ctx, method, {dy, x, w}) ? &ctx.extension<kernels::cuda::GroupedBlas>() : nullptr;
+  const bool dx_done = grouped && dx.defined() && dx.is_contiguous() &&
+                       grouped->input_grad(gd, dx.data_ptr(), dy.data_ptr(), w.data_ptr());
+  bool dw_done = false;
+  if (grouped && dw.defined()) {
+    // Experts without rows are skipped by the grouped call: zero them first when not
+    // accumulating.
+    if (!accumulate)
+      for (size_t e = 0; e < counts.size(); ++e)
+        if (counts[e] == 0) fill(ctx, dw.select(0, int64_t(e)), 0.0);
+    dw_done = grouped->weight_grad(gd, dw.data_ptr(), dw.dtype(), dy.data_ptr(), x.data_ptr(),
+                                   accumulate ? 1.0 : 0.0);
+  }
+  if (dx_done && (dw_done || !dw.defined())) return;
+  const Tensor dx_rest = dx_done ? Tensor() : dx, dw_rest = dw_done ? Tensor() : dw;
+#else
+  const Tensor& dx_rest = dx;
+  const Tensor& dw_rest = dw;
+#endif
   int64_t begin = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t rows = counts[e];
     if (rows == 0) {
       // An expert that saw no token: its weight gradient is zero.
-      if (dw.defined() && !accumulate) fill(ctx, dw.select(0, int64_t(e)), 0.0);
+      if (dw_rest.defined() && !accumulate) fill(ctx, dw_rest.select(0, int64_t(e)), 0.0);
       continue;
     }
     const Tensor dy_e = dy.narrow(0, begin, rows);  // (rows, F)
-    if (dx.defined())  // dx_e (rows, K) = dy_e @ w_e
-      matmul(ctx, dx.narrow(0, begin, rows), dy_e, w.select(0, int64_t(e)), false, false);
-    if (dw.defined())  // dw_e (F, K) (+)= dy_e^T @ x_e
-      matmul(ctx, dw.select(0, int64_t(e)), dy_e, x.narrow(0, begin, rows), true, false, 1.0,
+    if (dx_rest.defined())  // dx_e (rows, K) = dy_e @ w_e
+      matmul(ctx, dx_rest.narrow(0, begin, rows), dy_e, w.select(0, int64_t(e)), false, false);
+    if (dw_rest.defined())  // dw_e (F, K) (+)= dy_e^T @ x_e
+      matmul(ctx, dw_rest.select(0, int64_t(e)), dy_e, x.narrow(0, begin, rows), true, false, 1.0,
              accumulate ? 1.0 : 0.0);
     begin += rows;
   }

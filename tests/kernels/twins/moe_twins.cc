@@ -165,10 +165,12 @@ void gather_case(int64_t E, int64_t k, DType dt) {
 
 // Experts' first linear layers: x_sorted (R, C) @ w_e^T for w (E, F, C), with experts 1 and
 // E - 1 given no rows.
-void grouped_matmul_case(int64_t N, int64_t E, int64_t k, DType dt) {
+// Auto: one cuBLAS grouped GEMM per product on CUDA; PerExpert: one cuBLASLt matmul each.
+void grouped_matmul_case(int64_t N, int64_t E, int64_t k, DType dt, ops::GroupedMatmulMethod m) {
   const int64_t F = hidden_for(E);
+  const bool per_expert = m == ops::GroupedMatmulMethod::PerExpert;
   const std::string name = str_cat("grouped_matmul ", N * k, "x", F, "x", kChannels, " E", E, " ",
-                                   dtype_name(dt));
+                                   dtype_name(dt), per_expert ? " per expert" : " grouped");
   register_twin({"moe", name, [=](TwinSide& s) {
     Context& ctx = s.ctx();
     const int64_t R = N * k, C = kChannels;
@@ -176,20 +178,20 @@ void grouped_matmul_case(int64_t N, int64_t E, int64_t k, DType dt) {
     const Tensor x = s.random(Shape{R, C}, dt, 62);
     const Tensor w = s.random(Shape{E, F, C}, dt, 63, -0.05, 0.05);
     const Tensor y = s.empty(Shape{R, F}, dt);
-    ops::moe_grouped_matmul(ctx, y, x, w, counts);
+    ops::moe_grouped_matmul(ctx, y, x, w, counts, m);
     s.output("y", y, product_tolerance(dt));
 
     const Tensor dy = s.random(Shape{R, F}, dt, 64);
     const Tensor dx = s.empty(Shape{R, C}, dt);
     const Tensor dw = s.full(Shape{E, F, C}, DType::f32, 0.25);  // f32 gradients accumulate
-    ops::moe_grouped_matmul_backward(ctx, dx, dw, dy, x, w, counts, true);
+    ops::moe_grouped_matmul_backward(ctx, dx, dw, dy, x, w, counts, true, m);
     s.output("dx", dx, product_tolerance(dt));
     s.output("dw (accumulated in f32)", dw, product_tolerance(DType::f32));
     s.expect(s.values(dw.select(0, 1)) == std::vector<double>(size_t(F * C), 0.25),
              "an expert without rows keeps its gradient");
     // Gradients in the compute dtype, overwritten: zero for the experts without rows.
     const Tensor dw_own = s.full(Shape{E, F, C}, dt, 3.0);
-    ops::moe_grouped_matmul_backward(ctx, Tensor(), dw_own, dy, x, w, counts, false);
+    ops::moe_grouped_matmul_backward(ctx, Tensor(), dw_own, dy, x, w, counts, false, m);
     s.output("dw (overwritten)", dw_own, product_tolerance(dt));
     s.expect(s.values(dw_own.select(0, E - 1)) == std::vector<double>(size_t(F * C), 0.0),
              "an expert without rows gets 0");
@@ -292,8 +294,10 @@ void register_moe_twins() {
   for (DType dt : {DType::bf16, DType::f32}) {
     gather_case(8, 2, dt);
     gather_case(64, 8, dt);
-    grouped_matmul_case(kTokens, 8, 2, dt);
-    grouped_matmul_case(1024, 64, 8, dt);
+    for (auto m : {ops::GroupedMatmulMethod::Auto, ops::GroupedMatmulMethod::PerExpert}) {
+      grouped_matmul_case(kTokens, 8, 2, dt, m);
+      grouped_matmul_case(1024, 64, 8, dt, m);
+    }
   }
   layer_case();
   losses_case(8, 2, false, 1, DType::bf16);

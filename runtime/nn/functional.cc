@@ -150,7 +150,7 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
                }
              });
   }
-  return group ? tensor_parallel_leave(g, out, *group) : out;
+  return group ? tensor_parallel_leave(g, out, *group, wte.vocab_parallel_sequence) : out;
 }
 
 // ---------------------------------------------------------------- norms

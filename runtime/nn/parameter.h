@@ -91,6 +91,10 @@ class Parameter {
   // vocabulary, are split over this group (one range per rank, set_parallel_slice), and the
   // ops that read it (nn::embedding, nn::classifier_loss) combine the ranks' parts.
   TensorParallelGroup* vocab_parallel = nullptr;
+  // Sequence parallelism of a vocabulary-parallel token table: the ranks' rows are summed
+  // by a reduce-scatter along the sequence, so each rank keeps the T/tp tokens its first
+  // block takes (instead of an all-reduce and a split).
+  bool vocab_parallel_sequence = false;
   // Learned positions of a sequence split by context parallelism: the embedding adds the
   // rows of this rank's positions (ContextParallelLayout) to its tokens.
   std::optional<ContextParallelLayout> sequence_chunks;

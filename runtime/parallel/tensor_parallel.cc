@@ -246,12 +246,18 @@ std::vector<std::string> apply_tensor_parallel(nn::Module& model,
                      (sequence_parallel ? " (gathered along the sequence)" : ""));
   }
   if (!sequence_parallel) return report;
-  // The stream is split before the first block: the embedding sees whole sequences.
+  // The stream is split before the first block: a vocabulary-parallel embedding sums its
+  // ranks' rows by a reduce-scatter along the sequence; another one's output is split.
   FSDP_CHECK(first_block, ConfigError, "sequence parallelism needs a model of blocks (modules "
              "of kind \"block\") followed by a final norm");
-  first_block->set_input_transform(
-      [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_split(g, x, *grp); });
-  report.push_back(first_block->name() + ": input split along the sequence");
+  if (vocabulary.tokens) {
+    vocabulary.tokens->vocab_parallel_sequence = true;
+    report.push_back(vocabulary.tokens->name() + ": rows summed by a reduce-scatter along the sequence");
+  } else {
+    first_block->set_input_transform(
+        [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_split(g, x, *grp); });
+    report.push_back(first_block->name() + ": input split along the sequence");
+  }
   if (!vocabulary_head) {
     final_norm->set_output_transform(
         [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_gather(g, x, *grp); });

@@ -26,7 +26,8 @@
 //
 // Sequence parallelism (`sequence_parallel`) also splits the residual stream along the
 // sequence between those layers: the first block's input is split (each rank keeps T/tp
-// tokens), the column-parallel layers all-gather it and the row-parallel ones
+// tokens; the vocabulary-parallel embedding's sum is a reduce-scatter that leaves each rank
+// its part), the column-parallel layers all-gather it and the row-parallel ones
 // reduce-scatter their output (instead of all-reducing it), and the final norm's output is
 // gathered again for the head. The norms inside and after the blocks and the
 // row-parallel biases then see only their rank's tokens: their gradients are partial sums,

@@ -161,8 +161,9 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
       CHECK(std::abs(got - want) <= 1e-12 * std::abs(want));
       const bool full = std::string(recompute) == "full";
       const Communicator::Counts& n = tp_comm.counts();
-      // The vocabulary: the embedding's rows summed (one all-reduce), one all-gather of
-      // softmax statistics per classifier chunk, and the head input's gradient summed.
+      // The vocabulary: the embedding's rows summed (one all-reduce; under sequence
+      // parallelism one reduce-scatter), one all-gather of softmax statistics per classifier
+      // chunk, and the head input's gradient summed.
       const size_t chunks = 4;
       if (tp == 1) {
         CHECK(n.all_reduce + n.all_gather + n.reduce_scatter == 0);
@@ -174,11 +175,12 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
       } else {
         // Per block: 2 all-gathers and 2 reduce-scatters forward, the same backward plus the
         // column-parallel layers' inputs gathered again (2 all-gathers; and the forward's
-        // again under full recompute); the split's backward and the head input's gather one
-        // all-gather each, the head input's gradient one reduce-scatter.
+        // again under full recompute); the embedding's reduce-scatter (its backward one
+        // all-gather), the head input's gather one all-gather, its gradient one
+        // reduce-scatter.
         CHECK(n.all_gather == (full ? 8u : 6u) * 2 + 2 + chunks);
-        CHECK(n.reduce_scatter == (full ? 6u : 4u) * 2 + 1);
-        CHECK(n.all_reduce == 1);
+        CHECK(n.reduce_scatter == (full ? 6u : 4u) * 2 + 2);
+        CHECK(n.all_reduce == 0);
       }
       const std::vector<nn::Parameter*> wp = whole->named_parameters(), pp = split->named_parameters();
       REQUIRE(wp.size() == pp.size());

@@ -272,9 +272,10 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy_sorted, const Tensor&
                             const Tensor& dout, const Tensor& y_sorted, const Tensor& weights,
                             const Tensor& dest);
 
-// How CUDA runs the experts' matmuls: Auto = one cuBLAS grouped GEMM for all the experts
-// (every expert's tiles in one launch) where cuBLAS has one for the dtypes, otherwise one
-// cuBLASLt matmul per expert with rows (PerExpert). The CPU runs one per expert.
+// How CUDA runs the experts' matmuls: Auto = the experts with few rows (at most 1536) in
+// one cuBLAS grouped GEMM (their tiles in one launch) where cuBLAS has one for the dtypes,
+// and one cuBLASLt matmul for each other expert with rows; PerExpert = one cuBLASLt matmul
+// per expert with rows. The CPU runs one per expert.
 enum class GroupedMatmulMethod : uint8_t { Auto, PerExpert };
 
 // Expert e's linear layer on its rows: x (R, K) holds the experts' rows one after the other,

@@ -119,7 +119,7 @@ bool GroupedBlas::forward(const GroupedMatmulDims& d, void* y, const void* x, co
   int64_t begin = 0;
   for (size_t e = 0; e < d.rows.size(); ++e) {
     const int64_t r = d.rows[e];
-    if (r > 0)
+    if (r > 0 && r <= d.max_rows)
       problems.push_back({F, int(r), K, K, K, F, at(w, int64_t(e) * d.F * d.K, d.dtype),
                           at(x, begin * d.K, d.dtype), at(y, begin * d.F, d.dtype)});
     begin += r;
@@ -134,7 +134,7 @@ bool GroupedBlas::input_grad(const GroupedMatmulDims& d, void* dx, const void* d
   int64_t begin = 0;
   for (size_t e = 0; e < d.rows.size(); ++e) {
     const int64_t r = d.rows[e];
-    if (r > 0)
+    if (r > 0 && r <= d.max_rows)
       problems.push_back({K, int(r), F, K, F, K, at(w, int64_t(e) * d.F * d.K, d.dtype),
                           at(dy, begin * d.F, d.dtype), at(dx, begin * d.K, d.dtype)});
     begin += r;
@@ -150,7 +150,7 @@ bool GroupedBlas::weight_grad(const GroupedMatmulDims& d, void* dw, DType dw_dty
   int64_t begin = 0;
   for (size_t e = 0; e < d.rows.size(); ++e) {
     const int64_t r = d.rows[e];
-    if (r > 0)
+    if (r > 0 && r <= d.max_rows)
       problems.push_back({K, F, int(r), K, F, K, at(x, begin * d.K, d.dtype),
                           at(dy, begin * d.F, d.dtype), at(dw, int64_t(e) * d.F * d.K, dw_dtype)});
     begin += r;

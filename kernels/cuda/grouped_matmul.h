@@ -24,6 +24,8 @@ struct GroupedMatmulDims {
   std::vector<int64_t> rows;  // (E) host
   int64_t F = 0, K = 0;
   DType dtype = DType::bf16;  // x, w, y, dy, dx
+  // Experts with more rows are skipped (left to the caller): they fill the GPU alone.
+  int64_t max_rows = INT64_MAX;
 };
 
 class GroupedBlas {

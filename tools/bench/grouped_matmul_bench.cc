@@ -20,8 +20,9 @@ void usage(std::FILE* out) {
                "                            [--hidden F] [--reps R]\n"
                "  Times on GPU 0, bf16, the experts' first projection over R = N K rows spread\n"
                "  evenly over E experts (ops::moe_grouped_matmul: y_e = x_e w_e^T, w (E, F, C))\n"
-               "  and its backward (dx and dw), as one cuBLAS grouped GEMM and as one cuBLASLt\n"
-               "  matmul per expert, beside one dense matmul of the same total size\n"
+               "  and its backward (dx and dw), as the layer runs them (auto: experts of at most\n"
+               "  1536 rows in one cuBLAS grouped GEMM, the others one cuBLASLt matmul each) and\n"
+               "  with one cuBLASLt matmul per expert, beside one dense matmul of the same size\n"
                "  ((R, C) by one (F, C) weight), in ms and TFLOP/s: the median of R runs after\n"
                "  two warm-ups. The default is the OLMoE-1B-7B recipe's layer: 64 experts, top-8,\n"
                "  d 2048, expert d_ff 1024, 16384 tokens (4 x 4096).\n");
@@ -101,7 +102,7 @@ int run_grouped_matmul_bench(const std::vector<std::string>& args) {
   };
   const auto grouped = ops::GroupedMatmulMethod::Auto, per_expert = ops::GroupedMatmulMethod::PerExpert;
   std::vector<Row> table = {
-      {"grouped GEMM forward y = x w_e^T", median_ms(ctx, reps, [&] {
+      {"auto forward y = x w_e^T", median_ms(ctx, reps, [&] {
          ops::moe_grouped_matmul(ctx, y, x, w, counts, grouped);
        }), flop},
       {"per-expert forward", median_ms(ctx, reps, [&] {
@@ -110,7 +111,7 @@ int run_grouped_matmul_bench(const std::vector<std::string>& args) {
       {"dense forward (same size)", median_ms(ctx, reps, [&] {
          ops::matmul(ctx, y, x, w_dense, false, true);
        }), flop},
-      {"grouped GEMM backward dx, dw", median_ms(ctx, reps, [&] {
+      {"auto backward dx, dw", median_ms(ctx, reps, [&] {
          ops::moe_grouped_matmul_backward(ctx, dx, dw, dy, x, w, counts, false, grouped);
        }), 2 * flop},
       {"per-expert backward dx, dw", median_ms(ctx, reps, [&] {

@@ -165,12 +165,13 @@ void gather_case(int64_t E, int64_t k, DType dt) {
 
 // Experts' first linear layers: x_sorted (R, C) @ w_e^T for w (E, F, C), with experts 1 and
 // E - 1 given no rows.
-// Auto: one cuBLAS grouped GEMM per product on CUDA; PerExpert: one cuBLASLt matmul each.
+// Auto: the experts with few rows in one cuBLAS grouped GEMM per product on CUDA, the
+// others (and under PerExpert all) one cuBLASLt matmul each.
 void grouped_matmul_case(int64_t N, int64_t E, int64_t k, DType dt, ops::GroupedMatmulMethod m) {
   const int64_t F = hidden_for(E);
   const bool per_expert = m == ops::GroupedMatmulMethod::PerExpert;
   const std::string name = str_cat("grouped_matmul ", N * k, "x", F, "x", kChannels, " E", E, " ",
-                                   dtype_name(dt), per_expert ? " per expert" : " grouped");
+                                   dtype_name(dt), per_expert ? " per expert" : " auto");
   register_twin({"moe", name, [=](TwinSide& s) {
     Context& ctx = s.ctx();
     const int64_t R = N * k, C = kChannels;

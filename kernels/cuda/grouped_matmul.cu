@@ -112,33 +112,41 @@ char* at(void* p, int64_t elements, DType dtype) {
 
 }  // namespace
 
-bool GroupedBlas::forward(const GroupedMatmulDims& d, void* y, const void* x, const void* w) {
-  // Column-major y_e^T (F, r) = w_e (K, F)^T x_e^T (K, r).
-  const int F = int(d.F), K = int(d.K);
+namespace {
+
+// One problem per expert with rows that the grouped call takes; make(e, begin, rows) builds
+// expert e's, whose rows start at `begin`.
+template <typename Make>
+std::vector<Problem> expert_problems(const GroupedMatmulDims& d, Make make) {
   std::vector<Problem> problems;
   int64_t begin = 0;
   for (size_t e = 0; e < d.rows.size(); ++e) {
     const int64_t r = d.rows[e];
-    if (r > 0 && r <= d.max_rows)
-      problems.push_back({F, int(r), K, K, K, F, at(w, int64_t(e) * d.F * d.K, d.dtype),
-                          at(x, begin * d.K, d.dtype), at(y, begin * d.F, d.dtype)});
+    if (r > 0 && r <= d.max_rows) problems.push_back(make(int64_t(e), begin, int(r)));
     begin += r;
   }
+  return problems;
+}
+
+}  // namespace
+
+bool GroupedBlas::forward(const GroupedMatmulDims& d, void* y, const void* x, const void* w) {
+  // Column-major y_e^T (F, r) = w_e (K, F)^T x_e^T (K, r).
+  const int F = int(d.F), K = int(d.K);
+  const auto problems = expert_problems(d, [&](int64_t e, int64_t begin, int r) {
+    return Problem{F, r, K, K, K, F, at(w, e * d.F * d.K, d.dtype), at(x, begin * d.K, d.dtype),
+                   at(y, begin * d.F, d.dtype)};
+  });
   return impl_->run(CUBLAS_OP_T, CUBLAS_OP_N, problems, d.dtype, d.dtype, 0.0);
 }
 
 bool GroupedBlas::input_grad(const GroupedMatmulDims& d, void* dx, const void* dy, const void* w) {
   // Column-major dx_e^T (K, r) = w_e^T (K, F) dy_e^T (F, r).
   const int F = int(d.F), K = int(d.K);
-  std::vector<Problem> problems;
-  int64_t begin = 0;
-  for (size_t e = 0; e < d.rows.size(); ++e) {
-    const int64_t r = d.rows[e];
-    if (r > 0 && r <= d.max_rows)
-      problems.push_back({K, int(r), F, K, F, K, at(w, int64_t(e) * d.F * d.K, d.dtype),
-                          at(dy, begin * d.F, d.dtype), at(dx, begin * d.K, d.dtype)});
-    begin += r;
-  }
+  const auto problems = expert_problems(d, [&](int64_t e, int64_t begin, int r) {
+    return Problem{K, r, F, K, F, K, at(w, e * d.F * d.K, d.dtype), at(dy, begin * d.F, d.dtype),
+                   at(dx, begin * d.K, d.dtype)};
+  });
   return impl_->run(CUBLAS_OP_N, CUBLAS_OP_N, problems, d.dtype, d.dtype, 0.0);
 }
 
@@ -146,15 +154,10 @@ bool GroupedBlas::weight_grad(const GroupedMatmulDims& d, void* dw, DType dw_dty
                               const void* dy, const void* x, double beta) {
   // Column-major dw_e^T (K, F) = x_e^T (K, r) dy_e (r, F) + beta dw_e^T.
   const int F = int(d.F), K = int(d.K);
-  std::vector<Problem> problems;
-  int64_t begin = 0;
-  for (size_t e = 0; e < d.rows.size(); ++e) {
-    const int64_t r = d.rows[e];
-    if (r > 0 && r <= d.max_rows)
-      problems.push_back({K, F, int(r), K, F, K, at(x, begin * d.K, d.dtype),
-                          at(dy, begin * d.F, d.dtype), at(dw, int64_t(e) * d.F * d.K, dw_dtype)});
-    begin += r;
-  }
+  const auto problems = expert_problems(d, [&](int64_t e, int64_t begin, int r) {
+    return Problem{K, F, r, K, F, K, at(x, begin * d.K, d.dtype), at(dy, begin * d.F, d.dtype),
+                   at(dw, e * d.F * d.K, dw_dtype)};
+  });
   return impl_->run(CUBLAS_OP_N, CUBLAS_OP_T, problems, d.dtype, dw_dtype, beta);
 }
 

@@ -136,6 +136,18 @@ Tensor CheckpointReader::read_parameter(Context& ctx, const std::string& kind, c
   return out;
 }
 
+Tensor CheckpointReader::read_buffer(Context& ctx, const std::string& name) {
+  const BufferRecord* b = metadata_.find_buffer(name);
+  FSDP_CHECK(b != nullptr, CheckpointError, dir_, ": no buffer \"", name, "\"");
+  const std::string tensor = state_tensor_name(kBuffer, name);
+  SafetensorsReader& file = open(size_t(b->file));
+  const SafetensorsEntry& e = file.entry(tensor);
+  Tensor out = ctx.empty_host(b->shape, e.dtype);
+  file.read_bytes(tensor, 0, out.numel() ? out.data_ptr() : nullptr, out.nbytes());
+  bytes_read_ += out.nbytes();
+  return out;
+}
+
 std::string find_checkpoint(const std::string& path) {
   if (file_size_or_missing(path + "/" + kMetadataFileName) >= 0) return path;
   const std::string latest = read_latest_marker(path);

@@ -46,6 +46,8 @@ class CheckpointReader {
             void* dst);
   // A whole parameter's state as a host tensor of its shape, in the checkpoint's dtype.
   Tensor read_parameter(Context& ctx, const std::string& kind, const std::string& param);
+  // A buffer (metadata.h) as a host tensor of its shape, in its stored dtype.
+  Tensor read_buffer(Context& ctx, const std::string& name);
 
   // Tensor bytes read by read() so far, and the shard files opened (by read() or
   // verify_file()): a reader touches only what it needs.

@@ -28,16 +28,40 @@ std::vector<std::string> kinds_to_read(const CheckpointMetadata& m, const Optimi
   return m.state_kinds();
 }
 
-// Host buffers for the state of every unit of this rank, in the checkpoint's dtypes.
+// The model's buffers that the checkpoint holds (the others keep their values): each of
+// the model's shape; a checkpoint after training steps must hold every one.
+std::vector<const ModelBuffer*> buffers_to_read(const CheckpointMetadata& m,
+                                                const std::vector<ModelBuffer>& buffers,
+                                                const std::string& dir) {
+  std::vector<const ModelBuffer*> out;
+  for (const ModelBuffer& b : buffers) {
+    const BufferRecord* r = m.find_buffer(b.name);
+    FSDP_CHECK(r != nullptr || m.step == 0, CheckpointError, dir, " holds no buffer \"", b.name,
+               "\" of the model, but ", m.step, " steps of training that moved it (saved by a run "
+               "without it, or by a build whose checkpoints did not hold buffers): resuming would "
+               "restart it and leave the run's curve");
+    if (!r) continue;
+    FSDP_CHECK(r->shape == b.tensor.shape(), CheckpointError, dir, " does not fit this model: buffer \"",
+               b.name, "\" is ", r->shape, " in the checkpoint but ", b.tensor.shape(), " in the model");
+    out.push_back(&b);
+  }
+  return out;
+}
+
+// Host buffers for the state of every unit of this rank, in the checkpoint's dtypes, and
+// of the model's buffers.
 struct Staged {
   std::vector<std::map<std::string, Tensor>> units;
+  std::vector<Tensor> buffers;  // as buffers_to_read() lists them
 };
 
 Staged read_shards(Context& ctx, CheckpointReader& reader, ShardedModel& model,
                    const std::vector<std::string>& kinds) {
   Staged staged;
-  const int shard_rank = model.shard_rank();
-  for (const UnitPlan& u : model.plan().units()) {
+  for (int unit = 0; unit < model.num_units(); ++unit) {
+    const UnitPlan& u = model.plan().units()[size_t(unit)];
+    // An experts unit's shard is of the expert-data-parallel group.
+    const int shard_rank = model.unit_groups(unit).shard_rank();
     std::map<std::string, Tensor> state;
     for (const std::string& kind : kinds) {
       Tensor host = ctx.empty_host(Shape{u.shard_numel}, reader.metadata().dtype_of_kind(kind));
@@ -52,7 +76,8 @@ Staged read_shards(Context& ctx, CheckpointReader& reader, ShardedModel& model,
                       base + size_t(s.shard_offset) * host.element_size());
           continue;
         }
-        // A tensor-parallel slice: its local elements by their place in the whole parameter.
+        // A tensor-parallel slice or an expert-parallel rank's experts: its local elements by
+        // their place in the whole parameter.
         for (const nn::ParallelSlice::Run& r : param->parallel_slice()->runs(s.param_offset, s.numel))
           reader.read(kind, name, r.full, r.numel,
                       base + size_t(s.shard_offset + r.local - s.param_offset) * host.element_size());
@@ -95,12 +120,14 @@ CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedMode
   const ShardState state(model, optimizer);
   std::unique_ptr<CheckpointReader> reader;
   std::vector<std::string> kinds;
+  std::vector<const ModelBuffer*> buffers;
 
   // 1. The metadata, the model's fit, the optimizer's, and the files' presence.
   run_on_every_rank(ctx, comm, [&] {
     reader = std::make_unique<CheckpointReader>(dir);
     check_model_matches(reader->metadata(), model.plan(), model.model(), dir);
     kinds = kinds_to_read(reader->metadata(), optimizer, dir);
+    buffers = buffers_to_read(reader->metadata(), options.buffers, dir);
     reader->check_files_present();
   });
   // 2. Checksums: each file by one rank.
@@ -113,6 +140,7 @@ CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedMode
   Staged staged;
   run_on_every_rank(ctx, comm, [&] {
     staged = read_shards(ctx, *reader, model, kinds);
+    for (const ModelBuffer* b : buffers) staged.buffers.push_back(reader->read_buffer(ctx, b->name));
   });
 
   // 4. Every rank has everything it needs: install it.
@@ -128,6 +156,7 @@ CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedMode
       }
     }
   }
+  for (size_t i = 0; i < buffers.size(); ++i) ops::copy(ctx, buffers[i]->tensor, staged.buffers[i]);
   const CheckpointMetadata& m = reader->metadata();
   // The step count goes with the state it was counted for (bias correction of the moments).
   if (optimizer) optimizer->set_steps_taken(optimizer_kind_name(optimizer->config().kind) == m.optimizer ? m.optimizer_steps : 0);

@@ -16,9 +16,11 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "runtime/checkpoint/metadata.h"
+#include "runtime/checkpoint/save.h"
 #include "runtime/core/context.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
@@ -28,6 +30,10 @@ namespace fsdp::checkpoint {
 struct LoadOptions {
   // Verify the SHA-256 of every shard file (spread over the ranks).
   bool verify_checksums = true;
+  // The model's buffers (expert biases), written from the checkpoint's on every rank. A
+  // checkpoint of step 0 (an import, initial weights) may lack one, which then keeps its
+  // value; after training steps a missing buffer is refused, as it would be lost state.
+  std::vector<ModelBuffer> buffers;
 };
 
 // Loads checkpoint `dir` (a step directory: see find_checkpoint()) into `model` and, unless
@@ -37,7 +43,9 @@ struct LoadOptions {
 //
 // A weights-only checkpoint (no optimizer state, e.g. an import) loads into a fresh
 // optimizer state (zero moments, step count 0). A checkpoint whose optimizer differs from
-// `optimizer`'s kind after some steps is refused.
+// `optimizer`'s kind after some steps is refused. Expert-parallel experts and the other
+// units' shards are read by global coordinates too: any expert-parallel layout loads any
+// other, and checkpoints without expert parallelism load into one with it.
 CheckpointMetadata load_checkpoint(Context& ctx, Communicator* comm, ShardedModel& model,
                                    Optimizer* optimizer, const std::string& dir,
                                    const LoadOptions& options = LoadOptions());

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -84,6 +85,54 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+Json slices_json(const std::vector<nn::ParallelSlice>& slices) {
+  Json out = Json::array();
+  for (const nn::ParallelSlice& sl : slices) {
+    Json ranges = Json::array();
+    for (const auto& [b, e] : sl.ranges) ranges.push_back({b, e});
+    Json slice = {{"dim", sl.dim}, {"ranges", ranges}};
+    if (!sl.replicas.empty()) slice["replicas"] = sl.replicas;  // ranges held by several ranks
+    out.push_back(slice);
+  }
+  return out;
+}
+
+// A parameter's "tp_slices" or "ep_slices": slices of its whole shape.
+std::vector<nn::ParallelSlice> parse_slices(const Json& v, const Shape& shape, const Fields& f,
+                                            const std::string& at) {
+  std::vector<nn::ParallelSlice> out;
+  const Json& slices = f.array(v, at);
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const std::string kat = at + "[" + std::to_string(k) + "]";
+    nn::ParallelSlice slice;
+    slice.full_shape = shape;
+    slice.dim = int(f.count(f.member(slices[k], kat, "dim"), kat + ".dim"));
+    const Json& ranges = f.array(f.member(slices[k], kat, "ranges"), kat + ".ranges");
+    for (size_t q = 0; q < ranges.size(); ++q) {
+      const std::string rat = kat + ".ranges[" + std::to_string(q) + "]";
+      if (!ranges[q].is_array() || ranges[q].size() != 2) f.fail(rat, "expected [begin, end]");
+      slice.ranges.emplace_back(f.count(ranges[q][0], rat + "[0]"), f.count(ranges[q][1], rat + "[1]"));
+    }
+    if (slices[k].contains("replicas")) {
+      const std::string rat = kat + ".replicas";
+      const Json& replicas = f.array(slices[k]["replicas"], rat);
+      for (size_t q = 0; q < replicas.size(); ++q) {
+        const std::string qat = rat + "[" + std::to_string(q) + "]";
+        const int64_t n = f.count(replicas[q], qat);
+        if (n > (int64_t(1) << 20)) f.fail(qat, str_cat(n, " ranks holding one range"));
+        slice.replicas.push_back(int(n));
+      }
+    }
+    try {
+      slice.check();
+    } catch (const ShapeError& e) {
+      f.fail(kat, e.what());
+    }
+    out.push_back(std::move(slice));
+  }
+  return out;
+}
+
 bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\\') == std::string::npos;
@@ -105,24 +154,38 @@ std::pair<const UnitRecord*, const ParamPlacement*> placement_of(const Checkpoin
   return {nullptr, nullptr};
 }
 
+// Checks a sliced parameter's slices (one per rank of the group that splits it) against
+// its whole shape and the layout's shape of a slice.
+void check_slices(const std::vector<nn::ParallelSlice>& slices, int ranks, const char* group,
+                  const ParamRecord& p, const ParamPlacement& placement, const Fields& f,
+                  const std::string& at) {
+  if (int(slices.size()) != ranks)
+    f.fail(at, str_cat(slices.size(), " slices for ", ranks, " ", group, " ranks"));
+  for (const nn::ParallelSlice& slice : slices) {
+    if (!(slice.full_shape == p.shape) || !(slice.local_shape() == placement.shape))
+      f.fail(at, str_cat("slice ", slice.str(), " does not take the layout's ",
+                         placement.shape.str(), " from ", p.shape.str()));
+  }
+}
+
 void check_pieces(const CheckpointMetadata& m, const Fields& f) {
   const std::vector<std::string> kinds = m.state_kinds();
   for (const ParamRecord& p : m.params) {
     const std::string where = "parameters." + p.name;
     const auto [unit, placement] = placement_of(m, p, f, where);
-    if (p.tp_slices.empty()) {
-      if (!(placement->shape == p.shape))
-        f.fail(where, str_cat("shape ", p.shape.str(), " differs from the layout's ", placement->shape.str()));
-    } else {
-      if (int(p.tp_slices.size()) != m.tensor_parallel)
-        f.fail(where + ".tp_slices", str_cat(p.tp_slices.size(), " slices for ", m.tensor_parallel,
-                                             " tensor-parallel ranks"));
-      for (const nn::ParallelSlice& slice : p.tp_slices) {
-        if (!(slice.full_shape == p.shape) || !(slice.local_shape() == placement->shape))
-          f.fail(where + ".tp_slices", str_cat("slice ", slice.str(), " does not take the layout's ",
-                                               placement->shape.str(), " from ", p.shape.str()));
-      }
-    }
+    // An experts unit holds expert parameters only, each split over the expert-parallel
+    // ranks (and not by tensor parallelism as well: no layout does both).
+    if (unit->experts != !p.ep_slices.empty())
+      f.fail(where, unit->experts ? str_cat("is in experts unit \"", unit->name, "\" but has no ep_slices")
+                                  : str_cat("has ep_slices but its unit \"", unit->name, "\" is not an experts unit"));
+    if (!p.tp_slices.empty() && !p.ep_slices.empty())
+      f.fail(where, "has both tp_slices and ep_slices");
+    if (p.tp_slices.empty() && p.ep_slices.empty() && !(placement->shape == p.shape))
+      f.fail(where, str_cat("shape ", p.shape.str(), " differs from the layout's ", placement->shape.str()));
+    if (!p.tp_slices.empty())
+      check_slices(p.tp_slices, m.tensor_parallel, "tensor-parallel", p, *placement, f, where + ".tp_slices");
+    if (!p.ep_slices.empty())
+      check_slices(p.ep_slices, m.expert_parallel, "expert-parallel", p, *placement, f, where + ".ep_slices");
     int64_t covered = 0;
     for (size_t i = 0; i < p.pieces.size(); ++i) {
       const ParamPiece& piece = p.pieces[i];
@@ -135,19 +198,25 @@ void check_pieces(const CheckpointMetadata& m, const Fields& f) {
       if (piece.numel <= 0) f.fail(at, "is empty");
       covered += piece.numel;
       const FileRecord& file = m.files[size_t(piece.file)];
-      if (!p.tp_slices.empty() && file.tp_rank >= m.tensor_parallel)
-        f.fail(at, str_cat("file ", file.name, " is of tensor-parallel rank ", file.tp_rank, " of ",
-                           m.tensor_parallel));
-      // Where these elements are in that file's rank's part of the parameter (its slice)...
-      const int64_t local = p.tp_slices.empty()
-                                ? piece.param_offset
-                                : p.tp_slices[size_t(file.tp_rank)].local_of(piece.param_offset, piece.numel);
+      // The part of the parameter that file's ranks hold (null: all of it)...
+      const nn::ParallelSlice* slice = nullptr;
+      std::string holder;
+      if (!p.ep_slices.empty()) {
+        slice = &p.ep_slices[size_t(file.ep_rank)];
+        holder = str_cat("expert-parallel rank ", file.ep_rank);
+      } else if (!p.tp_slices.empty()) {
+        slice = &p.tp_slices[size_t(file.tp_rank)];
+        holder = str_cat("tensor-parallel rank ", file.tp_rank);
+      }
+      // ...where these elements are in it...
+      const int64_t local = slice ? slice->local_of(piece.param_offset, piece.numel) : piece.param_offset;
       if (local < 0)
         f.fail(at, str_cat("elements [", piece.param_offset, ", ", piece.param_offset + piece.numel,
-                           ") are not one run of the slice of tensor-parallel rank ", file.tp_rank));
+                           ") are not one run of the slice of ", holder));
       // ...and where the layout puts them in that file's shard of the unit: a piece that
       // says otherwise would load shifted weights.
-      const int64_t expected = placement->offset + local - int64_t(file.shard_rank) * unit->shard_numel;
+      const int shard_rank = unit->experts ? file.expert_shard_rank : file.shard_rank;
+      const int64_t expected = placement->offset + local - int64_t(shard_rank) * unit->shard_numel;
       if (piece.tensor_offset != expected)
         f.fail(at, str_cat("tensor offset ", piece.tensor_offset, " disagrees with the layout, which "
                            "puts element ", piece.param_offset, " of the parameter at ", expected,
@@ -169,6 +238,37 @@ void check_pieces(const CheckpointMetadata& m, const Fields& f) {
     if (covered != p.shape.numel())
       f.fail(where, str_cat("the pieces cover ", covered, " elements of ", p.shape.numel(), " ",
                             p.shape.str()));
+  }
+}
+
+// Every file's ranks are ranks of the layout's groups.
+void check_files(const CheckpointMetadata& m, const Fields& f) {
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const FileRecord& file = m.files[i];
+    const std::string at = "files[" + std::to_string(i) + "]";
+    for (const auto& [key, rank, size] :
+         {std::tuple<const char*, int, int>{"shard_rank", file.shard_rank, m.shard_size},
+          {"tp_rank", file.tp_rank, m.tensor_parallel},
+          {"ep_rank", file.ep_rank, m.expert_parallel},
+          {"expert_shard_rank", file.expert_shard_rank, m.expert_shard_size}})
+      if (rank >= size)
+        f.fail(at + "." + key, str_cat(rank, " is not a rank of ", size, " (file ", file.name, ")"));
+  }
+}
+
+// Every buffer's tensor is in its file, with the buffer's size.
+void check_buffers(const CheckpointMetadata& m, const Fields& f) {
+  for (const BufferRecord& b : m.buffers) {
+    const std::string at = "buffers." + b.name;
+    if (b.file < 0 || size_t(b.file) >= m.files.size())
+      f.fail(at + ".file", str_cat("file index ", b.file, " is not one of the ", m.files.size(), " files"));
+    const FileRecord& file = m.files[size_t(b.file)];
+    const std::string tname = state_tensor_name(kBuffer, b.name);
+    const TensorRecord* t = file.find_tensor(tname);
+    if (!t) f.fail(at, str_cat("file ", file.name, " lists no tensor \"", tname, "\""));
+    if (t->numel != b.shape.numel())
+      f.fail(at, str_cat("file ", file.name, " tensor \"", tname, "\" has ", t->numel,
+                         " elements for shape ", b.shape.str()));
   }
 }
 
@@ -202,6 +302,12 @@ const ParamRecord* CheckpointMetadata::find_param(const std::string& name) const
   return nullptr;
 }
 
+const BufferRecord* CheckpointMetadata::find_buffer(const std::string& name) const {
+  for (const BufferRecord& b : buffers)
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
 std::string CheckpointMetadata::to_json() const {
   Json j;
   j["format"] = "fsdp.cpp checkpoint";
@@ -216,12 +322,14 @@ std::string CheckpointMetadata::to_json() const {
     for (const ParamPlacement& p : u.params)
       params_json.push_back({{"name", p.name}, {"shape", shape_json(p.shape)}, {"offset", p.offset},
                              {"weight_decay", p.weight_decay}});
-    units_json.push_back({{"name", u.name}, {"numel", u.numel}, {"padded_numel", u.padded_numel},
-                          {"shard_numel", u.shard_numel}, {"params", params_json}});
+    units_json.push_back({{"name", u.name}, {"experts", u.experts}, {"numel", u.numel},
+                          {"padded_numel", u.padded_numel}, {"shard_numel", u.shard_numel},
+                          {"params", params_json}});
   }
   j["layout"] = {{"strategy", strategy}, {"world_size", world_size}, {"shard_size", shard_size},
-                 {"replicas", replicas}, {"tensor_parallel", tensor_parallel}, {"mesh", mesh},
-                 {"plan_hash", hex64(plan_hash)},
+                 {"replicas", replicas}, {"tensor_parallel", tensor_parallel},
+                 {"expert_parallel", expert_parallel}, {"expert_shard_size", expert_shard_size},
+                 {"mesh", mesh}, {"plan_hash", hex64(plan_hash)},
                  {"shard_block", shard_block}, {"units", units_json}};
   j["state"] = {{"main_dtype", safetensors_dtype_name(main_dtype)},
                 {"optimizer", optimizer},
@@ -233,19 +341,14 @@ std::string CheckpointMetadata::to_json() const {
     for (const ParamPiece& piece : p.pieces)
       pieces.push_back({piece.file, piece.tensor_offset, piece.param_offset, piece.numel});
     params_json[p.name] = {{"shape", shape_json(p.shape)}, {"unit", p.unit}, {"pieces", pieces}};
-    if (!p.tp_slices.empty()) {
-      Json slices = Json::array();
-      for (const nn::ParallelSlice& sl : p.tp_slices) {
-        Json ranges = Json::array();
-        for (const auto& [b, e] : sl.ranges) ranges.push_back({b, e});
-        Json slice = {{"dim", sl.dim}, {"ranges", ranges}};
-        if (!sl.replicas.empty()) slice["replicas"] = sl.replicas;  // ranges held by several ranks
-        slices.push_back(slice);
-      }
-      params_json[p.name]["tp_slices"] = slices;
-    }
+    if (!p.tp_slices.empty()) params_json[p.name]["tp_slices"] = slices_json(p.tp_slices);
+    if (!p.ep_slices.empty()) params_json[p.name]["ep_slices"] = slices_json(p.ep_slices);
   }
   j["parameters"] = params_json;
+  Json buffers_json = Json::object();
+  for (const BufferRecord& b : buffers)
+    buffers_json[b.name] = {{"shape", shape_json(b.shape)}, {"file", b.file}};
+  j["buffers"] = buffers_json;
   Json files_json = Json::array();
   for (const FileRecord& f : files) {
     Json tensors = Json::object();
@@ -253,6 +356,7 @@ std::string CheckpointMetadata::to_json() const {
       tensors[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"numel", t.numel},
                          {"sha256", t.sha256}};
     files_json.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"tp_rank", f.tp_rank},
+                          {"ep_rank", f.ep_rank}, {"expert_shard_rank", f.expert_shard_rank},
                           {"bytes", f.bytes},
                           {"sha256", f.sha256}, {"tensors", tensors}});
   }
@@ -305,6 +409,13 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
     m.tensor_parallel = int(f.count(f.member(layout, "layout", "tensor_parallel"), "layout.tensor_parallel"));
     if (m.tensor_parallel < 1) f.fail("layout.tensor_parallel", "must be at least 1");
   }
+  if (m.version >= 4) {
+    m.expert_parallel = int(f.count(f.member(layout, "layout", "expert_parallel"), "layout.expert_parallel"));
+    if (m.expert_parallel < 1) f.fail("layout.expert_parallel", "must be at least 1");
+    m.expert_shard_size =
+        int(f.count(f.member(layout, "layout", "expert_shard_size"), "layout.expert_shard_size"));
+    if (m.expert_shard_size < 1) f.fail("layout.expert_shard_size", "must be at least 1");
+  }
   m.mesh = f.text(f.member(layout, "layout", "mesh"), "layout.mesh");
   const std::string hash = f.text(f.member(layout, "layout", "plan_hash"), "layout.plan_hash");
   try {
@@ -320,6 +431,7 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
     const std::string at = "layout.units[" + std::to_string(i) + "]";
     UnitRecord u;
     u.name = f.text(f.member(units[i], at, "name"), at + ".name");
+    if (m.version >= 4) u.experts = f.boolean(f.member(units[i], at, "experts"), at + ".experts");
     u.numel = f.count(f.member(units[i], at, "numel"), at + ".numel");
     u.padded_numel = f.count(f.member(units[i], at, "padded_numel"), at + ".padded_numel");
     u.shard_numel = f.count(f.member(units[i], at, "shard_numel"), at + ".shard_numel");
@@ -358,6 +470,11 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
     if (!file_names.insert(r.name).second) f.fail(at + ".name", "\"" + r.name + "\" is listed twice");
     r.shard_rank = int(f.count(f.member(files[i], at, "shard_rank"), at + ".shard_rank"));
     if (m.version >= 3) r.tp_rank = int(f.count(f.member(files[i], at, "tp_rank"), at + ".tp_rank"));
+    if (m.version >= 4) {
+      r.ep_rank = int(f.count(f.member(files[i], at, "ep_rank"), at + ".ep_rank"));
+      r.expert_shard_rank =
+          int(f.count(f.member(files[i], at, "expert_shard_rank"), at + ".expert_shard_rank"));
+    }
     r.bytes = uint64_t(f.count(f.member(files[i], at, "bytes"), at + ".bytes"));
     r.sha256 = f.text(f.member(files[i], at, "sha256"), at + ".sha256");
     const Json& tensors = f.member(files[i], at, "tensors");
@@ -397,42 +514,31 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
       piece.numel = f.count(pieces[k][3], pat + "[3]");
       p.pieces.push_back(piece);
     }
-    if (it.value().contains("tp_slices")) {
-      const std::string sat = at + ".tp_slices";
-      const Json& slices = f.array(it.value()["tp_slices"], sat);
-      for (size_t k = 0; k < slices.size(); ++k) {
-        const std::string kat = sat + "[" + std::to_string(k) + "]";
-        nn::ParallelSlice slice;
-        slice.full_shape = p.shape;
-        slice.dim = int(f.count(f.member(slices[k], kat, "dim"), kat + ".dim"));
-        const Json& ranges = f.array(f.member(slices[k], kat, "ranges"), kat + ".ranges");
-        for (size_t q = 0; q < ranges.size(); ++q) {
-          const std::string rat = kat + ".ranges[" + std::to_string(q) + "]";
-          if (!ranges[q].is_array() || ranges[q].size() != 2) f.fail(rat, "expected [begin, end]");
-          slice.ranges.emplace_back(f.count(ranges[q][0], rat + "[0]"), f.count(ranges[q][1], rat + "[1]"));
-        }
-        if (slices[k].contains("replicas")) {
-          const std::string rat = kat + ".replicas";
-          const Json& replicas = f.array(slices[k]["replicas"], rat);
-          for (size_t q = 0; q < replicas.size(); ++q) {
-            const std::string qat = rat + "[" + std::to_string(q) + "]";
-            const int64_t n = f.count(replicas[q], qat);
-            if (n > (int64_t(1) << 20)) f.fail(qat, str_cat(n, " ranks holding one range"));
-            slice.replicas.push_back(int(n));
-          }
-        }
-        try {
-          slice.check();
-        } catch (const ShapeError& e) {
-          f.fail(kat, e.what());
-        }
-        p.tp_slices.push_back(std::move(slice));
-      }
-    }
+    if (it.value().contains("tp_slices"))
+      p.tp_slices = parse_slices(it.value()["tp_slices"], p.shape, f, at + ".tp_slices");
+    if (m.version >= 4 && it.value().contains("ep_slices"))
+      p.ep_slices = parse_slices(it.value()["ep_slices"], p.shape, f, at + ".ep_slices");
     m.params.push_back(std::move(p));
   }
+  if (m.version >= 4) {
+    const Json& buffers = f.member(j, "", "buffers");
+    if (!buffers.is_object()) f.fail("buffers", "expected an object");
+    for (auto it = buffers.begin(); it != buffers.end(); ++it) {
+      const std::string at = "buffers." + it.key();
+      BufferRecord b;
+      b.name = it.key();
+      b.shape = f.shape(f.member(it.value(), at, "shape"), at + ".shape");
+      const int64_t file = f.count(f.member(it.value(), at, "file"), at + ".file");
+      if (file >= int64_t(files.size()))
+        f.fail(at + ".file", str_cat("file index ", file, " is not one of the ", files.size(), " files"));
+      b.file = int(file);
+      m.buffers.push_back(std::move(b));
+    }
+  }
   m.recipe_json = f.member(j, "", "recipe").dump();
+  check_files(m, f);
   check_pieces(m, f);
+  check_buffers(m, f);
   return m;
 }
 

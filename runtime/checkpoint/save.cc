@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/ops.h"
 #include "runtime/checkpoint/durable_files.h"
 #include "runtime/checkpoint/file_digest.h"
 #include "runtime/checkpoint/metadata.h"
@@ -40,55 +43,87 @@ void prepare_directories(const std::string& save_dir, const std::string& temp_di
              ec ? ec.message() : "it exists");
 }
 
-// Which shard file this rank writes (its first replica's): tensor-parallel rank t's files
-// follow rank t - 1's.
+// This rank's file: its ranks in the groups that split and shard the state, which units
+// it writes (those it holds the first replica of: all or none without expert parallelism),
+// and its number among the files.
 struct FilePosition {
-  int shard_rank = 0, shard_size = 1, tp_rank = 0, tp_size = 1;
-  int index() const { return tp_rank * shard_size + shard_rank; }
-  int count() const { return tp_size * shard_size; }
+  int tp_rank = 0, shard_rank = 0, ep_rank = 0, expert_shard_rank = 0;
+  std::vector<bool> units;  // by unit index
+  int index = 0, count = 1;
+  bool writes() const { return std::find(units.begin(), units.end(), true) != units.end(); }
+  // What files are numbered by.
+  std::vector<int> order() const { return {tp_rank, shard_rank, ep_rank, expert_shard_rank}; }
 };
 
-FilePosition file_position(const DataParallelGroups& groups) {
+FilePosition file_position(const ShardedModel& model, const DataParallelGroups& groups) {
   FilePosition p;
+  p.tp_rank = groups.tensor_parallel ? groups.tensor_parallel->rank() : 0;
   p.shard_rank = groups.shard_rank();
-  p.shard_size = groups.shard_size();
-  if (groups.tensor_parallel) {
-    p.tp_rank = groups.tensor_parallel->rank();
-    p.tp_size = groups.tensor_parallel->size();
+  p.ep_rank = groups.expert_parallel ? groups.expert_parallel->rank() : 0;
+  p.expert_shard_rank = groups.experts().shard_rank();
+  for (int u = 0; u < model.num_units(); ++u) {
+    const DataParallelGroups& g = model.unit_groups(u);
+    const UnitPlan& plan = model.plan().units()[size_t(u)];
+    FSDP_ASSERT(g.shard_rank() == (plan.experts ? p.expert_shard_rank : p.shard_rank),
+                "save_checkpoint: unit ", plan.name, " is not sharded over the groups given");
+    p.units.push_back(!g.replicate || g.replicate->rank() == 0);
   }
   return p;
 }
 
-// Writes this rank's shard of the state into dir, flushed to disk; returns its record.
+// Collective: numbers the files in the order of their positions, over the ranks that write
+// one (without expert parallelism: tp_rank * shard_size + shard_rank).
+void number_files(Context& ctx, Communicator* comm, FilePosition& p) {
+  std::vector<std::vector<int>> writers;
+  for (const std::string& text : all_gather_strings(ctx, comm, p.writes() ? Json(p.order()).dump() : ""))
+    if (!text.empty()) writers.push_back(Json::parse(text).get<std::vector<int>>());
+  std::sort(writers.begin(), writers.end());
+  FSDP_ASSERT(std::adjacent_find(writers.begin(), writers.end()) == writers.end(),
+              "two ranks would write the same shard file");
+  p.count = int(writers.size());
+  p.index = int(std::lower_bound(writers.begin(), writers.end(), p.order()) - writers.begin());
+}
+
+// Writes this rank's shards of the state (and `buffers`: rank 0's) into dir, flushed to
+// disk; returns the file's record.
 FileRecord write_shard_file(Context& ctx, const ShardedModel& model, const ShardState& state,
-                            const FilePosition& at, const std::string& dir,
-                            const SaveOptions& options) {
+                            const FilePosition& at, const std::vector<ModelBuffer>& buffers,
+                            const std::string& dir, const SaveOptions& options) {
   FileRecord record;
-  record.name = shard_file_name(at.index(), at.count());
+  record.name = shard_file_name(at.index, at.count);
   record.shard_rank = at.shard_rank;
   record.tp_rank = at.tp_rank;
+  record.ep_rank = at.ep_rank;
+  record.expert_shard_rank = at.expert_shard_rank;
   const std::string path = dir + "/" + record.name;
   const std::vector<UnitPlan>& units = model.plan().units();
   SafetensorsWriter writer(path, {{"format", "fsdp.cpp checkpoint shard"},
                                   {"shard", std::to_string(at.shard_rank)},
-                                  {"shards", std::to_string(at.shard_size)},
                                   {"tp_rank", std::to_string(at.tp_rank)},
-                                  {"tp_size", std::to_string(at.tp_size)}});
+                                  {"ep_rank", std::to_string(at.ep_rank)},
+                                  {"expert_shard", std::to_string(at.expert_shard_rank)}});
   for (const std::string& kind : state.kinds())
     for (size_t u = 0; u < units.size(); ++u)
-      writer.declare(state_tensor_name(kind, units[u].name), state.dtype(kind),
-                     Shape{state.shard_numel(int(u))});
-  reach(options, "shard_file_opened");
-  // One unit's state at a time on the host: memory stays at the largest unit shard.
-  for (const std::string& kind : state.kinds()) {
-    for (size_t u = 0; u < units.size(); ++u) {
-      const std::string name = state_tensor_name(kind, units[u].name);
-      const Tensor host = state.to_host(ctx, int(u), kind);
-      writer.write(name, host.numel() ? host.data_ptr() : nullptr, host.nbytes());
-      record.tensors.push_back({name, host.dtype(), host.numel(), ""});
-      reach(options, "tensor_written:" + name);
-    }
+      if (at.units[u])
+        writer.declare(state_tensor_name(kind, units[u].name), state.dtype(kind),
+                       Shape{state.shard_numel(int(u))});
+  std::vector<Tensor> buffer_values;  // on the host, in their own dtype
+  for (const ModelBuffer& b : buffers) {
+    buffer_values.push_back(ops::contiguous(ctx, ops::to_host(ctx, b.tensor)));
+    writer.declare(state_tensor_name(kBuffer, b.name), b.tensor.dtype(), Shape{b.tensor.numel()});
   }
+  reach(options, "shard_file_opened");
+  auto write = [&](const std::string& name, const Tensor& host) {
+    writer.write(name, host.numel() ? host.data_ptr() : nullptr, host.nbytes());
+    record.tensors.push_back({name, host.dtype(), host.numel(), ""});
+    reach(options, "tensor_written:" + name);
+  };
+  // One unit's state at a time on the host: memory stays at the largest unit shard.
+  for (const std::string& kind : state.kinds())
+    for (size_t u = 0; u < units.size(); ++u)
+      if (at.units[u]) write(state_tensor_name(kind, units[u].name), state.to_host(ctx, int(u), kind));
+  for (size_t i = 0; i < buffers.size(); ++i)
+    write(state_tensor_name(kBuffer, buffers[i].name), buffer_values[i]);
   writer.finish();
   // The digests are of what is in the file now, read back once; then it goes to disk.
   const FileDigest digest = digest_safetensors_file(path);
@@ -101,7 +136,7 @@ FileRecord write_shard_file(Context& ctx, const ShardedModel& model, const Shard
 }
 
 // A written file's record, and the slices of this rank's sliced parameters (rank 0 writes
-// the metadata of every tensor-parallel rank's files), as text for all_gather_strings.
+// the metadata of every rank's files), as text for all_gather_strings.
 struct WrittenFile {
   FileRecord record;
   std::map<std::string, nn::ParallelSlice> slices;  // by parameter name
@@ -116,8 +151,9 @@ std::string written_to_text(const WrittenFile& w) {
   for (const auto& [name, sl] : w.slices)
     slices[name] = {{"full_shape", sl.full_shape.dims()}, {"dim", sl.dim}, {"ranges", sl.ranges},
                     {"replicas", sl.replicas}};
-  return Json{{"name", r.name},     {"shard_rank", r.shard_rank}, {"tp_rank", r.tp_rank},
-              {"bytes", r.bytes},   {"sha256", r.sha256},         {"tensors", tensors},
+  return Json{{"name", r.name},       {"shard_rank", r.shard_rank}, {"tp_rank", r.tp_rank},
+              {"ep_rank", r.ep_rank}, {"expert_shard_rank", r.expert_shard_rank},
+              {"bytes", r.bytes},     {"sha256", r.sha256},         {"tensors", tensors},
               {"slices", slices}}
       .dump();
 }
@@ -139,6 +175,8 @@ WrittenFile written_from_text(const std::string& text) {
   r.name = j.at("name").get<std::string>();
   r.shard_rank = j.at("shard_rank").get<int>();
   r.tp_rank = j.at("tp_rank").get<int>();
+  r.ep_rank = j.at("ep_rank").get<int>();
+  r.expert_shard_rank = j.at("expert_shard_rank").get<int>();
   r.bytes = j.at("bytes").get<uint64_t>();
   r.sha256 = j.at("sha256").get<std::string>();
   for (const Json& t : j.at("tensors"))
@@ -155,15 +193,27 @@ WrittenFile written_from_text(const std::string& text) {
   return w;
 }
 
+// Parameter `name`'s slice on the ranks whose files `holds` picks: every rank of a
+// tensor- or expert-parallel group's rank holds the same slices, so any of their files says.
+const nn::ParallelSlice& slice_in_files(const std::vector<WrittenFile>& written, const std::string& name,
+                                        const std::function<bool(const FileRecord&)>& holds,
+                                        const std::string& which) {
+  for (const WrittenFile& w : written) {
+    auto it = w.slices.find(name);
+    if (holds(w.record) && it != w.slices.end()) return it->second;
+  }
+  FSDP_THROW(InternalError, "save_checkpoint: no file of ", which, " records the slice of ", name);
+}
+
 // The metadata of the checkpoint: the plan's layout, each parameter's pieces, the files.
-// Every tensor-parallel rank runs the same plan (equal slices), so rank 0's plan places
-// the elements of every file; the slices say which elements of the whole parameter they are.
+// Every rank runs the same plan (equal slices), so rank 0's plan places the elements of
+// every file; the slices say which elements of the whole parameter they are.
 CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* optimizer,
                                   const ShardState& state, const DataParallelGroups& groups,
                                   int world_size, const TrainingProgress& progress,
-                                  std::vector<WrittenFile> written) {
+                                  std::vector<WrittenFile> written, const std::vector<ModelBuffer>& buffers,
+                                  const std::string& buffers_file) {
   const ShardingPlan& plan = model.plan();
-  const FilePosition here = file_position(groups);
   CheckpointMetadata m;
   m.step = progress.step;
   m.consumed_samples = progress.consumed_samples;
@@ -174,7 +224,9 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
   m.world_size = world_size;
   m.shard_size = groups.shard_size();
   m.replicas = groups.replicate_size();
-  m.tensor_parallel = here.tp_size;
+  m.tensor_parallel = groups.tensor_parallel ? groups.tensor_parallel->size() : 1;
+  m.expert_parallel = groups.expert_parallel_size();
+  m.expert_shard_size = groups.experts().shard_size();
   m.mesh = progress.mesh;
   m.plan_hash = plan.hash();
   m.shard_block = plan.options().block;
@@ -184,43 +236,53 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
     m.optimizer_steps = optimizer->steps_taken();
     if (m.optimizer == "adamw") m.moments_dtype = state.dtype(kExpAvg);
   }
-  std::sort(written.begin(), written.end(), [](const WrittenFile& a, const WrittenFile& b) {
-    return std::make_pair(a.record.tp_rank, a.record.shard_rank) <
-           std::make_pair(b.record.tp_rank, b.record.shard_rank);
+  auto position = [](const FileRecord& r) {
+    return std::make_tuple(r.tp_rank, r.shard_rank, r.ep_rank, r.expert_shard_rank);
+  };
+  std::sort(written.begin(), written.end(), [&](const WrittenFile& a, const WrittenFile& b) {
+    return position(a.record) < position(b.record);
   });
-  FSDP_ASSERT(int(written.size()) == here.count(), written.size(), " shard files for ",
-              here.count(), " shards");
-  for (size_t i = 0; i < written.size(); ++i) {
-    FilePosition at = here;
-    at.tp_rank = written[i].record.tp_rank;
-    at.shard_rank = written[i].record.shard_rank;
-    FSDP_ASSERT(at.index() == int(i), "shard files do not cover each shard of each "
-                "tensor-parallel rank once");
-  }
+  for (size_t i = 0; i < written.size(); ++i)
+    FSDP_ASSERT(written[i].record.name == shard_file_name(int(i), int(written.size())),
+                "shard file ", written[i].record.name, " is not numbered by its position");
   for (const UnitPlan& u : plan.units()) {
-    m.units.push_back({u.name, u.numel, u.padded_numel, u.shard_numel, u.params});
+    m.units.push_back({u.name, u.numel, u.padded_numel, u.shard_numel, u.params, u.experts});
     const size_t first = m.params.size();
     for (const ParamPlacement& p : u.params) {
-      ParamRecord r{p.name, p.shape, u.name, {}, {}};
-      if (written[0].slices.count(p.name)) {
-        for (int t = 0; t < here.tp_size; ++t)
-          r.tp_slices.push_back(written[size_t(t * here.shard_size)].slices.at(p.name));
+      ParamRecord r{p.name, p.shape, u.name, {}, {}, {}};
+      if (u.experts) {
+        for (int e = 0; e < m.expert_parallel; ++e)
+          r.ep_slices.push_back(slice_in_files(written, p.name,
+              [e](const FileRecord& f) { return f.ep_rank == e; }, str_cat("expert-parallel rank ", e)));
+        r.shape = r.ep_slices[0].full_shape;
+      } else if (written[0].slices.count(p.name)) {
+        for (int t = 0; t < m.tensor_parallel; ++t)
+          r.tp_slices.push_back(slice_in_files(written, p.name,
+              [t](const FileRecord& f) { return f.tp_rank == t; }, str_cat("tensor-parallel rank ", t)));
         r.shape = r.tp_slices[0].full_shape;
       }
       m.params.push_back(std::move(r));
     }
+    const std::string tensor = state_tensor_name(kMainWeights, u.name);
     for (size_t f = 0; f < written.size(); ++f) {
-      const int t = written[f].record.tp_rank, shard = written[f].record.shard_rank;
+      const FileRecord& file = written[f].record;
+      if (!file.find_tensor(tensor)) continue;  // not a writer of this unit
+      const int shard = u.experts ? file.expert_shard_rank : file.shard_rank;
       for (const ShardSegment& s : u.segments(shard)) {
         ParamRecord& r = m.params[first + size_t(s.param)];
-        if (r.tp_slices.empty()) {
-          // Whole on every tensor-parallel rank: read from rank 0's files.
-          if (t == 0) r.pieces.push_back({int(f), s.shard_offset, s.param_offset, s.numel});
-          continue;
+        // Slices of the whole parameter, by global coordinates: an expert-parallel rank's
+        // experts, or a tensor-parallel rank's part, of which a range several ranks hold
+        // (replicated key/value heads) is read from its owner's files. Whole parameters, and
+        // experts, are the same on every tensor-parallel rank: read from rank 0's files.
+        std::vector<nn::ParallelSlice::Run> runs;
+        if (!r.ep_slices.empty()) {
+          if (file.tp_rank == 0) runs = r.ep_slices[size_t(file.ep_rank)].runs(s.param_offset, s.numel);
+        } else if (!r.tp_slices.empty()) {
+          runs = r.tp_slices[size_t(file.tp_rank)].owned_runs(s.param_offset, s.numel, file.tp_rank);
+        } else if (file.tp_rank == 0) {
+          runs.push_back({s.param_offset, s.param_offset, s.numel, 1});
         }
-        // A range several ranks hold (replicated key/value heads) is read from its owner's files.
-        for (const nn::ParallelSlice::Run& run :
-             r.tp_slices[size_t(t)].owned_runs(s.param_offset, s.numel, t))
+        for (const nn::ParallelSlice::Run& run : runs)
           r.pieces.push_back({int(f), s.shard_offset + (run.local - s.param_offset), run.full, run.numel});
       }
     }
@@ -229,6 +291,13 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
                 [](const ParamPiece& a, const ParamPiece& b) { return a.param_offset < b.param_offset; });
   }
   for (WrittenFile& w : written) m.files.push_back(std::move(w.record));
+  for (const ModelBuffer& b : buffers) {
+    BufferRecord r{b.name, b.tensor.shape(), -1};
+    for (size_t f = 0; f < m.files.size(); ++f)
+      if (m.files[f].name == buffers_file) r.file = int(f);
+    FSDP_ASSERT(r.file >= 0, "the buffers' file ", buffers_file, " was not written");
+    m.buffers.push_back(std::move(r));
+  }
   m.recipe_json = progress.recipe_json;
   return m;
 }
@@ -323,6 +392,9 @@ SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel&
   const int world_size = comm ? comm->size() : 1;
   FSDP_ASSERT(groups.shard_size() == model.shard_size() && groups.shard_rank() == model.shard_rank(),
               "save_checkpoint: the groups are not the ones the model was sharded with");
+  for (const ModelBuffer& b : options.buffers)
+    FSDP_CHECK(b.tensor.defined() && !b.name.empty(), CheckpointError, "save_checkpoint: buffer \"",
+               b.name, "\" has no tensor");
   const ShardState state(model, optimizer);
   const std::string step_name = step_directory_name(progress.step);
   const std::string final_dir = save_dir + "/" + step_name;
@@ -339,13 +411,22 @@ SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel&
   // disk is not kept full by the attempt; `latest` and the complete steps are untouched.
   std::string warning;
   try {
-    // 2. The first replica of each shard writes it.
-    const bool writer = !groups.replicate || groups.replicate->rank() == 0;
-    std::string record;
+    // 2. The first replica of each shard writes it; rank 0 (the first replica of every
+    // shard it holds) adds the buffers.
+    FilePosition position;
     run_on_every_rank(ctx, comm, [&] {
-      if (!writer) return;
-      WrittenFile w{write_shard_file(ctx, model, state, file_position(groups), temp_dir, options),
+      position = file_position(model, groups);
+      FSDP_ASSERT(rank != 0 || position.writes(), "rank 0 holds the first replica of its shards");
+    });
+    number_files(ctx, comm, position);
+    const std::vector<ModelBuffer> no_buffers;
+    std::string record, buffers_file;
+    run_on_every_rank(ctx, comm, [&] {
+      if (!position.writes()) return;
+      WrittenFile w{write_shard_file(ctx, model, state, position, rank == 0 ? options.buffers : no_buffers,
+                                     temp_dir, options),
                     slices_of(model)};
+      if (rank == 0) buffers_file = w.record.name;
       record = written_to_text(w);
     });
     std::vector<WrittenFile> files;
@@ -358,10 +439,14 @@ SaveResult save_checkpoint(Context& ctx, Communicator* comm, const ShardedModel&
     // 3. Every shard is on disk: rank 0 commits (metadata, rename, latest), then prunes.
     run_on_every_rank(ctx, comm, [&] {
       if (rank != 0) return;
-      const CheckpointMetadata m =
-          build_metadata(model, optimizer, state, groups, world_size, progress, std::move(files));
+      const CheckpointMetadata m = build_metadata(model, optimizer, state, groups, world_size, progress,
+                                                  std::move(files), options.buffers, buffers_file);
       const std::string meta_path = temp_dir + "/" + kMetadataFileName;
-      write_file_atomically(meta_path, m.to_json());
+      // What a load will check, checked before anything is committed: a layout this save
+      // cannot describe fails it rather than leaving a checkpoint that does not load.
+      const std::string text = m.to_json();
+      CheckpointMetadata::parse(text, meta_path);
+      write_file_atomically(meta_path, text);
       reach(options, "metadata_written");
       fsync_path(temp_dir);
       install_step_directory(save_dir, temp_dir, step_name, options);

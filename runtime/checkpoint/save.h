@@ -19,12 +19,16 @@
 // `latest` names the newest other checkpoint.
 //
 // Each shard of the sharded state is written by one rank: the first replica of that shard
-// (replicas hold identical shards under no_shard and HSDP).
+// (replicas hold identical shards under no_shard and HSDP). Under expert parallelism a rank
+// holds a shard of the dense units and one of its expert-parallel rank's experts units, each
+// replicated over its own group: it writes one file with those it holds the first replica of.
+// The model's buffers (expert biases), the same on every rank, go into rank 0's file.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "runtime/core/context.h"
@@ -44,6 +48,13 @@ struct TrainingProgress {
   std::string recipe_json = "null";  // the resolved recipe, a JSON object
 };
 
+// A buffer of the model (see metadata.h): training state that is not a parameter (an MoE
+// layer's expert bias), the same on every rank.
+struct ModelBuffer {
+  std::string name;  // "layers.1.mlp.expert_bias"
+  Tensor tensor;     // what a save writes; what a load writes into (any device and shape)
+};
+
 struct SaveOptions {
   // Complete checkpoints to keep (the newest by step); 0 keeps all.
   int most_recent_k = 0;
@@ -52,6 +63,8 @@ struct SaveOptions {
   // "shard_file_written", "metadata_written", "renamed", "latest_written"). A hook that
   // throws simulates a failure there; one that ends the process, a kill.
   std::function<void(const std::string& point)> fault_hook;
+  // The model's buffers, saved from rank 0 (every rank passes the same names).
+  std::vector<ModelBuffer> buffers;
 };
 
 struct SaveResult {

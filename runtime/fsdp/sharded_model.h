@@ -125,6 +125,9 @@ class ShardedModel {
   int num_units() const { return int(units_.size()); }
   int shard_rank() const { return shared_.groups.shard_rank(); }
   int shard_size() const { return shared_.groups.shard_size(); }
+  // The groups unit u is sharded and replicated over: an experts unit's are the expert
+  // groups (DataParallelGroups::experts()), whose shard rank and size differ from the above.
+  const DataParallelGroups& unit_groups(int u) const { return unit(u).groups(); }
 
   // ---- reports
   MemoryBreakdown memory() const { return memory_; }

@@ -1,6 +1,7 @@
 // The pieces under a checkpoint: SHA-256 against the standard's test vectors, per-tensor
 // digests, atomic file replacement, metadata.json round trips and names.
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -145,6 +146,99 @@ TEST_CASE("metadata.json round-trips and names what is wrong", "[checkpoint]") {
     CHECK_THROWS_WITH(CheckpointMetadata::parse(j.dump(1), "m.json"), Contains("m.json: step: missing"));
   }
   CHECK_THROWS_AS(CheckpointMetadata::parse("[1, 2", "m.json"), CheckpointError);
+}
+
+// Two files of EP2 over 2 ranks (ZeRO-3: the dense unit sharded over both, the experts unit
+// over one rank each): file 1 holds dense shard 1 but experts shard 0 of expert-parallel rank
+// 1, so its expert piece is at offset 0 only if the experts unit is read by expert_shard_rank.
+CheckpointMetadata expert_parallel_metadata() {
+  CheckpointMetadata m;
+  m.strategy = "optim_grads_params";
+  m.world_size = 2;
+  m.shard_size = 2;
+  m.expert_parallel = 2;
+  m.expert_shard_size = 1;
+  m.mesh = "dp_outer=1 x dp_shard=1 x cp=1 x ep=2 x tp=1";
+  m.shard_block = 128;
+  m.units = {{"h.0", 10, 256, 128, {{"w", Shape{2, 5}, true, 0, 10}}},
+             {"h.0.experts", 4, 128, 128, {{"e", Shape{1, 4}, true, 0, 4}}, /*experts=*/true}};
+  const Shape e{2, 4};
+  m.params = {{"w", Shape{2, 5}, "h.0", {{0, 0, 0, 10}}},
+              {"e", e, "h.0.experts", {{0, 0, 0, 4}, {1, 0, 4, 4}}, {}, {{e, 0, {{0, 1}}}, {e, 0, {{1, 2}}}}}};
+  m.buffers = {{"h.0.mlp.expert_bias", Shape{2}, 0}};
+  FileRecord f0{"shard_00000_of_00002.safetensors", 0, 1234, "aa", {}};
+  FileRecord f1{"shard_00001_of_00002.safetensors", 1, 1234, "bb", {}};
+  f1.ep_rank = 1;
+  for (FileRecord* f : {&f0, &f1})
+    f->tensors = {{"main/h.0", DType::f32, 128, "1"}, {"main/h.0.experts", DType::f32, 128, "2"}};
+  f0.tensors.push_back({"buffer/h.0.mlp.expert_bias", DType::f32, 2, "3"});
+  m.files = {f0, f1};
+  return m;
+}
+
+TEST_CASE("expert-parallel metadata round-trips and names what is inconsistent", "[checkpoint]") {
+  const CheckpointMetadata m = expert_parallel_metadata();
+  const CheckpointMetadata back = CheckpointMetadata::parse(m.to_json(), "m.json");
+  CHECK(back.to_json() == m.to_json());
+  CHECK(back.version == 4);
+  CHECK(back.expert_parallel == 2);
+  CHECK(back.expert_shard_size == 1);
+  CHECK(back.units[1].experts);
+  CHECK_FALSE(back.units[0].experts);
+  REQUIRE(back.params[1].ep_slices.size() == 2);
+  CHECK(back.params[1].ep_slices[1].ranges == std::vector<std::pair<int64_t, int64_t>>{{1, 2}});
+  CHECK(back.files[1].ep_rank == 1);
+  CHECK(back.files[1].expert_shard_rank == 0);
+  REQUIRE(back.find_buffer("h.0.mlp.expert_bias") != nullptr);
+  CHECK(back.find_buffer("h.0.mlp.expert_bias")->shape == Shape{2});
+
+  auto error = [&](const std::function<void(CheckpointMetadata&)>& edit) {
+    CheckpointMetadata c = m;
+    edit(c);
+    try {
+      CheckpointMetadata::parse(c.to_json(), "m.json");
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
+    }
+    FAIL("no CheckpointError");
+    return std::string();
+  };
+  CHECK_THAT(error([](auto& c) { c.params[1].ep_slices.clear(); }),
+             Contains("m.json: parameters.e: is in experts unit \"h.0.experts\" but has no ep_slices"));
+  CHECK_THAT(error([](auto& c) { c.units[1].experts = false; }),
+             Contains("parameters.e: has ep_slices but its unit \"h.0.experts\" is not an experts unit"));
+  CHECK_THAT(error([](auto& c) { c.params[1].ep_slices.pop_back(); }),
+             Contains("parameters.e.ep_slices: 1 slices for 2 expert-parallel ranks"));
+  CHECK_THAT(error([](auto& c) { c.params[1].tp_slices = c.params[1].ep_slices; }),
+             Contains("parameters.e: has both tp_slices and ep_slices"));
+  // File 1 said to hold rank 0's experts: its piece is not part of them.
+  CHECK_THAT(error([](auto& c) { c.files[1].ep_rank = 0; }),
+             Contains("parameters.e.pieces[1]: elements [4, 8) are not one run of the slice of "
+                      "expert-parallel rank 0"));
+  CHECK_THAT(error([](auto& c) { c.files[1].ep_rank = 2; }), Contains("m.json: files[1].ep_rank: 2 is not a rank of 2"));
+  CHECK_THAT(error([](auto& c) { c.files[1].shard_rank = 2; }), Contains("files[1].shard_rank: 2 is not a rank of 2"));
+  // Experts sharded over two ranks, file 1 the second's: its piece would be 128 further on.
+  CHECK_THAT(error([](auto& c) {
+               c.expert_shard_size = 2;
+               c.files[1].expert_shard_rank = 1;
+             }),
+             Contains("parameters.e.pieces[1]: tensor offset 0 disagrees with the layout, which puts "
+                      "element 4 of the parameter at -128 in file shard_00001_of_00002.safetensors"));
+  CHECK_THAT(error([](auto& c) { c.buffers[0].file = 1; }),
+             Contains("buffers.h.0.mlp.expert_bias: file shard_00001_of_00002.safetensors lists no tensor "
+                      "\"buffer/h.0.mlp.expert_bias\""));
+  CHECK_THAT(error([](auto& c) { c.buffers[0].shape = Shape{3}; }),
+             Contains("buffers.h.0.mlp.expert_bias: file shard_00000_of_00002.safetensors tensor "
+                      "\"buffer/h.0.mlp.expert_bias\" has 2 elements for shape (3,)"));
+  CHECK_THAT(error([](auto& c) { c.buffers[0].file = 7; }), Contains("buffers.h.0.mlp.expert_bias.file: file index 7"));
+
+  // A version 4 text without a key of version 4 is refused naming it; version 3 had none.
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(m.to_json());
+  j["layout"].erase("expert_parallel");
+  j.erase("metadata_sha256");
+  j["metadata_sha256"] = checkpoint::sha256_hex(j.dump(1));
+  CHECK_THROWS_WITH(CheckpointMetadata::parse(j.dump(1), "m.json"),
+                    Contains("m.json: layout.expert_parallel: missing"));
 }
 
 TEST_CASE("step directory and shard file names", "[checkpoint]") {

@@ -12,6 +12,7 @@
 #include "runtime/checkpoint/durable_files.h"
 #include "runtime/checkpoint/sha256.h"
 #include "runtime/checkpoint/shard_state.h"
+#include "runtime/parallel/expert_parallel.h"
 
 namespace fsdp::testing {
 
@@ -75,6 +76,16 @@ models::ModelConfig tiny_model_config(bool llama) {
   return c.resolved();
 }
 
+models::ModelConfig tiny_moe_config() {
+  models::ModelConfig c = tiny_model_config(true);
+  c.d_ff = 24;  // Mixtral's one intermediate_size is the experts'
+  c.num_moe_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 24;
+  c.moe_aux_loss_coeff = 0.01;
+  return c.resolved();
+}
+
 namespace {
 
 // Tokens of global sample s: mostly a learnable pattern, sometimes noise.
@@ -98,8 +109,16 @@ void sample_tokens(int64_t s, int32_t* idx, int32_t* tgt) {
 
 TinyTraining::TinyTraining(ShardingStrategy strategy, const DataParallelGroups& g, int rank, int size,
                            bool llama)
+    : TinyTraining(tiny_model_config(llama), strategy, g, rank, size) {}
+
+TinyTraining::TinyTraining(const models::ModelConfig& config, ShardingStrategy strategy,
+                           const DataParallelGroups& g, int rank, int size, Communicator* expert_parallel)
     : groups(g), dp_rank(rank), dp_size(size) {
-  model = models::build_model(tiny_model_config(llama));
+  model = models::build_model(config);
+  if (expert_parallel && expert_parallel->size() > 1) {
+    experts = std::make_unique<CommunicatorExpertParallelGroup>(*expert_parallel);
+    apply_expert_parallel(*model, *experts);
+  }
   FsdpOptions fo;
   fo.strategy = strategy;
   fo.compute_dtype = DType::f32;

@@ -13,6 +13,7 @@
 #include "models/language_model.h"
 #include "runtime/core/context.h"
 #include "runtime/fsdp/sharded_model.h"
+#include "runtime/nn/expert_parallel.h"
 #include "runtime/optim/optimizer.h"
 
 namespace fsdp::testing {
@@ -28,6 +29,9 @@ std::map<std::string, std::string> snapshot_directory(const std::string& dir);
 // The model of the tiny runs: GPT-2 (tied) or Llama (untied, GQA), 2 blocks, width 32,
 // vocabulary 96 padded to 128, 16 positions.
 models::ModelConfig tiny_model_config(bool llama);
+// The tiny Llama with every MLP a mixture of 4 experts (top 2, hidden 24; softmax scores
+// renormalized, no shared expert, no expert bias: a Mixtral, so that it exports).
+models::ModelConfig tiny_moe_config();
 
 // A tiny model sharded over `groups`, with AdamW, trained on a fixed synthetic data set.
 // Every step covers the same kGlobalMicroBatches global micro-batches whatever the
@@ -39,6 +43,12 @@ class TinyTraining {
 
   TinyTraining(ShardingStrategy strategy, const DataParallelGroups& groups, int dp_rank,
                int dp_size, bool llama = false);
+  // A model of `config`; with `expert_parallel` (a group of more than one rank, whose ranks
+  // take different data: dp_rank and dp_size count them) its MoE layers' experts are split
+  // over that group (apply_expert_parallel) and sharded over groups.experts().
+  TinyTraining(const models::ModelConfig& config, ShardingStrategy strategy,
+               const DataParallelGroups& groups, int dp_rank, int dp_size,
+               Communicator* expert_parallel = nullptr);
   ~TinyTraining();
 
   // Runs steps [from, to) (global step indices: they select the data) and returns each
@@ -50,6 +60,7 @@ class TinyTraining {
   std::vector<uint8_t> state_bytes();
 
   Context ctx;
+  std::unique_ptr<nn::ExpertParallelGroup> experts;  // before the model, which points to it
   std::unique_ptr<models::LanguageModel> model;
   DataParallelGroups groups;
   std::unique_ptr<ShardedModel> sharded;

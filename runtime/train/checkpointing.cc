@@ -10,8 +10,29 @@
 #include "runtime/checkpoint/load.h"
 #include "runtime/checkpoint/rank_agreement.h"
 #include "runtime/checkpoint/save.h"
+#include "kernels/ops.h"
+#include "runtime/nn/moe.h"
 
 namespace fsdp::train {
+namespace {
+
+// The model's state beside its parameters: the MoE layers' expert biases, by the layer's
+// name ("layers.1.mlp.expert_bias"), the same on every rank (moved from the global counts).
+// A bias not yet there (before the layer's first forward) is created as that forward would
+// (zero), so that a load has somewhere to put the saved one.
+std::vector<checkpoint::ModelBuffer> model_buffers(Context& ctx, nn::Module& model) {
+  std::vector<checkpoint::ModelBuffer> out;
+  for (nn::Module* m : model.modules()) {
+    auto* layer = dynamic_cast<nn::MoELayer*>(m);
+    if (!layer || !layer->options().expert_bias) continue;
+    Tensor& bias = layer->expert_bias();
+    if (!bias.defined()) bias = ops::zeros(ctx, Shape{layer->options().experts}, DType::f32);
+    out.push_back({layer->name() + ".expert_bias", bias});
+  }
+  return out;
+}
+
+}  // namespace
 
 RunCheckpoints::RunCheckpoints(const Recipe& recipe, const CheckpointedParts& parts,
                                std::function<void(const std::string&)> print)
@@ -71,8 +92,10 @@ std::optional<int64_t> RunCheckpoints::resume() {
   if (dir.empty()) return std::nullopt;
 
   const auto t0 = std::chrono::steady_clock::now();
+  checkpoint::LoadOptions options;
+  options.buffers = model_buffers(*parts_.ctx, parts_.model->model());
   const checkpoint::CheckpointMetadata m = checkpoint::load_checkpoint(
-      *parts_.ctx, parts_.world, *parts_.model, parts_.optimizer, dir);
+      *parts_.ctx, parts_.world, *parts_.model, parts_.optimizer, dir, options);
   // The position is in samples: any world size and micro-batch size continue from it.
   parts_.train_data->seek(uint64_t(m.consumed_samples));
   last_saved_step_ = m.step;
@@ -114,6 +137,7 @@ void RunCheckpoints::save(int64_t step) {
   p.recipe_json = recipe_.to_json_string();
   checkpoint::SaveOptions options;
   options.most_recent_k = recipe_.checkpoint.most_recent_k;
+  options.buffers = model_buffers(*parts_.ctx, parts_.model->model());
   const checkpoint::SaveResult r =
       checkpoint::save_checkpoint(*parts_.ctx, parts_.world, *parts_.model, parts_.optimizer,
                                   parts_.groups, p, *recipe_.checkpoint.save, options);

@@ -4,9 +4,10 @@
 // directory's newest complete checkpoint if there is one (else the run starts fresh); a
 // directory resumes from that checkpoint, or from the newest in that save directory (an
 // error if it holds neither); null starts fresh. A resume restores the master weights, the
-// optimizer's moments and step count, the step, and the data loader's position, so that a
-// run resumed with the same world size continues bit for bit. Any other world size and
-// strategy may resume too (the checkpoint is resharded on load).
+// optimizer's moments and step count, the MoE layers' expert biases, the step, and the data
+// loader's position, so that a run resumed with the same world size continues bit for bit.
+// Any other world size, strategy and expert-parallel size may resume too (the checkpoint is
+// resharded on load; experts are stored by their global index).
 //
 // Saving (checkpoint.save set): every checkpoint.save_interval steps, after the last step,
 // and when a stop was requested (SIGTERM, SIGUSR1), keeping checkpoint.most_recent_k.

@@ -82,10 +82,6 @@ void check_moe(const Recipe& r) {
     FSDP_CHECK(!r.ddp.nccl_ub, ConfigError, "'ddp.nccl_ub' with 'model.expert_model_parallel_size' ",
                ep, " is not supported: the experts are sharded over another group than the "
                "registered buffers'");
-    FSDP_CHECK(!r.checkpoint.save, ConfigError, "'checkpoint.save' with "
-               "'model.expert_model_parallel_size' ", ep, " is not supported yet: checkpoints "
-               "do not store experts split over expert-parallel ranks (set checkpoint.save=null, "
-               "or train with expert_model_parallel_size 1)");
   }
   FSDP_CHECK(m.moe_router_topk <= m.num_moe_experts, ConfigError, "'model.moe_router_topk' (",
              m.moe_router_topk, ") must not exceed 'model.num_moe_experts' (", m.num_moe_experts,

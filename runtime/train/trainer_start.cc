@@ -146,11 +146,6 @@ void Trainer::State::setup_output() {
   checkpoints->check_save_directory();
   std::optional<int64_t> resumed;
   if (options.resume) resumed = checkpoints->resume();
-  // The expert biases are training state that checkpoints do not hold yet: a resume would
-  // restart them at zero and leave the run's curve without saying so.
-  FSDP_CHECK(!resumed || !model_config.moe_router_enable_expert_bias, ConfigError,
-             "resuming with 'model.moe_router_enable_expert_bias' is not supported yet: the "
-             "expert biases are not in checkpoints (set checkpoint.load=null to start fresh)");
   if (resumed) step = *resumed;
   // The resolved recipe, and the step logs (a resumed run keeps their earlier lines).
   if (world->rank() == 0) {

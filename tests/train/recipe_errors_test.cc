@@ -256,3 +256,57 @@ TEST_CASE("MoE recipes refuse what this build cannot run, by key", "[recipe][moe
              Catch::Contains("model.moe_token_dispatcher_type"));
   CHECK_NOTHROW(parse_recipe(moe, {"model.moe_token_dispatcher_type=allgather"}));
 }
+
+TEST_CASE("FP8 recipes refuse, by key and value, what is not built or cannot run", "[recipe][fp8]") {
+  const std::string fp8 = R"({"mixed_precision": {"fp8": "hybrid"}})";
+  // Values of the FP8 keys that are not built yet.
+  for (const char* recipe : {"delayed", "blockwise", "rowwise"})
+    CHECK_THAT(config_error(fp8, {str_cat("mixed_precision.fp8_recipe=", recipe)}),
+               Catch::Contains(str_cat("'mixed_precision.fp8_recipe' \"", recipe, "\" is not built yet")));
+  CHECK_THAT(config_error(fp8, {"mixed_precision.fp8_param=true"}),
+             Catch::Contains("'mixed_precision.fp8_param' true is not built yet"));
+  CHECK_THAT(config_error("{}", {"mixed_precision.fp8=e5m2"}),
+             Catch::Contains("'mixed_precision.fp8' must be one of \"e4m3\", \"hybrid\" or null"));
+  CHECK_THAT(config_error("{}", {"mixed_precision.fp8_recipe=mxfp8"}),
+             Catch::Contains("'mixed_precision.fp8_recipe' must be one of"));
+  CHECK_THAT(config_error("{}", {"mixed_precision.fp8_amax_history_len=0"}),
+             Catch::Contains("'mixed_precision.fp8_amax_history_len' = 0 is out of range"));
+  // What FP8 cannot run with.
+  CHECK_THAT(config_error(fp8, {"dist.device=cpu"}),
+             Catch::Contains("'mixed_precision.fp8' \"hybrid\" needs a GPU") &&
+                 Catch::Contains("'dist.device' is \"cpu\""));
+  CHECK_THAT(config_error(fp8, {"mixed_precision.compute_dtype=f32"}),
+             Catch::Contains("needs 'mixed_precision.compute_dtype' \"bf16\""));
+  CHECK_THAT(config_error(fp8, {"model.tensor_model_parallel_size=2"}),
+             Catch::Contains("'mixed_precision.fp8' \"hybrid\" with "
+                             "'model.tensor_model_parallel_size' 2 is not built yet"));
+  // Sizes FP8 matmuls cannot take: every one a multiple of 16.
+  CHECK_THAT(config_error(fp8, {"model.d_model=776", "model.n_head=8"}),
+             Catch::Contains("'model.d_model' (776) must be a multiple of 16"));
+  CHECK_THAT(config_error(fp8, {"model.d_ff=3000"}),
+             Catch::Contains("'model.d_ff' (3000) must be a multiple of 16"));
+  CHECK_THAT(config_error(fp8, {"model.seq_length=100", "train.micro_batch_size=1"}),
+             Catch::Contains("= 100, must be a multiple of 16"));
+  // Blocks kept in bf16 must leave one in FP8.
+  CHECK_THAT(config_error(fp8, {"model.n_layer=4", "mixed_precision.first_last_layers_bf16=true",
+                                "mixed_precision.num_layers_at_end_in_bf16=3"}),
+             Catch::Contains("leave none of 'model.n_layer' (4) blocks in FP8"));
+  CHECK_NOTHROW(parse_recipe(fp8, {"model.n_layer=4", "mixed_precision.first_last_layers_bf16=true",
+                                   "mixed_precision.num_layers_at_end_in_bf16=2"}));
+  // Without mixed_precision.fp8 the layer counts are not read.
+  CHECK_NOTHROW(parse_recipe("{}", {"model.n_layer=2", "mixed_precision.num_layers_at_end_in_bf16=5"}));
+}
+
+TEST_CASE("FP8 on the CPU is refused once the device is resolved", "[recipe][fp8]") {
+  Recipe r = parse_recipe(R"({"mixed_precision": {"fp8": "e4m3"}})", {}, "fp8.json");
+  try {
+    r.resolve_device(false);
+    FAIL("no ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("'mixed_precision.fp8' \"e4m3\" needs a GPU") &&
+                             Catch::Contains("no CUDA device is visible"));
+  }
+  Recipe gpu = parse_recipe(R"({"mixed_precision": {"fp8": "e4m3"}})");
+  gpu.resolve_device(true);
+  CHECK(gpu.mixed_precision.compute_dtype == "bf16");
+}

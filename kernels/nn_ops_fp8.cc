@@ -118,7 +118,8 @@ void fp8_matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& 
              ": a GELU epilogue needs beta = 0, got ", beta);
   if (bias.defined()) check_dense(ctx, bias, Shape{d.n}, od, "fp8_matmul bias");
   if (aux.defined()) {
-    FSDP_CHECK(epilogue == Epilogue::Gelu, ValueError, what, ": aux is only used by Epilogue::Gelu");
+    FSDP_CHECK(epilogue == Epilogue::Gelu, ValueError, what,
+               ": aux is only used by Epilogue::Gelu");
     check_dense(ctx, aux, Shape{d.m, d.n}, od, "fp8_matmul aux");
   }
   const float* sa = scale_at(a_scales, kernels::kFp8ScaleInv);

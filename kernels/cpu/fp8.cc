@@ -23,7 +23,8 @@ void dispatch_fp8(DType t, const char* what, F&& f) {
   switch (t) {
     case DType::f8e4m3: f(f8e4m3{}); return;
     case DType::f8e5m2: f(f8e5m2{}); return;
-    default: FSDP_THROW(DTypeError, what, ": FP8 dtype (f8e4m3, f8e5m2) expected, got ", dtype_name(t));
+    default:
+      FSDP_THROW(DTypeError, what, ": FP8 dtype (f8e4m3, f8e5m2) expected, got ", dtype_name(t));
   }
 }
 

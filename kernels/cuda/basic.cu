@@ -162,7 +162,8 @@ void fill(void* out, DType dtype, const StridedLayout& layout, double value, str
   if (n == 0) return;
   dispatch_device_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T v = from_double_dev<T>(value);  // as the CPU's from_double: 16-bit and FP8 through float
+    // As the CPU's from_double: 16-bit and FP8 values through float.
+    const T v = from_double_dev<T>(value);
     fill_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(static_cast<T*>(out), layout, n, v,
                                                               is_contiguous(layout));
     FSDP_CHECK_LAUNCH();

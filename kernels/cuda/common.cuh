@@ -32,8 +32,12 @@ __device__ __forceinline__ uint8_t to_fp8_bits(float v, __nv_fp8_interpretation_
   return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind));
 }
 template <typename T> struct Fp8Kind;
-template <> struct Fp8Kind<f8e4m3_t> { static constexpr __nv_fp8_interpretation_t value = __NV_E4M3; };
-template <> struct Fp8Kind<f8e5m2_t> { static constexpr __nv_fp8_interpretation_t value = __NV_E5M2; };
+template <> struct Fp8Kind<f8e4m3_t> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E4M3;
+};
+template <> struct Fp8Kind<f8e5m2_t> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E5M2;
+};
 template <typename T>
 __device__ __forceinline__ T fp8_from_float(float v) {
   T r;

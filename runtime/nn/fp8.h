@@ -25,7 +25,9 @@ struct Fp8Recipe {
 
   // "hybrid (e4m3 forward, e5m2 gradients)" or "e4m3 (forward and gradients)".
   std::string str() const;
-  bool operator==(const Fp8Recipe& o) const { return forward == o.forward && backward == o.backward; }
+  bool operator==(const Fp8Recipe& o) const {
+    return forward == o.forward && backward == o.backward;
+  }
   bool operator!=(const Fp8Recipe& o) const { return !(*this == o); }
 };
 

@@ -15,8 +15,6 @@ template <> struct Accumulator<f16> { using type = float; };
 template <> struct Accumulator<int32_t> { using type = int64_t; };
 template <> struct Accumulator<uint16_t> { using type = int64_t; };
 template <> struct Accumulator<uint8_t> { using type = int64_t; };
-template <> struct Accumulator<f8e4m3> { using type = float; };
-template <> struct Accumulator<f8e5m2> { using type = float; };
 
 template <typename A, typename T> A widen(T v) { return static_cast<A>(v); }
 template <> float widen<float, bf16>(bf16 v) { return static_cast<float>(v); }

@@ -11,8 +11,7 @@
 namespace fsdp {
 
 // NCCL's type for reducing `dtype` data. NCCL has no 16-bit integer: u16 data can only be
-// moved (as twice as many u8), not reduced; FP8 data is moved as bytes and never reduced
-// (a sum of FP8 values with different scales means nothing).
+// moved (as twice as many u8), not reduced.
 inline ncclDataType_t nccl_data_type(DType dtype) {
   switch (dtype) {
     case DType::f32: return ncclFloat32;
@@ -22,9 +21,7 @@ inline ncclDataType_t nccl_data_type(DType dtype) {
     case DType::i64: return ncclInt64;
     case DType::i32: return ncclInt32;
     case DType::u8: return ncclUint8;
-    case DType::u16:
-    case DType::f8e4m3:
-    case DType::f8e5m2: break;
+    case DType::u16: break;
   }
   FSDP_THROW(DTypeError, "NCCL has no type for ", dtype_name(dtype), " data to reduce");
 }
@@ -36,7 +33,6 @@ struct NcclBuffer {
 };
 inline NcclBuffer nccl_movement(DType dtype, size_t count) {
   if (dtype == DType::u16) return {count * 2, ncclUint8};
-  if (is_fp8(dtype)) return {count, ncclUint8};
   return {count, nccl_data_type(dtype)};
 }
 

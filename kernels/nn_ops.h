@@ -73,35 +73,6 @@ void matmul_bias_grad(Context& ctx, const Tensor& dw, const Tensor& a, const Ten
                       bool trans_a, bool trans_b, double alpha, double beta, const Tensor& dbias,
                       bool accumulate_dbias);
 
-// ---------------------------------------------------------------- FP8
-// Per-tensor ("tensorwise", current) FP8 scaling (kernels/fp8_math.h). A tensor's scaling
-// state is `scales`: 3 f32 on its device, [amax, scale, scale_inv] (kFp8Amax, kFp8Scale,
-// kFp8ScaleInv). On the CPU these are exact simulations for tests (the casts round as the
-// GPU's do); FP8 runs need compute capability 8.9+.
-//
-// scales = the largest |x| (NaN elements left out) of x (contiguous, floating, any shape),
-// the scale mapping it onto `fp8`'s largest finite value (448 for f8e4m3, 57344 for
-// f8e5m2; 1 for an amax of 0, inf or NaN) and its inverse.
-void fp8_scales(Context& ctx, const Tensor& scales, const Tensor& x, DType fp8);
-// out (R, C) and/or out_t (C, R) (FP8 of one dtype; either may be undefined) = the FP8
-// bytes of x (R, C) (contiguous, floating) * scales[kFp8Scale]: one f32 product, then a
-// saturating round to nearest even (NaN stays NaN). out_t is the transpose the FP8 matmul
-// needs for the products whose K is x's R (weight gradients, a weight's dgrad).
-void fp8_quantize(Context& ctx, const Tensor& out, const Tensor& out_t, const Tensor& x,
-                  const Tensor& scales);
-// out (M, N) = a (M, K) @ b (N, K)^T * a_scales[kFp8ScaleInv] * b_scales[kFp8ScaleInv]
-// + beta * out [+ bias (N)] [then Epilogue::Gelu, aux (M, N) receiving the pre-activation]:
-// a and b FP8 (not both f8e5m2), contiguous, K contiguous in both (the only FP8 layout of
-// Hopper's tensor cores). M, N, K multiples of 16. On CUDA out is bf16 or f32 (f32 with
-// beta 1 accumulates weight gradients) and the bias bf16 beside a bf16 out; on the CPU out
-// is f32 or f64, the product of the decoded values computed in f32 (a simulation). Where
-// cuBLASLt has no FP8 algorithm with the bias or GELU it runs the plain product and then
-// our bias add and GELU (same results up to rounding).
-void fp8_matmul(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& a_scales,
-                const Tensor& b, const Tensor& b_scales, double beta = 0.0,
-                const Tensor& bias = Tensor(), Epilogue epilogue = Epilogue::None,
-                const Tensor& aux = Tensor());
-
 // ---------------------------------------------------------------- embeddings
 // Which ids a token table's rows are: [begin, begin + V) of a vocabulary of `total` ids (a
 // vocabulary-parallel shard); total 0: the table is whole.

@@ -162,8 +162,11 @@ void fill(void* out, DType dtype, const StridedLayout& layout, double value, str
   if (n == 0) return;
   dispatch_device_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    // As the CPU's from_double: 16-bit and FP8 values through float.
-    const T v = from_double_dev<T>(value);
+    const T v = [&] {
+      if constexpr (std::is_same_v<T, bf16_t>) return bf16_t(__float2bfloat16_rn(float(value)));
+      else if constexpr (std::is_same_v<T, f16_t>) return f16_t(__float2half_rn(float(value)));
+      else return T(value);
+    }();
     fill_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(static_cast<T*>(out), layout, n, v,
                                                               is_contiguous(layout));
     FSDP_CHECK_LAUNCH();

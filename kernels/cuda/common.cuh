@@ -4,7 +4,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -21,29 +20,6 @@ namespace fsdp::kernels::cuda {
 
 using bf16_t = __nv_bfloat16;
 using f16_t = __half;
-using f8e4m3_t = __nv_fp8_e4m3;
-using f8e5m2_t = __nv_fp8_e5m2;
-
-// float -> FP8 bits as the CPU's f8e4m3 / f8e5m2 (runtime/core/dtype.h) convert: the
-// hardware's cvt.rn.satfinite (round to nearest even, saturating; sm_89+), with NaN made the
-// canonical 0x7f first, so that NaN's byte never depends on the hardware's choice.
-__device__ __forceinline__ uint8_t to_fp8_bits(float v, __nv_fp8_interpretation_t kind) {
-  if (isnan(v)) return 0x7f;
-  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind));
-}
-template <typename T> struct Fp8Kind;
-template <> struct Fp8Kind<f8e4m3_t> {
-  static constexpr __nv_fp8_interpretation_t value = __NV_E4M3;
-};
-template <> struct Fp8Kind<f8e5m2_t> {
-  static constexpr __nv_fp8_interpretation_t value = __NV_E5M2;
-};
-template <typename T>
-__device__ __forceinline__ T fp8_from_float(float v) {
-  T r;
-  r.__x = to_fp8_bits(v, Fp8Kind<T>::value);
-  return r;
-}
 
 // Floating conversions; float is the compute type of every 16-bit type.
 __device__ __forceinline__ float to_float(float v) { return v; }
@@ -62,20 +38,12 @@ template <> __device__ __forceinline__ f16_t from_float<f16_t>(float v) { return
 template <typename T> __device__ __forceinline__ double to_double_dev(T v) { return double(v); }
 template <> __device__ __forceinline__ double to_double_dev(bf16_t v) { return __bfloat162float(v); }
 template <> __device__ __forceinline__ double to_double_dev(f16_t v) { return __half2float(v); }
-template <> __device__ __forceinline__ double to_double_dev(f8e4m3_t v) { return float(v); }
-template <> __device__ __forceinline__ double to_double_dev(f8e5m2_t v) { return float(v); }
 template <typename T> __device__ __forceinline__ T from_double_dev(double v) { return T(v); }
 template <> __device__ __forceinline__ bf16_t from_double_dev<bf16_t>(double v) {
   return __float2bfloat16_rn(float(v));
 }
 template <> __device__ __forceinline__ f16_t from_double_dev<f16_t>(double v) {
   return __float2half_rn(float(v));
-}
-template <> __device__ __forceinline__ f8e4m3_t from_double_dev<f8e4m3_t>(double v) {
-  return fp8_from_float<f8e4m3_t>(float(v));
-}
-template <> __device__ __forceinline__ f8e5m2_t from_double_dev<f8e5m2_t>(double v) {
-  return fp8_from_float<f8e5m2_t>(float(v));
 }
 
 // The compute type of an element type: double for double, float otherwise.
@@ -93,8 +61,6 @@ void dispatch_device_dtype(DType t, F&& f) {
     case DType::i32: f(int32_t{}); return;
     case DType::u16: f(uint16_t{}); return;
     case DType::u8: f(uint8_t{}); return;
-    case DType::f8e4m3: f(f8e4m3_t{}); return;
-    case DType::f8e5m2: f(f8e5m2_t{}); return;
   }
 }
 

@@ -21,8 +21,6 @@ cudaDataType_t cuda_type(DType t) {
     case DType::f32: return CUDA_R_32F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::f16: return CUDA_R_16F;
-    case DType::f8e4m3: return CUDA_R_8F_E4M3;
-    case DType::f8e5m2: return CUDA_R_8F_E5M2;
     default: FSDP_THROW(DTypeError, "matmul (cuBLASLt): unsupported dtype ", dtype_name(t));
   }
 }
@@ -39,7 +37,7 @@ int alignment(const void* p) {
 // Everything that decides the descriptors and the algorithm of a matmul.
 struct PlanKey {
   MatmulDims d;
-  DType in, in_b, out;  // in_b: b's dtype (FP8 operands may differ); in for every other matmul
+  DType in, out;
   bool bias;
   MatmulEpilogue epilogue;
   bool aux;
@@ -47,7 +45,7 @@ struct PlanKey {
 
   auto tie() const {
     return std::make_tuple(d.m, d.n, d.k, d.trans_a, d.trans_b, d.batch, d.batch_stride_a,
-                           d.batch_stride_b, d.batch_stride_out, int(in), int(in_b), int(out), bias,
+                           d.batch_stride_b, d.batch_stride_out, int(in), int(out), bias,
                            int(epilogue), aux, align_a, align_b, align_out, align_bias, align_aux);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
@@ -67,12 +65,6 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   }
   return layout;
 }
-
-// The device scale pointers of an FP8 product's operands (our a and b).
-struct Fp8Scales {
-  const float* a = nullptr;
-  const float* b = nullptr;
-};
 
 // One planned problem: the operation and layout descriptors and the chosen algorithm.
 struct Plan {
@@ -133,12 +125,11 @@ struct Blas::Impl {
   // The cached plan of `key`, made when missing; the least recently used half of the cache
   // is dropped first when it is full (a plan's descriptors are read only while a matmul is
   // enqueued, so dropping one never affects work already on a stream).
-  Plan* find_or_make(const PlanKey& key, const void* bias, void* aux,
-                     const Fp8Scales* fp8 = nullptr) {
+  Plan* find_or_make(const PlanKey& key, const void* bias, void* aux) {
     auto it = plans.find(key);
     if (it == plans.end()) {
       if (plans.size() >= Blas::kMaxCachedPlans) drop_older_half();
-      it = plans.emplace(key, CachedPlan{plan(key, bias, aux, fp8), 0}).first;
+      it = plans.emplace(key, CachedPlan{plan(key, bias, aux), 0}).first;
     }
     it->second.last_use = ++uses;
     return it->second.plan.get();
@@ -156,26 +147,11 @@ struct Blas::Impl {
     }
   }
 
-  // Builds the descriptors of `key` and asks the heuristic for its best algorithm. `fp8`:
-  // the operands' scale pointers of an FP8 problem (null otherwise).
-  std::unique_ptr<Plan> plan(const PlanKey& key, const void* bias, void* aux,
-                             const Fp8Scales* fp8) {
+  // Builds the descriptors of `key` and asks the heuristic for its best algorithm.
+  std::unique_ptr<Plan> plan(const PlanKey& key, const void* bias, void* aux) {
     const MatmulDims& d = key.d;
     auto p = std::make_unique<Plan>();
     FSDP_CALL(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    if (fp8) {
-      // Partial sums promoted to f32 periodically (the accurate mode; Transformer Engine
-      // turns fast accumulation on for the forward only, a later option here).
-      const int8_t fast_accum = 0;
-      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                                               &fast_accum, sizeof(fast_accum)));
-      set_scales(*p, *fp8);
-      if (bias) {  // FP8 kernels need the bias type said: the output's (bf16)
-        const cudaDataType_t bias_type = cuda_type(key.out);
-        FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                 &bias_type, sizeof(bias_type)));
-      }
-    }
     // Row-major out (M, N) = op(a) op(b) is column-major out^T (N, M) = op(b)^T op(a)^T:
     // cuBLASLt's A is our b, its B is our a (see blas.h).
     const cublasOperation_t ta = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -206,11 +182,10 @@ struct Blas::Impl {
                                                sizeof(ld)));
     }
     set_pointers(*p, bias, aux, key.epilogue == MatmulEpilogue::BiasGrad);
-    const cudaDataType_t in = cuda_type(key.in), in_b = cuda_type(key.in_b),
-                         out = cuda_type(key.out);
+    const cudaDataType_t in = cuda_type(key.in), out = cuda_type(key.out);
     // Our b: (K, N) row-major = (N, K) column-major, ld N; transposed: stored (N, K), ld K.
-    p->lt_a = d.trans_b ? make_layout(in_b, d.k, d.n, d.k, d.batch, d.batch_stride_b)
-                        : make_layout(in_b, d.n, d.k, d.n, d.batch, d.batch_stride_b);
+    p->lt_a = d.trans_b ? make_layout(in, d.k, d.n, d.k, d.batch, d.batch_stride_b)
+                        : make_layout(in, d.n, d.k, d.n, d.batch, d.batch_stride_b);
     p->lt_b = d.trans_a ? make_layout(in, d.m, d.k, d.m, d.batch, d.batch_stride_a)
                         : make_layout(in, d.k, d.m, d.k, d.batch, d.batch_stride_a);
     p->lt_out = make_layout(out, d.n, d.m, d.n, d.batch, d.batch_stride_out);
@@ -240,16 +215,12 @@ struct Blas::Impl {
       status = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->lt_a, p->lt_b, p->lt_out,
                                               p->lt_out, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    // No BiasGrad algorithm for this problem is an answer, not an error (try_matmul); so is
-    // none for an FP8 product with a bias or an epilogue (fp8_matmul).
-    const bool optional_epilogue = key.epilogue == MatmulEpilogue::BiasGrad ||
-                                   (fp8 && (key.epilogue != MatmulEpilogue::None || key.bias));
-    if (optional_epilogue && (found == 0 || status != CUBLAS_STATUS_SUCCESS)) return nullptr;
+    // No BiasGrad algorithm for this problem is an answer, not an error (try_matmul).
+    if (key.epilogue == MatmulEpilogue::BiasGrad && (found == 0 || status != CUBLAS_STATUS_SUCCESS))
+      return nullptr;
     FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, ValueError,
                "matmul (cuBLASLt): no algorithm for (", d.m, " x ", d.k, ") @ (", d.k, " x ", d.n,
-               ") batch ", d.batch, ", ", dtype_name(key.in),
-               key.in_b != key.in ? str_cat(" x ", dtype_name(key.in_b)) : std::string(), " -> ",
-               dtype_name(key.out),
+               ") batch ", d.batch, ", ", dtype_name(key.in), " -> ", dtype_name(key.out),
                key.epilogue == MatmulEpilogue::Gelu    ? ", GELU"
                : key.epilogue == MatmulEpilogue::DGelu ? ", DGELU"
                                                        : "",
@@ -257,14 +228,6 @@ struct Blas::Impl {
                cublasLtGetStatusString(status));
     p->algo = result.algo;
     return p;
-  }
-
-  // cuBLASLt's A is our b, its B our a (see matmul.h): the scales swap with them.
-  static void set_scales(Plan& p, const Fp8Scales& s) {
-    FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s.b,
-                                             sizeof(s.b)));
-    FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &s.a,
-                                             sizeof(s.a)));
   }
 
   static void set_pointers(Plan& p, const void* bias, void* aux, bool aux_is_bias_grad) {
@@ -326,7 +289,6 @@ bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const voi
   }
   PlanKey key{d,
               in_dtype,
-              in_dtype,
               out_dtype,
               bias != nullptr,
               epilogue,
@@ -341,52 +303,6 @@ bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const voi
   if (!plan) return false;  // cuBLASLt has no BiasGrad algorithm for this problem
   Plan& p = *plan;
   Impl::set_pointers(p, bias, aux, bias_grad);
-  const float alpha_f = float(alpha), beta_f = float(beta);
-  FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
-                           p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
-  return true;
-}
-
-bool Blas::fp8_matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a,
-                      DType a_dtype, const float* a_scale, const void* b, DType b_dtype,
-                      const float* b_scale, double alpha, double beta, const void* bias,
-                      void* aux, MatmulEpilogue epilogue) {
-  FSDP_CHECK(is_fp8(a_dtype) && is_fp8(b_dtype) &&
-                 !(a_dtype == DType::f8e5m2 && b_dtype == DType::f8e5m2),
-             DTypeError, "fp8_matmul: operands must be f8e4m3 or f8e5m2, not both f8e5m2; got ",
-             dtype_name(a_dtype), " and ", dtype_name(b_dtype));
-  FSDP_CHECK(out_dtype == DType::bf16 || out_dtype == DType::f32, DTypeError,
-             "fp8_matmul: the output must be bf16 or f32, got ", dtype_name(out_dtype));
-  FSDP_CHECK(!d.trans_a && d.trans_b && d.batch == 1, ValueError,
-             "fp8_matmul: cuBLASLt multiplies FP8 only as a (M, K) @ b (N, K)^T (\"TN\")");
-  FSDP_CHECK(d.m % 16 == 0 && d.n % 16 == 0 && d.k % 16 == 0 && d.k > 0, ShapeError,
-             "fp8_matmul: M, N and K must be positive multiples of 16, got (", d.m, " x ", d.k,
-             ") @ (", d.k, " x ", d.n, ")");
-  FSDP_CHECK(epilogue == MatmulEpilogue::None || epilogue == MatmulEpilogue::Gelu, ValueError,
-             "fp8_matmul: epilogue None or Gelu only");
-  FSDP_CHECK(!bias || out_dtype == DType::bf16, DTypeError,
-             "fp8_matmul: a bias needs a bf16 output");
-  if (d.m == 0 || d.n == 0) return true;
-  CUstream_st* stream = impl_->ctx.stream().cuda_stream();
-  PlanKey key{d,
-              a_dtype,
-              b_dtype,
-              out_dtype,
-              bias != nullptr,
-              epilogue,
-              aux != nullptr,
-              alignment(a),
-              alignment(b),
-              alignment(out),
-              alignment(bias),
-              alignment(aux)};
-  const Fp8Scales scales{a_scale, b_scale};
-  void* ws = impl_->workspace(stream);
-  Plan* plan = impl_->find_or_make(key, bias, aux, &scales);
-  if (!plan) return false;  // no FP8 algorithm with this bias or epilogue
-  Plan& p = *plan;
-  Impl::set_scales(p, scales);
-  Impl::set_pointers(p, bias, aux, false);
   const float alpha_f = float(alpha), beta_f = float(beta);
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
                            p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));

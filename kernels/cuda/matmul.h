@@ -36,21 +36,6 @@ class Blas {
                   const void* b, DType in_dtype, double alpha, double beta, const void* bias,
                   void* aux, MatmulEpilogue epilogue);
 
-  // FP8 (Hopper's tensor cores, compute capability 8.9+): out (M, N) = alpha * a_scale *
-  // b_scale * a (M, K) @ b (N, K)^T + beta * out (+ bias) then the epilogue (None, or Gelu
-  // with aux receiving the pre-activation), f32 accumulation. a and b are f8e4m3 or f8e5m2
-  // (not both f8e5m2) with K contiguous in both: dims.trans_a false and dims.trans_b true,
-  // cuBLASLt's only FP8 layout ("TN"). a_scale / b_scale are device pointers to one f32 each
-  // (the operands' scale_inv: what undoes their quantization), read when the matmul runs.
-  // out is bf16 or f32 (beta = 1 accumulates weight gradients); bias bf16 beside a bf16 out.
-  // M, N and K must be multiples of 16. Returns false, having done nothing, when cuBLASLt
-  // has no FP8 algorithm with that bias or epilogue for the problem (the caller applies them
-  // itself after a plain product); throws when it has none for the plain product.
-  bool fp8_matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a,
-                  DType a_dtype, const float* a_scale, const void* b, DType b_dtype,
-                  const float* b_scale, double alpha, double beta, const void* bias, void* aux,
-                  MatmulEpilogue epilogue);
-
   // Number of problem shapes whose plans are cached (for tests of the cache). The cache
   // keeps at most kMaxCachedPlans: the experts of a mixture-of-experts layer get new row
   // counts every step, so their shapes never stop coming; the least recently used half

@@ -24,9 +24,6 @@ struct Device {
 // Whether this build has CUDA support compiled in, and how many devices are visible.
 bool cuda_built();
 int cuda_device_count();  // 0 when not built with CUDA or when no GPU/driver is present
-// The compute capability of CUDA device `index` as 10 * major + minor (90 for Hopper, 89 for
-// Ada); 0 when not built with CUDA or when the device cannot be queried.
-int cuda_compute_capability(int index);
 // Bytes of memory `device` has in all: a GPU's total memory, or the host's physical memory
 // for the CPU.
 size_t device_memory_bytes(Device device);

@@ -45,16 +45,6 @@ int cuda_device_count() {
   return n;
 }
 
-int cuda_compute_capability(int index) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
-    cudaGetLastError();  // no such device: "unknown", not an error here
-    return 0;
-  }
-  return 10 * major + minor;
-}
-
 Stream Stream::create_cuda(int device, int priority) {
   DeviceGuard guard(Device::cuda(device));
   cudaStream_t s = nullptr;
@@ -199,7 +189,6 @@ DeviceGuard::~DeviceGuard() {
 
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
-int cuda_compute_capability(int) { return 0; }
 
 size_t device_memory_bytes(Device device) {
   FSDP_CHECK(device.is_cpu(), DeviceError, "device_memory_bytes(", device.str(),

@@ -18,7 +18,6 @@
 
 #include "kernels/nn_ops.h"
 #include "runtime/autograd/graph.h"
-#include "runtime/nn/fp8.h"
 #include "runtime/nn/parameter.h"
 #include "runtime/nn/tensor_parallel.h"
 
@@ -124,26 +123,6 @@ Tensor cross_entropy(Graph& g, const Tensor& logits, const Tensor& targets, int6
 // only the losses are computed, chunk by chunk.
 Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tensor& targets,
                        int64_t vocab_size, int64_t n_valid, int64_t chunk_rows);
-
-// ---- FP8 (runtime/nn/fp8.h): the same ops with their products in FP8.
-// linear() with `recipe`'s FP8 products. Keeps for backward x's FP8 transpose (N x in
-// bytes, instead of x itself) and, with Epilogue::Gelu, the pre-activation; backward
-// quantizes dy and the weight (read again: FSDP may have re-gathered it) and computes
-// dx and dW in FP8. No tensor parallelism: the layer must be replicated. The token count
-// N and both features must be multiples of kFp8Multiple.
-Tensor fp8_linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
-                  ops::Epilogue epilogue, const Fp8Recipe& recipe);
-// mlp() with both projections' products in FP8. Keeps x's FP8 transpose, the activation's
-// input h and, unless `recompute_activation`, the activation's FP8 transpose (recomputed,
-// to the same bytes, from h otherwise).
-Tensor fp8_mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
-               Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
-               bool recompute_activation, const Fp8Recipe& recipe);
-// Whether a layer set to FP8 runs its products in FP8 for input x (..., in): when the token
-// count is a multiple of kFp8Multiple. Otherwise, outside training (generation's prompts
-// and single tokens) the layer runs in the compute dtype, and in training (the graph
-// records) it is a ShapeError naming the layer.
-bool fp8_applies(const Graph& g, const Tensor& x, const std::string& layer);
 
 // The statistics dtype for a compute dtype: f64 for f64, f32 otherwise.
 DType stat_dtype(DType compute);

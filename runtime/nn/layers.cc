@@ -15,27 +15,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, InitRule we
 }
 
 Tensor Linear::compute(Graph& g, const Tensor& x) {
-  if (fp8_ && fp8_applies(g, x, name())) return fp8_linear(g, x, *weight_, bias_, epilogue_, *fp8_);
   // A column-parallel layer exchanges its input itself (overlapping the backward's
   // exchanges with its products); a row-parallel one sums its output after.
   return parallel_output(g, linear(g, x, *weight_, fused_bias(), epilogue_, parallel_input()));
 }
 
-void Linear::set_fp8(std::optional<Fp8Recipe> recipe) {
-  if (recipe) {
-    FSDP_CHECK(style_ == ParallelStyle::replicated, ValueError, "Linear ", name(), ": FP8 with ",
-               parallel_style_name(style_), "-parallel layers is not built yet");
-    for (int64_t features : weight_->shape().dims())
-      FSDP_CHECK(features % kFp8Multiple == 0, ShapeError, "Linear ", name(), ": weight ",
-                 weight_->shape(), " cannot run in FP8: FP8 matmuls need every size a multiple "
-                 "of ", kFp8Multiple);
-  }
-  fp8_ = recipe;
-}
-
 void Linear::set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence) {
-  FSDP_CHECK(style == ParallelStyle::replicated || !fp8_, ValueError, "Linear ", name(),
-             ": FP8 with ", parallel_style_name(style), "-parallel layers is not built yet");
   FSDP_CHECK(style == ParallelStyle::replicated || group, ValueError, "Linear ", name(), ": a ",
              parallel_style_name(style), "-parallel layer needs a tensor-parallel group");
   FSDP_CHECK(style != ParallelStyle::row || epilogue_ == ops::Epilogue::None, ValueError, "Linear ",
@@ -100,14 +85,6 @@ AddNorm RMSNorm::add_and_norm(Graph& g, const Tensor& x, const Tensor& residual)
 
 // ---------------------------------------------------------------- MLPs
 
-std::optional<Fp8Recipe> MLP::fp8_of(Graph& g, const Tensor& x, const Linear& fc,
-                                     const Linear& proj) {
-  FSDP_CHECK(fc.fp8() == proj.fp8(), ValueError, "MLP ", fc.name(), " and ", proj.name(),
-             ": FP8 must be set on both layers alike (the MLP runs as one op)");
-  if (!fc.fp8() || !fp8_applies(g, x, fc.name())) return std::nullopt;
-  return fc.fp8();
-}
-
 GeluMLP::GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule proj_init)
     : fc(dim, hidden, bias, init, ops::Epilogue::Gelu), proj(hidden, dim, bias, proj_init) {
   add_module("fc", fc);
@@ -115,9 +92,6 @@ GeluMLP::GeluMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, InitRule
 }
 
 Tensor GeluMLP::compute(Graph& g, const Tensor& x) {
-  if (const std::optional<Fp8Recipe> fp8 = fp8_of(g, x, fc, proj))
-    return fp8_mlp(g, x, fc.weight(), fc.bias(), proj.weight(), proj.bias(), MlpActivation::Gelu,
-                   recompute_activation, *fp8);
   // (..., C) -> (..., F) -> (..., C); under tensor parallelism F is this rank's slice.
   const Tensor y = mlp(g, x, fc.weight(), fc.fused_bias(), proj.weight(), proj.fused_bias(),
                        MlpActivation::Gelu, recompute_activation, fc.parallel_input());
@@ -131,9 +105,6 @@ SwiGLUMLP::SwiGLUMLP(int64_t dim, int64_t hidden, bool bias, InitRule init, Init
 }
 
 Tensor SwiGLUMLP::compute(Graph& g, const Tensor& x) {
-  if (const std::optional<Fp8Recipe> fp8 = fp8_of(g, x, gate_up, proj))
-    return fp8_mlp(g, x, gate_up.weight(), gate_up.bias(), proj.weight(), proj.bias(),
-                   MlpActivation::SwiGLU, recompute_activation, *fp8);
   // (..., C) -> (..., 2F) -> (..., F) -> (..., C); under tensor parallelism F is this
   // rank's slice (its rows of gate and of up).
   const Tensor y = mlp(g, x, gate_up.weight(), gate_up.fused_bias(), proj.weight(),

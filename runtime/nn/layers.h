@@ -4,13 +4,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/nn_ops.h"
 #include "runtime/nn/context_parallel.h"
-#include "runtime/nn/fp8.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/module.h"
 #include "runtime/nn/tensor_parallel.h"
@@ -45,10 +43,6 @@ class ModuleList : public Module {
 // whole output, summed over the group, with the (whole) bias added after the sum. Layers
 // that fuse a Linear into a larger op (the MLP) pass its parallel_input and fused_bias to
 // that op and use parallel_output after it.
-//
-// FP8 (set_fp8, by an FP8 plan: runtime/nn/fp8_plan.h): the layer's products run in FP8
-// (nn::fp8_linear; in an MLP, nn::fp8_mlp when both of its layers are set). Replicated
-// layers only.
 class Linear : public UnaryModule {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, InitRule weight_init,
@@ -70,12 +64,6 @@ class Linear : public UnaryModule {
   // The matmul's output as the layer gives it (row: summed over the group, plus the bias).
   Tensor parallel_output(Graph& g, const Tensor& y);
 
-  // FP8 products with `recipe` (nullopt: in the compute dtype). Throws ValueError for a
-  // tensor-parallel layer and ShapeError when a feature count is not a multiple of
-  // kFp8Multiple.
-  void set_fp8(std::optional<Fp8Recipe> recipe);
-  const std::optional<Fp8Recipe>& fp8() const { return fp8_; }
-
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;
 
@@ -86,7 +74,6 @@ class Linear : public UnaryModule {
   ParallelStyle style_ = ParallelStyle::replicated;
   TensorParallelGroup* group_ = nullptr;
   bool sequence_ = false;
-  std::optional<Fp8Recipe> fp8_;
 };
 
 // An embedding table weight (rows, C), decayed (as in llm.c's GPT-2 recipe). forward()
@@ -148,13 +135,6 @@ class MLP : public UnaryModule {
  public:
   std::string kind() const override { return "mlp"; }
   bool recompute_activation = false;
-
- protected:
-  // The recipe both layers run in FP8 with, or nullopt when neither is set (ValueError when
-  // only one is, or they differ); nullopt too for an input the FP8 matmuls cannot take
-  // outside training (fp8_applies).
-  static std::optional<Fp8Recipe> fp8_of(Graph& g, const Tensor& x, const Linear& fc,
-                                         const Linear& proj);
 };
 
 // GPT-2's MLP: fc (C -> F), GELU, then proj (F -> C).

@@ -70,7 +70,6 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                          context_parallel_comm(recipe.model.cp_comm_type));
   PlanningExpertParallelGroup ep_plan(mesh.size(MeshAxis::ep), 0);
   apply_expert_parallel(*model, ep_plan);
-  const std::string fp8_layers = apply_fp8_plan(recipe, *model);
   const FsdpOptions fo = fsdp_options_of(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;
@@ -94,8 +93,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                                                     mc.inactive_parameters_per_token()),
                                        ")")
                              : std::string(),
-                 "\n", fp8_layers.empty() ? std::string() : fp8_layers + "\n",
-                 plan.describe());
+                 "\n", plan.describe());
   out += str_cat("memory per rank (", strategy_name(fo.strategy), "):\n",
                  "  compute weights   ", format_bytes(int64_t(mem.compute_weights)), "\n",
                  "  main weights      ", format_bytes(int64_t(mem.main_weights)), "\n",

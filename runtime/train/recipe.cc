@@ -487,11 +487,6 @@ void Recipe::resolve_device(bool cuda_available) {
              cuda_available ? "" : " (no CUDA device is visible)",
              ": CUDA graphs need a GPU (set train.cuda_graphs=false)");
   MixedPrecisionSection& mp = mixed_precision;
-  FSDP_CHECK(!mp.fp8 || dist.device == "cuda", ConfigError, "'mixed_precision.fp8' \"",
-             mp.fp8.value_or(""), "\" needs a GPU with FP8 tensor cores (compute capability "
-             "8.9+), but 'dist.device' is \"", dist.device, "\"",
-             cuda_available ? "" : " (no CUDA device is visible)",
-             "; the CPU simulation of FP8 is for tests only");
   if (mp.compute_dtype == "auto") mp.compute_dtype = dist.device == "cuda" ? "bf16" : "f32";
   if (mp.grad_reduce_dtype == "auto") {
     if (dist.device == "cpu" && mp.compute_dtype == "f32") {

@@ -108,14 +108,6 @@ struct MixedPrecisionSection {
   std::string compute_dtype;         // "auto" until resolve_device(), then "bf16" | "f32" | "f64"
   std::string main_params_dtype;     // "f32" | "f64"
   std::string grad_reduce_dtype;     // "auto" until resolve_device(), then "bf16" | "f32" | "f64"
-  // FP8 matmuls in the transformer blocks' linear layers (Megatron-Bridge's names).
-  std::optional<std::string> fp8;    // null = off | "e4m3" | "hybrid" (e5m2 gradients)
-  std::string fp8_recipe;            // "tensorwise" (built) | "delayed" | "blockwise" | "rowwise"
-  int fp8_amax_history_len = 0;      // "delayed" scaling's history (not built yet)
-  bool fp8_param = false;            // FP8 compute weights and all-gathers (not built yet)
-  bool first_last_layers_bf16 = false;
-  int num_layers_at_start_in_bf16 = 0;  // with first_last_layers_bf16: blocks kept in bf16
-  int num_layers_at_end_in_bf16 = 0;
 };
 
 struct DdpSection {

@@ -160,53 +160,6 @@ void check_precision(const Recipe& r) {
              r.ddp.data_parallel_sharding_strategy, "\"");
 }
 
-// FP8: what this build supports, and what FP8 matmuls need of the shapes (every size a
-// multiple of 16). The device (a GPU of compute capability 8.9+) is checked once known
-// (Recipe::resolve_device refuses the CPU, the trainer the GPU's generation).
-void check_fp8(const Recipe& r) {
-  const MixedPrecisionSection& mp = r.mixed_precision;
-  FSDP_CHECK(mp.fp8_recipe == "tensorwise", ConfigError, "'mixed_precision.fp8_recipe' \"",
-             mp.fp8_recipe, "\" is not built yet (only \"tensorwise\": per-tensor current "
-             "scaling)");
-  FSDP_CHECK(!mp.fp8_param, ConfigError, "'mixed_precision.fp8_param' true is not built yet "
-             "(weights are gathered in the compute dtype and quantized for each product)");
-  if (!mp.fp8) return;
-  const std::string fp8 = str_cat("'mixed_precision.fp8' \"", *mp.fp8, "\"");
-  FSDP_CHECK(mp.compute_dtype == "auto" || mp.compute_dtype == "bf16", ConfigError, fp8,
-             " needs 'mixed_precision.compute_dtype' \"bf16\" (or \"auto\" on a GPU), not \"",
-             mp.compute_dtype, "\"");
-  FSDP_CHECK(r.dist.device != "cpu", ConfigError, fp8, " needs a GPU with FP8 tensor cores "
-             "(compute capability 8.9+), but 'dist.device' is \"cpu\" (the CPU simulation of "
-             "FP8 is for tests only)");
-  const ModelSection& m = r.model;
-  FSDP_CHECK(m.tensor_model_parallel_size == 1, ConfigError, fp8, " with "
-             "'model.tensor_model_parallel_size' ", m.tensor_model_parallel_size,
-             " is not built yet");
-  // The FP8 layers' sizes: attention qkv (C -> (H + 2 Hkv) D) and proj (H D -> C), the MLP
-  // (C -> F or 2F -> C), a shared expert's (C -> Fs -> C).
-  const int64_t head_dim = m.d_model / m.n_head;
-  const std::pair<const char*, int64_t> sizes[] = {
-      {"'model.d_model'", m.d_model},
-      {"'model.d_ff'", m.d_ff},
-      {"the attention's qkv features (n_head + 2 n_kv_head) * d_model / n_head",
-       (int64_t(m.n_head) + 2 * m.n_kv_head) * head_dim},
-      {"'model.moe_shared_expert_intermediate_size'", m.moe_shared_expert_intermediate_size},
-  };
-  for (const auto& [what, n] : sizes)
-    FSDP_CHECK(n % 16 == 0, ConfigError, fp8, ": ", what, " (", n, ") must be a multiple of 16, "
-               "as FP8 matmuls need");
-  const int64_t tokens = int64_t(r.train.micro_batch_size) * m.seq_length / m.context_parallel_size;
-  FSDP_CHECK(tokens % 16 == 0, ConfigError, fp8, ": the tokens of a micro-batch on a rank, "
-             "'train.micro_batch_size' * 'model.seq_length' / 'model.context_parallel_size' = ",
-             tokens, ", must be a multiple of 16, as FP8 matmuls need");
-  if (mp.first_last_layers_bf16)
-    FSDP_CHECK(mp.num_layers_at_start_in_bf16 + mp.num_layers_at_end_in_bf16 < m.n_layer,
-               ConfigError, "'mixed_precision.num_layers_at_start_in_bf16' (",
-               mp.num_layers_at_start_in_bf16, ") + 'mixed_precision.num_layers_at_end_in_bf16' (",
-               mp.num_layers_at_end_in_bf16, ") leave none of 'model.n_layer' (", m.n_layer,
-               ") blocks in FP8");
-}
-
 // train.cuda_graphs: what can be told from the recipe alone (runtime/train/cuda_graph.h
 // checks the rest once the world is known).
 void check_cuda_graphs(const Recipe& r) {
@@ -242,7 +195,6 @@ void check_consistency(const Recipe& r) {
   check_batches(r.train);
   check_schedule(r);
   check_precision(r);
-  check_fp8(r);
   check_cuda_graphs(r);
   FSDP_CHECK(r.dist.dp_shard == -1 || r.dist.dp_shard >= 1, ConfigError,
              "'dist.dp_shard' must be -1 (fill the world) or >= 1, got ", r.dist.dp_shard);

@@ -197,31 +197,6 @@ std::vector<FieldSpec> build_schema() {
       KEY(mixed_precision.grad_reduce_dtype).one_of(dtypes_auto).default_to("auto").help_text(
           "Element type gradients are reduced in; auto = f32 if ddp.grad_reduce_in_fp32, "
           "else compute_dtype."),
-      KEY(mixed_precision.fp8).one_of({"e4m3", "hybrid"}).default_to(nullptr).help_text(
-          "FP8 matmuls (Hopper's tensor cores; a GPU of compute capability 8.9+, bf16 compute) "
-          "in the linear layers of the transformer blocks (attention qkv and proj, the MLP): "
-          "e4m3 = activations, weights and gradients in FP8 E4M3; hybrid = E4M3 forward, E5M2 "
-          "gradients (more range, less precision); null = off. Products accumulate in f32; "
-          "the master weights, optimizer, norms, attention, the MoE routers and experts and "
-          "the head stay in their precision. The startup report lists the FP8 layers."),
-      KEY(mixed_precision.fp8_recipe).one_of({"tensorwise", "delayed", "blockwise", "rowwise"})
-          .default_to("tensorwise").help_text(
-              "How FP8 tensors are scaled: tensorwise = one scale per tensor from its current "
-              "largest magnitude (current scaling). delayed (scales from an amax history), "
-              "blockwise (1x128 / 128x128 blocks, as DeepSeek-V3) and rowwise are not built yet."),
-      KEY(mixed_precision.fp8_amax_history_len).default_to(1).at_least(1).help_text(
-          "delayed scaling only: the steps of amax history a scale is taken from (ignored by "
-          "tensorwise, which uses the current amax)."),
-      KEY(mixed_precision.fp8_param).default_to(false).help_text(
-          "Keep the compute weights in FP8 (halving the weight all-gathers); not built yet: "
-          "weights are gathered in the compute dtype and quantized per product."),
-      KEY(mixed_precision.first_last_layers_bf16).default_to(false).help_text(
-          "With fp8: keep the first num_layers_at_start_in_bf16 and the last "
-          "num_layers_at_end_in_bf16 transformer blocks in bf16 (the most sensitive to FP8)."),
-      KEY(mixed_precision.num_layers_at_start_in_bf16).default_to(1).at_least(0).help_text(
-          "With first_last_layers_bf16: blocks at the start kept in bf16."),
-      KEY(mixed_precision.num_layers_at_end_in_bf16).default_to(1).at_least(0).help_text(
-          "With first_last_layers_bf16: blocks at the end kept in bf16."),
 
       // ddp
       KEY(ddp.data_parallel_sharding_strategy)

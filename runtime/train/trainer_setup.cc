@@ -124,36 +124,6 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
   return s;
 }
 
-std::optional<nn::Fp8Plan> fp8_plan_of(const Recipe& r) {
-  const MixedPrecisionSection& mp = r.mixed_precision;
-  if (!mp.fp8) return std::nullopt;
-  nn::Fp8Plan plan;
-  plan.recipe = nn::fp8_recipe_from_name(*mp.fp8);
-  if (mp.first_last_layers_bf16) {
-    plan.bf16_blocks_at_start = mp.num_layers_at_start_in_bf16;
-    plan.bf16_blocks_at_end = mp.num_layers_at_end_in_bf16;
-  }
-  return plan;
-}
-
-void check_fp8_device(const Recipe& r, Device device) {
-  if (!r.mixed_precision.fp8) return;
-  const std::string fp8 = str_cat("'mixed_precision.fp8' \"", *r.mixed_precision.fp8, "\"");
-  FSDP_CHECK(device.is_cuda(), ConfigError, fp8, " needs a GPU with FP8 tensor cores, not ",
-             device.str());
-  const int cc = cuda_compute_capability(device.index);
-  FSDP_CHECK(cc >= 89, ConfigError, fp8, " needs FP8 tensor cores (compute capability 8.9+: "
-             "Ada, Hopper, Blackwell), but ", device.str(), " has compute capability ", cc / 10,
-             ".", cc % 10);
-}
-
-std::string apply_fp8_plan(const Recipe& r, nn::Module& model) {
-  const std::optional<nn::Fp8Plan> plan = fp8_plan_of(r);
-  if (!plan) return "";
-  return nn::apply_fp8(model, *plan).summary(plan->recipe.str() + ", " +
-                                             r.mixed_precision.fp8_recipe + " current scaling");
-}
-
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
                                   int tp, bool sequence_parallel) {

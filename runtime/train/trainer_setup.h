@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "collectives/mesh.h"
@@ -12,7 +11,6 @@
 #include "models/factory.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/fsdp/sharded_model.h"
-#include "runtime/nn/fp8_plan.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/recipe.h"
 
@@ -30,15 +28,6 @@ MeshSizes mesh_sizes_of(const Recipe& r);
 // of the training data when dataset.val_fraction > 0; `has_val` false when neither).
 data::DataSpec train_data_of(const Recipe& r);
 data::DataSpec val_data_of(const Recipe& r, bool* has_val);
-
-// The FP8 plan of a recipe (mixed_precision.fp8 and the blocks kept in bf16), or nullopt
-// when FP8 is off.
-std::optional<nn::Fp8Plan> fp8_plan_of(const Recipe& r);
-// Throws ConfigError unless `device` runs FP8 matmuls: a GPU of compute capability 8.9+.
-void check_fp8_device(const Recipe& r, Device device);
-// Applies the recipe's FP8 plan to `model` (specs; nothing when FP8 is off) and returns the
-// start-up report's line naming the FP8 layers, or "" when FP8 is off.
-std::string apply_fp8_plan(const Recipe& r, nn::Module& model);
 
 // Bytes of activations one micro-batch keeps for backward on one rank (an estimate from the
 // tensors the model's ops save, and the chunked classifier's logits buffer). Under tensor

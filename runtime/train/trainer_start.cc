@@ -88,8 +88,6 @@ void Trainer::State::setup_model_and_sharding() {
     ep_group = std::make_unique<CommunicatorExpertParallelGroup>(comms->axis(MeshAxis::ep));
     apply_expert_parallel(*model, *ep_group);
   }
-  check_fp8_device(recipe, ctx->device());
-  fp8_layers = apply_fp8_plan(recipe, *model);
   models::set_activation_recompute(*model, recompute_of(recipe));
   // A token runs through k of each MoE layer's E experts: the FLOPs count active parameters.
   flops_per_token = train::flops_per_token(
@@ -174,7 +172,6 @@ void Trainer::State::print_startup_report() const {
                 ep_group ? str_cat(", experts over ", ep_group->size(), " expert-parallel ranks") : "",
                 "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
-  if (!fp8_layers.empty()) print(fp8_layers);
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
                   "replayed for ", graphs->plan().graphs_last() ? "every later micro-batch"

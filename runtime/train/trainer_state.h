@@ -72,7 +72,6 @@ struct Trainer::State {
   // micro-batch of its data-parallel rank and keeps these).
   std::optional<nn::ContextParallelLayout> cp_layout;
   std::unique_ptr<models::LanguageModel> model;
-  std::string fp8_layers;  // the start-up line naming the FP8 layers ("" without FP8)
   FsdpOptions fsdp_options;
   std::unique_ptr<ShardedModel> sharded;
   std::unique_ptr<Optimizer> optimizer;

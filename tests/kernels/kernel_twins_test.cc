@@ -17,8 +17,8 @@ namespace {
 // library_check.h (status checks).
 const char* const kKernelFamilies[] = {
     "activation",  "adamw",  "attention",  "attention_gemm", "basic",  "block_reduce",
-    "column_sum",  "cross_entropy", "cudnn_attention", "embedding", "fp8", "init", "matmul",
-    "moe", "norm",
+    "column_sum",  "cross_entropy", "cudnn_attention", "embedding", "init", "matmul", "moe",
+    "norm",
 };
 
 }  // namespace

@@ -35,27 +35,6 @@ TEST_CASE("an empty recipe gets every schema default", "[recipe]") {
   CHECK(Recipe().to_json_string() == r.to_json_string());
 }
 
-TEST_CASE("mixed_precision FP8 keys: off by default, Megatron's names and defaults", "[recipe][fp8]") {
-  const Recipe r = parse_recipe("{}");
-  CHECK_FALSE(r.mixed_precision.fp8.has_value());
-  CHECK(r.mixed_precision.fp8_recipe == "tensorwise");
-  CHECK(r.mixed_precision.fp8_amax_history_len == 1);
-  CHECK_FALSE(r.mixed_precision.fp8_param);
-  CHECK_FALSE(r.mixed_precision.first_last_layers_bf16);
-  CHECK(r.mixed_precision.num_layers_at_start_in_bf16 == 1);
-  CHECK(r.mixed_precision.num_layers_at_end_in_bf16 == 1);
-  const Recipe on = parse_recipe(R"({"mixed_precision": {"fp8": "HYBRID",
-      "first_last_layers_bf16": true, "num_layers_at_start_in_bf16": 2}})",
-                                 {"mixed_precision.fp8_recipe=tensorwise"});
-  REQUIRE(on.mixed_precision.fp8.has_value());
-  CHECK(*on.mixed_precision.fp8 == "hybrid");  // choices are stored canonically
-  CHECK(on.mixed_precision.num_layers_at_start_in_bf16 == 2);
-  // Written and read back.
-  CHECK(parse_recipe(on.to_json_string()).to_json_string() == on.to_json_string());
-  CHECK_FALSE(parse_recipe("{}", {"mixed_precision.fp8=e4m3", "mixed_precision.fp8=null"})
-                  .mixed_precision.fp8.has_value());
-}
-
 TEST_CASE("ddp.nccl_ub: off by default; symmetric or local registration", "[recipe]") {
   Recipe r = parse_recipe("{}");
   CHECK_FALSE(r.ddp.nccl_ub);

@@ -1,7 +1,6 @@
 // bench: benchmarks of fsdp.cpp's parts, one subcommand each.
 //
 //   bench collectives [flags]   bus bandwidth of our collectives against raw NCCL / MPI
-//   bench fp8-matmul [flags]    a linear layer's FP8 products against bf16 (GPU, sm_89+)
 //   bench grouped-matmul [flags] the experts' grouped matmul beside a dense one (GPU)
 //   bench matmul [flags]        the CPU matmul on one shape, OpenBLAS against our kernel
 //   bench train [flags]         tokens/s, MFU, memory and step-time split of a workload
@@ -14,7 +13,6 @@
 #include <vector>
 
 #include "tools/bench/collectives_bench.h"
-#include "tools/bench/fp8_matmul_bench.h"
 #include "tools/bench/grouped_matmul_bench.h"
 #include "tools/bench/matmul_bench.h"
 #include "tools/bench/train_bench.h"
@@ -30,8 +28,6 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
     {"collectives", fsdp::bench::run_collectives_bench,
      "all-gather / reduce-scatter / all-reduce bus bandwidth, ours vs raw"},
-    {"fp8-matmul", fsdp::bench::run_fp8_matmul_bench,
-     "a linear layer's three products in FP8 against bf16 on a GPU, TFLOP/s per shape"},
     {"grouped-matmul", fsdp::bench::run_grouped_matmul_bench,
      "the experts' grouped matmul on a GPU beside one dense matmul of the same size"},
     {"matmul", fsdp::bench::run_matmul_bench,

@@ -7,12 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "models/factory.h"
 #include "runtime/core/error.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
-#include "runtime/train/trainer_setup.h"
 #include "tools/common/exit_after_failure.h"
 
 namespace fsdp::bench {
@@ -150,10 +148,6 @@ int run_train_bench(const std::vector<std::string>& args) {
                 recipe.ddp.data_parallel_sharding_strategy.c_str(),
                 ub ? str_cat(", nccl_ub (", recipe.ddp.nccl_ub_registration, ")").c_str() : "",
                 (long long)steps, (long long)warmup);
-    if (recipe.mixed_precision.fp8) {  // the layers the run's FP8 plan picked, on a spec model
-      const auto spec = models::build_model(train::model_config_of(recipe));
-      std::printf("# %s\n", train::apply_fp8_plan(recipe, *spec).c_str());
-    }
     std::printf("tokens/s total     %s\n", train::format_count(r.tokens_per_sec).c_str());
     std::printf("tokens/s per GPU   %s\n", train::format_count(r.tokens_per_sec / size).c_str());
     std::printf("TFLOP/s per GPU    %.1f\n", r.tflops_per_device);

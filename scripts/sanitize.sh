@@ -41,10 +41,7 @@ select_tests() {
   # whole-run shell tests, and the long numerics tests whose code the subset runs anyway
   # (finite differences over whole models, the golden curve, the kernel twins at GPU shapes),
   # each several minutes under ASan on two cores.
-  # moe_train_test_np2 is left out too: under the ASan build its two ranks cannot open
-  # third_party/text/austen.txt (its first line of work; the unsanitized run in the tests
-  # stage and the 1-rank ASan run pass); to be found and put back.
-  local slow="set(//tests/nn:gradcheck_test //tests/train:golden_curve_test //tests/train:golden_curve_test_np2 //tests/kernels:kernel_twins_test //tests/train:moe_train_test_np2)"
+  local slow="set(//tests/nn:gradcheck_test //tests/train:golden_curve_test //tests/train:golden_curve_test_np2 //tests/kernels:kernel_twins_test)"
   [ "$ci" -eq 1 ] && query="$query except attr(name, '_np4$', $universe) except kind('sh_test', attr(name, '_test$', $universe)) except $slow"
   "${SAN_BAZEL[@]}" query "$query" 2>/dev/null | sort
 }

@@ -54,7 +54,7 @@ void ShardedModel::attach_hooks() {
 void ShardedModel::start_step() {
   shared_.calls.reset_counts();
   micro_batches_ = 0;
-  tensor_parallel_grads_summed_ = false;
+  step_grads_finished_ = false;
   for (auto& u : units_) u->zero_grads();
   // Reductions of this step add into the buffers just zeroed on the compute stream.
   shared_.reduce_stream.wait(mark(shared_.ctx.stream()));
@@ -67,10 +67,10 @@ void ShardedModel::start_micro_batch(bool last) {
 
 void ShardedModel::finish_grad_sync() {
   shared_.ctx.stream().wait(mark(shared_.reduce_stream));
-  if (shared_.last_micro_batch && !tensor_parallel_grads_summed_) {
+  if (shared_.last_micro_batch && !step_grads_finished_) {
     sum_tensor_parallel_grads();
     scale_expert_grads();
-    tensor_parallel_grads_summed_ = true;
+    step_grads_finished_ = true;
   }
 }
 

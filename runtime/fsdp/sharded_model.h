@@ -82,7 +82,7 @@ class ShardedModel {
   void start_micro_batch(bool last);        // last: reduce what is accumulated
   // The compute stream waits for every reduction; after the last micro-batch, the gradients
   // of parameters marked tensor_parallel_grad_sum (sequence parallelism) are summed over
-  // the tensor-parallel group, once per step.
+  // the tensor-parallel group and the experts' gradients scaled by 1 / ep, once per step.
   void finish_grad_sync();
   // True gradient = accumulated gradient * grad_multiplier(): 1 / (micro-batches over all
   // data-parallel ranks), folded with the collectives' scaling.
@@ -173,7 +173,7 @@ class ShardedModel {
   std::vector<OptimizerRange> optimizer_ranges_;
   MemoryBreakdown memory_;
   int micro_batches_ = 0;
-  bool tensor_parallel_grads_summed_ = false;
+  bool step_grads_finished_ = false;  // the once-per-step work of finish_grad_sync is done
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
   // Last: deregistered before any buffer they cover can be freed.
   std::vector<Registration> registrations_;

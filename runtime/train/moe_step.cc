@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/ops.h"
 #include "runtime/core/error.h"
 
 namespace fsdp::train {
@@ -14,12 +15,16 @@ void MoeStep::start_step() {
 }
 
 std::vector<double> MoeStep::local_values(Context& ctx) const {
-  std::vector<double> v = {0.0, 0.0};
+  // The layers' losses summed on the device, then one read-back for all of them.
+  Tensor sum;
   for (nn::MoELayer* l : layers_) {
-    const std::vector<double> losses = l->stats().loss_values(ctx);
-    v[0] += losses[0];
-    v[1] += losses[1];
+    const Tensor& losses = l->stats().losses;
+    if (!losses.defined()) continue;
+    if (!sum.defined()) sum = ops::zeros(ctx, Shape{2}, losses.dtype());
+    ops::axpby(ctx, sum, 1.0, losses, 1.0);
   }
+  std::vector<double> v = {0.0, 0.0};
+  if (sum.defined()) v = ops::to_vector<double>(ctx, ops::cast(ctx, sum, DType::f64));
   for (nn::MoELayer* l : layers_)
     v.insert(v.end(), l->stats().counts.begin(), l->stats().counts.end());
   return v;

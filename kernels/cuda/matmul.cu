@@ -70,7 +70,10 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_out = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algo{};                   // the one every call runs
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, its first choice first
+  int uses = 0;
+  bool tuned = false;  // timed (MatmulTuning), or nothing to choose from
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -82,6 +85,32 @@ struct Plan {
     if (lt_a) cublasLtMatrixLayoutDestroy(lt_a);
     if (op) cublasLtMatmulDescDestroy(op);
   }
+};
+
+// Two CUDA events, destroyed with the object.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    FSDP_CALL(cudaEventCreate(&start));
+    FSDP_CALL(cudaEventCreate(&stop));
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+  ~EventPair() {  // statuses ignored: destruction cannot report them
+    if (stop) cudaEventDestroy(stop);
+    if (start) cudaEventDestroy(start);
+  }
+};
+
+// The operands of one matmul call, as cuBLASLt takes them.
+struct Operands {
+  const float* alpha;
+  const float* beta;
+  const void* a;
+  const void* b;
+  void* out;
+  void* workspace;
+  CUstream_st* stream;
 };
 
 }  // namespace
@@ -96,6 +125,8 @@ struct Blas::Impl {
   };
   std::map<PlanKey, CachedPlan> plans;
   uint64_t uses = 0;
+  MatmulTuning tuning;
+  std::vector<MatmulTuningRecord> tuned;
 
   explicit Impl(Context& c) : ctx(c) {
     DeviceGuard guard(ctx.device());
@@ -195,7 +226,8 @@ struct Blas::Impl {
     const uint64_t ws_bytes = kWorkspaceBytes;
     const uint32_t al_a = uint32_t(key.align_b), al_b = uint32_t(key.align_a),
                    al_c = uint32_t(key.align_out);
-    cublasLtMatmulHeuristicResult_t result{};
+    const int requested = tuning.enabled ? std::max(1, tuning.candidates) : 1;
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(requested));
     int found = 0;
     cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
@@ -213,7 +245,8 @@ struct Blas::Impl {
                                                     &al_c, sizeof(al_c));
     if (status == CUBLAS_STATUS_SUCCESS)
       status = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->lt_a, p->lt_b, p->lt_out,
-                                              p->lt_out, pref, 1, &result, &found);
+                                              p->lt_out, pref, requested, results.data(),
+                                              &found);
     cublasLtMatmulPreferenceDestroy(pref);
     // No BiasGrad algorithm for this problem is an answer, not an error (try_matmul).
     if (key.epilogue == MatmulEpilogue::BiasGrad && (found == 0 || status != CUBLAS_STATUS_SUCCESS))
@@ -226,8 +259,72 @@ struct Blas::Impl {
                                                        : "",
                key.bias ? ", bias" : "", ": ",
                cublasLtGetStatusString(status));
-    p->algo = result.algo;
+    for (int i = 0; i < found; ++i) p->candidates.push_back(results[size_t(i)].algo);
+    p->algo = p->candidates.front();
+    p->tuned = p->candidates.size() < 2;
     return p;
+  }
+
+  // Whether this call of `p` is the one to time its candidates on (MatmulTuning).
+  bool should_tune(Plan& p, CUstream_st* stream) {
+    ++p.uses;
+    if (!tuning.enabled || p.tuned || p.uses < tuning.after_uses ||
+        tuned.size() >= tuning.max_tuned)
+      return false;
+    // Inside a capture nothing runs, so nothing can be timed.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    FSDP_CALL(cudaStreamIsCapturing(stream, &capturing));
+    return capturing == cudaStreamCaptureStatusNone;
+  }
+
+  // Times each candidate of `p` on the call's own operands and keeps the fastest. With beta
+  // = 0 every run rewrites the output (and the epilogue's aux or bias sums), so the real
+  // call that follows leaves exactly what an untuned call would. With beta != 0 (weight
+  // gradients accumulating) the runs are timed as they are, then the output is put back
+  // from a host copy: a device copy would add the output's size to the peak memory.
+  void tune(Plan& p, const PlanKey& key, const Operands& o) {
+    p.tuned = true;
+    const MatmulDims& d = key.d;
+    const size_t out_bytes =
+        size_t((d.batch - 1) * d.batch_stride_out + d.m * d.n) * dtype_size(key.out);
+    std::vector<unsigned char> saved;
+    if (*o.beta != 0.0f) {
+      saved.resize(out_bytes);
+      FSDP_CALL(cudaMemcpyAsync(saved.data(), o.out, out_bytes, cudaMemcpyDeviceToHost, o.stream));
+      FSDP_CALL(cudaStreamSynchronize(o.stream));
+    }
+    const EventPair events;
+    const int runs = std::max(1, tuning.timed_runs);
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+      return cublasLtMatmul(handle, p.op, o.alpha, o.b, p.lt_a, o.a, p.lt_b, o.beta, o.out,
+                            p.lt_out, o.out, p.lt_out, &algo, o.workspace, kWorkspaceBytes,
+                            o.stream);
+    };
+    MatmulTuningRecord record{key.d, key.in, key.out, key.epilogue, key.bias, 0, 0, -1.0, -1.0};
+    for (size_t i = 0; i < p.candidates.size(); ++i) {
+      // A candidate cuBLASLt declines at run time is skipped, not an error.
+      if (run(p.candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
+      FSDP_CALL(cudaEventRecord(events.start, o.stream));
+      for (int r = 0; r < runs; ++r) FSDP_CALL(run(p.candidates[i]));
+      FSDP_CALL(cudaEventRecord(events.stop, o.stream));
+      FSDP_CALL(cudaEventSynchronize(events.stop));
+      float ms = 0;
+      FSDP_CALL(cudaEventElapsedTime(&ms, events.start, events.stop));
+      const double per_run = double(ms) / runs;
+      if (i == 0) record.heuristic_ms = per_run;
+      ++record.candidates;
+      if (record.best_ms < 0 || per_run < record.best_ms) {
+        record.best_ms = per_run;
+        record.chosen = int(i);
+      }
+    }
+    if (!saved.empty()) {
+      FSDP_CALL(cudaMemcpyAsync(o.out, saved.data(), out_bytes, cudaMemcpyHostToDevice, o.stream));
+      FSDP_CALL(cudaStreamSynchronize(o.stream));  // before `saved` goes
+    }
+    if (record.candidates == 0) return;  // none ran: the real call reports why
+    p.algo = p.candidates[size_t(record.chosen)];
+    tuned.push_back(record);
   }
 
   static void set_pointers(Plan& p, const void* bias, void* aux, bool aux_is_bias_grad) {
@@ -249,6 +346,17 @@ Blas::Blas(Context& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
 Blas::~Blas() = default;
 
 size_t Blas::cached_plans() const { return impl_->plans.size(); }
+
+void Blas::set_tuning(const MatmulTuning& tuning) {
+  impl_->tuning = tuning;
+  // Plans made before asked the heuristic for one candidate only; dropping them is safe (see
+  // find_or_make).
+  impl_->plans.clear();
+}
+
+const MatmulTuning& Blas::tuning() const { return impl_->tuning; }
+
+const std::vector<MatmulTuningRecord>& Blas::tuning_records() const { return impl_->tuned; }
 
 void Blas::matmul(const MatmulDims& d, void* out, DType out_dtype, const void* a, const void* b,
                   DType in_dtype, double alpha, double beta, const void* bias, void* aux,
@@ -304,6 +412,8 @@ bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const voi
   Plan& p = *plan;
   Impl::set_pointers(p, bias, aux, bias_grad);
   const float alpha_f = float(alpha), beta_f = float(beta);
+  if (impl_->should_tune(p, stream))
+    impl_->tune(p, key, Operands{&alpha_f, &beta_f, a, b, out, ws, stream});
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
                            p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
   return true;

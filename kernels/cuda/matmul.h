@@ -9,11 +9,40 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "kernels/nn_shapes.h"
 #include "runtime/core/context.h"
 
 namespace fsdp::kernels::cuda {
+
+// Choosing each problem's algorithm by timing. cuBLASLt's heuristic ranks its candidates by
+// a model, and on the H200 its first choice runs up to 1.25x slower than the fastest of its
+// top 8 for some training shapes (GPT-2's bias forwards and projections). With tuning on, a
+// problem's candidates are timed on its own operands the `after_uses`-th time it runs
+// (outside CUDA-graph capture; an output that accumulates, beta != 0, is put back
+// afterwards, so the call's result is what an untuned call gives), and the fastest is kept
+// for the rest of the run. A problem is tuned once; at most `max_tuned` are, which bounds
+// the cost for the experts of a mixture-of-experts layer, whose row counts keep changing.
+struct MatmulTuning {
+  bool enabled = false;
+  int candidates = 8;      // the heuristic's top candidates timed
+  int after_uses = 2;      // a shape seen once only is not worth timing
+  int timed_runs = 3;      // after one warm-up run of each candidate
+  size_t max_tuned = 512;
+};
+
+// What tuning found for one problem (bench and tests read these).
+struct MatmulTuningRecord {
+  MatmulDims dims;
+  DType in, out;
+  MatmulEpilogue epilogue;
+  bool bias;
+  int candidates;        // timed (those that ran)
+  int chosen;            // index among the heuristic's candidates (0 = its first choice)
+  double heuristic_ms;   // the first choice, one run
+  double best_ms;        // the chosen one, one run
+};
 
 class Blas {
  public:
@@ -35,6 +64,12 @@ class Blas {
   bool try_matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a,
                   const void* b, DType in_dtype, double alpha, double beta, const void* bias,
                   void* aux, MatmulEpilogue epilogue);
+
+  // Tuning is off until set (the trainer sets it from train.matmul_tuning).
+  void set_tuning(const MatmulTuning& tuning);
+  const MatmulTuning& tuning() const;
+  // Every problem tuned so far, in the order tuned.
+  const std::vector<MatmulTuningRecord>& tuning_records() const;
 
   // Number of problem shapes whose plans are cached (for tests of the cache). The cache
   // keeps at most kMaxCachedPlans: the experts of a mixture-of-experts layer get new row

@@ -80,6 +80,7 @@ struct TrainSection {
   int64_t eval_interval = 0;         // 0 = never
   int64_t eval_iters = 0;
   bool cuda_graphs = false;          // replay each micro-batch's forward+backward as a CUDA graph
+  bool matmul_tuning = true;         // CUDA: time cuBLASLt's candidate algorithms per shape
 };
 
 struct OptimizerSection {

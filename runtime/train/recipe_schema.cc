@@ -145,6 +145,12 @@ std::vector<FieldSpec> build_schema() {
           "(its backward all-reduces the gradients), so it needs train.global_batch_size >= 2 * "
           "micro_batch_size * data-parallel size. The graph keeps one micro-batch's activation "
           "memory reserved for the whole run."),
+      KEY(train.matmul_tuning).default_to(true).help_text(
+          "CUDA: time cuBLASLt's top 8 algorithms for each matmul shape the second time it "
+          "runs and keep the fastest for the rest of the run (the heuristic's first choice is "
+          "up to 1.25x slower on some training shapes). Timing decides, so two runs may pick "
+          "different algorithms and differ in rounding; false keeps the heuristic's choice, "
+          "the same in every run. No effect on the CPU."),
 
       // optimizer
       KEY(optimizer.optimizer).one_of({"adamw", "sgd"}).default_to("adamw").help_text(

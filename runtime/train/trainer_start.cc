@@ -3,6 +3,10 @@
 // report).
 #include "runtime/train/trainer_state.h"
 
+#if FSDP_WITH_CUDA
+#include "kernels/cuda/matmul.h"
+#endif
+
 namespace fsdp::train {
 
 void Trainer::State::setup_world() {
@@ -32,6 +36,13 @@ void Trainer::State::setup_world() {
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());
+#if FSDP_WITH_CUDA
+  if (ctx->is_cuda()) {
+    kernels::cuda::MatmulTuning tuning;
+    tuning.enabled = recipe.train.matmul_tuning;
+    ctx->extension<kernels::cuda::Blas>().set_tuning(tuning);
+  }
+#endif
   check_same_recipe_on_every_rank();
   clock = std::make_unique<StepClock>(*ctx);
   const std::vector<int> dp_group = mesh->dp_group(world->rank());

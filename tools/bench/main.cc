@@ -3,6 +3,7 @@
 //   bench collectives [flags]   bus bandwidth of our collectives against raw NCCL / MPI
 //   bench grouped-matmul [flags] the experts' grouped matmul beside a dense one (GPU)
 //   bench matmul [flags]        the CPU matmul on one shape, OpenBLAS against our kernel
+//   bench matmul-tuning [flags] a workload's matmuls: the heuristic's algorithm vs the timed one
 //   bench train [flags]         tokens/s, MFU, memory and step-time split of a workload
 //
 // This file only dispatches; each subcommand lives in its own file.
@@ -15,6 +16,7 @@
 #include "tools/bench/collectives_bench.h"
 #include "tools/bench/grouped_matmul_bench.h"
 #include "tools/bench/matmul_bench.h"
+#include "tools/bench/matmul_tuning_bench.h"
 #include "tools/bench/train_bench.h"
 
 namespace {
@@ -32,6 +34,8 @@ const Subcommand kSubcommands[] = {
      "the experts' grouped matmul on a GPU beside one dense matmul of the same size"},
     {"matmul", fsdp::bench::run_matmul_bench,
      "the CPU matmul on one shape: OpenBLAS against the hand-written kernel"},
+    {"matmul-tuning", fsdp::bench::run_matmul_tuning_bench,
+     "a workload's training matmuls: cuBLASLt's heuristic choice against the timed one (GPU)"},
     {"train", fsdp::bench::run_train_bench,
      "tokens/s, MFU, peak memory and the compute / communication / optimizer split"},
 };

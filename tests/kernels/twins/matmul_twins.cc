@@ -160,6 +160,56 @@ void register_matmul_twins() {
     }
   }
 
+  // Tuning (kernels/cuda/matmul.h: MatmulTuning) times cuBLASLt's candidates on the call's
+  // own operands: the results must be those of an untuned call, for epilogues that write
+  // aux or bias sums and for outputs that accumulate (beta != 0), where the timed runs
+  // change the output before it is put back.
+  register_twin({"matmul", "matmul tuning keeps every result (bias+gelu, dgelu, bgradb, beta)",
+                 [](TwinSide& s) {
+    Context& ctx = s.ctx();
+#if FSDP_WITH_CUDA
+    kernels::cuda::Blas* blas = s.is_reference() ? nullptr : &ctx.extension<kernels::cuda::Blas>();
+    if (blas) {
+      kernels::cuda::MatmulTuning tuning;
+      tuning.enabled = true;
+      tuning.after_uses = 1;  // every problem below is timed on its first call
+      blas->set_tuning(tuning);
+    }
+#endif
+    const int64_t m = 1024, c = 768, f = 3072;
+    const Tensor x = s.random(Shape{m, c}, DType::bf16, 51);
+    const Tensor w_fc = s.random(Shape{f, c}, DType::bf16, 52, -0.1, 0.1);    // (F, C)
+    const Tensor b_fc = s.random(Shape{f}, DType::bf16, 53);
+    const Tensor w_proj = s.random(Shape{c, f}, DType::bf16, 54, -0.1, 0.1);  // (C, F)
+    const Tensor dy = s.random(Shape{m, c}, DType::bf16, 55);
+    const Tensor pre = s.empty(Shape{m, f}, DType::bf16), act = s.empty(Shape{m, f}, DType::bf16);
+    ops::matmul(ctx, act, x, w_fc, false, true, 1.0, 0.0, b_fc, ops::Epilogue::Gelu, pre);
+    s.output("pre-activation", pre, product_tolerance(DType::bf16));
+    s.output("gelu(x w^T + b)", act, gelu_tolerance(DType::bf16));
+    const Tensor dh = s.empty(Shape{m, f}, DType::bf16);  // (dy @ W_proj) * gelu'(pre)
+    ops::matmul(ctx, dh, dy, w_proj, false, false, 1.0, 0.0, Tensor(), ops::Epilogue::DGelu, pre);
+    s.output("dgelu", dh, gelu_tolerance(DType::bf16));
+    const Tolerance f32_sums =
+        Tolerance::scaled(1e-5, "f32 sums of 1024 bf16 products/values in another order");
+    const Tensor dw = s.random(Shape{c, f}, DType::f32, 56), db = s.random(Shape{c}, DType::f32, 57);
+    for (int rep = 0; rep < 2; ++rep)  // dW_proj (C, F) += dy^T act; db += sums of dy
+      ops::matmul_bias_grad(ctx, dw, dy, act, true, false, 1.0, 1.0, db, true);
+    s.output("dweight accumulated", dw, f32_sums);
+    s.output("dbias accumulated", db, f32_sums);
+    const Tensor acc = s.random(Shape{m, c}, DType::f32, 58);  // acc = 0.5 act w_proj^T - 2 acc
+    ops::matmul(ctx, acc, act, w_proj, false, true, 0.5, -2.0);
+    s.output("alpha 0.5 beta -2", acc, Tolerance::scaled(2e-5, "f32 accumulation order"));
+#if FSDP_WITH_CUDA
+    if (blas) {
+      s.expect(blas->tuning_records().size() >= 4, "each problem was timed on its first call");
+      for (const kernels::cuda::MatmulTuningRecord& r : blas->tuning_records())
+        s.expect(r.candidates >= 1 && r.best_ms > 0 && r.best_ms <= r.heuristic_ms,
+                 "a timed problem keeps the fastest of its candidates");
+      blas->set_tuning(kernels::cuda::MatmulTuning{});  // the other cases run untuned
+    }
+#endif
+  }});
+
   // One cuBLASLt plan per problem shape, reused by every later call of that shape.
   register_twin({"matmul", "matmul plan cache 128x128x256 bf16", [](TwinSide& s) {
     Context& ctx = s.ctx();

@@ -1,0 +1,188 @@
+#include "tools/bench/matmul_tuning_bench.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+#include "runtime/core/context.h"
+#include "runtime/core/error.h"
+#include "runtime/core/stream.h"
+#include "runtime/train/recipe.h"
+
+#if FSDP_WITH_CUDA
+#include "kernels/cuda/matmul.h"
+#endif
+
+namespace fsdp::bench {
+namespace {
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: bench matmul-tuning (--workload NAME | --config FILE) [--reps R]\n"
+               "  Times on GPU 0, bf16, every distinct matmul of one transformer block and the\n"
+               "  output head of the recipe's model at its micro-batch (rows = micro_batch_size x\n"
+               "  seq_length; the head's rows are one classifier chunk), as the layers run them:\n"
+               "  forward with its epilogue (bias, GELU), dgrad (the GELU gradient fused where\n"
+               "  the model fuses it), wgrad accumulating into f32 with the bias gradient. Each\n"
+               "  runs with cuBLASLt's heuristic choice, then with the timed choice\n"
+               "  (train.matmul_tuning): the median of R runs, in TFLOP/s. Workloads: gpt2-124m,\n"
+               "  gpt-1.3b, llama-1b.\n");
+}
+
+// One linear layer of the model: x (rows, in) @ w (out, in)^T.
+struct LinearShape {
+  const char* name;
+  int64_t rows, in, out;
+  bool bias;
+  bool gelu_after;   // forward: GELU epilogue saving the pre-activation (GPT-2's fc)
+  bool dgelu_input;  // dgrad: the GELU gradient of the layer before fused in (GPT-2's proj)
+};
+
+std::vector<LinearShape> shapes_of(const train::Recipe& r) {
+  const train::ModelSection& m = r.model;
+  const int64_t rows = int64_t(r.train.micro_batch_size) * m.seq_length;
+  const int64_t chunk = m.classifier_chunk_rows > 0 ? std::min<int64_t>(rows, m.classifier_chunk_rows)
+                                                    : rows;
+  const int64_t c = m.d_model, f = m.d_ff, v = m.padded_vocab_size;
+  if (m.family == "gpt2")
+    return {{"qkv", rows, c, 3 * c, true, false, false},
+            {"attention proj", rows, c, c, true, false, false},
+            {"fc (+GELU)", rows, c, f, true, true, false},
+            {"proj (dGELU)", rows, f, c, true, false, true},
+            {"head", chunk, c, v, false, false, false}};
+  const int64_t kv = c / m.n_head * m.n_kv_head;
+  return {{"qkv", rows, c, c + 2 * kv, false, false, false},
+          {"attention out", rows, c, c, false, false, false},
+          {"gate+up", rows, c, 2 * f, false, false, false},
+          {"down", rows, f, c, false, false, false},
+          {"head", chunk, c, v, false, false, false}};
+}
+
+// The median over `reps` runs of `work`, in ms, after one warm-up (GPU events).
+double median_ms(Context& ctx, int reps, const std::function<void()>& work) {
+  work();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    Event start = Event::create(ctx.device(), true), end = Event::create(ctx.device(), true);
+    start.record(ctx.stream());
+    work();
+    end.record(ctx.stream());
+    end.synchronize();
+    ms.push_back(Event::elapsed_ms(start, end));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int run_matmul_tuning_bench(const std::vector<std::string>& args) {
+  static const std::map<std::string, std::string> kWorkloads = {
+      {"gpt2-124m", "configs/gpt2-124m.json"},
+      {"gpt-1.3b", "configs/gpt-1.3b.json"},
+      {"llama-1b", "configs/llama-1b.json"}};
+  std::string config;
+  int reps = 20;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      FSDP_CHECK(i + 1 < args.size(), ConfigError, a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    } else if (a == "--workload") {
+      const std::string name = value();
+      auto it = kWorkloads.find(name);
+      FSDP_CHECK(it != kWorkloads.end(), ConfigError, "bench matmul-tuning: unknown workload '",
+                 name, "' (see --help)");
+      config = it->second;
+    } else if (a == "--config") {
+      config = value();
+    } else if (a == "--reps") {
+      reps = std::stoi(value());
+    } else {
+      usage(stderr);
+      FSDP_THROW(ConfigError, "bench matmul-tuning: unknown flag ", a);
+    }
+  }
+  FSDP_CHECK(!config.empty() && reps > 0, ConfigError,
+             "bench matmul-tuning: give --workload or --config, and --reps > 0");
+#if FSDP_WITH_CUDA
+  const train::Recipe recipe = train::load_recipe(config, {});
+  Context ctx(Device::cuda(0));
+  kernels::cuda::Blas& blas = ctx.extension<kernels::cuda::Blas>();
+  std::printf("# bench matmul-tuning: %s, bf16 operands, f32 weight gradients, median of %d\n",
+              config.c_str(), reps);
+  std::printf("%-16s %-6s %-22s %10s %10s %7s\n", "layer", "pass", "(M x K) @ (K x N)",
+              "heuristic", "tuned", "ratio");
+  double total_heuristic = 0, total_tuned = 0;
+  for (const LinearShape& l : shapes_of(recipe)) {
+    const Tensor x = ctx.empty(Shape{l.rows, l.in}, DType::bf16);      // (M, in)
+    const Tensor w = ctx.empty(Shape{l.out, l.in}, DType::bf16);       // (out, in)
+    const Tensor y = ctx.empty(Shape{l.rows, l.out}, DType::bf16);     // (M, out)
+    const Tensor dx = ctx.empty(Shape{l.rows, l.in}, DType::bf16);     // (M, in)
+    const Tensor dw = ctx.empty(Shape{l.out, l.in}, DType::f32);       // (out, in)
+    const Tensor b = l.bias ? ctx.empty(Shape{l.out}, DType::bf16) : Tensor();
+    const Tensor db = l.bias ? ctx.empty(Shape{l.out}, DType::f32) : Tensor();
+    const Tensor pre = l.gelu_after ? ctx.empty(Shape{l.rows, l.out}, DType::bf16) : Tensor();
+    const Tensor pre_in = l.dgelu_input ? ctx.empty(Shape{l.rows, l.in}, DType::bf16) : Tensor();
+    for (const Tensor& t : {x, w, y, pre_in})
+      if (t.defined()) ops::fill(ctx, t, 0.01);
+    ops::fill(ctx, dw, 0.0);
+    if (l.bias) ops::fill(ctx, db, 0.0);
+    struct Pass {
+      const char* name;
+      int64_t m, k, n;
+      std::function<void()> run;
+    };
+    const std::vector<Pass> passes = {
+        {"fwd", l.rows, l.in, l.out,
+         [&] {
+           ops::matmul(ctx, y, x, w, false, true, 1.0, 0.0, b,
+                       l.gelu_after ? ops::Epilogue::Gelu : ops::Epilogue::None, pre);
+         }},
+        {"dgrad", l.rows, l.out, l.in,
+         [&] {
+           ops::matmul(ctx, dx, y, w, false, false, 1.0, 0.0, Tensor(),
+                       l.dgelu_input ? ops::Epilogue::DGelu : ops::Epilogue::None, pre_in);
+         }},
+        {"wgrad", l.out, l.rows, l.in,
+         [&] {
+           if (l.bias)
+             ops::matmul_bias_grad(ctx, dw, y, x, true, false, 1.0, 1.0, db, true);
+           else
+             ops::matmul(ctx, dw, y, x, true, false, 1.0, 1.0);
+         }},
+    };
+    for (const Pass& p : passes) {
+      blas.set_tuning(kernels::cuda::MatmulTuning{});
+      const double heuristic = median_ms(ctx, reps, p.run);
+      kernels::cuda::MatmulTuning on;
+      on.enabled = true;
+      on.after_uses = 1;
+      blas.set_tuning(on);
+      const double tuned = median_ms(ctx, reps, p.run);  // the warm-up run times the candidates
+      const double flop = 2.0 * double(p.m) * double(p.k) * double(p.n);
+      std::printf("%-16s %-6s %-22s %10.1f %10.1f %7.3f\n", l.name, p.name,
+                  str_cat("(", p.m, " x ", p.k, ") @ (", p.k, " x ", p.n, ")").c_str(),
+                  flop / heuristic / 1e9, flop / tuned / 1e9, heuristic / tuned);
+      total_heuristic += heuristic;
+      total_tuned += tuned;
+    }
+  }
+  std::printf("one block + head: heuristic %.3f ms, tuned %.3f ms (%.3fx)\n", total_heuristic,
+              total_tuned, total_heuristic / total_tuned);
+  return 0;
+#else
+  FSDP_THROW(DeviceError, "bench matmul-tuning: this build has no CUDA support (--config=cpu)");
+#endif
+}
+
+}  // namespace fsdp::bench

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of `bench train`: the same model shapes trained the way a PyTorch user
+would (bf16 autocast over f32 weights, F.scaled_dot_product_attention, fused AdamW,
+torch.compile), on random tokens, one GPU. Prints tokens/s, MFU and peak memory in the form
+`bench train` prints them, so scripts/gpu_validate.sh can put the two side by side in one
+call.
+
+  python3 tools/peer/torch_peer.py --workload gpt2-124m [--steps 8] [--warmup 2]
+                                   [--micro-batch B] [--global-batch G] [--no-compile]
+
+Workloads: gpt2-124m (64 x 1024, 8 micro-batches per step), gpt-1.3b (16 x 2048, selective
+recompute is not modelled: PyTorch keeps every activation), llama-1b (8 x 2048).
+MFU counts 6 N + 12 layers d_model seq FLOP per token against 989 TFLOP/s, as bench does.
+"""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+WORKLOADS = {
+    # family, layers, d_model, heads, kv heads, d_ff, seq, vocab (padded), micro, global
+    "gpt2-124m": ("gpt2", 12, 768, 12, 12, 3072, 1024, 50304, 64, 512),
+    "gpt-1.3b": ("gpt2", 24, 2048, 16, 16, 8192, 2048, 50304, 16, 32),
+    "llama-1b": ("llama", 16, 2048, 32, 8, 8192, 2048, 50304, 8, 32),
+}
+PEAK_FLOPS = 989e12
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rotary(x, cos, sin):  # x (B, H, T, D)
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, family, d, heads, kv_heads, d_ff):
+        super().__init__()
+        self.family, self.heads, self.kv_heads, self.hd = family, heads, kv_heads, d // heads
+        gpt2 = family == "gpt2"
+        norm = (lambda: nn.LayerNorm(d)) if gpt2 else (lambda: RMSNorm(d))
+        self.ln1, self.ln2 = norm(), norm()
+        self.qkv = nn.Linear(d, d + 2 * kv_heads * self.hd, bias=gpt2)
+        self.proj = nn.Linear(d, d, bias=gpt2)
+        self.fc = nn.Linear(d, d_ff if gpt2 else 2 * d_ff, bias=gpt2)
+        self.fc_proj = nn.Linear(d_ff, d, bias=gpt2)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(
+            [C, self.kv_heads * self.hd, self.kv_heads * self.hd], dim=-1)
+        q = q.view(B, T, self.heads, self.hd).transpose(1, 2)
+        k = k.view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        if self.family == "llama":
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.kv_heads != self.heads)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        h = self.fc(self.ln2(x))
+        if self.family == "gpt2":
+            h = F.gelu(h, approximate="tanh")
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return x + self.fc_proj(h)
+
+
+class Model(nn.Module):
+    def __init__(self, family, layers, d, heads, kv_heads, d_ff, seq, vocab):
+        super().__init__()
+        self.family = family
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq, d) if family == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(family, d, heads, kv_heads, d_ff) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d) if family == "gpt2" else RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        if family == "gpt2":
+            self.head.weight = self.wte.weight  # tied, as GPT-2
+        hd = d // heads
+        inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2).float() / hd))
+        ang = torch.outer(torch.arange(seq).float(), inv)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.blocks:
+            x = b(x, self.cos[:T], self.sin[:T])
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int)
+    ap.add_argument("--global-batch", type=int)
+    ap.add_argument("--no-compile", action="store_true")
+    a = ap.parse_args()
+    family, layers, d, heads, kv, d_ff, seq, vocab, micro, glob = WORKLOADS[a.workload]
+    micro = a.micro_batch or micro
+    glob = a.global_batch or glob
+    accum = max(1, glob // micro)
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dev = torch.device("cuda")
+    model = Model(family, layers, d, heads, kv, d_ff, seq, vocab).to(dev)
+    n_params = sum(p.numel() for p in model.parameters())  # every parameter, as bench counts
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+    step_fn = model if a.no_compile else torch.compile(model)
+    gen = torch.Generator(device=dev).manual_seed(1)
+
+    def batch():
+        t = torch.randint(0, 50257, (micro, seq + 1), device=dev, generator=gen)
+        return t[:, :-1], t[:, 1:]
+
+    times = []
+    for step in range(a.warmup + a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(accum):
+            x, y = batch()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step_fn(x, y) / accum
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if step >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = sum(times) / len(times)
+    tokens = micro * seq * accum
+    tps = tokens / step_s
+    flop_per_token = 6 * n_params + 12 * layers * d * seq
+    print(f"# torch peer: {a.workload}, torch {torch.__version__}, "
+          f"{'eager' if a.no_compile else 'torch.compile'}, micro-batch {micro} x {seq}, "
+          f"{accum} per step, {a.steps} timed steps after {a.warmup} warm-up")
+    print(f"tokens/s total     {tps / 1e3:.1f}K")
+    print(f"MFU                {100 * tps * flop_per_token / PEAK_FLOPS:.1f}%")
+    print(f"peak allocated     {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    print(f"step time          {1e3 * step_s:.1f} ms")
+    if not math.isfinite(loss.item()):
+        raise SystemExit("torch peer: the loss is not finite")
+
+
+if __name__ == "__main__":
+    main()

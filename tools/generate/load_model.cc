@@ -8,6 +8,7 @@
 #include "runtime/checkpoint/checkpoint_reader.h"
 #include "runtime/checkpoint/metadata.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/moe.h"
 #include "tools/convert/hf_export.h"
 #include "tools/convert/hf_import.h"
 
@@ -24,6 +25,27 @@ void install_weights(Context& ctx, models::LanguageModel& model, DType dtype, Re
                host.shape(), ", the model has ", p->shape());
     p->data = ctx.empty(p->shape(), dtype);
     ops::copy(ctx, p->data, host);
+  }
+}
+
+// Gives every MoE layer that routes with an expert bias (aux-loss-free balancing) the bias it
+// trained to: state beside the parameters, in the checkpoint's buffers. Without it the
+// tokens would go to other experts than in training.
+void install_expert_biases(Context& ctx, Context& host, models::LanguageModel& model,
+                           checkpoint::CheckpointReader& reader, const std::string& dir) {
+  for (nn::Module* m : model.modules()) {
+    auto* layer = dynamic_cast<nn::MoELayer*>(m);
+    if (!layer || !layer->options().expert_bias) continue;
+    const std::string name = layer->name() + ".expert_bias";
+    FSDP_CHECK(reader.metadata().find_buffer(name) != nullptr, CheckpointError, dir,
+               ": no buffer \"", name, "\", which the model routes with "
+               "(model.moe_router_enable_expert_bias)");
+    const Tensor stored = reader.read_buffer(host, name);
+    FSDP_CHECK(stored.shape() == Shape{layer->options().experts}, CheckpointError, dir, ": ",
+               name, " is ", stored.shape(), ", the model has ", layer->options().experts,
+               " experts");
+    layer->expert_bias() = ctx.empty(stored.shape(), DType::f32);
+    ops::copy(ctx, layer->expert_bias(), stored);
   }
 }
 
@@ -52,6 +74,7 @@ std::unique_ptr<models::LanguageModel> load_model(Context& ctx, const std::strin
   install_weights(ctx, *model, dtype, [&](const std::string& name) {
     return reader.read_parameter(host, checkpoint::kMainWeights, name);
   });
+  install_expert_biases(ctx, host, *model, reader, dir);
   return model;
 }
 

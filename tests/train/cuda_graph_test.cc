@@ -262,7 +262,10 @@ struct Run {
 
 Run train_on_gpu(const std::string& dir, const std::string& name, std::vector<std::string> overrides) {
   const std::string data = write_tokens(dir);
-  overrides.insert(overrides.begin(), {"dist.device=cuda", "dataset.train_path=" + data,
+  // train.matmul_tuning=false: timing picks each matmul's algorithm anew in every run, and
+  // these runs are compared bit for bit (graphs against eager, eager against eager).
+  overrides.insert(overrides.begin(), {"dist.device=cuda", "train.matmul_tuning=false",
+                                       "dataset.train_path=" + data,
                                        "checkpoint.save=" + dir + "/" + name + "/ckpt",
                                        "run.output_dir=" + dir + "/" + name + "/run"});
   const Recipe recipe = parse_recipe(kTinyJson, overrides, name);

@@ -9,7 +9,7 @@
 #include "kernels/nn_ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
-#include "runtime/core/stream.h"
+#include "tools/bench/device_timing.h"
 
 namespace fsdp::bench {
 namespace {
@@ -26,22 +26,6 @@ void usage(std::FILE* out) {
                "  ((R, C) by one (F, C) weight), in ms and TFLOP/s: the median of R runs after\n"
                "  two warm-ups. The default is the OLMoE-1B-7B recipe's layer: 64 experts, top-8,\n"
                "  d 2048, expert d_ff 1024, 16384 tokens (4 x 4096).\n");
-}
-
-// The median over `reps` runs of `work`, in ms, after two warm-ups (GPU events).
-double median_ms(Context& ctx, int reps, const std::function<void()>& work) {
-  for (int i = 0; i < 2; ++i) work();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    Event start = Event::create(ctx.device(), true), end = Event::create(ctx.device(), true);
-    start.record(ctx.stream());
-    work();
-    end.record(ctx.stream());
-    end.synchronize();
-    ms.push_back(Event::elapsed_ms(start, end));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 }  // namespace
@@ -102,22 +86,22 @@ int run_grouped_matmul_bench(const std::vector<std::string>& args) {
   };
   const auto grouped = ops::GroupedMatmulMethod::Auto, per_expert = ops::GroupedMatmulMethod::PerExpert;
   std::vector<Row> table = {
-      {"auto forward y = x w_e^T", median_ms(ctx, reps, [&] {
+      {"auto forward y = x w_e^T", median_device_ms(ctx, reps, 2, [&] {
          ops::moe_grouped_matmul(ctx, y, x, w, counts, grouped);
        }), flop},
-      {"per-expert forward", median_ms(ctx, reps, [&] {
+      {"per-expert forward", median_device_ms(ctx, reps, 2, [&] {
          ops::moe_grouped_matmul(ctx, y, x, w, counts, per_expert);
        }), flop},
-      {"dense forward (same size)", median_ms(ctx, reps, [&] {
+      {"dense forward (same size)", median_device_ms(ctx, reps, 2, [&] {
          ops::matmul(ctx, y, x, w_dense, false, true);
        }), flop},
-      {"auto backward dx, dw", median_ms(ctx, reps, [&] {
+      {"auto backward dx, dw", median_device_ms(ctx, reps, 2, [&] {
          ops::moe_grouped_matmul_backward(ctx, dx, dw, dy, x, w, counts, false, grouped);
        }), 2 * flop},
-      {"per-expert backward dx, dw", median_ms(ctx, reps, [&] {
+      {"per-expert backward dx, dw", median_device_ms(ctx, reps, 2, [&] {
          ops::moe_grouped_matmul_backward(ctx, dx, dw, dy, x, w, counts, false, per_expert);
        }), 2 * flop},
-      {"dense backward (same size)", median_ms(ctx, reps, [&] {
+      {"dense backward (same size)", median_device_ms(ctx, reps, 2, [&] {
          ops::matmul(ctx, dx, dy, w_dense, false, false);
          ops::matmul(ctx, dw_dense, dy, x, true, false);
        }), 2 * flop},

@@ -11,7 +11,7 @@
 #include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
-#include "runtime/core/stream.h"
+#include "tools/bench/device_timing.h"
 #include "runtime/train/recipe.h"
 
 #if FSDP_WITH_CUDA
@@ -61,22 +61,6 @@ std::vector<LinearShape> shapes_of(const train::Recipe& r) {
           {"gate+up", rows, c, 2 * f, false, false, false},
           {"down", rows, f, c, false, false, false},
           {"head", chunk, c, v, false, false, false}};
-}
-
-// The median over `reps` runs of `work`, in ms, after one warm-up (GPU events).
-double median_ms(Context& ctx, int reps, const std::function<void()>& work) {
-  work();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    Event start = Event::create(ctx.device(), true), end = Event::create(ctx.device(), true);
-    start.record(ctx.stream());
-    work();
-    end.record(ctx.stream());
-    end.synchronize();
-    ms.push_back(Event::elapsed_ms(start, end));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 }  // namespace
@@ -163,12 +147,12 @@ int run_matmul_tuning_bench(const std::vector<std::string>& args) {
     };
     for (const Pass& p : passes) {
       blas.set_tuning(kernels::cuda::MatmulTuning{});
-      const double heuristic = median_ms(ctx, reps, p.run);
+      const double heuristic = median_device_ms(ctx, reps, 1, p.run);
       kernels::cuda::MatmulTuning on;
       on.enabled = true;
       on.after_uses = 1;
       blas.set_tuning(on);
-      const double tuned = median_ms(ctx, reps, p.run);  // the warm-up run times the candidates
+      const double tuned = median_device_ms(ctx, reps, 1, p.run);  // the warm-up run times the candidates
       const double flop = 2.0 * double(p.m) * double(p.k) * double(p.n);
       std::printf("%-16s %-6s %-22s %10.1f %10.1f %7.3f\n", l.name, p.name,
                   str_cat("(", p.m, " x ", p.k, ") @ (", p.k, " x ", p.n, ")").c_str(),

@@ -88,10 +88,10 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& lse, const
   }
 #if FSDP_WITH_CUDA
   float* lse_f = static_cast<float*>(lse.data_ptr());
-  // The fused paths take queries and keys of one length (cuDNN: with or without the mask;
-  // the f32 matmul path: masked); a chunk after earlier keys runs our own kernels.
+  // The f32 matmul path takes queries and keys of one length under the mask; cuDNN (bf16)
+  // also a chunk after earlier keys (context parallelism's gathered keys) and no mask.
   const bool f32 = q.dtype() == DType::f32;
-  if (d.past > 0 || (f32 && !d.causal)) {
+  if (f32 && (d.past > 0 || !d.causal)) {
     kernels::cuda::attention_forward(d, out.data_ptr(), lse_f, q.data_ptr(), k.data_ptr(),
                                      v.data_ptr(), q.dtype(), ctx.stream().cuda_stream());
     return;
@@ -166,8 +166,8 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
                         bool causal) {
   const char* what = "attention_backward";
   kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, causal, what);
-  // Only our own kernels take a chunk after earlier keys, and f32 without the mask.
-  const bool own = d.past > 0 || (q.dtype() == DType::f32 && !d.causal);
+  // In f32 only our own kernels take a chunk after earlier keys, or no mask.
+  const bool own = q.dtype() == DType::f32 && (d.past > 0 || !d.causal);
   check_heads(ctx, dout, q, d.heads, what);
   check_heads(ctx, dq, q, d.heads, what);
   check_heads(ctx, dk, q, d.kv_heads, what, k.size(1));

@@ -2,7 +2,9 @@
 // (context parallelism's ring blocks whose keys all come before their queries). The graphs
 // are the ones cuDNN's runtime fusion engine recognizes as scaled-dot-product attention:
 //
-// forward:  S = Q K^T * scale; causal mask (row >= col, else -inf); M = max(S); E = exp(S - M);
+// forward:  S = Q K^T * scale; causal mask (row + past >= col, else -inf; past > 0 when the
+//           queries are the last T of L = past + T keys: context parallelism's gathered
+//           keys); M = max(S); E = exp(S - M);
 //           Z = sum(E); lse = M + log(Z); O = (E / Z) V.
 // backward: Delta = sum(dO * O); P = exp(S - lse) (masked); dV = P^T dO; dP = dO V^T;
 //           dS = P (dP - Delta) * scale; dK = dS^T Q; dQ = dS K (accumulated in f32).
@@ -25,7 +27,7 @@ using cudnn::TensorRef;
 
 // Ids of the tensors the caller supplies at execution.
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kNegInf, kOne, kDelta, kDQAccum
+  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kNegInf, kOne, kDelta, kDQAccum, kPast
 };
 
 constexpr cudnnDataType_t kF32 = CUDNN_DATA_FLOAT;
@@ -33,33 +35,47 @@ constexpr cudnnDataType_t kBf16 = CUDNN_DATA_BFLOAT16;
 
 using Dims = std::vector<int64_t>;
 
-// (B, heads, T, D) dims and strides of one of our (B, T, heads, D) tensors.
+// (B, heads, rows, D) dims and strides of one of our (B, rows, heads, D) tensors: the queries'
+// T rows, or the keys' L = past + T.
+int64_t keys(const AttentionDims& d) { return d.past + d.seq; }
 Dims bhtd(const AttentionDims& d, int64_t heads) { return {d.batch, heads, d.seq, d.head_dim}; }
+Dims bhld(const AttentionDims& d, int64_t heads) { return {d.batch, heads, keys(d), d.head_dim}; }
 Dims strides_of(const HeadStrides& s) { return {s.b, s.h, s.t, 1}; }
-// The transpose (B, heads, D, T) of the same memory.
-Dims bhdt(const AttentionDims& d, int64_t heads) { return {d.batch, heads, d.head_dim, d.seq}; }
+// The transpose (B, heads, D, L) of the keys' memory.
+Dims bhdl(const AttentionDims& d, int64_t heads) { return {d.batch, heads, d.head_dim, keys(d)}; }
 Dims transposed_strides(const HeadStrides& s) { return {s.b, s.h, 1, s.t}; }
 
 struct Shapes {  // dims and packed strides of the graph's intermediates
-  Dims scores, scores_strides, scores_t_strides, rows, rows_strides, full, full_strides;
+  Dims scores, scores_strides, scores_t_strides, rows, rows_strides, full, full_strides,
+      full_keys, full_keys_strides;
   explicit Shapes(const AttentionDims& d) {
-    const int64_t B = d.batch, H = d.heads, T = d.seq, D = d.head_dim;
-    scores = {B, H, T, T};
-    scores_strides = {H * T * T, T * T, T, 1};
-    scores_t_strides = {H * T * T, T * T, 1, T};  // (B, H, T_k, T_q) view of the same scores
+    const int64_t B = d.batch, H = d.heads, T = d.seq, L = keys(d), D = d.head_dim;
+    scores = {B, H, T, L};
+    scores_strides = {H * T * L, T * L, L, 1};
+    scores_t_strides = {H * T * L, T * L, 1, L};  // (B, H, L, T) view of the same scores
     rows = {B, H, T, 1};
     rows_strides = {H * T, T, 1, 1};
     full = {B, H, T, D};
     full_strides = {H * T * D, T * D, D, 1};
+    full_keys = {B, H, L, D};  // a key-side product before its sum over a head group
+    full_keys_strides = {H * L * D, L * D, D, 1};
   }
 };
 
-// scores masked to the causal lower triangle: x where row >= col, else -inf.
-TensorRef causal_mask(GraphBuilder& g, const Shapes& s, TensorRef x, TensorRef neg_inf) {
+// scores masked to the causal lower triangle: x where row + past >= col, else -inf (the
+// mask cuDNN knows as bottom-right aligned when past > 0).
+TensorRef causal_mask(GraphBuilder& g, const AttentionDims& d, const Shapes& s, TensorRef x,
+                      TensorRef neg_inf) {
   TensorRef row = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_INT32);
   TensorRef col = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_INT32);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, {}, row, CUDNN_DATA_INT32, {}, 2);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, {}, col, CUDNN_DATA_INT32, {}, 3);
+  if (d.past > 0) {
+    TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_ADD, row, g.scalar(kPast, CUDNN_DATA_INT32), shifted,
+                CUDNN_DATA_INT32);
+    row = shifted;
+  }
   TensorRef keep = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_BOOLEAN);
   g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, CUDNN_DATA_BOOLEAN);
   TensorRef y = g.virtual_tensor(s.scores, s.scores_strides, kF32);
@@ -67,7 +83,7 @@ TensorRef causal_mask(GraphBuilder& g, const Shapes& s, TensorRef x, TensorRef n
   return y;
 }
 
-// Scaled scores S (B, H, T, T) f32 from Q and K^T, masked when the problem is causal (an
+// Scaled scores S (B, H, T, L) f32 from Q and K^T, masked when the problem is causal (an
 // unmasked block of context parallelism's ring has no mask and no -inf scalar).
 TensorRef masked_scores(GraphBuilder& g, const AttentionDims& d, const Shapes& s, TensorRef q,
                         TensorRef kt, TensorRef scale, TensorRef neg_inf) {
@@ -75,15 +91,15 @@ TensorRef masked_scores(GraphBuilder& g, const AttentionDims& d, const Shapes& s
   g.matmul(q, kt, raw);
   TensorRef scaled = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
-  return d.causal ? causal_mask(g, s, scaled, neg_inf) : scaled;
+  return d.causal ? causal_mask(g, d, s, scaled, neg_inf) : scaled;
 }
 
 std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionDims& d) {
   GraphBuilder g(handle);
   const Shapes s(d);
   TensorRef q = g.tensor(kQ, bhtd(d, d.heads), strides_of(d.q), kBf16);
-  TensorRef kt = g.tensor(kK, bhdt(d, d.kv_heads), transposed_strides(d.k), kBf16);
-  TensorRef v = g.tensor(kV, bhtd(d, d.kv_heads), strides_of(d.v), kBf16);
+  TensorRef kt = g.tensor(kK, bhdl(d, d.kv_heads), transposed_strides(d.k), kBf16);
+  TensorRef v = g.tensor(kV, bhld(d, d.kv_heads), strides_of(d.v), kBf16);
   TensorRef o = g.tensor(kO, bhtd(d, d.heads), strides_of(d.out), kBf16);
   TensorRef lse = g.tensor(kStats, s.rows, s.rows_strides, kF32);
   TensorRef scale = g.scalar(kScale, kF32);
@@ -107,14 +123,14 @@ std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionD
   return g.build();
 }
 
-// dst (B, Hkv, T, D) = src summed over each group of H / Hkv query heads (or src itself).
+// dst (B, Hkv, L, D) = a @ b summed over each group of H / Hkv query heads (or a @ b itself).
 void group_sum(GraphBuilder& g, const AttentionDims& d, const Shapes& s, TensorRef a, TensorRef b,
                TensorRef dst) {
   if (d.heads == d.kv_heads) {
     g.matmul(a, b, dst);
     return;
   }
-  TensorRef full = g.virtual_tensor(s.full, s.full_strides, kBf16);
+  TensorRef full = g.virtual_tensor(s.full_keys, s.full_keys_strides, kBf16);
   g.matmul(a, b, full);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, dst);
 }
@@ -123,14 +139,14 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   GraphBuilder g(handle);
   const Shapes s(d);
   TensorRef q = g.tensor(kQ, bhtd(d, d.heads), strides_of(d.q), kBf16);
-  TensorRef kt = g.tensor(kK, bhdt(d, d.kv_heads), transposed_strides(d.k), kBf16);
-  TensorRef vt = g.tensor(kV, bhdt(d, d.kv_heads), transposed_strides(d.v), kBf16);
+  TensorRef kt = g.tensor(kK, bhdl(d, d.kv_heads), transposed_strides(d.k), kBf16);
+  TensorRef vt = g.tensor(kV, bhdl(d, d.kv_heads), transposed_strides(d.v), kBf16);
   TensorRef o = g.tensor(kO, bhtd(d, d.heads), strides_of(d.out), kBf16);
   TensorRef dout = g.tensor(kDO, bhtd(d, d.heads), strides_of(d.dout), kBf16);
   TensorRef lse = g.tensor(kStats, s.rows, s.rows_strides, kF32);
   TensorRef dq = g.tensor(kDQ, bhtd(d, d.heads), strides_of(d.dq), kBf16);
-  TensorRef dk = g.tensor(kDK, bhtd(d, d.kv_heads), strides_of(d.dk), kBf16);
-  TensorRef dv = g.tensor(kDV, bhtd(d, d.kv_heads), strides_of(d.dv), kBf16);
+  TensorRef dk = g.tensor(kDK, bhld(d, d.kv_heads), strides_of(d.dk), kBf16);
+  TensorRef dv = g.tensor(kDV, bhld(d, d.kv_heads), strides_of(d.dv), kBf16);
   TensorRef scale = g.scalar(kScale, kF32);
   TensorRef neg_inf = d.causal ? g.scalar(kNegInf, kF32) : TensorRef{};
   TensorRef one = g.scalar(kOne, kF32);
@@ -152,7 +168,7 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
   TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_SUB, scaled, lse, shifted);
-  TensorRef masked = d.causal ? causal_mask(g, s, shifted, neg_inf) : shifted;
+  TensorRef masked = d.causal ? causal_mask(g, d, s, shifted, neg_inf) : shifted;
   TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_EXP, masked, {}, p);
 
@@ -177,7 +193,7 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   group_sum(g, d, s, dst, q, dk);
 
   // dQ = dS K, accumulated in f32, then stored.
-  TensorRef k = g.virtual_tensor(bhtd(d, d.kv_heads), strides_of(d.k), kBf16);
+  TensorRef k = g.virtual_tensor(bhld(d, d.kv_heads), strides_of(d.k), kBf16);
   g.reshape(kt, k);
   g.matmul(ds, k, dq_acc);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, {}, dq);
@@ -185,8 +201,8 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
 }
 
 // Everything that shapes a plan: sizes and every stride (not the scale: it is by value).
-using PlanKey =
-    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>>;
+using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           std::vector<int64_t>>;
 
 PlanKey key_of(const AttentionDims& d, bool backward) {
   std::vector<int64_t> strides;
@@ -195,7 +211,7 @@ PlanKey key_of(const AttentionDims& d, bool backward) {
   if (backward)
     for (const HeadStrides* s : {&d.dout, &d.dq, &d.dk, &d.dv})
       strides.insert(strides.end(), {s->b, s->t, s->h});
-  return {backward, d.causal, d.batch, d.seq, d.heads, d.kv_heads, d.head_dim, strides};
+  return {backward, d.causal, d.batch, d.seq, d.past, d.heads, d.kv_heads, d.head_dim, strides};
 }
 
 // Shape rules of the fused kernels, checked before asking cuDNN: bf16, a head size that is
@@ -298,9 +314,14 @@ void CudnnAttention::forward(const AttentionDims& d, void* out, float* lse, cons
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
                              out, lse, &scale};
-  if (d.causal) {  // only the causal graph has the -inf scalar
+  int32_t past = int32_t(d.past);
+  if (d.causal) {  // only the causal graph has the -inf scalar (and the offset when past > 0)
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
+    if (d.past > 0) {
+      uids.push_back(kPast);
+      ptrs.push_back(&past);
+    }
   }
   impl_->run(*e.plan, uids, ptrs, 0, {});
 }
@@ -319,9 +340,14 @@ void CudnnAttention::backward(const AttentionDims& d, void* dq, void* dk, void* 
   std::vector<void*> ptrs = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
                              const_cast<void*>(out), const_cast<void*>(dout),
                              const_cast<float*>(lse), dq, dk, dv, &scale};
+  int32_t past = int32_t(d.past);
   if (d.causal) {
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
+    if (d.past > 0) {
+      uids.push_back(kPast);
+      ptrs.push_back(&past);
+    }
   }
   uids.push_back(kOne);
   ptrs.push_back(&one);

@@ -37,13 +37,15 @@ void with_cache_case(int64_t Tq, int64_t L, DType dt) {
 }
 
 // A chunk of a longer sequence (context parallelism): queries (B, Tq, H, D) at positions
-// [L - Tq, L) over keys (B, L, Hkv, D), forward and backward (our own kernels on CUDA).
+// [L - Tq, L) over keys (B, L, Hkv, D), forward and backward (our own kernels on CUDA; the
+// cuDNN cases have cuDNN's).
 void chunk_case(int64_t Tq, int64_t L, DType dt) {
   const int64_t B = 2, H = 6, Hkv = 3, D = 64;
   register_twin({"attention", str_cat("attention chunk B", B, " Tq", Tq, " after ", L - Tq,
                                       " keys H", H, " Hkv", Hkv, " D", D, " ", dtype_name(dt)),
                  [=](TwinSide& s) {
                    Context& ctx = s.ctx();
+                   ctx.extension<ops::KernelOptions>().use_cudnn_attention = false;  // ours
                    const Tensor q = s.random(Shape{B, Tq, H, D}, dt, 6, -2, 2);
                    const Tensor k = s.random(Shape{B, L, Hkv, D}, dt, 7, -2, 2);
                    const Tensor v = s.random(Shape{B, L, Hkv, D}, dt, 8);

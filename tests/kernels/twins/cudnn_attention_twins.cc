@@ -1,7 +1,8 @@
 // cuDNN's fused attention (kernels/cuda/cudnn_attention.h) against the CPU: bf16 forward and
 // backward at GPT-2 124M's shape, a Llama GQA shape and an odd one (which cuDNN may refuse,
-// falling back to our kernels), an unmasked block (context parallelism's ring), and checks
-// that cuDNN really takes the GPT-2 problem and the unmasked block.
+// falling back to our kernels), an unmasked block (context parallelism's ring), a chunk of
+// queries after earlier keys (context parallelism's gathered keys), and checks that cuDNN
+// really takes the GPT-2 problem, the unmasked block and the chunk.
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
@@ -87,8 +88,58 @@ void unmasked_case() {
   }});
 }
 
+// Queries (B, Tq, H, D) at positions [L - Tq, L) over keys (B, L, Hkv, D) under the causal
+// mask (context parallelism's all-gathered keys): cuDNN with its bottom-right aligned mask,
+// which it must take on an H100/H200; forward and backward against the CPU.
+void chunk_case() {
+  const int64_t B = 2, Tq = 128, L = 384, H = 8, Hkv = 4, D = 64;
+  register_twin({"cudnn_attention", str_cat("chunk B", B, " Tq", Tq, " after ", L - Tq, " keys H",
+                                            H, " Hkv", Hkv, " D", D, " bf16"),
+                 [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    ctx.extension<ops::KernelOptions>().use_cudnn_attention = true;
+    const Tensor q = s.random(Shape{B, Tq, H, D}, DType::bf16, 61, -2, 2);
+    const Tensor k = s.random(Shape{B, L, Hkv, D}, DType::bf16, 62, -2, 2);
+    const Tensor v = s.random(Shape{B, L, Hkv, D}, DType::bf16, 63);
+    const Tensor out = s.empty(Shape{B, Tq, H, D}, DType::bf16);
+    const Tensor lse = s.empty(Shape{B, H, Tq}, DType::f32);
+    ops::attention_forward(ctx, out, lse, q, k, v);
+    s.output("out", out, Tolerance::scaled(1e-2, "probabilities rounded to bf16 before P @ V; bf16 output"));
+    s.output("lse", lse, Tolerance::scaled(1e-4, "f32 log-sum-exp"));
+    const Tensor dout = s.random(Shape{B, Tq, H, D}, DType::bf16, 64);
+    const Tensor dq = s.empty(Shape{B, Tq, H, D}, DType::bf16);
+    const Tensor dk = s.empty(Shape{B, L, Hkv, D}, DType::bf16), dv = s.empty(Shape{B, L, Hkv, D}, DType::bf16);
+    ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v);
+    const Tolerance grad = Tolerance::scaled(2e-2, "bf16 gradients of bf16 probabilities");
+    s.output("dq", dq, grad);
+    s.output("dk", dk, grad);
+    s.output("dv", dv, grad);
+#if FSDP_WITH_CUDA
+    if (!s.is_reference()) {
+      kernels::AttentionDims d;
+      d.batch = B;
+      d.seq = Tq;
+      d.past = L - Tq;
+      d.heads = H;
+      d.kv_heads = Hkv;
+      d.head_dim = D;
+      d.scale = 0.125;
+      d.causal = true;
+      d.q = d.out = d.dout = d.dq = kernels::HeadStrides{Tq * H * D, H * D, D};
+      d.k = d.v = d.dk = d.dv = kernels::HeadStrides{L * Hkv * D, Hkv * D, D};
+      auto& cudnn = ctx.extension<kernels::cuda::CudnnAttention>();
+      s.expect(cudnn.supports(d, DType::bf16, false),
+               "cuDNN takes the chunk's forward; refusal: " + cudnn.last_refusal());
+      s.expect(cudnn.supports(d, DType::bf16, true),
+               "cuDNN takes the chunk's backward; refusal: " + cudnn.last_refusal());
+    }
+#endif
+  }});
+}
+
 void register_cudnn_attention_twins() {
   unmasked_case();
+  chunk_case();
   for (const AttentionShape& a : {kGpt2Attention, kLlamaAttention, kOddAttention}) {
     const bool gpt2 = a.name() == kGpt2Attention.name();
     register_twin({"cudnn_attention", a.name() + " bf16", [a, gpt2](TwinSide& s) {

@@ -189,15 +189,18 @@ void register_matmul_twins() {
     const Tensor dh = s.empty(Shape{m, f}, DType::bf16);  // (dy @ W_proj) * gelu'(pre)
     ops::matmul(ctx, dh, dy, w_proj, false, false, 1.0, 0.0, Tensor(), ops::Epilogue::DGelu, pre);
     s.output("dgelu", dh, gelu_tolerance(DType::bf16));
+    // The accumulating products take inputs of their own (not act: the two sides' act differ
+    // by a bf16 rounding, which would dwarf the f32 accumulation these tolerances are for).
     const Tolerance f32_sums =
         Tolerance::scaled(1e-5, "f32 sums of 1024 bf16 products/values in another order");
+    const Tensor a = s.random(Shape{m, f}, DType::bf16, 59);  // (M, F), as act
     const Tensor dw = s.random(Shape{c, f}, DType::f32, 56), db = s.random(Shape{c}, DType::f32, 57);
-    for (int rep = 0; rep < 2; ++rep)  // dW_proj (C, F) += dy^T act; db += sums of dy
-      ops::matmul_bias_grad(ctx, dw, dy, act, true, false, 1.0, 1.0, db, true);
+    for (int rep = 0; rep < 2; ++rep)  // dW_proj (C, F) += dy^T a; db += sums of dy
+      ops::matmul_bias_grad(ctx, dw, dy, a, true, false, 1.0, 1.0, db, true);
     s.output("dweight accumulated", dw, f32_sums);
     s.output("dbias accumulated", db, f32_sums);
-    const Tensor acc = s.random(Shape{m, c}, DType::f32, 58);  // acc = 0.5 act w_proj^T - 2 acc
-    ops::matmul(ctx, acc, act, w_proj, false, true, 0.5, -2.0);
+    const Tensor acc = s.random(Shape{m, c}, DType::f32, 58);  // acc = 0.5 a w_proj^T - 2 acc
+    ops::matmul(ctx, acc, a, w_proj, false, true, 0.5, -2.0);
     s.output("alpha 0.5 beta -2", acc, Tolerance::scaled(2e-5, "f32 accumulation order"));
 #if FSDP_WITH_CUDA
     if (blas) {

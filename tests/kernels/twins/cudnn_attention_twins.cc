@@ -2,7 +2,7 @@
 // backward at GPT-2 124M's shape, a Llama GQA shape and an odd one (which cuDNN may refuse,
 // falling back to our kernels), an unmasked block (context parallelism's ring), a chunk of
 // queries after earlier keys (context parallelism's gathered keys), and checks that cuDNN
-// really takes the GPT-2 problem, the unmasked block and the chunk.
+// really takes the GPT-2 problem, the unmasked block and the chunk's forward.
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
@@ -89,8 +89,9 @@ void unmasked_case() {
 }
 
 // Queries (B, Tq, H, D) at positions [L - Tq, L) over keys (B, L, Hkv, D) under the causal
-// mask (context parallelism's all-gathered keys): cuDNN with its bottom-right aligned mask,
-// which it must take on an H100/H200; forward and backward against the CPU.
+// mask (context parallelism's all-gathered keys): cuDNN's forward with its bottom-right
+// aligned mask, which it must take on an H100/H200, and the backward it refuses run by our
+// kernel; forward and backward against the CPU.
 void chunk_case() {
   const int64_t B = 2, Tq = 128, L = 384, H = 8, Hkv = 4, D = 64;
   register_twin({"cudnn_attention", str_cat("chunk B", B, " Tq", Tq, " after ", L - Tq, " keys H",
@@ -130,8 +131,8 @@ void chunk_case() {
       auto& cudnn = ctx.extension<kernels::cuda::CudnnAttention>();
       s.expect(cudnn.supports(d, DType::bf16, false),
                "cuDNN takes the chunk's forward; refusal: " + cudnn.last_refusal());
-      s.expect(cudnn.supports(d, DType::bf16, true),
-               "cuDNN takes the chunk's backward; refusal: " + cudnn.last_refusal());
+      // cuDNN 9 (H200) refuses this backward graph at cudnnBackendFinalize; our own kernel
+      // runs it from cuDNN's output and log-sum-exp (the gradients above).
     }
 #endif
   }});

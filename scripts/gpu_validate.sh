@@ -4,7 +4,8 @@
 #   1. PyTorch parity of GPT-2 d12 and a small Llama in bf16 and f32 (tools/parity)
 #   2. ZeRO-3 on 2 GPUs against 1 GPU, 50 steps of GPT-2 d12 (losses compared per step);
 #      the 2-GPU run saves a checkpoint
-#   3. GPT-2 124M on 1 GPU (bench train)
+#   3. GPT-2 124M on 1 GPU (bench train), and its PyTorch + torch.compile peer
+#      (tools/peer/torch_peer.py) in the same call
 #   4. GPT 1.3B, ZeRO-3 on 2 GPUs, with the compute baseline (exposed communication)
 #   5. Hugging Face export of the step-2 checkpoint, checked against transformers; and of a
 #      tiny Mixtral-shaped MoE trained 3 steps on the CPU, in f32 and in bf16
@@ -89,7 +90,10 @@ for res in true false; do
     ddp.data_parallel_sharding_strategy=no_shard model.fp32_residual_connection=$res \
     > "$L/bench_gpt2_1gpu_res_$res.txt" 2>&1
   say "gpt2 1 gpu, fp32 residual $res rc=$?"; cat "$L/bench_gpt2_1gpu_res_$res.txt"
-done; pack
+done
+# Its peer in the same call: the same shapes in PyTorch with torch.compile.
+timeout 300 python3 tools/peer/torch_peer.py --workload gpt2-124m > "$L/peer_gpt2_1gpu.txt" 2>&1
+say "gpt2 1 gpu, PyTorch + torch.compile rc=$?"; cat "$L/peer_gpt2_1gpu.txt"; pack
 fi
 
 if want 4; then

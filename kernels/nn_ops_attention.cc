@@ -166,8 +166,6 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
                         bool causal) {
   const char* what = "attention_backward";
   kernels::AttentionDims d = check_attention(ctx, out, lse, q, k, v, scale, causal, what);
-  // In f32 only our own kernels take a chunk after earlier keys, or no mask.
-  const bool own = q.dtype() == DType::f32 && (d.past > 0 || !d.causal);
   check_heads(ctx, dout, q, d.heads, what);
   check_heads(ctx, dq, q, d.heads, what);
   check_heads(ctx, dk, q, d.kv_heads, what, k.size(1));
@@ -184,6 +182,8 @@ void attention_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const 
   }
 #if FSDP_WITH_CUDA
   const float* lse_f = static_cast<const float*>(lse.data_ptr());
+  // In f32 only our own kernels take a chunk after earlier keys, or no mask.
+  const bool own = q.dtype() == DType::f32 && (d.past > 0 || !d.causal);
   if (q.dtype() == DType::f32 && !own) {
     Tensor workspace = ctx.empty(
         Shape{int64_t(kernels::cuda::attention_gemm_workspace_bytes(d, true))}, DType::u8);

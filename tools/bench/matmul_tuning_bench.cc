@@ -34,6 +34,7 @@ void usage(std::FILE* out) {
                "  gpt-1.3b, llama-1b.\n");
 }
 
+#if FSDP_WITH_CUDA
 // One linear layer of the model: x (rows, in) @ w (out, in)^T.
 struct LinearShape {
   const char* name;
@@ -62,6 +63,7 @@ std::vector<LinearShape> shapes_of(const train::Recipe& r) {
           {"down", rows, f, c, false, false, false},
           {"head", chunk, c, v, false, false, false}};
 }
+#endif
 
 }  // namespace
 

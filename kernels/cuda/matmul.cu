@@ -87,21 +87,6 @@ struct Plan {
   }
 };
 
-// Two CUDA events, destroyed with the object.
-struct EventPair {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  EventPair() {
-    FSDP_CALL(cudaEventCreate(&start));
-    FSDP_CALL(cudaEventCreate(&stop));
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-  ~EventPair() {  // statuses ignored: destruction cannot report them
-    if (stop) cudaEventDestroy(stop);
-    if (start) cudaEventDestroy(start);
-  }
-};
-
 // The operands of one matmul call, as cuBLASLt takes them.
 struct Operands {
   const float* alpha;
@@ -293,7 +278,8 @@ struct Blas::Impl {
       FSDP_CALL(cudaMemcpyAsync(saved.data(), o.out, out_bytes, cudaMemcpyDeviceToHost, o.stream));
       FSDP_CALL(cudaStreamSynchronize(o.stream));
     }
-    const EventPair events;
+    const Stream stream = Stream::wrap_cuda(ctx.device().index, o.stream);
+    Event start = Event::create(ctx.device(), true), stop = Event::create(ctx.device(), true);
     const int runs = std::max(1, tuning.timed_runs);
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
       return cublasLtMatmul(handle, p.op, o.alpha, o.b, p.lt_a, o.a, p.lt_b, o.beta, o.out,
@@ -304,13 +290,11 @@ struct Blas::Impl {
     for (size_t i = 0; i < p.candidates.size(); ++i) {
       // A candidate cuBLASLt declines at run time is skipped, not an error.
       if (run(p.candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
-      FSDP_CALL(cudaEventRecord(events.start, o.stream));
+      start.record(stream);
       for (int r = 0; r < runs; ++r) FSDP_CALL(run(p.candidates[i]));
-      FSDP_CALL(cudaEventRecord(events.stop, o.stream));
-      FSDP_CALL(cudaEventSynchronize(events.stop));
-      float ms = 0;
-      FSDP_CALL(cudaEventElapsedTime(&ms, events.start, events.stop));
-      const double per_run = double(ms) / runs;
+      stop.record(stream);
+      stop.synchronize();
+      const double per_run = double(Event::elapsed_ms(start, stop)) / runs;
       if (i == 0) record.heuristic_ms = per_run;
       ++record.candidates;
       if (record.best_ms < 0 || per_run < record.best_ms) {

@@ -41,76 +41,33 @@ void expect_cudnn_takes_gpt2(TwinSide& s) {
 #endif
 }
 
-// An unmasked block of context parallelism's ring (every query sees every key), bf16
-// through cuDNN, which must take it on an H100/H200: forward and backward against the CPU.
-void unmasked_case() {
-  const int64_t B = 2, T = 128, H = 8, Hkv = 4, D = 64;
-  register_twin({"cudnn_attention", str_cat("unmasked block B", B, " T", T, " H", H, " Hkv", Hkv,
-                                            " D", D, " bf16"),
+// Context parallelism's blocks, bf16 through cuDNN, forward and backward against the CPU:
+// Tq queries after L - Tq earlier keys, either an unmasked ring block (L = Tq, every query
+// sees every key) or an all-gathered chunk under the causal mask aligned bottom-right (L >
+// Tq). On an H100/H200 cuDNN must take the forward, and the unmasked block's backward; it
+// refuses the chunk's backward graph (cudnnBackendFinalize), which our kernel then runs from
+// cuDNN's output and log-sum-exp.
+void block_case(int64_t Tq, int64_t L, bool causal) {
+  const int64_t B = 2, H = 8, Hkv = 4, D = 64;
+  const std::string name = causal ? str_cat("chunk B", B, " Tq", Tq, " after ", L - Tq, " keys")
+                                  : str_cat("unmasked block B", B, " T", Tq);
+  register_twin({"cudnn_attention", str_cat(name, " H", H, " Hkv", Hkv, " D", D, " bf16"),
                  [=](TwinSide& s) {
     Context& ctx = s.ctx();
     ctx.extension<ops::KernelOptions>().use_cudnn_attention = true;
-    const Tensor q = s.random(Shape{B, T, H, D}, DType::bf16, 51, -2, 2);
-    const Tensor k = s.random(Shape{B, T, Hkv, D}, DType::bf16, 52, -2, 2);
-    const Tensor v = s.random(Shape{B, T, Hkv, D}, DType::bf16, 53);
-    const Tensor out = s.empty(Shape{B, T, H, D}, DType::bf16);
-    const Tensor lse = s.empty(Shape{B, H, T}, DType::f32);
-    ops::attention_forward(ctx, out, lse, q, k, v, 0.0, /*causal=*/false);
-    s.output("out", out, Tolerance::scaled(1e-2, "probabilities rounded to bf16 before P @ V; bf16 output"));
-    s.output("lse", lse, Tolerance::scaled(1e-4, "f32 log-sum-exp"));
-    const Tensor dout = s.random(Shape{B, T, H, D}, DType::bf16, 54);
-    const Tensor dq = s.empty(Shape{B, T, H, D}, DType::bf16);
-    const Tensor dk = s.empty(Shape{B, T, Hkv, D}, DType::bf16), dv = s.empty(Shape{B, T, Hkv, D}, DType::bf16);
-    ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v, 0.0, false);
-    const Tolerance grad = Tolerance::scaled(2e-2, "bf16 gradients of bf16 probabilities");
-    s.output("dq", dq, grad);
-    s.output("dk", dk, grad);
-    s.output("dv", dv, grad);
-#if FSDP_WITH_CUDA
-    if (!s.is_reference()) {
-      kernels::AttentionDims d;
-      d.batch = B;
-      d.seq = T;
-      d.heads = H;
-      d.kv_heads = Hkv;
-      d.head_dim = D;
-      d.scale = 0.125;
-      d.causal = false;
-      d.q = d.out = d.dout = d.dq = kernels::HeadStrides{T * H * D, H * D, D};
-      d.k = d.v = d.dk = d.dv = kernels::HeadStrides{T * Hkv * D, Hkv * D, D};
-      auto& cudnn = ctx.extension<kernels::cuda::CudnnAttention>();
-      s.expect(cudnn.supports(d, DType::bf16, false),
-               "cuDNN takes the unmasked forward; refusal: " + cudnn.last_refusal());
-      s.expect(cudnn.supports(d, DType::bf16, true),
-               "cuDNN takes the unmasked backward; refusal: " + cudnn.last_refusal());
-    }
-#endif
-  }});
-}
-
-// Queries (B, Tq, H, D) at positions [L - Tq, L) over keys (B, L, Hkv, D) under the causal
-// mask (context parallelism's all-gathered keys): cuDNN's forward with its bottom-right
-// aligned mask, which it must take on an H100/H200, and the backward it refuses run by our
-// kernel; forward and backward against the CPU.
-void chunk_case() {
-  const int64_t B = 2, Tq = 128, L = 384, H = 8, Hkv = 4, D = 64;
-  register_twin({"cudnn_attention", str_cat("chunk B", B, " Tq", Tq, " after ", L - Tq, " keys H",
-                                            H, " Hkv", Hkv, " D", D, " bf16"),
-                 [=](TwinSide& s) {
-    Context& ctx = s.ctx();
-    ctx.extension<ops::KernelOptions>().use_cudnn_attention = true;
-    const Tensor q = s.random(Shape{B, Tq, H, D}, DType::bf16, 61, -2, 2);
-    const Tensor k = s.random(Shape{B, L, Hkv, D}, DType::bf16, 62, -2, 2);
-    const Tensor v = s.random(Shape{B, L, Hkv, D}, DType::bf16, 63);
+    const uint32_t seed = causal ? 61 : 51;
+    const Tensor q = s.random(Shape{B, Tq, H, D}, DType::bf16, seed, -2, 2);
+    const Tensor k = s.random(Shape{B, L, Hkv, D}, DType::bf16, seed + 1, -2, 2);
+    const Tensor v = s.random(Shape{B, L, Hkv, D}, DType::bf16, seed + 2);
     const Tensor out = s.empty(Shape{B, Tq, H, D}, DType::bf16);
     const Tensor lse = s.empty(Shape{B, H, Tq}, DType::f32);
-    ops::attention_forward(ctx, out, lse, q, k, v);
+    ops::attention_forward(ctx, out, lse, q, k, v, 0.0, causal);
     s.output("out", out, Tolerance::scaled(1e-2, "probabilities rounded to bf16 before P @ V; bf16 output"));
     s.output("lse", lse, Tolerance::scaled(1e-4, "f32 log-sum-exp"));
-    const Tensor dout = s.random(Shape{B, Tq, H, D}, DType::bf16, 64);
+    const Tensor dout = s.random(Shape{B, Tq, H, D}, DType::bf16, seed + 3);
     const Tensor dq = s.empty(Shape{B, Tq, H, D}, DType::bf16);
     const Tensor dk = s.empty(Shape{B, L, Hkv, D}, DType::bf16), dv = s.empty(Shape{B, L, Hkv, D}, DType::bf16);
-    ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v);
+    ops::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v, 0.0, causal);
     const Tolerance grad = Tolerance::scaled(2e-2, "bf16 gradients of bf16 probabilities");
     s.output("dq", dq, grad);
     s.output("dk", dk, grad);
@@ -125,22 +82,23 @@ void chunk_case() {
       d.kv_heads = Hkv;
       d.head_dim = D;
       d.scale = 0.125;
-      d.causal = true;
+      d.causal = causal;
       d.q = d.out = d.dout = d.dq = kernels::HeadStrides{Tq * H * D, H * D, D};
       d.k = d.v = d.dk = d.dv = kernels::HeadStrides{L * Hkv * D, Hkv * D, D};
       auto& cudnn = ctx.extension<kernels::cuda::CudnnAttention>();
       s.expect(cudnn.supports(d, DType::bf16, false),
-               "cuDNN takes the chunk's forward; refusal: " + cudnn.last_refusal());
-      // cuDNN 9 (H200) refuses this backward graph at cudnnBackendFinalize; our own kernel
-      // runs it from cuDNN's output and log-sum-exp (the gradients above).
+               "cuDNN takes the " + name + "'s forward; refusal: " + cudnn.last_refusal());
+      if (!causal)
+        s.expect(cudnn.supports(d, DType::bf16, true),
+                 "cuDNN takes the " + name + "'s backward; refusal: " + cudnn.last_refusal());
     }
 #endif
   }});
 }
 
 void register_cudnn_attention_twins() {
-  unmasked_case();
-  chunk_case();
+  block_case(128, 128, false);
+  block_case(128, 384, true);
   for (const AttentionShape& a : {kGpt2Attention, kLlamaAttention, kOddAttention}) {
     const bool gpt2 = a.name() == kGpt2Attention.name();
     register_twin({"cudnn_attention", a.name() + " bf16", [a, gpt2](TwinSide& s) {

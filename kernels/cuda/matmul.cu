@@ -9,12 +9,17 @@
 #include <vector>
 
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/library_check.h"
 
 namespace fsdp::kernels::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(64) << 20;
+
+cudaDataType_t fp8_cuda_type(Fp8Format f) {
+  return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -42,12 +47,18 @@ struct PlanKey {
   MatmulEpilogue epilogue;
   bool aux;
   int align_a, align_b, align_out, align_bias, align_aux;
+  // FP8 inputs (then `in` is unused): 1 + 2 * format of a + format of b; 0 for bf16/f32.
+  int fp8 = 0;
+  bool fast_accum = false;  // FP8 only: Hopper's faster, less exact accumulation
 
   auto tie() const {
     return std::make_tuple(d.m, d.n, d.k, d.trans_a, d.trans_b, d.batch, d.batch_stride_a,
                            d.batch_stride_b, d.batch_stride_out, int(in), int(out), bias,
-                           int(epilogue), aux, align_a, align_b, align_out, align_bias, align_aux);
+                           int(epilogue), aux, align_a, align_b, align_out, align_bias, align_aux,
+                           fp8, fast_accum);
   }
+  Fp8Format fp8_a() const { return Fp8Format(((fp8 - 1) >> 1) & 1); }
+  Fp8Format fp8_b() const { return Fp8Format((fp8 - 1) & 1); }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
@@ -198,12 +209,24 @@ struct Blas::Impl {
                                                sizeof(ld)));
     }
     set_pointers(*p, bias, aux, key.epilogue == MatmulEpilogue::BiasGrad);
-    const cudaDataType_t in = cuda_type(key.in), out = cuda_type(key.out);
+    const cudaDataType_t out = cuda_type(key.out);
+    const cudaDataType_t in_a = key.fp8 ? fp8_cuda_type(key.fp8_b()) : cuda_type(key.in);
+    const cudaDataType_t in_b = key.fp8 ? fp8_cuda_type(key.fp8_a()) : cuda_type(key.in);
+    if (key.fp8) {
+      // alpha and beta are read on the device: alpha carries the operands' inverse scales,
+      // which never come back to the host.
+      const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode,
+                                               sizeof(mode)));
+      const int8_t fast = key.fast_accum ? 1 : 0;
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                               sizeof(fast)));
+    }
     // Our b: (K, N) row-major = (N, K) column-major, ld N; transposed: stored (N, K), ld K.
-    p->lt_a = d.trans_b ? make_layout(in, d.k, d.n, d.k, d.batch, d.batch_stride_b)
-                        : make_layout(in, d.n, d.k, d.n, d.batch, d.batch_stride_b);
-    p->lt_b = d.trans_a ? make_layout(in, d.m, d.k, d.m, d.batch, d.batch_stride_a)
-                        : make_layout(in, d.k, d.m, d.k, d.batch, d.batch_stride_a);
+    p->lt_a = d.trans_b ? make_layout(in_a, d.k, d.n, d.k, d.batch, d.batch_stride_b)
+                        : make_layout(in_a, d.n, d.k, d.n, d.batch, d.batch_stride_b);
+    p->lt_b = d.trans_a ? make_layout(in_b, d.m, d.k, d.m, d.batch, d.batch_stride_a)
+                        : make_layout(in_b, d.k, d.m, d.k, d.batch, d.batch_stride_a);
     p->lt_out = make_layout(out, d.n, d.m, d.n, d.batch, d.batch_stride_out);
 
     cublasLtMatmulPreference_t pref = nullptr;
@@ -233,8 +256,10 @@ struct Blas::Impl {
                                               p->lt_out, pref, requested, results.data(),
                                               &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    // No BiasGrad algorithm for this problem is an answer, not an error (try_matmul).
-    if (key.epilogue == MatmulEpilogue::BiasGrad && (found == 0 || status != CUBLAS_STATUS_SUCCESS))
+    // No BiasGrad algorithm for this problem is an answer, not an error (try_matmul); nor is
+    // a missing FP8 one (an epilogue or output type its FP8 kernels lack: try_fp8_matmul).
+    if ((key.fp8 || key.epilogue == MatmulEpilogue::BiasGrad) &&
+        (found == 0 || status != CUBLAS_STATUS_SUCCESS))
       return nullptr;
     FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, ValueError,
                "matmul (cuBLASLt): no algorithm for (", d.m, " x ", d.k, ") @ (", d.k, " x ", d.n,
@@ -246,7 +271,9 @@ struct Blas::Impl {
                cublasLtGetStatusString(status));
     for (int i = 0; i < found; ++i) p->candidates.push_back(results[size_t(i)].algo);
     p->algo = p->candidates.front();
-    p->tuned = p->candidates.size() < 2;
+    // FP8 plans keep the heuristic's choice: their alpha and beta live on the device, which
+    // the timing runs (and the put-back of an accumulated output) do not handle.
+    p->tuned = p->candidates.size() < 2 || key.fp8 != 0;
     return p;
   }
 
@@ -400,6 +427,54 @@ bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const voi
     impl_->tune(p, key, Operands{&alpha_f, &beta_f, a, b, out, ws, stream});
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
                            p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
+  return true;
+}
+
+bool Blas::try_fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                          const void* a, Fp8Format format_a, const float* scale_inv_a,
+                          const void* b, Fp8Format format_b, const float* scale_inv_b,
+                          double alpha, double beta, const void* bias, void* aux,
+                          MatmulEpilogue epilogue, bool fast_accum) {
+  FSDP_CHECK(out_dtype == DType::bf16 || out_dtype == DType::f32, DTypeError,
+             "fp8 matmul: the output must be bf16 or f32, got ", dtype_name(out_dtype));
+  FSDP_CHECK(!(format_a == Fp8Format::e5m2 && format_b == Fp8Format::e5m2), DTypeError,
+             "fp8 matmul: e5m2 x e5m2 has no tensor-core kernel (one operand must be e4m3)");
+  FSDP_CHECK(epilogue == MatmulEpilogue::None || epilogue == MatmulEpilogue::Gelu ||
+                 epilogue == MatmulEpilogue::DGelu,
+             ValueError, "fp8 matmul: unsupported epilogue");
+  if (m == 0 || n == 0) return true;
+  // FP8 tensor cores need K-major operands, K and the leading dimensions multiples of 16.
+  if (k == 0 || k % 16 != 0 || n % 16 != 0 || m % 16 != 0) return false;
+  MatmulDims d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
+  CUstream_st* stream = impl_->ctx.stream().cuda_stream();
+  PlanKey key{d,
+              out_dtype,
+              out_dtype,
+              bias != nullptr,
+              epilogue,
+              aux != nullptr,
+              alignment(a),
+              alignment(b),
+              alignment(out),
+              alignment(bias),
+              alignment(aux),
+              1 + 2 * int(format_a) + int(format_b),
+              fast_accum};
+  void* ws = impl_->workspace(stream);
+  Plan* plan = impl_->find_or_make(key, bias, aux);
+  if (!plan) return false;
+  Plan& p = *plan;
+  Impl::set_pointers(p, bias, aux, false);
+  const Tensor scalars = impl_->ctx.empty(Shape{2}, DType::f32);  // alpha, beta on the device
+  float* alpha_beta = static_cast<float*>(scalars.data_ptr());
+  fp8_matmul_scalars(alpha_beta, scale_inv_a, scale_inv_b, float(alpha), float(beta), stream);
+  ++p.uses;
+  FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, alpha_beta, b, p.lt_a, a, p.lt_b, alpha_beta + 1,
+                           out, p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
   return true;
 }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/fp8_format.h"
 #include "kernels/nn_shapes.h"
 #include "runtime/core/context.h"
 
@@ -64,6 +65,17 @@ class Blas {
   bool try_matmul(const MatmulDims& dims, void* out, DType out_dtype, const void* a,
                   const void* b, DType in_dtype, double alpha, double beta, const void* bias,
                   void* aux, MatmulEpilogue epilogue);
+
+  // FP8: out (M, N) = alpha * sa * sb * a (M, K) @ b (N, K)^T + beta * out [+ bias]
+  // [Gelu, aux: the pre-activation | DGelu, aux read], with a and b FP8 bytes in the given
+  // formats (not both e5m2) and sa, sb their inverse scales, f32 on the device. out, bias
+  // and aux bf16 or f32; f32 accumulation, or Hopper's fast accumulation when fast_accum.
+  // Returns false, having done nothing, when cuBLASLt has no FP8 algorithm for the problem
+  // (sizes not multiples of 16, or an epilogue its FP8 kernels lack).
+  bool try_fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, const void* a,
+                      Fp8Format format_a, const float* scale_inv_a, const void* b,
+                      Fp8Format format_b, const float* scale_inv_b, double alpha, double beta,
+                      const void* bias, void* aux, MatmulEpilogue epilogue, bool fast_accum);
 
   // Tuning is off until set (the trainer sets it from train.matmul_tuning).
   void set_tuning(const MatmulTuning& tuning);

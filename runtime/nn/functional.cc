@@ -2,6 +2,7 @@
 #include "runtime/nn/functional.h"
 
 #include "kernels/ops.h"
+#include "runtime/nn/fp8_linear.h"
 #include "runtime/nn/op_support.h"
 #include "runtime/nn/tensor_parallel.h"
 
@@ -36,8 +37,14 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   Tensor y = ctx.empty(with_last(whole.shape(), out_f), w.dtype());  // (..., out)
   const bool gelu = epilogue == ops::Epilogue::Gelu;
   const Tensor pre = gelu ? ctx.empty(Shape{n, out_f}, w.dtype()) : Tensor();  // (N, out)
-  ops::matmul(ctx, y.view(Shape{n, out_f}), x2, w, false, true, 1.0, 0.0,
-              bias ? bias->checked_data() : Tensor(), epilogue, pre);
+  // FP8 (a weight marked by the FP8 plan) for layers that are not column-parallel.
+  const bool use_fp8 = !column.group && fp8::applies(weight, n);
+  if (use_fp8)
+    fp8::forward(ctx, y.view(Shape{n, out_f}), x2, weight, bias ? bias->checked_data() : Tensor(),
+                 epilogue, pre);
+  else
+    ops::matmul(ctx, y.view(Shape{n, out_f}), x2, w, false, true, 1.0, 0.0,
+                bias ? bias->checked_data() : Tensor(), epilogue, pre);
   if (!g.should_record({&x}, true)) return y;
 
   y = Graph::track(y);
@@ -47,7 +54,7 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   const Tensor saved = gathered ? ops::contiguous(ctx, x) : x2;
   g.record("linear:" + weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved, pre, ym = y.autograd_meta(), wp, bias, gelu, n, out_f,
-            in_f, column, gathered, whole_shape = whole.shape()](Graph& g) {
+            in_f, column, gathered, use_fp8, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -56,6 +63,15 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
                Tensor dpre = ctx.empty(Shape{n, out_f}, dy.dtype());  // (N, out)
                ops::gelu_backward(ctx, dpre, dy, pre);
                dy = dpre;
+             }
+             if (use_fp8) {
+               const fp8::OutputGrad q = fp8::quantize_output_grad(ctx, dy, *wp);
+               const autograd::GradSink sx = g.grad_sink(tx);
+               if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
+                 fp8::input_grad(ctx, sx.buffer.view(Shape{n, in_f}), q, *wp,
+                                 sx.accumulate ? 1.0 : 0.0);
+               fp8::weight_grad(ctx, *wp, bias, q, saved);
+               return;
              }
              if (!column.group) {
                const autograd::GradSink sx = g.grad_sink(tx);

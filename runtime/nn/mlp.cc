@@ -4,7 +4,10 @@
 // instead of keeping it (the "selective" activation recompute: F values per token fewer for
 // one elementwise pass), and (2) fuse GELU's gradient into the matmul that produces the
 // gradient at its output (Epilogue::DGelu), so it is never written and read back.
+#include <optional>
+
 #include "kernels/ops.h"
+#include "runtime/nn/fp8_linear.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/op_support.h"
 
@@ -51,16 +54,27 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   const Tensor b_fc = fc_bias ? fc_bias->checked_data() : Tensor();
   const Tensor b_proj = proj_bias ? proj_bias->checked_data() : Tensor();
 
+  // FP8 (weights marked by the FP8 plan) where the layer is not column-parallel.
+  const bool fc_fp8 = !column.group && fp8::applies(fc_weight, n);
+  const bool proj_fp8 = !column.group && fp8::applies(proj_weight, n);
+  // out (N, out) = in @ W^T [+ b] [Gelu: aux], in FP8 or not.
+  auto product = [&](const Tensor& out, const Tensor& in, const Parameter& w, bool in_fp8,
+                     const Tensor& b, ops::Epilogue ep, const Tensor& aux) {
+    if (in_fp8)
+      fp8::forward(ctx, out, in, w, b, ep, aux);
+    else
+      ops::matmul(ctx, out, in, w.checked_data(), false, true, 1.0, 0.0, b, ep, aux);
+  };
   Tensor h = ctx.empty(Shape{n, h_f}, w_fc.dtype());  // (N, F or 2F): the activation's input
   Tensor a = ctx.empty(Shape{n, f}, w_fc.dtype());    // (N, F): the activation
   if (gelu) {
-    ops::matmul(ctx, a, x2, w_fc, false, true, 1.0, 0.0, b_fc, ops::Epilogue::Gelu, h);
+    product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h);
   } else {
-    ops::matmul(ctx, h, x2, w_fc, false, true, 1.0, 0.0, b_fc);
+    product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor());
     ops::swiglu_forward(ctx, a, h);
   }
   Tensor y = ctx.empty(with_last(whole.shape(), c), w_fc.dtype());  // (..., C)
-  ops::matmul(ctx, y.view(Shape{n, c}), a, w_proj, false, true, 1.0, 0.0, b_proj);
+  product(y.view(Shape{n, c}), a, proj_weight, proj_fp8, b_proj, ops::Epilogue::None, Tensor());
   if (!g.should_record({&x}, true)) return y;
 
   y = Graph::track(y);
@@ -70,8 +84,8 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   const Tensor saved_x = gathered ? ops::contiguous(ctx, x) : x2;
   g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved_x, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
-            &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered,
-            whole_shape = whole.shape()](Graph& g) {
+            &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered, fc_fp8,
+            proj_fp8, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -87,19 +101,31 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                activation_forward(ctx, activation, a, h);
              }
              // dW_proj (C, F) += dy^T (C, N) @ a (N, F); db_proj (C) += column sums of dy
-             weight_and_bias_grad(ctx, proj_weight, proj_bias, dy, a);
+             std::optional<fp8::OutputGrad> qdy;
+             if (proj_fp8) {
+               qdy = fp8::quantize_output_grad(ctx, dy, proj_weight);
+               fp8::weight_grad(ctx, proj_weight, proj_bias, *qdy, a);
+             } else {
+               weight_and_bias_grad(ctx, proj_weight, proj_bias, dy, a);
+             }
              a = Tensor();  // freed before the (N, F or 2F) gradient is allocated
+             // da (N, F) = dy @ W_proj [times gelu'(h): the GELU gradient in the same matmul]
+             auto input_grad = [&](const Tensor& out, ops::Epilogue ep, const Tensor& aux) {
+               if (qdy)
+                 fp8::input_grad(ctx, out, *qdy, proj_weight, 0.0, ep, aux);
+               else
+                 ops::matmul(ctx, out, dy, w_proj, false, false, 1.0, 0.0, Tensor(), ep, aux);
+             };
              // dh (N, F or 2F): the gradient at the activation's input.
              Tensor dh = ctx.empty(Shape{n, h_f}, dy.dtype());
              if (activation == MlpActivation::Gelu) {
-               // da (N, F) = dy @ W_proj, times gelu'(h), in one matmul.
-               ops::matmul(ctx, dh, dy, w_proj, false, false, 1.0, 0.0, Tensor(),
-                           ops::Epilogue::DGelu, h);
+               input_grad(dh, ops::Epilogue::DGelu, h);
              } else {
                Tensor da = ctx.empty(Shape{n, f}, dy.dtype());
-               ops::matmul(ctx, da, dy, w_proj, false, false);
+               input_grad(da, ops::Epilogue::None, Tensor());
                ops::swiglu_backward(ctx, dh, da, h);
              }
+             qdy.reset();
              if (column.group) {
                // dx (..., C) = dh @ W_fc first, summed over the group while fc's weight
                // gradient is computed.
@@ -112,6 +138,15 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                return;
              }
              // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
+             if (fc_fp8) {
+               const fp8::OutputGrad qdh = fp8::quantize_output_grad(ctx, dh, fc_weight);
+               fp8::weight_grad(ctx, fc_weight, fc_bias, qdh, saved_x);
+               const autograd::GradSink sx = g.grad_sink(tx);
+               if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
+                 fp8::input_grad(ctx, sx.buffer.view(Shape{n, c}), qdh, fc_weight,
+                                 sx.accumulate ? 1.0 : 0.0);
+               return;
+             }
              weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, saved_x);
              const autograd::GradSink sx = g.grad_sink(tx);
              if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)

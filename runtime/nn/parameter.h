@@ -15,6 +15,7 @@
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/context_parallel_layout.h"
+#include "runtime/nn/fp8_recipe.h"
 #include "runtime/nn/parallel_slice.h"
 
 namespace fsdp::nn {
@@ -98,6 +99,10 @@ class Parameter {
   // Learned positions of a sequence split by context parallelism: the embedding adds the
   // rows of this rank's positions (ContextParallelLayout) to its tokens.
   std::optional<ContextParallelLayout> sequence_chunks;
+  // ---- FP8 (set by a plan from outside the model)
+  // The linear layer that owns this weight runs its three products (forward, input and
+  // weight gradients) in FP8 with this recipe, where the shapes fit FP8 tensor cores.
+  std::optional<Fp8Recipe> fp8;
 
  private:
   friend class Module;

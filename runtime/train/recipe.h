@@ -109,6 +109,13 @@ struct MixedPrecisionSection {
   std::string compute_dtype;         // "auto" until resolve_device(), then "bf16" | "f32" | "f64"
   std::string main_params_dtype;     // "f32" | "f64"
   std::string grad_reduce_dtype;     // "auto" until resolve_device(), then "bf16" | "f32" | "f64"
+  std::optional<std::string> fp8;    // null | "e4m3" | "hybrid"
+  std::string fp8_recipe;            // "tensorwise" | "delayed" | "blockwise" | "rowwise"
+  int fp8_amax_history_len = 0;
+  bool fp8_param = false;
+  bool first_last_layers_bf16 = true;
+  int num_layers_at_start_in_bf16 = 1;
+  int num_layers_at_end_in_bf16 = 1;
 };
 
 struct DdpSection {

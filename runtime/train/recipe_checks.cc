@@ -135,7 +135,17 @@ void check_log_file(const std::optional<std::string>& name, const char* key) {
   }
 }
 
+void check_fp8(const Recipe& r) {
+  const MixedPrecisionSection& mp = r.mixed_precision;
+  if (!mp.fp8) return;
+  FSDP_CHECK(mp.fp8_recipe == "tensorwise", ConfigError, "'mixed_precision.fp8_recipe' \"",
+             mp.fp8_recipe, "\" is not available in this build; use \"tensorwise\"");
+  FSDP_CHECK(!mp.fp8_param, ConfigError, "'mixed_precision.fp8_param' (FP8 all-gathers of "
+             "the weights) is not available in this build; set it false");
+}
+
 void check_precision(const Recipe& r) {
+  check_fp8(r);
   const MixedPrecisionSection& mp = r.mixed_precision;
   bool narrow = mp.grad_reduce_dtype == "bf16";
   FSDP_CHECK(!(narrow && r.ddp.grad_reduce_in_fp32), ConfigError,

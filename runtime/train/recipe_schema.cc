@@ -203,6 +203,23 @@ std::vector<FieldSpec> build_schema() {
       KEY(mixed_precision.grad_reduce_dtype).one_of(dtypes_auto).default_to("auto").help_text(
           "Element type gradients are reduced in; auto = f32 if ddp.grad_reduce_in_fp32, "
           "else compute_dtype."),
+      KEY(mixed_precision.fp8).one_of({"e4m3", "hybrid"}).default_to(nullptr).help_text(
+          "FP8 products for the blocks' linear layers (GPU with FP8 tensor cores): e4m3 "
+          "everywhere, or hybrid (e4m3 forward, e5m2 gradients); null = bf16."),
+      KEY(mixed_precision.fp8_recipe).one_of({"tensorwise", "delayed", "blockwise", "rowwise"})
+          .default_to("tensorwise").help_text(
+          "FP8 scaling: tensorwise (one scale per tensor from its current amax); the others "
+          "are refused by this build."),
+      KEY(mixed_precision.fp8_amax_history_len).default_to(1024).at_least(1).help_text(
+          "Amax history length of the delayed recipe."),
+      KEY(mixed_precision.fp8_param).default_to(false).help_text(
+          "All-gather weights in FP8 under ZeRO-3 (refused by this build)."),
+      KEY(mixed_precision.first_last_layers_bf16).default_to(true).help_text(
+          "Keep the first and last transformer blocks in bf16 under fp8."),
+      KEY(mixed_precision.num_layers_at_start_in_bf16).default_to(1).at_least(0).help_text(
+          "Blocks at the start kept in bf16 when first_last_layers_bf16."),
+      KEY(mixed_precision.num_layers_at_end_in_bf16).default_to(1).at_least(0).help_text(
+          "Blocks at the end kept in bf16 when first_last_layers_bf16."),
 
       // ddp
       KEY(ddp.data_parallel_sharding_strategy)

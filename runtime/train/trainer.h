@@ -56,6 +56,9 @@ struct TrainerOptions {
   // Train on this process alone (WorldOptions::alone), whatever launched it: a
   // single-process run inside a multi-rank program (the tests' reference runs).
   bool alone = false;
+  // Tests only: run mixed_precision.fp8 on the CPU, whose kernels simulate FP8 with the
+  // GPU's bytes and scales (kernels/fp8_ops.h); a CPU run refuses fp8 otherwise.
+  bool simulate_fp8_on_cpu = false;
   // Called once with the first communication failure's message (WorldOptions::on_failure).
   std::function<void(const std::string&)> on_comm_failure;
 };

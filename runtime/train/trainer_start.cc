@@ -3,6 +3,8 @@
 // report).
 #include "runtime/train/trainer_state.h"
 
+#include "kernels/fp8_ops.h"
+
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/matmul.h"
 #endif
@@ -75,6 +77,26 @@ void Trainer::State::check_same_recipe_on_every_rank() {
   }
 }
 
+void Trainer::State::apply_fp8_plan() {
+  const MixedPrecisionSection& mp = recipe.mixed_precision;
+  if (ctx->is_cuda()) {
+    std::string why;
+    FSDP_CHECK(ops::fp8_available(*ctx, &why), ConfigError, "'mixed_precision.fp8' \"", *mp.fp8,
+               "\": ", why);
+    FSDP_CHECK(mp.compute_dtype == "bf16", ConfigError, "'mixed_precision.fp8' needs "
+               "'mixed_precision.compute_dtype' \"bf16\", not \"", mp.compute_dtype, "\"");
+  } else {
+    FSDP_CHECK(options.simulate_fp8_on_cpu, ConfigError, "'mixed_precision.fp8' \"", *mp.fp8,
+               "\" needs a GPU with FP8 tensor cores (compute capability 8.9 or newer); "
+               "'dist.device' is \"cpu\"");
+  }
+  Fp8Plan plan;
+  plan.recipe.backward = *mp.fp8 == "hybrid" ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
+  plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
+  plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
+  fp8_layers = apply_fp8(model->blocks(), plan);
+}
+
 void Trainer::State::setup_model_and_sharding() {
   // The model as specs; fully_shard materializes and initializes only this rank's shards.
   model_config = model_config_of(recipe);
@@ -99,6 +121,7 @@ void Trainer::State::setup_model_and_sharding() {
     ep_group = std::make_unique<CommunicatorExpertParallelGroup>(comms->axis(MeshAxis::ep));
     apply_expert_parallel(*model, *ep_group);
   }
+  if (recipe.mixed_precision.fp8) apply_fp8_plan();
   models::set_activation_recompute(*model, recompute_of(recipe));
   // A token runs through k of each MoE layer's E experts: the FLOPs count active parameters.
   flops_per_token = train::flops_per_token(
@@ -183,6 +206,17 @@ void Trainer::State::print_startup_report() const {
                 ep_group ? str_cat(", experts over ", ep_group->size(), " expert-parallel ranks") : "",
                 "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
+  if (!fp8_layers.empty()) {
+    int fp8 = 0;
+    std::string bf16_blocks;
+    for (const std::string& line : fp8_layers) {
+      if (line.find(": fp8 ") != std::string::npos) ++fp8;
+      else bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + line.substr(0, line.find(':'));
+    }
+    print(str_cat("fp8: ", *recipe.mixed_precision.fp8, " ", recipe.mixed_precision.fp8_recipe,
+                  " in ", fp8, " linear layers of the blocks; bf16: embedding, classifier, "
+                  "attention softmax, norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks));
+  }
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
                   "replayed for ", graphs->plan().graphs_last() ? "every later micro-batch"

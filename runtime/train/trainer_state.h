@@ -21,6 +21,7 @@
 #include "runtime/checkpoint/rank_agreement.h"
 #include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/expert_parallel.h"
+#include "runtime/parallel/fp8_plan.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
@@ -97,6 +98,9 @@ struct Trainer::State {
   std::unique_ptr<data::Gpt2Tokenizer> sample_tokenizer;
   int64_t step = 0;  // optimizer steps completed
   std::unique_ptr<StepClock> clock;
+  // mixed_precision.fp8: one line per block layer (apply_fp8's report); empty without fp8.
+  std::vector<std::string> fp8_layers;
+
   // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
   // replay (null when off). Declared last: destroyed before the model and the context.
   std::unique_ptr<MicroBatchGraph> graphs;
@@ -116,6 +120,8 @@ struct Trainer::State {
   // would end in a mismatched collective).
   void check_same_recipe_on_every_rank();
   void setup_model_and_sharding();
+  // mixed_precision.fp8: refused where FP8 cannot run; marks the blocks' linear layers.
+  void apply_fp8_plan();
   void setup_data();
   void setup_output();
   void print_startup_report() const;

@@ -1,0 +1,67 @@
+#include "kernels/cpu/fp8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/float_types.h"
+#include "kernels/cpu/matmul.h"
+
+namespace fsdp::kernels::cpu {
+
+float fp8_amax(const void* x, DType dtype, int64_t n) {
+  float amax = 0.0f;
+  dispatch_any_floating(dtype, "fp8_amax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x);
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(float(to_double(p[i])));
+      amax = std::fmax(amax, a);  // NaN is skipped, as the GPU's fmaxf skips it
+    }
+  });
+  return amax;
+}
+
+void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float amax,
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv) {
+  const float scale = fp8_scale_for_amax(amax, format);
+  *scale_inv = 1.0f / scale;
+  dispatch_any_floating(dtype, "fp8_quantize", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t v = fp8_encode(float(to_double(p[r * cols + c])) * scale, format);
+        if (q) q[r * cols + c] = v;
+        if (qt) qt[c * rows + r] = v;
+      }
+  });
+}
+
+void fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, const uint8_t* a,
+                Fp8Format format_a, float scale_inv_a, const uint8_t* b, Fp8Format format_b,
+                float scale_inv_b, double alpha, double beta, const void* bias, void* aux,
+                MatmulEpilogue epilogue) {
+  // The decoded operands are exact in f32 (and f64); the product runs in out's dtype.
+  auto decode = [&](const uint8_t* q, Fp8Format f, int64_t count) {
+    std::vector<double> v(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) v[size_t(i)] = fp8_decode(q[i], f);
+    return v;
+  };
+  const std::vector<double> da = decode(a, format_a, m * k), db = decode(b, format_b, n * k);
+  // The CUDA path multiplies by one f32 alpha: alpha * (sa * sb), each product rounded.
+  const double scaled_alpha = double(float(alpha) * (scale_inv_a * scale_inv_b));
+  MatmulDims d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
+  dispatch_compute(out_dtype, "fp8_matmul", [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> ta(da.begin(), da.end()), tb(db.begin(), db.end());
+    matmul(d, out, out_dtype, ta.data(), tb.data(), out_dtype, scaled_alpha, beta, bias, aux,
+           epilogue);
+  });
+}
+
+}  // namespace fsdp::kernels::cpu

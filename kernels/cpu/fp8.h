@@ -1,0 +1,32 @@
+// CPU reference of FP8 quantization and FP8 matmuls (the twins of kernels/cuda/fp8.h and
+// the FP8 path of kernels/cuda/matmul.h). On the CPU they simulate FP8 training for tests:
+// the bytes and scales are exactly the GPU's; the products are computed from the decoded
+// values in f32 or f64.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/fp8_format.h"
+#include "kernels/nn_shapes.h"
+#include "runtime/core/dtype.h"
+
+namespace fsdp::kernels::cpu {
+
+// max |x| over n elements of any floating dtype, as a float (|x| rounded to float first).
+float fp8_amax(const void* x, DType dtype, int64_t n);
+
+// q (rows, cols) = fp8(x * scale) and, when qt is not null, qt (cols, rows) its transpose,
+// with scale = fp8_scale_for_amax(amax); *scale_inv = 1 / scale (f32). x: contiguous
+// (rows, cols) of any floating dtype, converted to float before scaling.
+void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float amax,
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv);
+
+// out (M, N) = alpha * sa * sb * a @ b^T + beta * out [+ bias] [epilogue], with a (M, K)
+// and b (N, K) FP8 (the one layout FP8 tensor cores take: both operands K-major) and
+// sa, sb their inverse scales. out, bias and aux have out_dtype (f32 or f64).
+void fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, const uint8_t* a,
+                Fp8Format format_a, float scale_inv_a, const uint8_t* b, Fp8Format format_b,
+                float scale_inv_b, double alpha, double beta, const void* bias, void* aux,
+                MatmulEpilogue epilogue);
+
+}  // namespace fsdp::kernels::cpu

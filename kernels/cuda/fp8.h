@@ -1,0 +1,30 @@
+// CUDA kernels of FP8 tensor-wise quantization (the twins of kernels/cpu/fp8.h). Raw
+// pointers, sizes and a stream; nothing synchronizes with the host: the scale goes from the
+// amax on the device to the quantize kernel and the matmul without a round trip.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/basic.h"
+#include "kernels/fp8_format.h"
+
+namespace fsdp::kernels::cuda {
+
+// The compute capability of a device as major * 10 + minor (90 for Hopper); FP8 tensor
+// cores need 89 or more.
+int compute_capability(int device);
+
+// *amax (f32 on the device) = max |x| over n elements of x (bf16, f16 or f32).
+void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t stream);
+
+// q (rows, cols) = fp8(x * scale) and, when qt is not null, qt (cols, rows) its transpose,
+// scale = fp8_scale_for_amax(*amax); *scale_inv = 1 / scale. Either of q and qt may be null.
+void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, stream_t stream);
+
+// alpha_beta[0] = alpha * (sa * sb) (each product rounded to f32), alpha_beta[1] = beta: the
+// device-side scalars of an FP8 matmul.
+void fp8_matmul_scalars(float* alpha_beta, const float* scale_inv_a, const float* scale_inv_b,
+                        float alpha, float beta, stream_t stream);
+
+}  // namespace fsdp::kernels::cuda

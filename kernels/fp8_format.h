@@ -1,0 +1,75 @@
+// The two 8-bit floating formats of Hopper's FP8 tensor cores, and the scalar rules of
+// tensor-wise scaling that the CPU reference and the CUDA kernels share.
+//
+//   e4m3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest finite 448, no infinities
+//         (S.1111.111 is NaN). Weights and activations.
+//   e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits; largest finite 57344. Gradients
+//         in the "hybrid" recipe (more range, less precision).
+//
+// Quantizing x with scale s stores fp8(x * s), rounded to nearest, ties to even, and
+// saturated to the largest finite value (the hardware's satfinite conversion); the product
+// of two quantized operands is multiplied back by 1 / (s_a s_b).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/host_device.h"
+
+namespace fsdp::kernels {
+
+enum class Fp8Format : uint8_t { e4m3, e5m2 };
+
+inline const char* fp8_format_name(Fp8Format f) { return f == Fp8Format::e4m3 ? "e4m3" : "e5m2"; }
+
+FSDP_HD float fp8_max(Fp8Format f) { return f == Fp8Format::e4m3 ? 448.0f : 57344.0f; }
+FSDP_HD int fp8_mantissa_bits(Fp8Format f) { return f == Fp8Format::e4m3 ? 3 : 2; }
+FSDP_HD int fp8_exponent_bias(Fp8Format f) { return f == Fp8Format::e4m3 ? 7 : 15; }
+
+// The scale that maps the largest magnitude `amax` onto the format's largest finite value:
+// max / amax, or 1 when amax is 0 or not finite (nothing to scale by). One IEEE division,
+// as the CUDA kernels compute it (__fdiv_rn), so both backends get the same bits.
+FSDP_HD float fp8_scale_for_amax(float amax, Fp8Format f) {
+  if (!(amax > 0.0f) || !(amax < INFINITY)) return 1.0f;
+  const float s = fp8_max(f) / amax;
+  return s < INFINITY ? s : 1.0f;  // a subnormal amax would overflow the scale
+}
+
+// The byte of fp8(v): round to nearest even, saturate to +-max, NaN -> 0x7f (sign kept).
+// The host's twin of the CUDA conversion __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt).
+inline uint8_t fp8_encode(float v, Fp8Format f) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  if (std::isnan(v)) return uint8_t(sign | 0x7f);
+  const int mbits = fp8_mantissa_bits(f), bias = fp8_exponent_bias(f);
+  const int emin = 1 - bias;  // exponent of the smallest normal
+  float a = std::fabs(v);
+  if (a >= fp8_max(f)) a = fp8_max(f);
+  if (a == 0.0f) return sign;
+  int e = 0;
+  std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): the leading bit is 2^(e-1)
+  const int lead = e - 1 < emin ? emin : e - 1;
+  const float quantum = std::ldexp(1.0f, lead - mbits);
+  float r = std::nearbyint(a / quantum) * quantum;  // exact scalings; ties to even
+  if (r > fp8_max(f)) r = fp8_max(f);
+  if (r == 0.0f) return sign;
+  std::frexp(r, &e);
+  if (e - 1 < emin) {  // subnormal: exponent field 0
+    const int m = int(r / std::ldexp(1.0f, emin - mbits));
+    return uint8_t(sign | m);
+  }
+  const int m = int(r / std::ldexp(1.0f, e - 1 - mbits)) - (1 << mbits);
+  return uint8_t(sign | ((e - 1 + bias) << mbits) | m);
+}
+
+// The value of an fp8 byte (NaN for the NaN patterns; e5m2's infinities as infinities).
+inline float fp8_decode(uint8_t b, Fp8Format f) {
+  const int mbits = fp8_mantissa_bits(f), bias = fp8_exponent_bias(f);
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  const int exp_field = (b & 0x7f) >> mbits, m = b & ((1 << mbits) - 1);
+  if (f == Fp8Format::e4m3 && (b & 0x7f) == 0x7f) return NAN;
+  if (f == Fp8Format::e5m2 && exp_field == 0x1f) return m ? NAN : sign * INFINITY;
+  if (exp_field == 0) return sign * std::ldexp(float(m), 1 - bias - mbits);
+  return sign * std::ldexp(float((1 << mbits) + m), exp_field - bias - mbits);
+}
+
+}  // namespace fsdp::kernels

@@ -1,0 +1,165 @@
+// Dispatch of the FP8 ops (kernels/fp8_ops.h).
+#include "kernels/fp8_ops.h"
+
+#include "kernels/checks.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/ops.h"
+
+#if FSDP_WITH_CUDA
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/basic.h"
+#include "kernels/cuda/fp8.h"
+#include "kernels/cuda/matmul.h"
+#endif
+
+namespace fsdp::ops {
+namespace {
+
+using namespace detail;
+
+void check_fp8_matrix(const Context& ctx, const Fp8Matrix& m, const char* what) {
+  FSDP_CHECK(m.defined() && m.data.dim() == 2, ShapeError, what, ": FP8 operand must be 2-D, got ",
+             m.data.defined() ? m.data.str() : std::string("undefined"));
+  check_dense(ctx, m.data, m.data.shape(), DType::u8, what);
+  check_dense(ctx, m.scale_inv, Shape{1}, DType::f32, what);
+}
+
+}  // namespace
+
+bool fp8_available(Context& ctx, std::string* why) {
+  if (ctx.device().is_cpu()) return true;
+#if FSDP_WITH_CUDA
+  const int cc = kernels::cuda::compute_capability(ctx.device().index);
+  if (cc >= 89) return true;
+  if (why)
+    *why = "GPU " + std::to_string(ctx.device().index) + " has compute capability " +
+           std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
+           "; FP8 tensor cores need 8.9 (Ada) or 9.0 (Hopper) or newer";
+#endif
+  return false;
+}
+
+void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
+  const char* what = "fp8_amax";
+  check_on_ctx(ctx, x, what);
+  check_floating(x, what);
+  check_contiguous(x, what);
+  check_dense(ctx, amax, Shape{1}, DType::f32, what);
+  if (ctx.device().is_cpu()) {
+    *static_cast<float*>(amax.data_ptr()) = kernels::cpu::fp8_amax(x.data_ptr(), x.dtype(), x.numel());
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::fp8_amax(static_cast<float*>(amax.data_ptr()), x.data_ptr(), x.dtype(), x.numel(),
+                          ctx.stream().cuda_stream());
+#endif
+}
+
+Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
+                          bool rows, bool columns) {
+  const char* what = "fp8_quantize";
+  check_on_ctx(ctx, x, what);
+  check_floating(x, what);
+  check_contiguous(x, what);
+  FSDP_CHECK(x.dim() == 2, ShapeError, what, ": expected a 2-D (rows, cols) tensor, got ", x.str());
+  check_dense(ctx, amax, Shape{1}, DType::f32, what);
+  FSDP_CHECK(rows || columns, ValueError, what, ": asked for neither layout");
+  const int64_t r = x.size(0), c = x.size(1);
+  Fp8Quantized q;
+  const Tensor scale_inv = ctx.empty(Shape{1}, DType::f32);
+  if (rows) q.rows = Fp8Matrix{ctx.empty(Shape{r, c}, DType::u8), scale_inv, format};
+  if (columns) q.columns = Fp8Matrix{ctx.empty(Shape{c, r}, DType::u8), scale_inv, format};
+  auto* qp = rows ? static_cast<uint8_t*>(q.rows.data.data_ptr()) : nullptr;
+  auto* qtp = columns ? static_cast<uint8_t*>(q.columns.data.data_ptr()) : nullptr;
+  auto* sinv = static_cast<float*>(scale_inv.data_ptr());
+  if (r == 0 || c == 0) {
+    ops::fill(ctx, scale_inv, 1.0);
+    return q;
+  }
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
+                               *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv);
+    return q;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
+                              static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
+                              ctx.stream().cuda_stream());
+#endif
+  return q;
+}
+
+void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+                double alpha, double beta, const Tensor& bias, Epilogue epilogue,
+                const Tensor& aux, bool fast_accum) {
+  const char* what = "fp8_matmul";
+  check_fp8_matrix(ctx, a, what);
+  check_fp8_matrix(ctx, b, what);
+  const int64_t m = a.data.size(0), k = a.data.size(1), n = b.data.size(0);
+  FSDP_CHECK(b.data.size(1) == k, ShapeError, what, ": a ", a.data.str(), " and b ", b.data.str(),
+             " must both be K-major: (M, K) and (N, K)");
+  FSDP_CHECK(!(a.format == Fp8Format::e5m2 && b.format == Fp8Format::e5m2), DTypeError, what,
+             ": e5m2 x e5m2 products do not exist on FP8 tensor cores; one operand must be e4m3");
+  check_on_ctx(ctx, out, what);
+  check_floating(out, what);
+  check_dense(ctx, out, Shape{m, n}, out.dtype(), what);
+  if (bias.defined()) check_dense(ctx, bias, Shape{n}, out.dtype(), "fp8_matmul bias");
+  const bool gelu = epilogue == Epilogue::Gelu, dgelu = epilogue == Epilogue::DGelu;
+  FSDP_CHECK(epilogue == Epilogue::None || gelu || dgelu, ValueError, what,
+             ": the epilogue must be None, Gelu or DGelu");
+  if (aux.defined()) check_dense(ctx, aux, Shape{m, n}, out.dtype(), "fp8_matmul aux");
+  FSDP_CHECK(!dgelu || (aux.defined() && !bias.defined()), ValueError, what,
+             ": DGelu reads the GELU input from aux and takes no bias");
+  FSDP_CHECK(epilogue == Epilogue::None || beta == 0.0, ValueError, what,
+             ": a GELU epilogue needs beta = 0");
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::fp8_matmul(m, n, k, out.data_ptr(), out.dtype(),
+                             static_cast<const uint8_t*>(a.data.data_ptr()), a.format,
+                             *static_cast<const float*>(a.scale_inv.data_ptr()),
+                             static_cast<const uint8_t*>(b.data.data_ptr()), b.format,
+                             *static_cast<const float*>(b.scale_inv.data_ptr()), alpha, beta,
+                             data_or_null(bias), data_or_null(aux), epilogue);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  auto& blas = ctx.extension<kernels::cuda::Blas>();
+  CUstream_st* stream = ctx.stream().cuda_stream();
+  auto run = [&](void* o, DType od, double be, const Tensor& bi, Epilogue ep, const Tensor& ax) {
+    return blas.try_fp8_matmul(m, n, k, o, od, a.data.data_ptr(), a.format,
+                               static_cast<const float*>(a.scale_inv.data_ptr()),
+                               b.data.data_ptr(), b.format,
+                               static_cast<const float*>(b.scale_inv.data_ptr()), alpha, be,
+                               data_or_null(bi), data_or_null(ax), ep, fast_accum);
+  };
+  if (run(out.data_ptr(), out.dtype(), beta, bias, epilogue, aux)) return;
+  // cuBLASLt's FP8 kernels lack this epilogue or output: the plain FP8 product, then ours.
+  FSDP_CHECK(fp8_shape_ok(m, n, k), ShapeError, what, ": (", m, " x ", k, ") @ (", k, " x ", n,
+             ") does not fit FP8 tensor cores (every size a multiple of 16)");
+  if (gelu) {
+    const Tensor pre = aux.defined() ? aux : ctx.empty(Shape{m, n}, out.dtype());
+    if (run(pre.data_ptr(), out.dtype(), 0.0, bias, Epilogue::None, Tensor())) {
+      kernels::cuda::gelu_forward(out.data_ptr(), pre.data_ptr(), m * n, out.dtype(), stream);
+      return;
+    }
+  } else if (dgelu) {
+    if (run(out.data_ptr(), out.dtype(), 0.0, Tensor(), Epilogue::None, Tensor())) {
+      kernels::cuda::gelu_backward(out.data_ptr(), out.data_ptr(), aux.data_ptr(), m * n,
+                                   out.dtype(), stream);
+      return;
+    }
+  } else if (out.dtype() == DType::f32 && beta != 0.0) {
+    // An accumulating f32 output (a weight gradient): the product in f32 scratch, added.
+    const Tensor prod = ctx.empty(Shape{m, n}, DType::f32);
+    if (run(prod.data_ptr(), DType::f32, 0.0, bias, Epilogue::None, Tensor())) {
+      kernels::cuda::axpby(out.data_ptr(), DType::f32, prod.data_ptr(), DType::f32, 1.0, beta,
+                           m * n, stream);
+      return;
+    }
+  }
+  FSDP_THROW(ValueError, what, ": cuBLASLt has no FP8 algorithm for (", m, " x ", k, ") @ (", k,
+             " x ", n, ") ", fp8_format_name(a.format), " x ", fp8_format_name(b.format), " -> ",
+             dtype_name(out.dtype()), bias.defined() ? " with bias" : "");
+#endif
+}
+
+}  // namespace fsdp::ops

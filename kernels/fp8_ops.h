@@ -1,0 +1,58 @@
+// FP8 at the Tensor level: tensor-wise quantization and FP8 matmuls (Hopper's FP8 tensor
+// cores through cuBLASLt on CUDA; on the CPU a simulation for tests, with the GPU's exact
+// bytes and scales). kernels/fp8_format.h has the formats and the scaling rule.
+#pragma once
+
+#include <string>
+
+#include "kernels/fp8_format.h"
+#include "kernels/nn_ops.h"
+
+namespace fsdp::ops {
+
+using Fp8Format = kernels::Fp8Format;
+
+// An FP8 matrix: bytes (rows, cols) u8 and the inverse of their scale, (1) f32 on the same
+// device; element (r, c) stands for decode(data[r][c]) * scale_inv.
+struct Fp8Matrix {
+  Tensor data;
+  Tensor scale_inv;
+  Fp8Format format = Fp8Format::e4m3;
+  bool defined() const { return data.defined(); }
+};
+
+// A matrix quantized once for both ways FP8 matmuls read it: `rows` (R, C) and `columns`
+// (C, R), the transpose (either may be left undefined); one scale.
+struct Fp8Quantized {
+  Fp8Matrix rows, columns;
+};
+
+// Whether ctx's device runs FP8 matmuls (a CUDA device of compute capability 8.9 or newer;
+// the CPU's simulation always). When not, *why says so.
+bool fp8_available(Context& ctx, std::string* why = nullptr);
+
+// Whether an (M, K) @ (N, K)^T problem fits FP8 tensor cores: M, N, K multiples of 16. The
+// CPU simulation applies the same rule, so it quantizes the layers the GPU would.
+inline bool fp8_shape_ok(int64_t m, int64_t n, int64_t k) {
+  return m > 0 && n > 0 && k > 0 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+}
+
+// amax (1) f32 = max |x| over x's elements (x contiguous; NaNs skipped).
+void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x);
+
+// Quantizes x (R, C) (bf16/f16/f32 on CUDA, any floating dtype on the CPU) with the scale
+// of `amax` (1) f32 (kernels::fp8_scale_for_amax): q.rows when `rows`, q.columns when
+// `columns`.
+Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
+                          bool rows, bool columns);
+
+// out (M, N) = alpha * a (M, K) @ b (N, K)^T + beta * out [+ bias (N)] [Gelu: aux receives
+// the pre-activation | DGelu: times gelu'(aux)], a and b dequantized; not both e5m2. out,
+// bias and aux: bf16 or f32 on CUDA, f32 or f64 on the CPU. fast_accum: Hopper's faster
+// accumulation (for forward products, as Transformer Engine uses it); no effect on the CPU.
+void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+                double alpha = 1.0, double beta = 0.0, const Tensor& bias = Tensor(),
+                Epilogue epilogue = Epilogue::None, const Tensor& aux = Tensor(),
+                bool fast_accum = false);
+
+}  // namespace fsdp::ops

@@ -1,0 +1,52 @@
+#include "runtime/nn/fp8_linear.h"
+
+#include "kernels/nn_ops.h"
+
+namespace fsdp::nn::fp8 {
+namespace {
+
+// t (R, C) quantized with the scale of its own amax (tensor-wise current scaling).
+ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, kernels::Fp8Format format, bool rows,
+                           bool columns) {
+  const Tensor amax = ctx.empty(Shape{1}, DType::f32);
+  ops::fp8_amax(ctx, amax, t);
+  return ops::fp8_quantize(ctx, t, amax, format, rows, columns);
+}
+
+}  // namespace
+
+bool applies(const Parameter& weight, int64_t rows) {
+  if (!weight.fp8 || !weight.data.defined() || weight.data.dim() != 2) return false;
+  return ops::fp8_shape_ok(rows, weight.data.size(0), weight.data.size(1));
+}
+
+void forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
+             const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux) {
+  const kernels::Fp8Format f = weight.fp8->forward;
+  const ops::Fp8Matrix qx = quantize(ctx, x, f, true, false).rows;                   // (N, in)
+  const ops::Fp8Matrix qw = quantize(ctx, weight.checked_data(), f, true, false).rows;  // (out, in)
+  // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
+  // keep the more exact accumulation.
+  ops::fp8_matmul(ctx, y, qx, qw, 1.0, 0.0, bias, epilogue, aux, /*fast_accum=*/true);
+}
+
+OutputGrad quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight) {
+  return OutputGrad{dy, quantize(ctx, dy, weight.fp8->backward, true, true)};
+}
+
+void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Parameter& weight,
+                double beta, ops::Epilogue epilogue, const Tensor& aux) {
+  // W^T (in, out): the weight with the output features as K.
+  const ops::Fp8Matrix qwt =
+      quantize(ctx, weight.checked_data(), weight.fp8->forward, false, true).columns;
+  ops::fp8_matmul(ctx, dx, dy.quant.rows, qwt, 1.0, beta, Tensor(), epilogue, aux);
+}
+
+void weight_grad(Context& ctx, Parameter& weight, Parameter* bias, const OutputGrad& dy,
+                 const Tensor& x) {
+  const ops::Fp8Matrix qxt = quantize(ctx, x, weight.fp8->forward, false, true).columns;  // (in, N)
+  ops::fp8_matmul(ctx, weight.grad_for_accumulation(ctx), dy.quant.columns, qxt, 1.0, 1.0);
+  if (bias) ops::bias_backward(ctx, bias->grad_for_accumulation(ctx), dy.dy, true);
+}
+
+}  // namespace fsdp::nn::fp8

@@ -1,0 +1,38 @@
+// The three products of a linear layer in FP8 (a weight with Parameter::fp8): the forward
+// y = x W^T, the input gradient dx = dy W and the weight gradient dW += dy^T x, each from
+// operands quantized tensor-wise (nn::Fp8Recipe). FP8 tensor cores read both operands
+// K-major, so each operand is quantized in the layout its product needs: x and W row-major
+// for the forward; dy row-major and W transposed for dx; dy and x transposed for dW (one
+// kernel writes both layouts of dy). Not a public header: linear() and mlp() call it.
+#pragma once
+
+#include "kernels/fp8_ops.h"
+#include "runtime/nn/parameter.h"
+
+namespace fsdp::nn::fp8 {
+
+// Whether the layer of `weight` runs its products in FP8 for an input of `rows` rows: the
+// weight is marked and every size fits FP8 tensor cores (multiples of 16).
+bool applies(const Parameter& weight, int64_t rows);
+
+// y (N, out) = x (N, in) @ W^T [+ bias] [Gelu: aux (N, out) receives the pre-activation].
+void forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
+             const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux);
+
+// An output gradient dy (N, out) quantized once for both backward products.
+struct OutputGrad {
+  Tensor dy;                // (N, out), the gradient itself (for the bias gradient)
+  ops::Fp8Quantized quant;  // rows (N, out) for dx; columns (out, N) for dW
+};
+OutputGrad quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight);
+
+// dx (N, in) = dy @ W + beta * dx [DGelu: times gelu'(aux), beta 0].
+void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Parameter& weight,
+                double beta, ops::Epilogue epilogue = ops::Epilogue::None,
+                const Tensor& aux = Tensor());
+
+// dW (out, in) += dy^T @ x (x (N, in), quantized here); db (out) += column sums of dy.
+void weight_grad(Context& ctx, Parameter& weight, Parameter* bias, const OutputGrad& dy,
+                 const Tensor& x);
+
+}  // namespace fsdp::nn::fp8

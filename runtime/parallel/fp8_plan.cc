@@ -1,0 +1,31 @@
+#include "runtime/parallel/fp8_plan.h"
+
+#include "runtime/core/error.h"
+#include "runtime/nn/layers.h"
+
+namespace fsdp {
+
+std::vector<std::string> apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan) {
+  FSDP_CHECK(plan.bf16_first_blocks >= 0 && plan.bf16_last_blocks >= 0, ConfigError,
+             "fp8: the numbers of blocks kept in bf16 must not be negative");
+  std::vector<std::string> report;
+  const int n = int(blocks.size());
+  const std::string formats = std::string(kernels::fp8_format_name(plan.recipe.forward)) + "/" +
+                              kernels::fp8_format_name(plan.recipe.backward);
+  for (int i = 0; i < n; ++i) {
+    nn::Module& block = *blocks[size_t(i)];
+    if (i < plan.bf16_first_blocks || i >= n - plan.bf16_last_blocks) {
+      report.push_back(block.name() + ": bf16");
+      continue;
+    }
+    for (nn::Module* m : block.modules()) {
+      auto* linear = dynamic_cast<nn::Linear*>(m);
+      if (!linear || linear->parallel_style() != nn::ParallelStyle::replicated) continue;
+      linear->weight().fp8 = plan.recipe;
+      report.push_back(linear->name() + ": fp8 " + formats);
+    }
+  }
+  return report;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,31 @@
+// FP8 training applied from outside a model, as the other plans are: apply_fp8() marks the
+// linear layers of the transformer blocks (attention qkv and proj, MLP fc / gate_up and
+// proj) to run their products in FP8 (nn::Fp8Recipe on the weight); their layers then
+// quantize inputs, weights and output gradients tensor-wise around each product
+// (runtime/nn/fp8_linear.h). What stays in bf16, as Transformer Engine recipes keep it:
+// the embedding and the classifier (never marked), the first and last blocks by default
+// (their inputs and gradients have the widest ranges), attention's softmax products, the
+// norms, and the MoE experts' grouped products. Column- and row-parallel layers under
+// tensor parallelism keep bf16 (their products are split across ranks).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/nn/fp8_recipe.h"
+#include "runtime/nn/module.h"
+
+namespace fsdp {
+
+struct Fp8Plan {
+  nn::Fp8Recipe recipe;
+  int bf16_first_blocks = 1;  // the first blocks kept in bf16
+  int bf16_last_blocks = 1;   // the last blocks kept in bf16
+};
+
+// Marks the linear layers of `blocks` (a model's transformer blocks in forward order) but
+// the first and last ones the plan keeps in bf16. Returns one line per marked layer
+// ("h.1.attn.qkv: fp8 e4m3/e5m2") and one per block kept in bf16.
+std::vector<std::string> apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan);
+
+}  // namespace fsdp

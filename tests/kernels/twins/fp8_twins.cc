@@ -1,0 +1,121 @@
+// FP8 quantization (kernels/cuda/fp8.cu) and FP8 matmuls (cuBLASLt, kernels/cuda/matmul.cu)
+// against the CPU reference (kernels/cpu/fp8.cc). Quantization must give the same bytes and
+// scales bit for bit: the CPU's software rounding (kernels/fp8_format.h) is the twin of the
+// hardware's satfinite conversion, in both formats, for normal, subnormal and saturated
+// values. The matmuls are compared as products of the same FP8 bytes.
+#include "kernels/fp8_ops.h"
+#include "kernels/ops.h"
+#include "tests/kernels/twin_harness.h"
+
+namespace fsdp::testing {
+namespace {
+
+using ops::Fp8Format;
+
+// The amax a case quantizes with: measured from x, or a fixed value that puts most of x in
+// the small binades and the subnormals (300 for |x| < 1: scale 448 / 300), or one that
+// saturates most of it (0.05).
+enum class AmaxFrom { measured, small_values, saturating };
+
+void quantize_case(int64_t rows, int64_t cols, DType dt, Fp8Format format, AmaxFrom from) {
+  const char* from_name = from == AmaxFrom::measured       ? "measured amax"
+                          : from == AmaxFrom::small_values ? "small values"
+                                                           : "saturating";
+  const std::string name = str_cat("quantize ", rows, "x", cols, " ", dtype_name(dt), " ",
+                                   kernels::fp8_format_name(format), " ", from_name);
+  register_twin({"fp8", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor x = s.random(Shape{rows, cols}, dt, 41);  // (R, C)
+    Tensor amax = s.empty(Shape{1}, DType::f32);
+    ops::fp8_amax(ctx, amax, x);
+    s.output("amax", amax, Tolerance::exact("a maximum of the same values"));
+    if (from != AmaxFrom::measured)
+      amax = s.full(Shape{1}, DType::f32, from == AmaxFrom::small_values ? 300.0 : 0.05);
+    const ops::Fp8Quantized q = ops::fp8_quantize(ctx, x, amax, format, true, true);
+    s.output("scale_inv", q.rows.scale_inv, Tolerance::exact("one IEEE division and reciprocal"));
+    s.output("rows", q.rows.data, Tolerance::exact("the same rounding of the same products"));
+    s.output("columns", q.columns.data, Tolerance::exact("the transpose of the same bytes"));
+    // Every byte of the transposed copy is the byte of the row-major one.
+    const std::vector<double> r = s.values(q.rows.data), c = s.values(q.columns.data);
+    bool same = true;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) same = same && r[size_t(i * cols + j)] == c[size_t(j * rows + i)];
+    s.expect(same, "columns is the transpose of rows");
+  }});
+}
+
+// Relative to the output's scale. Both sides multiply the same FP8 values, exact in f32;
+// they differ by accumulation order and, on Hopper, by the FP8 MMA's accumulator, which
+// keeps fewer than f32's bits between promotions (fast accumulation: more so). A bf16
+// output adds one rounding of 2^-9.
+Tolerance fp8_product_tolerance(DType out, bool fast_accum) {
+  if (out == DType::bf16) return Tolerance::scaled(5e-3, "one bf16 rounding of the output");
+  return fast_accum ? Tolerance::scaled(2e-3, "fast accumulation keeps ~13 mantissa bits per MMA")
+                    : Tolerance::scaled(1e-4, "FP8 MMA accumulates with ~22 mantissa bits between f32 promotions");
+}
+
+struct MatmulVariant {
+  DType out = DType::bf16;
+  Fp8Format fa = Fp8Format::e4m3, fb = Fp8Format::e4m3;
+  bool bias = false;
+  ops::Epilogue epilogue = ops::Epilogue::None;
+  double beta = 0.0;
+  bool fast_accum = false;
+};
+
+void matmul_case(int64_t m, int64_t n, int64_t k, const MatmulVariant& v) {
+  const char* ep = v.epilogue == ops::Epilogue::Gelu    ? " gelu"
+                   : v.epilogue == ops::Epilogue::DGelu ? " dgelu"
+                                                        : "";
+  const std::string name =
+      str_cat("matmul ", m, "x", n, "x", k, " ", kernels::fp8_format_name(v.fa), "x",
+              kernels::fp8_format_name(v.fb), "->", dtype_name(v.out), v.bias ? " bias" : "", ep,
+              v.beta != 0.0 ? " accumulate" : "", v.fast_accum ? " fast" : "");
+  register_twin({"fp8", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor a = s.random(Shape{m, k}, DType::bf16, 51);              // (M, K)
+    const Tensor b = s.random(Shape{n, k}, DType::bf16, 52, -0.2, 0.2);   // (N, K)
+    auto quantized = [&](const Tensor& t, Fp8Format f) {
+      const Tensor amax = s.empty(Shape{1}, DType::f32);
+      ops::fp8_amax(ctx, amax, t);
+      return ops::fp8_quantize(ctx, t, amax, f, true, false).rows;
+    };
+    const ops::Fp8Matrix qa = quantized(a, v.fa), qb = quantized(b, v.fb);
+    const Tensor out = v.beta != 0.0 ? s.random(Shape{m, n}, v.out, 53) : s.empty(Shape{m, n}, v.out);
+    const Tensor bias = v.bias ? s.random(Shape{n}, v.out, 54) : Tensor();
+    Tensor aux;
+    if (v.epilogue == ops::Epilogue::Gelu) aux = s.empty(Shape{m, n}, v.out);
+    if (v.epilogue == ops::Epilogue::DGelu) aux = s.random(Shape{m, n}, v.out, 55, -3, 3);
+    ops::fp8_matmul(ctx, out, qa, qb, 1.0, v.beta, bias, v.epilogue, aux, v.fast_accum);
+    s.output("out", out, fp8_product_tolerance(v.out, v.fast_accum));
+    if (v.epilogue == ops::Epilogue::Gelu)
+      s.output("pre-activation", aux, fp8_product_tolerance(v.out, v.fast_accum));
+  }});
+}
+
+void register_fp8_twins() {
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+    for (AmaxFrom from : {AmaxFrom::measured, AmaxFrom::small_values, AmaxFrom::saturating}) {
+      quantize_case(256, 768, DType::bf16, f, from);
+      quantize_case(100, 77, DType::bf16, f, from);  // partial tiles, byte-wise stores
+    }
+  quantize_case(192, 320, DType::f32, Fp8Format::e4m3, AmaxFrom::measured);
+
+  matmul_case(256, 768, 512, {});
+  matmul_case(256, 768, 512, {DType::bf16, Fp8Format::e4m3, Fp8Format::e4m3, false,
+                              ops::Epilogue::None, 0.0, true});
+  matmul_case(512, 2304, 768, {DType::bf16, Fp8Format::e4m3, Fp8Format::e4m3, true});
+  matmul_case(512, 3072, 768, {DType::bf16, Fp8Format::e4m3, Fp8Format::e4m3, true,
+                               ops::Epilogue::Gelu});
+  matmul_case(512, 768, 3072, {DType::bf16, Fp8Format::e5m2, Fp8Format::e4m3, false,
+                               ops::Epilogue::DGelu});
+  matmul_case(512, 768, 3072, {DType::bf16, Fp8Format::e5m2, Fp8Format::e4m3});  // dgrad
+  matmul_case(768, 3072, 512, {DType::f32, Fp8Format::e5m2, Fp8Format::e4m3, false,
+                               ops::Epilogue::None, 1.0});  // wgrad into an f32 gradient
+  matmul_case(768, 3072, 512, {DType::f32, Fp8Format::e4m3, Fp8Format::e4m3, false,
+                               ops::Epilogue::None, 1.0});
+}
+FSDP_REGISTER_TWINS(register_fp8_twins)
+
+}  // namespace
+}  // namespace fsdp::testing

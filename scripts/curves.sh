@@ -24,6 +24,9 @@
 #           twin, whose curve against the micro-batch-16 replay's is PyTorch's own floor
 #   mb8     the Llama f32 comparison again with micro-batches of 8 on both sides (the noise
 #           part replays GPT-2's)
+#   fp8     FP8 against bf16 (mixed_precision.fp8, docs/CORRECTNESS.md "FP8"): GPT-2 d12 in
+#           bf16, hybrid and e4m3, and the Llama in bf16 and hybrid, each pair from the same
+#           weights and batches; the table of their validation losses
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -118,6 +121,16 @@ if want noise; then
   # GPT-2 replayed too: the twin's curve against its micro-batch-16 replay is PyTorch's floor.
   replay gpt2_f32_mb8 f32 "${GPT2[@]}" train.micro_batch_size=8
   train llama_f32_mb8 "${GPT2[@]}" "${LLAMA[@]}" mixed_precision.compute_dtype=f32 train.micro_batch_size=8
+fi
+
+if want fp8; then
+  train gpt2_bf16_ref "${GPT2[@]}"
+  for f in hybrid e4m3; do train gpt2_fp8_$f "${GPT2[@]}" mixed_precision.fp8=$f; done
+  train llama_bf16_ref "${GPT2[@]}" "${LLAMA[@]}"
+  train llama_fp8_hybrid "${GPT2[@]}" "${LLAMA[@]}" mixed_precision.fp8=hybrid
+  curve table --steps 50,100,150,200,250,300 gpt2_bf16="$L/gpt2_bf16_ref" \
+    gpt2_fp8_hybrid="$L/gpt2_fp8_hybrid" gpt2_fp8_e4m3="$L/gpt2_fp8_e4m3" \
+    llama_bf16="$L/llama_bf16_ref" llama_fp8_hybrid="$L/llama_fp8_hybrid" | tee "$L/fp8_table.txt"
 fi
 
 # One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).

@@ -12,6 +12,7 @@
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
 #include "tools/bench/device_timing.h"
+#include "tools/bench/linear_shapes.h"
 #include "runtime/train/recipe.h"
 
 #if FSDP_WITH_CUDA
@@ -34,44 +35,10 @@ void usage(std::FILE* out) {
                "  gpt-1.3b, llama-1b.\n");
 }
 
-#if FSDP_WITH_CUDA
-// One linear layer of the model: x (rows, in) @ w (out, in)^T.
-struct LinearShape {
-  const char* name;
-  int64_t rows, in, out;
-  bool bias;
-  bool gelu_after;   // forward: GELU epilogue saving the pre-activation (GPT-2's fc)
-  bool dgelu_input;  // dgrad: the GELU gradient of the layer before fused in (GPT-2's proj)
-};
-
-std::vector<LinearShape> shapes_of(const train::Recipe& r) {
-  const train::ModelSection& m = r.model;
-  const int64_t rows = int64_t(r.train.micro_batch_size) * m.seq_length;
-  const int64_t chunk = m.classifier_chunk_rows > 0 ? std::min<int64_t>(rows, m.classifier_chunk_rows)
-                                                    : rows;
-  const int64_t c = m.d_model, f = m.d_ff, v = m.padded_vocab_size;
-  if (m.family == "gpt2")
-    return {{"qkv", rows, c, 3 * c, true, false, false},
-            {"attention proj", rows, c, c, true, false, false},
-            {"fc (+GELU)", rows, c, f, true, true, false},
-            {"proj (dGELU)", rows, f, c, true, false, true},
-            {"head", chunk, c, v, false, false, false}};
-  const int64_t kv = c / m.n_head * m.n_kv_head;
-  return {{"qkv", rows, c, c + 2 * kv, false, false, false},
-          {"attention out", rows, c, c, false, false, false},
-          {"gate+up", rows, c, 2 * f, false, false, false},
-          {"down", rows, f, c, false, false, false},
-          {"head", chunk, c, v, false, false, false}};
-}
-#endif
-
 }  // namespace
 
 int run_matmul_tuning_bench(const std::vector<std::string>& args) {
-  static const std::map<std::string, std::string> kWorkloads = {
-      {"gpt2-124m", "configs/gpt2-124m.json"},
-      {"gpt-1.3b", "configs/gpt-1.3b.json"},
-      {"llama-1b", "configs/llama-1b.json"}};
+  const std::map<std::string, std::string>& kWorkloads = matmul_bench_workloads();
   std::string config;
   int reps = 20;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -109,7 +76,7 @@ int run_matmul_tuning_bench(const std::vector<std::string>& args) {
   std::printf("%-16s %-6s %-22s %10s %10s %7s\n", "layer", "pass", "(M x K) @ (K x N)",
               "heuristic", "tuned", "ratio");
   double total_heuristic = 0, total_tuned = 0;
-  for (const LinearShape& l : shapes_of(recipe)) {
+  for (const LinearShape& l : linear_shapes_of(recipe)) {
     const Tensor x = ctx.empty(Shape{l.rows, l.in}, DType::bf16);      // (M, in)
     const Tensor w = ctx.empty(Shape{l.out, l.in}, DType::bf16);       // (out, in)
     const Tensor y = ctx.empty(Shape{l.rows, l.out}, DType::bf16);     // (M, out)

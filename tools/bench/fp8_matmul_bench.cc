@@ -1,0 +1,155 @@
+#include "tools/bench/fp8_matmul_bench.h"
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/fp8_ops.h"
+#include "kernels/ops.h"
+#include "runtime/core/context.h"
+#include "runtime/core/error.h"
+#include "runtime/train/recipe.h"
+#include "tools/bench/device_timing.h"
+#include "tools/bench/linear_shapes.h"
+
+namespace fsdp::bench {
+namespace {
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: bench fp8-matmul (--workload NAME | --config FILE) [--reps R] "
+               "[--format e4m3|hybrid]\n"
+               "  Times on GPU 0 each linear layer of one block of the recipe's model at its\n"
+               "  micro-batch, forward, dgrad and wgrad, as the layers run them: in bf16, then\n"
+               "  in FP8 (the product alone, on operands quantized beforehand; then with the\n"
+               "  amax and quantize kernels the layer runs around it). TFLOP/s of the median of\n"
+               "  R runs, and the bf16 / FP8-with-quantization time ratio. Workloads: gpt2-124m,\n"
+               "  gpt-1.3b, llama-1b.\n");
+}
+
+}  // namespace
+
+int run_fp8_matmul_bench(const std::vector<std::string>& args) {
+  std::string config, format = "hybrid";
+  int reps = 20;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      FSDP_CHECK(i + 1 < args.size(), ConfigError, a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    } else if (a == "--workload") {
+      const std::string name = value();
+      auto it = matmul_bench_workloads().find(name);
+      FSDP_CHECK(it != matmul_bench_workloads().end(), ConfigError,
+                 "bench fp8-matmul: unknown workload '", name, "' (see --help)");
+      config = it->second;
+    } else if (a == "--config") {
+      config = value();
+    } else if (a == "--reps") {
+      reps = std::stoi(value());
+    } else if (a == "--format") {
+      format = value();
+      FSDP_CHECK(format == "e4m3" || format == "hybrid", ConfigError,
+                 "bench fp8-matmul: --format is e4m3 or hybrid, not '", format, "'");
+    } else {
+      usage(stderr);
+      FSDP_THROW(ConfigError, "bench fp8-matmul: unknown flag ", a);
+    }
+  }
+  FSDP_CHECK(!config.empty() && reps > 0, ConfigError,
+             "bench fp8-matmul: give --workload or --config, and --reps > 0");
+  const train::Recipe recipe = train::load_recipe(config, {});
+  Context ctx(Device::cuda(0));
+  std::string why;
+  FSDP_CHECK(ops::fp8_available(ctx, &why), DeviceError, "bench fp8-matmul: ", why);
+  const ops::Fp8Format fwd = ops::Fp8Format::e4m3;
+  const ops::Fp8Format bwd = format == "hybrid" ? ops::Fp8Format::e5m2 : ops::Fp8Format::e4m3;
+  std::printf("# bench fp8-matmul: %s, %s, median of %d; TFLOP/s\n", config.c_str(),
+              format.c_str(), reps);
+  std::printf("%-16s %-6s %-22s %8s %8s %10s %7s\n", "layer", "pass", "(M x K) @ (K x N)", "bf16",
+              "fp8", "fp8+quant", "ratio");
+  double total_bf16 = 0, total_fp8 = 0;
+  for (const LinearShape& l : linear_shapes_of(recipe)) {
+    if (l.head) continue;  // kept in bf16
+    const Tensor x = ctx.empty(Shape{l.rows, l.in}, DType::bf16);   // (M, in)
+    const Tensor w = ctx.empty(Shape{l.out, l.in}, DType::bf16);    // (out, in)
+    const Tensor y = ctx.empty(Shape{l.rows, l.out}, DType::bf16);  // (M, out); also dy
+    const Tensor dx = ctx.empty(Shape{l.rows, l.in}, DType::bf16);  // (M, in)
+    const Tensor dw = ctx.empty(Shape{l.out, l.in}, DType::f32);    // (out, in)
+    const Tensor b = l.bias ? ctx.empty(Shape{l.out}, DType::bf16) : Tensor();
+    const Tensor db = l.bias ? ctx.empty(Shape{l.out}, DType::f32) : Tensor();
+    const Tensor pre = l.gelu_after ? ctx.empty(Shape{l.rows, l.out}, DType::bf16) : Tensor();
+    const Tensor pre_in = l.dgelu_input ? ctx.empty(Shape{l.rows, l.in}, DType::bf16) : Tensor();
+    ops::fill(ctx, x, 0.5);
+    ops::fill(ctx, w, 0.02);
+    ops::fill(ctx, y, 0.01);
+    if (pre_in.defined()) ops::fill(ctx, pre_in, 0.1);
+    ops::fill(ctx, dw, 0.0);
+    if (l.bias) ops::fill(ctx, db, 0.0);
+    const ops::Epilogue fwd_ep = l.gelu_after ? ops::Epilogue::Gelu : ops::Epilogue::None;
+    const ops::Epilogue dgrad_ep = l.dgelu_input ? ops::Epilogue::DGelu : ops::Epilogue::None;
+    const Tensor amax = ctx.empty(Shape{1}, DType::f32);
+    auto quantize = [&](const Tensor& t, ops::Fp8Format f, bool rows, bool cols) {
+      ops::fp8_amax(ctx, amax, t);
+      return ops::fp8_quantize(ctx, t, amax, f, rows, cols);
+    };
+    const ops::Fp8Quantized qx = quantize(x, fwd, true, true), qw = quantize(w, fwd, true, true);
+    const ops::Fp8Quantized qdy = quantize(y, bwd, true, true);
+    struct Pass {
+      const char* name;
+      int64_t m, k, n;
+      std::function<void()> bf16, fp8, fp8_with_quantization;
+    };
+    const std::vector<Pass> passes = {
+        {"fwd", l.rows, l.in, l.out,
+         [&] { ops::matmul(ctx, y, x, w, false, true, 1.0, 0.0, b, fwd_ep, pre); },
+         [&] { ops::fp8_matmul(ctx, y, qx.rows, qw.rows, 1.0, 0.0, b, fwd_ep, pre, true); },
+         [&] {
+           const auto a = quantize(x, fwd, true, false), c = quantize(w, fwd, true, false);
+           ops::fp8_matmul(ctx, y, a.rows, c.rows, 1.0, 0.0, b, fwd_ep, pre, true);
+         }},
+        {"dgrad", l.rows, l.out, l.in,
+         [&] { ops::matmul(ctx, dx, y, w, false, false, 1.0, 0.0, Tensor(), dgrad_ep, pre_in); },
+         [&] { ops::fp8_matmul(ctx, dx, qdy.rows, qw.columns, 1.0, 0.0, Tensor(), dgrad_ep, pre_in); },
+         [&] {
+           // The output gradient's two layouts are quantized once, counted here.
+           const auto g = quantize(y, bwd, true, true), c = quantize(w, fwd, false, true);
+           ops::fp8_matmul(ctx, dx, g.rows, c.columns, 1.0, 0.0, Tensor(), dgrad_ep, pre_in);
+         }},
+        {"wgrad", l.out, l.rows, l.in,
+         [&] {
+           if (l.bias)
+             ops::matmul_bias_grad(ctx, dw, y, x, true, false, 1.0, 1.0, db, true);
+           else
+             ops::matmul(ctx, dw, y, x, true, false, 1.0, 1.0);
+         },
+         [&] { ops::fp8_matmul(ctx, dw, qdy.columns, qx.columns, 1.0, 1.0); },
+         [&] {
+           const auto c = quantize(x, fwd, false, true);
+           ops::fp8_matmul(ctx, dw, qdy.columns, c.columns, 1.0, 1.0);
+           if (l.bias) ops::bias_backward(ctx, db, y, true);
+         }},
+    };
+    for (const Pass& p : passes) {
+      const double t_bf16 = median_device_ms(ctx, reps, 2, p.bf16);
+      const double t_fp8 = median_device_ms(ctx, reps, 2, p.fp8);
+      const double t_all = median_device_ms(ctx, reps, 2, p.fp8_with_quantization);
+      const double flop = 2.0 * double(p.m) * double(p.k) * double(p.n);
+      std::printf("%-16s %-6s %-22s %8.1f %8.1f %10.1f %7.3f\n", l.name, p.name,
+                  str_cat("(", p.m, " x ", p.k, ") @ (", p.k, " x ", p.n, ")").c_str(),
+                  flop / t_bf16 / 1e9, flop / t_fp8 / 1e9, flop / t_all / 1e9, t_bf16 / t_all);
+      total_bf16 += t_bf16;
+      total_fp8 += t_all;
+    }
+  }
+  std::printf("one block: bf16 %.3f ms, fp8 with quantization %.3f ms (%.3fx)\n", total_bf16,
+              total_fp8, total_bf16 / total_fp8);
+  return 0;
+}
+
+}  // namespace fsdp::bench

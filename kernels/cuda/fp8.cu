@@ -30,53 +30,62 @@ __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
   if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
 }
 
-constexpr int kTile = 64;     // a block quantizes a (64, 64) tile
-constexpr int kThreads = 256;  // 16 threads per tile row, 4 columns each
+constexpr int kTileRows = 64, kTileCols = 128;  // a block quantizes a (64, 128) tile
+constexpr int kThreads = 256;
 
-// q and qt of one (64, 64) tile. Each thread converts 4 consecutive columns of a row (one
-// 32-bit store into q), keeps the bytes in shared memory, and then writes 4 consecutive
-// rows of a column of qt (one 32-bit store): both global writes are coalesced.
-template <typename T>
+__device__ __forceinline__ uint2 pack8(const uint8_t (&b)[8]) {
+  return make_uint2(uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24,
+                    uint32_t(b[4]) | uint32_t(b[5]) << 8 | uint32_t(b[6]) << 16 | uint32_t(b[7]) << 24);
+}
+
+// q and qt of one (64, 128) tile. Each thread converts 8 consecutive columns of a row (one
+// 128-bit load of bf16 and one 64-bit store into q when kVec: rows 16-byte aligned), keeps
+// the bytes in shared memory, and then writes 8 consecutive rows of a column of qt (one
+// 64-bit store): both global writes are coalesced, and each element is read once.
+template <typename T, bool kVec>
 __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const float* amax,
                                 Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv) {
-  __shared__ uint8_t tile[kTile][kTile + 4];
+  __shared__ __align__(8) uint8_t tile[kTileRows][kTileCols + 8];
   const float scale = fp8_scale_for_amax(*amax, format);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  const int lane4 = (threadIdx.x % 16) * 4, sub = threadIdx.x / 16;
-  const bool vec_q = cols % 4 == 0, vec_qt = rows % 4 == 0;
-  for (int rr = sub; rr < kTile; rr += kThreads / 16) {
-    const int64_t r = r0 + rr;
+  const int64_t r0 = int64_t(blockIdx.y) * kTileRows, c0 = int64_t(blockIdx.x) * kTileCols;
+  const int col8 = (threadIdx.x % 16) * 8, sub = threadIdx.x / 16;  // 16 rows per pass
+  for (int rr = sub; rr < kTileRows; rr += kThreads / 16) {
+    const int64_t r = r0 + rr, c = c0 + col8;
     if (r >= rows) break;
-    uint8_t b[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t c = c0 + lane4 + j;
-      b[j] = c < cols ? encode(__fmul_rn(to_float(x[r * cols + c]), scale), format) : 0;
-      tile[rr][lane4 + j] = b[j];
-    }
-    if (!q) continue;
-    const int64_t c = c0 + lane4;
-    if (vec_q && c + 3 < cols) {
-      *reinterpret_cast<uint32_t*>(q + r * cols + c) =
-          uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+    float v[8];
+    if (kVec && c + 7 < cols) {
+      load_floats<8>(x + r * cols + c, v);
     } else {
-      for (int j = 0; j < 4 && c + j < cols; ++j) q[r * cols + c + j] = b[j];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = c + j < cols ? to_float(x[r * cols + c + j]) : 0.0f;
+    }
+    uint8_t b[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) b[j] = encode(__fmul_rn(v[j], scale), format);
+    *reinterpret_cast<uint2*>(&tile[rr][col8]) = pack8(b);
+    if (!q) continue;
+    if (kVec && c + 7 < cols) {
+      *reinterpret_cast<uint2*>(q + r * cols + c) = pack8(b);
+    } else {
+      for (int j = 0; j < 8 && c + j < cols; ++j) q[r * cols + c + j] = b[j];
     }
   }
   if (!qt) return;
   __syncthreads();
-  for (int cc = sub; cc < kTile; cc += kThreads / 16) {
-    const int64_t c = c0 + cc;
+  const bool vec_qt = kVec && rows % 8 == 0;
+  const int row8 = (threadIdx.x % 8) * 8, csub = threadIdx.x / 8;  // 32 columns per pass
+  for (int cc = csub; cc < kTileCols; cc += kThreads / 8) {
+    const int64_t c = c0 + cc, r = r0 + row8;
     if (c >= cols) break;
-    const int64_t r = r0 + lane4;
     if (r >= rows) continue;
-    if (vec_qt && r + 3 < rows) {
-      *reinterpret_cast<uint32_t*>(qt + c * rows + r) =
-          uint32_t(tile[lane4][cc]) | uint32_t(tile[lane4 + 1][cc]) << 8 |
-          uint32_t(tile[lane4 + 2][cc]) << 16 | uint32_t(tile[lane4 + 3][cc]) << 24;
+    uint8_t b[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) b[j] = tile[row8 + j][cc];
+    if (vec_qt && r + 7 < rows) {
+      *reinterpret_cast<uint2*>(qt + c * rows + r) = pack8(b);
     } else {
-      for (int j = 0; j < 4 && r + j < rows; ++j) qt[c * rows + r + j] = tile[lane4 + j][cc];
+      for (int j = 0; j < 8 && r + j < rows; ++j) qt[c * rows + r + j] = b[j];
     }
   }
 }
@@ -123,15 +132,20 @@ void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t strea
 
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, stream_t stream) {
-  FSDP_CHECK(rows > 0 && cols > 0 && (rows + kTile - 1) / kTile < 65536, ValueError,
+  FSDP_CHECK(rows > 0 && cols > 0 && (rows + kTileRows - 1) / kTileRows < 65536, ValueError,
              "fp8_quantize: (", rows, ", ", cols, ") is empty or has too many rows");
-  FSDP_CHECK((q == nullptr || uintptr_t(q) % 4 == 0) && (qt == nullptr || uintptr_t(qt) % 4 == 0),
-             ValueError, "fp8_quantize: outputs must be 4-byte aligned");
-  const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
+  const dim3 grid(unsigned((cols + kTileCols - 1) / kTileCols),
+                  unsigned((rows + kTileRows - 1) / kTileRows));
+  // Whole 8-element groups: rows of x start 16-byte aligned, those of q and qt 8-byte.
+  const bool vec = cols % 8 == 0 && aligned16(x) && uintptr_t(q) % 8 == 0 && uintptr_t(qt) % 8 == 0;
   dispatch_16_32(dtype, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
-    quantize_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols, amax,
-                                                      format, q, qt, scale_inv);
+    if (vec)
+      quantize_kernel<T, true><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols,
+                                                              amax, format, q, qt, scale_inv);
+    else
+      quantize_kernel<T, false><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols,
+                                                               amax, format, q, qt, scale_inv);
   });
   FSDP_CHECK_LAUNCH();
 }

@@ -20,14 +20,20 @@ bool applies(const Parameter& weight, int64_t rows) {
   return ops::fp8_shape_ok(rows, weight.data.size(0), weight.data.size(1));
 }
 
-void forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
-             const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux) {
+ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
+                       const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux,
+                       bool keep_input) {
   const kernels::Fp8Format f = weight.fp8->forward;
-  const ops::Fp8Matrix qx = quantize(ctx, x, f, true, false).rows;                   // (N, in)
+  const ops::Fp8Quantized qx = quantize(ctx, x, f, true, keep_input);  // (N, in), (in, N)
   const ops::Fp8Matrix qw = quantize(ctx, weight.checked_data(), f, true, false).rows;  // (out, in)
   // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
   // keep the more exact accumulation.
-  ops::fp8_matmul(ctx, y, qx, qw, 1.0, 0.0, bias, epilogue, aux, /*fast_accum=*/true);
+  ops::fp8_matmul(ctx, y, qx.rows, qw, 1.0, 0.0, bias, epilogue, aux, /*fast_accum=*/true);
+  return qx.columns;
+}
+
+ops::Fp8Matrix input_columns(Context& ctx, const Tensor& x, const Parameter& weight) {
+  return quantize(ctx, x, weight.fp8->forward, false, true).columns;
 }
 
 OutputGrad quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight) {
@@ -43,9 +49,8 @@ void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Para
 }
 
 void weight_grad(Context& ctx, Parameter& weight, Parameter* bias, const OutputGrad& dy,
-                 const Tensor& x) {
-  const ops::Fp8Matrix qxt = quantize(ctx, x, weight.fp8->forward, false, true).columns;  // (in, N)
-  ops::fp8_matmul(ctx, weight.grad_for_accumulation(ctx), dy.quant.columns, qxt, 1.0, 1.0);
+                 const ops::Fp8Matrix& x_columns) {
+  ops::fp8_matmul(ctx, weight.grad_for_accumulation(ctx), dy.quant.columns, x_columns, 1.0, 1.0);
   if (bias) ops::bias_backward(ctx, bias->grad_for_accumulation(ctx), dy.dy, true);
 }
 

@@ -16,8 +16,16 @@ namespace fsdp::nn::fp8 {
 bool applies(const Parameter& weight, int64_t rows);
 
 // y (N, out) = x (N, in) @ W^T [+ bias] [Gelu: aux (N, out) receives the pre-activation].
-void forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
-             const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux);
+// With keep_input, returns x's transposed FP8 copy (in, N) for the weight gradient, written
+// by the same kernel that quantizes x for the forward (x is read once; the layer then keeps
+// one byte per element instead of x's two); undefined otherwise.
+ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
+                       const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux,
+                       bool keep_input);
+
+// x (N, in)'s transposed FP8 copy (in, N) for the weight gradient, from x itself (an input
+// recomputed in backward).
+ops::Fp8Matrix input_columns(Context& ctx, const Tensor& x, const Parameter& weight);
 
 // An output gradient dy (N, out) quantized once for both backward products.
 struct OutputGrad {
@@ -31,8 +39,9 @@ void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Para
                 double beta, ops::Epilogue epilogue = ops::Epilogue::None,
                 const Tensor& aux = Tensor());
 
-// dW (out, in) += dy^T @ x (x (N, in), quantized here); db (out) += column sums of dy.
+// dW (out, in) += dy^T @ x, x given as its transposed FP8 copy (in, N) (forward's
+// keep_input, or input_columns); db (out) += column sums of dy.
 void weight_grad(Context& ctx, Parameter& weight, Parameter* bias, const OutputGrad& dy,
-                 const Tensor& x);
+                 const ops::Fp8Matrix& x_columns);
 
 }  // namespace fsdp::nn::fp8

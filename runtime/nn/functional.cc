@@ -39,22 +39,24 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   const Tensor pre = gelu ? ctx.empty(Shape{n, out_f}, w.dtype()) : Tensor();  // (N, out)
   // FP8 (a weight marked by the FP8 plan) for layers that are not column-parallel.
   const bool use_fp8 = !column.group && fp8::applies(weight, n);
+  const bool records = g.should_record({&x}, true);
+  ops::Fp8Matrix x_columns;  // (in, N) FP8: what the FP8 weight gradient reads of x
   if (use_fp8)
-    fp8::forward(ctx, y.view(Shape{n, out_f}), x2, weight, bias ? bias->checked_data() : Tensor(),
-                 epilogue, pre);
+    x_columns = fp8::forward(ctx, y.view(Shape{n, out_f}), x2, weight,
+                             bias ? bias->checked_data() : Tensor(), epilogue, pre, records);
   else
     ops::matmul(ctx, y.view(Shape{n, out_f}), x2, w, false, true, 1.0, 0.0,
                 bias ? bias->checked_data() : Tensor(), epilogue, pre);
-  if (!g.should_record({&x}, true)) return y;
+  if (!records) return y;
 
   y = Graph::track(y);
   Parameter* wp = &weight;
   // Saved for the weight gradient: the input, or under sequence parallelism only this
-  // rank's part of it (gathered again in the backward).
-  const Tensor saved = gathered ? ops::contiguous(ctx, x) : x2;
+  // rank's part of it (gathered again in the backward); in FP8 its transposed FP8 copy.
+  const Tensor saved = use_fp8 ? Tensor() : gathered ? ops::contiguous(ctx, x) : x2;
   g.record("linear:" + weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved, pre, ym = y.autograd_meta(), wp, bias, gelu, n, out_f,
-            in_f, column, gathered, use_fp8, whole_shape = whole.shape()](Graph& g) {
+            in_f, column, gathered, use_fp8, x_columns, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -70,7 +72,7 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
                if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
                  fp8::input_grad(ctx, sx.buffer.view(Shape{n, in_f}), q, *wp,
                                  sx.accumulate ? 1.0 : 0.0);
-               fp8::weight_grad(ctx, *wp, bias, q, saved);
+               fp8::weight_grad(ctx, *wp, bias, q, x_columns);
                return;
              }
              if (!column.group) {

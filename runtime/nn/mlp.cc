@@ -57,35 +57,39 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   // FP8 (weights marked by the FP8 plan) where the layer is not column-parallel.
   const bool fc_fp8 = !column.group && fp8::applies(fc_weight, n);
   const bool proj_fp8 = !column.group && fp8::applies(proj_weight, n);
-  // out (N, out) = in @ W^T [+ b] [Gelu: aux], in FP8 or not.
+  const bool records = g.should_record({&x}, true);
+  // out (N, out) = in @ W^T [+ b] [Gelu: aux], in FP8 or not; in FP8, with keep_input, the
+  // input's transposed FP8 copy for the weight gradient is returned.
   auto product = [&](const Tensor& out, const Tensor& in, const Parameter& w, bool in_fp8,
-                     const Tensor& b, ops::Epilogue ep, const Tensor& aux) {
-    if (in_fp8)
-      fp8::forward(ctx, out, in, w, b, ep, aux);
-    else
-      ops::matmul(ctx, out, in, w.checked_data(), false, true, 1.0, 0.0, b, ep, aux);
+                     const Tensor& b, ops::Epilogue ep, const Tensor& aux, bool keep_input) {
+    if (in_fp8) return fp8::forward(ctx, out, in, w, b, ep, aux, keep_input);
+    ops::matmul(ctx, out, in, w.checked_data(), false, true, 1.0, 0.0, b, ep, aux);
+    return ops::Fp8Matrix();
   };
+  ops::Fp8Matrix x_columns, a_columns;  // (C, N), (F, N) FP8: for the FP8 weight gradients
   Tensor h = ctx.empty(Shape{n, h_f}, w_fc.dtype());  // (N, F or 2F): the activation's input
   Tensor a = ctx.empty(Shape{n, f}, w_fc.dtype());    // (N, F): the activation
   if (gelu) {
-    product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h);
+    x_columns = product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, records);
   } else {
-    product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor());
+    x_columns = product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor(), records);
     ops::swiglu_forward(ctx, a, h);
   }
   Tensor y = ctx.empty(with_last(whole.shape(), c), w_fc.dtype());  // (..., C)
-  product(y.view(Shape{n, c}), a, proj_weight, proj_fp8, b_proj, ops::Epilogue::None, Tensor());
-  if (!g.should_record({&x}, true)) return y;
+  // The activation's FP8 copy is kept unless it is recomputed in backward.
+  a_columns = product(y.view(Shape{n, c}), a, proj_weight, proj_fp8, b_proj, ops::Epilogue::None,
+                      Tensor(), records && !recompute_activation);
+  if (!records) return y;
 
   y = Graph::track(y);
-  const Tensor saved_a = recompute_activation ? Tensor() : a;
+  const Tensor saved_a = recompute_activation || a_columns.defined() ? Tensor() : a;
   // Saved for fc's weight gradient: the input, or under sequence parallelism only this
-  // rank's part of it (gathered again in the backward).
-  const Tensor saved_x = gathered ? ops::contiguous(ctx, x) : x2;
+  // rank's part of it (gathered again in the backward); in FP8 its transposed FP8 copy.
+  const Tensor saved_x = fc_fp8 ? Tensor() : gathered ? ops::contiguous(ctx, x) : x2;
   g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved_x, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
             &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered, fc_fp8,
-            proj_fp8, whole_shape = whole.shape()](Graph& g) {
+            proj_fp8, x_columns, a_columns, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -96,7 +100,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              dy = rows(ctx, dy, c);  // (N, C)
              const Tensor& w_proj = proj_weight.checked_data();
              Tensor a = saved_a;
-             if (!a.defined()) {
+             if (!a.defined() && !a_columns.defined()) {
                a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
                activation_forward(ctx, activation, a, h);
              }
@@ -104,7 +108,9 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              std::optional<fp8::OutputGrad> qdy;
              if (proj_fp8) {
                qdy = fp8::quantize_output_grad(ctx, dy, proj_weight);
-               fp8::weight_grad(ctx, proj_weight, proj_bias, *qdy, a);
+               fp8::weight_grad(ctx, proj_weight, proj_bias, *qdy,
+                                a_columns.defined() ? a_columns
+                                                    : fp8::input_columns(ctx, a, proj_weight));
              } else {
                weight_and_bias_grad(ctx, proj_weight, proj_bias, dy, a);
              }
@@ -140,7 +146,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
              if (fc_fp8) {
                const fp8::OutputGrad qdh = fp8::quantize_output_grad(ctx, dh, fc_weight);
-               fp8::weight_grad(ctx, fc_weight, fc_bias, qdh, saved_x);
+               fp8::weight_grad(ctx, fc_weight, fc_bias, qdh, x_columns);
                const autograd::GradSink sx = g.grad_sink(tx);
                if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
                  fp8::input_grad(ctx, sx.buffer.view(Shape{n, c}), qdh, fc_weight,

@@ -46,12 +46,14 @@ void quantize_case(int64_t rows, int64_t cols, DType dt, Fp8Format format, AmaxF
 
 // Relative to the output's scale. Both sides multiply the same FP8 values, exact in f32;
 // they differ by accumulation order and, on Hopper, by the FP8 MMA's accumulator, which
-// keeps fewer than f32's bits between promotions (fast accumulation: more so). A bf16
-// output adds one rounding of 2^-9.
+// keeps about 14 mantissa bits (DeepSeek-V3's report measured it; cuBLASLt promotes the
+// partial sums to f32 between chunks of K, and less often with fast accumulation): the
+// H200 measured 1.9e-4 and 2.3e-4 of the scale for K = 512 into f32, hence 1e-3, not the
+// 2e-5 of a bf16 product into f32. A bf16 output adds one rounding of 2^-9.
 Tolerance fp8_product_tolerance(DType out, bool fast_accum) {
   if (out == DType::bf16) return Tolerance::scaled(5e-3, "one bf16 rounding of the output");
-  return fast_accum ? Tolerance::scaled(2e-3, "fast accumulation keeps ~13 mantissa bits per MMA")
-                    : Tolerance::scaled(1e-4, "FP8 MMA accumulates with ~22 mantissa bits between f32 promotions");
+  return fast_accum ? Tolerance::scaled(2e-3, "fast accumulation: ~14-bit partial sums, promoted rarely")
+                    : Tolerance::scaled(1e-3, "FP8 MMA partial sums keep ~14 bits between f32 promotions");
 }
 
 struct MatmulVariant {
@@ -100,6 +102,7 @@ void register_fp8_twins() {
       quantize_case(100, 77, DType::bf16, f, from);  // partial tiles, byte-wise stores
     }
   quantize_case(192, 320, DType::f32, Fp8Format::e4m3, AmaxFrom::measured);
+  quantize_case(100, 96, DType::bf16, Fp8Format::e4m3, AmaxFrom::measured);  // 8-wide rows only
 
   matmul_case(256, 768, 512, {});
   matmul_case(256, 768, 512, {DType::bf16, Fp8Format::e4m3, Fp8Format::e4m3, false,

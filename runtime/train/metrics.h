@@ -30,6 +30,9 @@ struct StepMetrics {
   std::optional<double> moe_aux_loss;
   std::optional<double> moe_z_loss;
   std::optional<double> moe_max_load;
+  // mixed_precision.fp8: how many linear layers run their products in FP8 (the step line
+  // shows it; not written to metrics.jsonl, it does not change within a run).
+  std::optional<int64_t> fp8_layers;
   // logger.log_update_norms: ||new - old master weights|| per tensor group (empty: off).
   std::map<std::string, double> update_norms;
 };

@@ -113,6 +113,7 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, bool ter
   if (m.moe_z_loss) line.field("z", printf_string("%.4f", *m.moe_z_loss), "", 7);
   if (m.moe_max_load) line.field("max load", printf_string("%.2f", *m.moe_max_load), "", 5);
   line.field("", format_count(m.tokens_per_sec), "tok/s", 6);
+  if (m.fp8_layers) line.field("fp8", std::to_string(*m.fp8_layers), "layers", 3);
   if (m.tflops) line.field("", printf_string("%.1f", *m.tflops), "TFLOP/s", 6);
   if (m.mfu) line.field("MFU", printf_string("%.1f", 100.0 * *m.mfu) + "%", "", 6);
   line.field("mem", format_bytes(m.mem_peak_bytes), "", 10);

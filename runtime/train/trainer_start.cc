@@ -207,14 +207,12 @@ void Trainer::State::print_startup_report() const {
                 "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
   if (!fp8_layers.empty()) {
-    int fp8 = 0;
     std::string bf16_blocks;
-    for (const std::string& line : fp8_layers) {
-      if (line.find(": fp8 ") != std::string::npos) ++fp8;
-      else bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + line.substr(0, line.find(':'));
-    }
+    for (const std::string& line : fp8_layers)
+      if (line.find(": fp8 ") == std::string::npos)
+        bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + line.substr(0, line.find(':'));
     print(str_cat("fp8: ", *recipe.mixed_precision.fp8, " ", recipe.mixed_precision.fp8_recipe,
-                  " in ", fp8, " linear layers of the blocks; bf16: embedding, classifier, "
+                  " in ", fp8_layer_count(), " linear layers of the blocks; bf16: embedding, classifier, "
                   "attention softmax, norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks));
   }
   if (graphs)

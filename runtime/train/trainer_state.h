@@ -100,6 +100,11 @@ struct Trainer::State {
   std::unique_ptr<StepClock> clock;
   // mixed_precision.fp8: one line per block layer (apply_fp8's report); empty without fp8.
   std::vector<std::string> fp8_layers;
+  int64_t fp8_layer_count() const {
+    return std::count_if(fp8_layers.begin(), fp8_layers.end(), [](const std::string& l) {
+      return l.find(": fp8 ") != std::string::npos;
+    });
+  }
 
   // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
   // replay (null when off). Declared last: destroyed before the model and the context.

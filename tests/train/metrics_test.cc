@@ -169,6 +169,11 @@ TEST_CASE("the plain step line has every field and no escape codes", "[metrics]"
   CHECK(full.find('\033') == std::string::npos);
   CHECK(format_step_line(m, 200, false, RunClock{65.2, 425.0}) == full + " | 1m05s elapsed | eta 7m05s");
   CHECK(format_step_line(m, 200, false, RunClock{3.0, std::nullopt}) == full + " | 3s elapsed");
+  // mixed_precision.fp8: how many linear layers run in FP8, after the rate.
+  m.fp8_layers = 40;
+  CHECK(format_step_line(m, 200, false) ==
+        "step 10/200 | loss 5.4321 | val 5.5000 | lr 1.000e-03 | grad norm 0.750 | "
+        "12.3k tok/s | fp8 40 layers | 123.4 TFLOP/s | MFU 12.5% | mem 3.00 GiB | 250.0 ms");
 }
 
 TEST_CASE("the terminal step line is colored and its columns line up", "[metrics]") {

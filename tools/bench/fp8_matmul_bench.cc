@@ -1,5 +1,6 @@
 #include "tools/bench/fp8_matmul_bench.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -149,6 +150,24 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
   }
   std::printf("one block: bf16 %.3f ms, fp8 with quantization %.3f ms (%.3fx)\n", total_bf16,
               total_fp8, total_bf16 / total_fp8);
+  // The quantization kernels alone on the largest activation (M x the widest layer), in
+  // GB/s of the bytes each must move (amax: reads bf16; quantize: reads bf16, writes both
+  // FP8 layouts), against the ~4.2 TB/s copy ceiling.
+  int64_t rows = 0, cols = 0;
+  for (const LinearShape& l : linear_shapes_of(recipe))
+    if (!l.head && l.rows * std::max(l.in, l.out) > rows * cols) {
+      rows = l.rows;
+      cols = std::max(l.in, l.out);
+    }
+  const Tensor t = ctx.empty(Shape{rows, cols}, DType::bf16), amax = ctx.empty(Shape{1}, DType::f32);
+  ops::fill(ctx, t, 0.25);
+  const double bytes = double(rows) * double(cols);
+  const double t_amax = median_device_ms(ctx, reps, 2, [&] { ops::fp8_amax(ctx, amax, t); });
+  const double t_both = median_device_ms(ctx, reps, 2, [&] { ops::fp8_quantize(ctx, t, amax, bwd, true, true); });
+  const double t_rows = median_device_ms(ctx, reps, 2, [&] { ops::fp8_quantize(ctx, t, amax, bwd, true, false); });
+  std::printf("quantize (%lld x %lld) bf16: amax %.3f ms (%.0f GB/s), rows+columns %.3f ms "
+              "(%.0f GB/s), rows %.3f ms (%.0f GB/s)\n", (long long)rows, (long long)cols, t_amax,
+              2 * bytes / t_amax / 1e6, t_both, 4 * bytes / t_both / 1e6, t_rows, 3 * bytes / t_rows / 1e6);
   return 0;
 }
 

@@ -24,7 +24,9 @@ void usage(std::FILE* out) {
                "  Times on GPU 0 each linear layer of one block of the recipe's model at its\n"
                "  micro-batch, forward, dgrad and wgrad, as the layers run them: in bf16, then\n"
                "  in FP8 (the product alone, on operands quantized beforehand; then with the\n"
-               "  amax and quantize kernels the layer runs around it). TFLOP/s of the median of\n"
+               "  kernels the layer runs around it: the forward quantizes x in both layouts and\n"
+               "  W, dgrad the output gradient in both layouts and W^T, wgrad the bias\n"
+               "  gradient's pass over dy). TFLOP/s of the median of\n"
                "  R runs, and the bf16 / FP8-with-quantization time ratio. Workloads: gpt2-124m,\n"
                "  gpt-1.3b, llama-1b.\n");
 }
@@ -111,7 +113,8 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
          [&] { ops::matmul(ctx, y, x, w, false, true, 1.0, 0.0, b, fwd_ep, pre); },
          [&] { ops::fp8_matmul(ctx, y, qx.rows, qw.rows, 1.0, 0.0, b, fwd_ep, pre, true); },
          [&] {
-           const auto a = quantize(x, fwd, true, false), c = quantize(w, fwd, true, false);
+           // Both layouts of x in one pass: the layer keeps the columns for wgrad.
+           const auto a = quantize(x, fwd, true, true), c = quantize(w, fwd, true, false);
            ops::fp8_matmul(ctx, y, a.rows, c.rows, 1.0, 0.0, b, fwd_ep, pre, true);
          }},
         {"dgrad", l.rows, l.out, l.in,
@@ -131,8 +134,8 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
          },
          [&] { ops::fp8_matmul(ctx, dw, qdy.columns, qx.columns, 1.0, 1.0); },
          [&] {
-           const auto c = quantize(x, fwd, false, true);
-           ops::fp8_matmul(ctx, dw, qdy.columns, c.columns, 1.0, 1.0);
+           // x's columns come from the forward; the bias gradient is a pass over dy.
+           ops::fp8_matmul(ctx, dw, qdy.columns, qx.columns, 1.0, 1.0);
            if (l.bias) ops::bias_backward(ctx, db, y, true);
          }},
     };

@@ -16,6 +16,7 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
+#include "tests/train/byte_tokens.h"
 #include "tests/train/scratch_dir.h"
 
 namespace fsdp::train {
@@ -23,22 +24,10 @@ namespace {
 
 constexpr int kSteps = 30;
 
-std::string byte_tokens_shard() {
-  std::ifstream in("third_party/text/austen.txt", std::ios::binary);
-  REQUIRE(in.good());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<int32_t> tokens(text.begin(), text.end());
-  for (int32_t& t : tokens) t &= 0xff;
-  const std::string dir = testing::scratch_dir("fp8_data_rank" + std::to_string(testing::world_rank()));
-  const std::string path = dir + "/austen_bytes.bin";
-  data::write_llmc_shard(path, tokens.data(), tokens.size());
-  return path;
-}
-
 Recipe recipe_of(const std::string& model, const std::string& tag,
                  const std::vector<std::string>& extra) {
   std::vector<std::string> overrides = {
-      "dataset.train_path=" + byte_tokens_shard(),
+      "dataset.train_path=" + testing::byte_tokens_shard("fp8"),
       "run.output_dir=" + testing::scratch_dir(tag + "_rank" + std::to_string(testing::world_rank())),
       "logger.samples_file=null", "logger.log_update_norms=false",
       "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",

@@ -27,6 +27,7 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
+#include "tests/train/byte_tokens.h"
 #include "tests/train/scratch_dir.h"
 
 namespace fsdp::train {
@@ -53,20 +54,6 @@ Json read_json(const std::string& path) {
   std::ifstream in(path);
   REQUIRE(in.good());
   return Json::parse(in);
-}
-
-// The golden runs' data: the bytes of the shipped Austen text as tokens (vocabulary 256),
-// one llm.c shard (each rank writes its own copy).
-std::string byte_tokens_shard() {
-  std::ifstream in("third_party/text/austen.txt", std::ios::binary);
-  REQUIRE(in.good());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<int32_t> tokens(text.begin(), text.end());
-  for (int32_t& t : tokens) t &= 0xff;  // bytes, not signed chars
-  const std::string dir = testing::scratch_dir("golden_data_rank" + std::to_string(testing::world_rank()));
-  const std::string path = dir + "/austen_bytes.bin";
-  data::write_llmc_shard(path, tokens.data(), tokens.size());
-  return path;
 }
 
 void check_close(double got, double want, const std::string& what) {
@@ -105,7 +92,7 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
       (extra.empty() ? "" : "_resumed") + "_rank" +
       std::to_string(testing::world_rank()));
   std::vector<std::string> overrides = {
-      "dataset.train_path=" + byte_tokens_shard(), "run.output_dir=" + out,
+      "dataset.train_path=" + testing::byte_tokens_shard("golden"), "run.output_dir=" + out,
       "logger.samples_file=null", "ddp.data_parallel_sharding_strategy=" + layout.strategy,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
       "model.tensor_model_parallel_size=" + std::to_string(layout.tp),
@@ -196,7 +183,7 @@ std::string reference_checkpoint(const std::string& name) {
   std::filesystem::remove_all(save);
   const Recipe recipe = load_recipe(
       "tests/train/golden/" + name + ".json",
-      {"dataset.train_path=" + byte_tokens_shard(),
+      {"dataset.train_path=" + testing::byte_tokens_shard("golden"),
        "run.output_dir=" + testing::scratch_dir(name + "_reference"), "logger.samples_file=null",
        "train.micro_batch_size=8", "checkpoint.save=" + save, "checkpoint.save_interval=" +
       std::to_string(kEarlyStateStep), "checkpoint.most_recent_k=0"});

@@ -27,25 +27,13 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
+#include "tests/train/byte_tokens.h"
 #include "tests/train/scratch_dir.h"
 
 namespace fsdp::train {
 namespace {
 
 constexpr int kSteps = 30;
-
-// The shipped Austen text as byte tokens (vocabulary 256), one llm.c shard per rank.
-std::string byte_tokens_shard() {
-  std::ifstream in("third_party/text/austen.txt", std::ios::binary);
-  REQUIRE(in.good());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<int32_t> tokens(text.begin(), text.end());
-  for (int32_t& t : tokens) t &= 0xff;
-  const std::string dir = testing::scratch_dir("moe_data_rank" + std::to_string(testing::world_rank()));
-  const std::string path = dir + "/austen_bytes.bin";
-  data::write_llmc_shard(path, tokens.data(), tokens.size());
-  return path;
-}
 
 // The two tiny MoE models, as overrides of the golden-curve recipes.
 std::vector<std::string> moe_overrides(const std::string& name) {
@@ -71,7 +59,7 @@ TrainResult train(const std::string& name, const Layout& layout, bool alone,
                           "_ep" + std::to_string(layout.ep) + (alone ? "_alone" : "") + "_rank" +
                           std::to_string(testing::world_rank());
   std::vector<std::string> overrides = {
-      "dataset.train_path=" + byte_tokens_shard(), "run.output_dir=" + testing::scratch_dir(tag),
+      "dataset.train_path=" + testing::byte_tokens_shard("moe"), "run.output_dir=" + testing::scratch_dir(tag),
       "logger.samples_file=null", "logger.log_update_norms=false",
       "ddp.data_parallel_sharding_strategy=" + layout.strategy,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
@@ -243,7 +231,7 @@ TEST_CASE("an MoE run resumes from its checkpoint on the same curve", "[train][m
 TEST_CASE("the MoE metrics reach metrics.jsonl", "[train][moe]") {
   if (testing::world_size() != 1) return;
   const std::string out = testing::scratch_dir("moe_metrics");
-  std::vector<std::string> overrides = {"dataset.train_path=" + byte_tokens_shard(),
+  std::vector<std::string> overrides = {"dataset.train_path=" + testing::byte_tokens_shard("moe"),
                                         "run.output_dir=" + out, "logger.samples_file=null",
                                         "train.train_iters=3", "train.eval_interval=0",
                                         "scheduler.lr_warmup_iters=1"};

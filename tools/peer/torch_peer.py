@@ -105,7 +105,7 @@ class Model(nn.Module):
         for b in self.blocks:
             x = b(x, self.cos[:T], self.sin[:T])
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def main():
@@ -132,7 +132,7 @@ def main():
 
     def batch():
         t = torch.randint(0, 50257, (micro, seq + 1), device=dev, generator=gen)
-        return t[:, :-1], t[:, 1:]
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
     times = []
     for step in range(a.warmup + a.steps):

@@ -3,11 +3,13 @@
 
 #include "kernels/checks.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/ops.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/basic.h"
+#include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/matmul.h"
 #endif
@@ -56,7 +58,7 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
 }
 
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
-                          bool rows, bool columns) {
+                          bool rows, bool columns, const Tensor& add_column_sums) {
   const char* what = "fp8_quantize";
   check_on_ctx(ctx, x, what);
   check_floating(x, what);
@@ -65,6 +67,13 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   check_dense(ctx, amax, Shape{1}, DType::f32, what);
   FSDP_CHECK(rows || columns, ValueError, what, ": asked for neither layout");
   const int64_t r = x.size(0), c = x.size(1);
+  const bool sums = add_column_sums.defined();
+  if (sums) {
+    check_on_ctx(ctx, add_column_sums, what);
+    check_floating(add_column_sums, what);
+    check_contiguous(add_column_sums, what);
+    check_shape(add_column_sums, Shape{c}, what);
+  }
   Fp8Quantized q;
   const Tensor scale_inv = ctx.empty(Shape{1}, DType::f32);
   if (rows) q.rows = Fp8Matrix{ctx.empty(Shape{r, c}, DType::u8), scale_inv, format};
@@ -79,12 +88,22 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   if (ctx.device().is_cpu()) {
     kernels::cpu::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
                                *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv);
+    if (sums)
+      kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
+                                  x.dtype(), r, c, true);
     return q;
   }
 #if FSDP_WITH_CUDA
+  CUstream_st* stream = ctx.stream().cuda_stream();
+  const int64_t tiles = kernels::cuda::fp8_column_sum_tiles(r);
+  const Tensor partials = sums ? ctx.empty(Shape{tiles, c}, DType::f32) : Tensor();
   kernels::cuda::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
                               static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
-                              ctx.stream().cuda_stream());
+                              sums ? static_cast<float*>(partials.data_ptr()) : nullptr, stream);
+  if (sums)
+    kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
+                                      add_column_sums.data_ptr(), add_column_sums.dtype(), true,
+                                      stream);
 #endif
   return q;
 }

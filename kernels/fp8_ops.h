@@ -42,9 +42,11 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x);
 
 // Quantizes x (R, C) (bf16/f16/f32 on CUDA, any floating dtype on the CPU) with the scale
 // of `amax` (1) f32 (kernels::fp8_scale_for_amax): q.rows when `rows`, q.columns when
-// `columns`.
+// `columns`. With `add_column_sums` (C) defined: add_column_sums += the sums over the rows
+// of x (unscaled), from the same read of x (a bias gradient beside the output gradient's
+// quantization); deterministic, as ops::bias_backward.
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
-                          bool rows, bool columns);
+                          bool rows, bool columns, const Tensor& add_column_sums = Tensor());
 
 // out (M, N) = alpha * a (M, K) @ b (N, K)^T + beta * out [+ bias (N)] [Gelu: aux receives
 // the pre-activation | DGelu: times gelu'(aux)], a and b dequantized; not both e5m2. out,

@@ -2,6 +2,8 @@
 
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vec.cuh"
 
@@ -41,11 +43,16 @@ __device__ __forceinline__ uint2 pack8(const uint8_t (&b)[8]) {
 // q and qt of one (64, 128) tile. Each thread converts 8 consecutive columns of a row (one
 // 128-bit load of bf16 and one 64-bit store into q when kVec: rows 16-byte aligned), keeps
 // the bytes in shared memory, and then writes 8 consecutive rows of a column of qt (one
-// 64-bit store): both global writes are coalesced, and each element is read once.
-template <typename T, bool kVec>
+// 64-bit store): both global writes are coalesced, and each element is read once. With
+// kSums, the tile's column sums of x (unscaled) go to partials (row tile, cols), summed in a
+// fixed order (a bias gradient from the same read: finish_column_sums adds the tiles).
+template <typename T, bool kVec, bool kSums>
 __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const float* amax,
-                                Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv) {
+                                Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
+                                float* partials) {
   __shared__ __align__(8) uint8_t tile[kTileRows][kTileCols + 8];
+  __shared__ float sums[kSums ? kThreads / 16 : 1][kSums ? kTileCols : 1];
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const float scale = fp8_scale_for_amax(*amax, format);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
   const int64_t r0 = int64_t(blockIdx.y) * kTileRows, c0 = int64_t(blockIdx.x) * kTileCols;
@@ -62,13 +69,26 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
     }
     uint8_t b[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) b[j] = encode(__fmul_rn(v[j], scale), format);
+    for (int j = 0; j < 8; ++j) {
+      b[j] = encode(__fmul_rn(v[j], scale), format);
+      if (kSums) acc[j] += v[j];
+    }
     *reinterpret_cast<uint2*>(&tile[rr][col8]) = pack8(b);
     if (!q) continue;
     if (kVec && c + 7 < cols) {
       *reinterpret_cast<uint2*>(q + r * cols + c) = pack8(b);
     } else {
       for (int j = 0; j < 8 && c + j < cols; ++j) q[r * cols + c + j] = b[j];
+    }
+  }
+  if (kSums) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sums[sub][col8 + j] = acc[j];
+    __syncthreads();
+    if (threadIdx.x < kTileCols && c0 + threadIdx.x < cols) {
+      float total = 0.0f;
+      for (int g = 0; g < kThreads / 16; ++g) total += sums[g][threadIdx.x];
+      partials[int64_t(blockIdx.y) * cols + c0 + threadIdx.x] = total;
     }
   }
   if (!qt) return;
@@ -130,8 +150,11 @@ void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t strea
   FSDP_CHECK_LAUNCH();
 }
 
+int64_t fp8_column_sum_tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
+
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
-                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, stream_t stream) {
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
+                  stream_t stream) {
   FSDP_CHECK(rows > 0 && cols > 0 && (rows + kTileRows - 1) / kTileRows < 65536, ValueError,
              "fp8_quantize: (", rows, ", ", cols, ") is empty or has too many rows");
   const dim3 grid(unsigned((cols + kTileCols - 1) / kTileCols),
@@ -140,12 +163,17 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const 
   const bool vec = cols % 8 == 0 && aligned16(x) && uintptr_t(q) % 8 == 0 && uintptr_t(qt) % 8 == 0;
   dispatch_16_32(dtype, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
-    if (vec)
-      quantize_kernel<T, true><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols,
-                                                              amax, format, q, qt, scale_inv);
-    else
-      quantize_kernel<T, false><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols,
-                                                               amax, format, q, qt, scale_inv);
+    auto launch = [&](auto vec_tag, auto sums_tag) {
+      quantize_kernel<T, decltype(vec_tag)::value, decltype(sums_tag)::value>
+          <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols, amax, format, q,
+                                          qt, scale_inv, partials);
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    if (vec && partials) launch(yes{}, yes{});
+    else if (vec) launch(yes{}, no{});
+    else if (partials) launch(no{}, yes{});
+    else launch(no{}, no{});
   });
   FSDP_CHECK_LAUNCH();
 }

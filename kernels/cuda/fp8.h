@@ -19,8 +19,13 @@ void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t strea
 
 // q (rows, cols) = fp8(x * scale) and, when qt is not null, qt (cols, rows) its transpose,
 // scale = fp8_scale_for_amax(*amax); *scale_inv = 1 / scale. Either of q and qt may be null.
+// When partials is not null it receives (fp8_column_sum_tiles(rows), cols) f32: each row
+// tile's column sums of x, for column_sum.h's finish_column_sums (a bias gradient read in
+// the same pass).
+int64_t fp8_column_sum_tiles(int64_t rows);
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
-                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, stream_t stream);
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
+                  stream_t stream);
 
 // alpha_beta[0] = alpha * (sa * sb) (each product rounded to f32), alpha_beta[1] = beta: the
 // device-side scalars of an FP8 matmul.

@@ -5,12 +5,13 @@
 namespace fsdp::nn::fp8 {
 namespace {
 
-// t (R, C) quantized with the scale of its own amax (tensor-wise current scaling).
+// t (R, C) quantized with the scale of its own amax (tensor-wise current scaling);
+// add_column_sums (C) += t's column sums from the same read, when defined.
 ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, kernels::Fp8Format format, bool rows,
-                           bool columns) {
+                           bool columns, const Tensor& add_column_sums = Tensor()) {
   const Tensor amax = ctx.empty(Shape{1}, DType::f32);
   ops::fp8_amax(ctx, amax, t);
-  return ops::fp8_quantize(ctx, t, amax, format, rows, columns);
+  return ops::fp8_quantize(ctx, t, amax, format, rows, columns, add_column_sums);
 }
 
 }  // namespace
@@ -36,8 +37,10 @@ ops::Fp8Matrix input_columns(Context& ctx, const Tensor& x, const Parameter& wei
   return quantize(ctx, x, weight.fp8->forward, false, true).columns;
 }
 
-OutputGrad quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight) {
-  return OutputGrad{dy, quantize(ctx, dy, weight.fp8->backward, true, true)};
+OutputGrad quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight,
+                                Parameter* bias) {
+  const Tensor db = bias ? bias->grad_for_accumulation(ctx) : Tensor();
+  return OutputGrad{quantize(ctx, dy, weight.fp8->backward, true, true, db)};
 }
 
 void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Parameter& weight,
@@ -48,10 +51,9 @@ void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Para
   ops::fp8_matmul(ctx, dx, dy.quant.rows, qwt, 1.0, beta, Tensor(), epilogue, aux);
 }
 
-void weight_grad(Context& ctx, Parameter& weight, Parameter* bias, const OutputGrad& dy,
+void weight_grad(Context& ctx, Parameter& weight, const OutputGrad& dy,
                  const ops::Fp8Matrix& x_columns) {
   ops::fp8_matmul(ctx, weight.grad_for_accumulation(ctx), dy.quant.columns, x_columns, 1.0, 1.0);
-  if (bias) ops::bias_backward(ctx, bias->grad_for_accumulation(ctx), dy.dy, true);
 }
 
 }  // namespace fsdp::nn::fp8

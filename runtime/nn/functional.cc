@@ -67,12 +67,13 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
                dy = dpre;
              }
              if (use_fp8) {
-               const fp8::OutputGrad q = fp8::quantize_output_grad(ctx, dy, *wp);
+               // db (out) += column sums of dy, read once with its quantization
+               const fp8::OutputGrad q = fp8::quantize_output_grad(ctx, dy, *wp, bias);
                const autograd::GradSink sx = g.grad_sink(tx);
                if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
                  fp8::input_grad(ctx, sx.buffer.view(Shape{n, in_f}), q, *wp,
                                  sx.accumulate ? 1.0 : 0.0);
-               fp8::weight_grad(ctx, *wp, bias, q, x_columns);
+               fp8::weight_grad(ctx, *wp, q, x_columns);
                return;
              }
              if (!column.group) {

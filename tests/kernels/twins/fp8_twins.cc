@@ -95,7 +95,27 @@ void matmul_case(int64_t m, int64_t n, int64_t k, const MatmulVariant& v) {
   }});
 }
 
+// An output gradient quantized with its bias gradient read in the same pass: the sums
+// (added to an existing gradient) against the CPU's, the bytes as without them.
+void column_sums_case(int64_t rows, int64_t cols, DType grad) {
+  const std::string name = str_cat("quantize with bias gradient ", rows, "x", cols, " -> ",
+                                   dtype_name(grad));
+  register_twin({"fp8", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor dy = s.random(Shape{rows, cols}, DType::bf16, 61);  // (N, out)
+    const Tensor db = s.random(Shape{cols}, grad, 62);               // (out), accumulated into
+    const Tensor amax = s.empty(Shape{1}, DType::f32);
+    ops::fp8_amax(ctx, amax, dy);
+    const ops::Fp8Quantized q = ops::fp8_quantize(ctx, dy, amax, Fp8Format::e5m2, true, true, db);
+    s.output("bias gradient", db, Tolerance::scaled(1e-5, "f32 sums in tiles of 64 rows against double"));
+    s.output("rows", q.rows.data, Tolerance::exact("the same rounding of the same products"));
+    s.output("columns", q.columns.data, Tolerance::exact("the transpose of the same bytes"));
+  }});
+}
+
 void register_fp8_twins() {
+  column_sums_case(1000, 768, DType::f32);  // a partial last row tile
+  column_sums_case(256, 100, DType::f32);   // a partial column tile, byte-wise stores
   for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
     for (AmaxFrom from : {AmaxFrom::measured, AmaxFrom::small_values, AmaxFrom::saturating}) {
       quantize_case(256, 768, DType::bf16, f, from);

@@ -26,6 +26,12 @@ FSDP_HD float fp8_max(Fp8Format f) { return f == Fp8Format::e4m3 ? 448.0f : 5734
 FSDP_HD int fp8_mantissa_bits(Fp8Format f) { return f == Fp8Format::e4m3 ? 3 : 2; }
 FSDP_HD int fp8_exponent_bias(Fp8Format f) { return f == Fp8Format::e4m3 ? 7 : 15; }
 
+// Whether an (M, K) @ (N, K)^T problem fits FP8 tensor cores: M, N, K multiples of 16 (and
+// not empty).
+inline bool fp8_shape_ok(int64_t m, int64_t n, int64_t k) {
+  return m > 0 && n > 0 && k > 0 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+}
+
 // The scale that maps the largest magnitude `amax` onto the format's largest finite value:
 // max / amax, or 1 when amax is 0 or not finite (nothing to scale by). One IEEE division,
 // as the CUDA kernels compute it (__fdiv_rn), so both backends get the same bits.

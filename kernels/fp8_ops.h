@@ -31,11 +31,9 @@ struct Fp8Quantized {
 // the CPU's simulation always). When not, *why says so.
 bool fp8_available(Context& ctx, std::string* why = nullptr);
 
-// Whether an (M, K) @ (N, K)^T problem fits FP8 tensor cores: M, N, K multiples of 16. The
+// Whether an (M, K) @ (N, K)^T problem fits FP8 tensor cores (kernels/fp8_format.h). The
 // CPU simulation applies the same rule, so it quantizes the layers the GPU would.
-inline bool fp8_shape_ok(int64_t m, int64_t n, int64_t k) {
-  return m > 0 && n > 0 && k > 0 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
-}
+using kernels::fp8_shape_ok;
 
 // amax (1) f32 = max |x| over x's elements (x contiguous; NaNs skipped).
 void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x);

@@ -443,8 +443,7 @@ bool Blas::try_fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_
                  epilogue == MatmulEpilogue::DGelu,
              ValueError, "fp8 matmul: unsupported epilogue");
   if (m == 0 || n == 0) return true;
-  // FP8 tensor cores need K-major operands, K and the leading dimensions multiples of 16.
-  if (k == 0 || k % 16 != 0 || n % 16 != 0 || m % 16 != 0) return false;
+  if (!fp8_shape_ok(m, n, k)) return false;  // K-major operands, sizes multiples of 16
   MatmulDims d;
   d.m = m;
   d.n = n;

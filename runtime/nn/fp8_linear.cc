@@ -37,23 +37,23 @@ ops::Fp8Matrix input_columns(Context& ctx, const Tensor& x, const Parameter& wei
   return quantize(ctx, x, weight.fp8->forward, false, true).columns;
 }
 
-OutputGrad quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight,
-                                Parameter* bias) {
+ops::Fp8Quantized quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight,
+                                       Parameter* bias) {
   const Tensor db = bias ? bias->grad_for_accumulation(ctx) : Tensor();
-  return OutputGrad{quantize(ctx, dy, weight.fp8->backward, true, true, db)};
+  return quantize(ctx, dy, weight.fp8->backward, true, true, db);
 }
 
-void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Parameter& weight,
+void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, const Parameter& weight,
                 double beta, ops::Epilogue epilogue, const Tensor& aux) {
   // W^T (in, out): the weight with the output features as K.
   const ops::Fp8Matrix qwt =
       quantize(ctx, weight.checked_data(), weight.fp8->forward, false, true).columns;
-  ops::fp8_matmul(ctx, dx, dy.quant.rows, qwt, 1.0, beta, Tensor(), epilogue, aux);
+  ops::fp8_matmul(ctx, dx, dy.rows, qwt, 1.0, beta, Tensor(), epilogue, aux);
 }
 
-void weight_grad(Context& ctx, Parameter& weight, const OutputGrad& dy,
+void weight_grad(Context& ctx, Parameter& weight, const ops::Fp8Quantized& dy,
                  const ops::Fp8Matrix& x_columns) {
-  ops::fp8_matmul(ctx, weight.grad_for_accumulation(ctx), dy.quant.columns, x_columns, 1.0, 1.0);
+  ops::fp8_matmul(ctx, weight.grad_for_accumulation(ctx), dy.columns, x_columns, 1.0, 1.0);
 }
 
 }  // namespace fsdp::nn::fp8

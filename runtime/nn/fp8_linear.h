@@ -27,22 +27,20 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Par
 // recomputed in backward).
 ops::Fp8Matrix input_columns(Context& ctx, const Tensor& x, const Parameter& weight);
 
-// An output gradient dy (N, out) quantized once for both backward products; the bias
-// gradient db (out) += column sums of dy comes from the same read of dy.
-struct OutputGrad {
-  ops::Fp8Quantized quant;  // rows (N, out) for dx; columns (out, N) for dW
-};
-OutputGrad quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight,
-                                Parameter* bias);
+// An output gradient dy (N, out) quantized once for both backward products: rows (N, out)
+// for dx, columns (out, N) for dW; the bias gradient db (out) += column sums of dy comes
+// from the same read of dy.
+ops::Fp8Quantized quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight,
+                                       Parameter* bias);
 
 // dx (N, in) = dy @ W + beta * dx [DGelu: times gelu'(aux), beta 0].
-void input_grad(Context& ctx, const Tensor& dx, const OutputGrad& dy, const Parameter& weight,
+void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, const Parameter& weight,
                 double beta, ops::Epilogue epilogue = ops::Epilogue::None,
                 const Tensor& aux = Tensor());
 
 // dW (out, in) += dy^T @ x, x given as its transposed FP8 copy (in, N) (forward's
 // keep_input, or input_columns).
-void weight_grad(Context& ctx, Parameter& weight, const OutputGrad& dy,
+void weight_grad(Context& ctx, Parameter& weight, const ops::Fp8Quantized& dy,
                  const ops::Fp8Matrix& x_columns);
 
 }  // namespace fsdp::nn::fp8

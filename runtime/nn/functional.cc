@@ -68,7 +68,7 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
              }
              if (use_fp8) {
                // db (out) += column sums of dy, read once with its quantization
-               const fp8::OutputGrad q = fp8::quantize_output_grad(ctx, dy, *wp, bias);
+               const ops::Fp8Quantized q = fp8::quantize_output_grad(ctx, dy, *wp, bias);
                const autograd::GradSink sx = g.grad_sink(tx);
                if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
                  fp8::input_grad(ctx, sx.buffer.view(Shape{n, in_f}), q, *wp,

@@ -105,7 +105,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                activation_forward(ctx, activation, a, h);
              }
              // dW_proj (C, F) += dy^T (C, N) @ a (N, F); db_proj (C) += column sums of dy
-             std::optional<fp8::OutputGrad> qdy;
+             std::optional<ops::Fp8Quantized> qdy;
              if (proj_fp8) {
                qdy = fp8::quantize_output_grad(ctx, dy, proj_weight, proj_bias);
                fp8::weight_grad(ctx, proj_weight, *qdy,
@@ -145,7 +145,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              }
              // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
              if (fc_fp8) {
-               const fp8::OutputGrad qdh = fp8::quantize_output_grad(ctx, dh, fc_weight, fc_bias);
+               const ops::Fp8Quantized qdh = fp8::quantize_output_grad(ctx, dh, fc_weight, fc_bias);
                fp8::weight_grad(ctx, fc_weight, qdh, x_columns);
                const autograd::GradSink sx = g.grad_sink(tx);
                if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)

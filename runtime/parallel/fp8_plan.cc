@@ -5,24 +5,22 @@
 
 namespace fsdp {
 
-std::vector<std::string> apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan) {
+Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan) {
   FSDP_CHECK(plan.bf16_first_blocks >= 0 && plan.bf16_last_blocks >= 0, ConfigError,
              "fp8: the numbers of blocks kept in bf16 must not be negative");
-  std::vector<std::string> report;
+  Fp8Report report;
   const int n = int(blocks.size());
-  const std::string formats = std::string(kernels::fp8_format_name(plan.recipe.forward)) + "/" +
-                              kernels::fp8_format_name(plan.recipe.backward);
   for (int i = 0; i < n; ++i) {
     nn::Module& block = *blocks[size_t(i)];
     if (i < plan.bf16_first_blocks || i >= n - plan.bf16_last_blocks) {
-      report.push_back(block.name() + ": bf16");
+      report.bf16_blocks.push_back(block.name());
       continue;
     }
     for (nn::Module* m : block.modules()) {
       auto* linear = dynamic_cast<nn::Linear*>(m);
       if (!linear || linear->parallel_style() != nn::ParallelStyle::replicated) continue;
       linear->weight().fp8 = plan.recipe;
-      report.push_back(linear->name() + ": fp8 " + formats);
+      report.fp8_layers.push_back(linear->name());
     }
   }
   return report;

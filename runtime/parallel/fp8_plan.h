@@ -23,9 +23,15 @@ struct Fp8Plan {
   int bf16_last_blocks = 1;   // the last blocks kept in bf16
 };
 
+// What apply_fp8 did: the linear layers it marked ("h.1.attn.qkv") and the blocks it kept
+// in bf16 ("h.0"), in forward order.
+struct Fp8Report {
+  std::vector<std::string> fp8_layers;
+  std::vector<std::string> bf16_blocks;
+};
+
 // Marks the linear layers of `blocks` (a model's transformer blocks in forward order) but
-// the first and last ones the plan keeps in bf16. Returns one line per marked layer
-// ("h.1.attn.qkv: fp8 e4m3/e5m2") and one per block kept in bf16.
-std::vector<std::string> apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan);
+// the first and last ones the plan keeps in bf16.
+Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan);
 
 }  // namespace fsdp

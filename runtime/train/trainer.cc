@@ -189,7 +189,8 @@ TrainResult Trainer::run_steps() {
   State& s = *s_;
   const int64_t total = s.recipe.train.train_iters;
   TrainResult result;
-  result.fp8_layers = s.fp8_layers;
+  result.fp8_layers = s.fp8.fp8_layers;
+  result.fp8_bf16_blocks = s.fp8.bf16_blocks;
   result.first_step = s.step;
   RunStats stats(*s.ctx, s.step, s.options.warmup_steps, s.options.profile_timed_steps,
                  s.recipe.train.global_batch_size * s.recipe.model.seq_length,
@@ -233,7 +234,7 @@ TrainResult Trainer::run_steps() {
     stats.end_step(s.step, dt, s.clock->times(), s.sharded->take_collective_times());
 
     StepMetrics m = stats.metrics(s.step, loss, lr, norm, dt);
-    if (!s.fp8_layers.empty()) m.fp8_layers = s.fp8_layer_count();
+    if (s.recipe.mixed_precision.fp8) m.fp8_layers = int64_t(s.fp8.fp8_layers.size());
     if (s.update_norms) m.update_norms = s.update_norms->after_step();
     if (s.moe->active())
       s.moe->finish_step(*s.ctx, std::vector<double>(summed.begin() + 2, summed.end()),

@@ -76,9 +76,9 @@ struct TrainResult {
   // rows), and the all-gathers and reduce-scatters over the experts' shard group, in this
   // run's steps; 0 without expert parallelism.
   uint64_t expert_all_to_alls = 0, expert_all_gathers = 0, expert_reduce_scatters = 0;
-  // mixed_precision.fp8: one line per transformer block's linear layer run in FP8
-  // ("h.1.attn.qkv: fp8 e4m3/e5m2") and per block kept in bf16 ("h.0: bf16"); empty without.
-  std::vector<std::string> fp8_layers;
+  // mixed_precision.fp8: the linear layers run in FP8 ("h.1.attn.qkv") and the blocks kept
+  // in bf16 ("h.0"); empty without fp8.
+  std::vector<std::string> fp8_layers, fp8_bf16_blocks;
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any
   // Timing over the steps after options.warmup_steps (all ranks together).

@@ -94,7 +94,7 @@ void Trainer::State::apply_fp8_plan() {
   plan.recipe.backward = *mp.fp8 == "hybrid" ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
   plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
   plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
-  fp8_layers = apply_fp8(model->blocks(), plan);
+  fp8 = apply_fp8(model->blocks(), plan);
 }
 
 void Trainer::State::setup_model_and_sharding() {
@@ -206,13 +206,11 @@ void Trainer::State::print_startup_report() const {
                 ep_group ? str_cat(", experts over ", ep_group->size(), " expert-parallel ranks") : "",
                 "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
-  if (!fp8_layers.empty()) {
+  if (recipe.mixed_precision.fp8) {
     std::string bf16_blocks;
-    for (const std::string& line : fp8_layers)
-      if (line.find(": fp8 ") == std::string::npos)
-        bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + line.substr(0, line.find(':'));
+    for (const std::string& b : fp8.bf16_blocks) bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + b;
     print(str_cat("fp8: ", *recipe.mixed_precision.fp8, " ", recipe.mixed_precision.fp8_recipe,
-                  " in ", fp8_layer_count(), " linear layers of the blocks; bf16: embedding, classifier, "
+                  " in ", fp8.fp8_layers.size(), " linear layers of the blocks; bf16: embedding, classifier, "
                   "attention softmax, norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks));
   }
   if (graphs)

@@ -98,13 +98,8 @@ struct Trainer::State {
   std::unique_ptr<data::Gpt2Tokenizer> sample_tokenizer;
   int64_t step = 0;  // optimizer steps completed
   std::unique_ptr<StepClock> clock;
-  // mixed_precision.fp8: one line per block layer (apply_fp8's report); empty without fp8.
-  std::vector<std::string> fp8_layers;
-  int64_t fp8_layer_count() const {
-    return std::count_if(fp8_layers.begin(), fp8_layers.end(), [](const std::string& l) {
-      return l.find(": fp8 ") != std::string::npos;
-    });
-  }
+  // mixed_precision.fp8: what the FP8 plan marked and kept in bf16 (empty without fp8).
+  Fp8Report fp8;
 
   // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
   // replay (null when off). Declared last: destroyed before the model and the context.

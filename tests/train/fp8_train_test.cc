@@ -63,6 +63,10 @@ void check_close_to_unquantized(const std::string& model, const std::string& fp8
              << plain.losses.back());
   // The products are really quantized: the first step's loss already differs.
   CHECK(q.losses[0] != plain.losses[0]);
+  // Both blocks' four linear layers (qkv, attention proj, fc or gate_up, MLP proj).
+  CHECK(q.fp8_layers.size() == 8);
+  CHECK(q.fp8_bf16_blocks.empty());
+  CHECK(plain.fp8_layers.empty());
   // ... and the model learns as the unquantized one does: the mean of the last 5 losses
   // within 0.05 of it (its fall from ln 256 = 5.55 is about 2), every loss finite.
   for (double l : q.losses) CHECK(std::isfinite(l));
@@ -74,6 +78,16 @@ TEST_CASE("fp8 training follows the unquantized curve on the CPU simulation", "[
   if (testing::world_size() != 1) return;
   check_close_to_unquantized("gpt2_tiny", "hybrid");
   check_close_to_unquantized("llama_tiny", "e4m3");
+}
+
+TEST_CASE("the fp8 plan keeps the first and last blocks in bf16 by default", "[train][fp8]") {
+  if (testing::world_size() != 1) return;
+  const TrainResult r = train("gpt2_tiny", "fp8_default",
+                              {"mixed_precision.fp8=e4m3", "mixed_precision.first_last_layers_bf16=true",
+                               "train.train_iters=2"},
+                              true);
+  CHECK(r.fp8_layers.empty());
+  CHECK(r.fp8_bf16_blocks == std::vector<std::string>{"h.0", "h.1"});
 }
 
 TEST_CASE("fp8 gives the single-process losses under ZeRO-1 and ZeRO-3", "[train][fp8][mpi]") {

@@ -152,14 +152,10 @@ int run_train_bench(const std::vector<std::string>& args) {
     std::printf("tokens/s per GPU   %s\n", train::format_count(r.tokens_per_sec / size).c_str());
     std::printf("TFLOP/s per GPU    %.1f\n", r.tflops_per_device);
     std::printf("MFU                %.1f%%\n", 100 * r.mfu);
-    if (!r.fp8_layers.empty()) {
-      int fp8 = 0;
+    if (!r.fp8_layers.empty() || !r.fp8_bf16_blocks.empty()) {
       std::string bf16;
-      for (const std::string& l : r.fp8_layers) {
-        if (l.find(": fp8 ") != std::string::npos) ++fp8;
-        else bf16 += (bf16.empty() ? "" : ", ") + l.substr(0, l.find(':'));
-      }
-      std::printf("fp8 layers         %d linear layers of the blocks%s%s\n", fp8,
+      for (const std::string& b : r.fp8_bf16_blocks) bf16 += (bf16.empty() ? "" : ", ") + b;
+      std::printf("fp8 layers         %zu linear layers of the blocks%s%s\n", r.fp8_layers.size(),
                   bf16.empty() ? "" : "; blocks in bf16: ", bf16.c_str());
     }
     std::printf("peak allocated     %s\n", train::format_bytes(r.peak_allocated_bytes).c_str());

@@ -41,6 +41,25 @@ FSDP_HD float fp8_scale_for_amax(float amax, Fp8Format f) {
   return s < INFINITY ? s : 1.0f;  // a subnormal amax would overflow the scale
 }
 
+// Delayed scaling's rule for one operand after a step: its amax history (len entries,
+// `stride` floats apart, entry 0 the newest) takes the step's amax as its newest entry,
+// the oldest dropping out (roll false: the history stays as it is, as after a load); the
+// amax the next step scales by is the newest entry ("most_recent") or the history's
+// maximum ("max"), times margin_factor (2^fp8_margin: an exact power of two, so
+// max / (amax * 2^m) is Transformer Engine's max / amax / 2^m). Shared by the CPU and
+// CUDA kernels so that both backends keep the same bits.
+FSDP_HD float fp8_update_amax_history(float* history, int64_t len, int64_t stride, float step_amax,
+                                      bool roll, bool use_max, float margin_factor) {
+  if (roll) {
+    for (int64_t i = len - 1; i > 0; --i) history[i * stride] = history[(i - 1) * stride];
+    history[0] = step_amax;
+  }
+  float amax = history[0];
+  if (use_max)
+    for (int64_t i = 1; i < len; ++i) amax = fmaxf(amax, history[i * stride]);
+  return amax * margin_factor;
+}
+
 // The byte of fp8(v): round to nearest even, saturate to +-max, NaN -> 0x7f (sign kept).
 // The host's twin of the CUDA conversion __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt).
 inline uint8_t fp8_encode(float v, Fp8Format f) {

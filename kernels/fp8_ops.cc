@@ -58,7 +58,8 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
 }
 
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
-                          bool rows, bool columns, const Tensor& add_column_sums) {
+                          bool rows, bool columns, const Tensor& add_column_sums,
+                          const Tensor& record_amax) {
   const char* what = "fp8_quantize";
   check_on_ctx(ctx, x, what);
   check_floating(x, what);
@@ -74,6 +75,8 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
     check_contiguous(add_column_sums, what);
     check_shape(add_column_sums, Shape{c}, what);
   }
+  if (record_amax.defined()) check_dense(ctx, record_amax, Shape{1}, DType::f32, what);
+  auto* record = static_cast<float*>(data_or_null(record_amax));
   Fp8Quantized q;
   const Tensor scale_inv = ctx.empty(Shape{1}, DType::f32);
   if (rows) q.rows = Fp8Matrix{ctx.empty(Shape{r, c}, DType::u8), scale_inv, format};
@@ -87,7 +90,8 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   }
   if (ctx.device().is_cpu()) {
     kernels::cpu::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
-                               *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv);
+                               *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
+                               record);
     if (sums)
       kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
                                   x.dtype(), r, c, true);
@@ -99,13 +103,40 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   const Tensor partials = sums ? ctx.empty(Shape{tiles, c}, DType::f32) : Tensor();
   kernels::cuda::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
                               static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
-                              sums ? static_cast<float*>(partials.data_ptr()) : nullptr, stream);
+                              sums ? static_cast<float*>(partials.data_ptr()) : nullptr, record,
+                              stream);
   if (sums)
     kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
                                       add_column_sums.data_ptr(), add_column_sums.dtype(), true,
                                       stream);
 #endif
   return q;
+}
+
+void fp8_update_amax_histories(Context& ctx, const Tensor& history, const Tensor& step_amax,
+                               const Tensor& scale_amax, bool roll, bool use_max,
+                               float margin_factor) {
+  const char* what = "fp8_update_amax_histories";
+  FSDP_CHECK(history.defined() && history.dim() == 3, ShapeError, what,
+             ": history must be (layers, len, operands), got ",
+             history.defined() ? history.str() : std::string("undefined"));
+  const int64_t layers = history.size(0), len = history.size(1), width = history.size(2);
+  FSDP_CHECK(len > 0, ShapeError, what, ": the history has no entries");
+  check_dense(ctx, history, history.shape(), DType::f32, what);
+  check_dense(ctx, step_amax, Shape{layers, width}, DType::f32, what);
+  check_dense(ctx, scale_amax, Shape{layers, width}, DType::f32, what);
+  auto* h = static_cast<float*>(history.data_ptr());
+  const auto* step = static_cast<const float*>(step_amax.data_ptr());
+  auto* scale = static_cast<float*>(scale_amax.data_ptr());
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::fp8_update_amax_histories(h, step, scale, layers, len, width, roll, use_max,
+                                            margin_factor);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::fp8_update_amax_histories(h, step, scale, layers, len, width, roll, use_max,
+                                           margin_factor, ctx.stream().cuda_stream());
+#endif
 }
 
 void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,

@@ -42,9 +42,20 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x);
 // of `amax` (1) f32 (kernels::fp8_scale_for_amax): q.rows when `rows`, q.columns when
 // `columns`. With `add_column_sums` (C) defined: add_column_sums += the sums over the rows
 // of x (unscaled), from the same read of x (a bias gradient beside the output gradient's
-// quantization); deterministic, as ops::bias_backward.
+// quantization); deterministic, as ops::bias_backward. With `record_amax` (1) f32 defined:
+// record_amax = max(record_amax, max |x|), from the same read (delayed scaling's step amax).
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
-                          bool rows, bool columns, const Tensor& add_column_sums = Tensor());
+                          bool rows, bool columns, const Tensor& add_column_sums = Tensor(),
+                          const Tensor& record_amax = Tensor());
+
+// Delayed scaling after a step: history (L, len, W), step_amax and scale_amax (L, W), f32
+// and contiguous, for L layers of W operands. Each operand's history takes its step amax as
+// the newest entry (entry 0; roll false leaves the history as it is), and scale_amax gets
+// the amax its next quantization scales by: the newest entry, or the history's maximum
+// with use_max, times margin_factor (kernels::fp8_update_amax_history).
+void fp8_update_amax_histories(Context& ctx, const Tensor& history, const Tensor& step_amax,
+                               const Tensor& scale_amax, bool roll, bool use_max,
+                               float margin_factor);
 
 // out (M, N) = alpha * a (M, K) @ b (N, K)^T + beta * out [+ bias (N)] [Gelu: aux receives
 // the pre-activation | DGelu: times gelu'(aux)], a and b dequantized; not both e5m2. out,

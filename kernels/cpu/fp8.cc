@@ -23,7 +23,9 @@ float fp8_amax(const void* x, DType dtype, int64_t n) {
 }
 
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float amax,
-                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv) {
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
+                  float* record_amax) {
+  if (record_amax) *record_amax = std::fmax(*record_amax, fp8_amax(x, dtype, rows * cols));
   const float scale = fp8_scale_for_amax(amax, format);
   *scale_inv = 1.0f / scale;
   dispatch_any_floating(dtype, "fp8_quantize", [&](auto tag) {
@@ -36,6 +38,17 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float 
         if (qt) qt[c * rows + r] = v;
       }
   });
+}
+
+void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
+                               int64_t layers, int64_t len, int64_t width, bool roll,
+                               bool use_max, float margin_factor) {
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t o = 0; o < width; ++o) {
+      const int64_t i = l * width + o;
+      scale_amax[i] = fp8_update_amax_history(history + l * len * width + o, len, width,
+                                              step_amax[i], roll, use_max, margin_factor);
+    }
 }
 
 void fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, const uint8_t* a,

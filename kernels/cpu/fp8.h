@@ -17,9 +17,18 @@ float fp8_amax(const void* x, DType dtype, int64_t n);
 
 // q (rows, cols) = fp8(x * scale) and, when qt is not null, qt (cols, rows) its transpose,
 // with scale = fp8_scale_for_amax(amax); *scale_inv = 1 / scale (f32). x: contiguous
-// (rows, cols) of any floating dtype, converted to float before scaling.
+// (rows, cols) of any floating dtype, converted to float before scaling. When record_amax is
+// not null, *record_amax = max(*record_amax, max |x|) (delayed scaling's step amax).
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float amax,
-                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv);
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
+                  float* record_amax = nullptr);
+
+// Delayed scaling after a step, for `layers` layers of `width` operands each: history
+// (layers, len, width) f32, step_amax and scale_amax (layers, width) f32; each operand's
+// history and scale_amax as fp8_update_amax_history (kernels/fp8_format.h) sets them.
+void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
+                               int64_t layers, int64_t len, int64_t width, bool roll,
+                               bool use_max, float margin_factor);
 
 // out (M, N) = alpha * sa * sb * a @ b^T + beta * out [+ bias] [epilogue], with a (M, K)
 // and b (N, K) FP8 (the one layout FP8 tensor cores take: both operands K-major) and

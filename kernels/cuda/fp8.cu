@@ -49,10 +49,11 @@ __device__ __forceinline__ uint2 pack8(const uint8_t (&b)[8]) {
 template <typename T, bool kVec, bool kSums>
 __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const float* amax,
                                 Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
-                                float* partials) {
+                                float* partials, unsigned* record_amax_bits) {
   __shared__ __align__(8) uint8_t tile[kTileRows][kTileCols + 8];
   __shared__ float sums[kSums ? kThreads / 16 : 1][kSums ? kTileCols : 1];
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float seen = 0.0f;  // max |x| over this thread's elements (record_amax_bits)
   const float scale = fp8_scale_for_amax(*amax, format);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
   const int64_t r0 = int64_t(blockIdx.y) * kTileRows, c0 = int64_t(blockIdx.x) * kTileCols;
@@ -72,6 +73,7 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
     for (int j = 0; j < 8; ++j) {
       b[j] = encode(__fmul_rn(v[j], scale), format);
       if (kSums) acc[j] += v[j];
+      seen = fmaxf(seen, fabsf(v[j]));
     }
     *reinterpret_cast<uint2*>(&tile[rr][col8]) = pack8(b);
     if (!q) continue;
@@ -80,6 +82,10 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
     } else {
       for (int j = 0; j < 8 && c + j < cols; ++j) q[r * cols + c + j] = b[j];
     }
+  }
+  if (record_amax_bits) {  // the same for the whole block
+    seen = block_max(seen);
+    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
   }
   if (kSums) {
 #pragma unroll
@@ -154,7 +160,7 @@ int64_t fp8_column_sum_tiles(int64_t rows) { return (rows + kTileRows - 1) / kTi
 
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
-                  stream_t stream) {
+                  float* record_amax, stream_t stream) {
   FSDP_CHECK(rows > 0 && cols > 0 && (rows + kTileRows - 1) / kTileRows < 65536, ValueError,
              "fp8_quantize: (", rows, ", ", cols, ") is empty or has too many rows");
   const dim3 grid(unsigned((cols + kTileCols - 1) / kTileCols),
@@ -166,7 +172,8 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const 
     auto launch = [&](auto vec_tag, auto sums_tag) {
       quantize_kernel<T, decltype(vec_tag)::value, decltype(sums_tag)::value>
           <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols, amax, format, q,
-                                          qt, scale_inv, partials);
+                                          qt, scale_inv, partials,
+                                          reinterpret_cast<unsigned*>(record_amax));
     };
     using yes = std::true_type;
     using no = std::false_type;
@@ -175,6 +182,31 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const 
     else if (partials) launch(no{}, yes{});
     else launch(no{}, no{});
   });
+  FSDP_CHECK_LAUNCH();
+}
+
+namespace {
+
+// One thread per (layer, operand): fp8_update_amax_history on its strided history.
+__global__ void update_histories_kernel(float* history, const float* step_amax, float* scale_amax,
+                                        int64_t layers, int64_t len, int64_t width, bool roll,
+                                        bool use_max, float margin_factor) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= layers * width) return;
+  const int64_t l = i / width, o = i % width;
+  scale_amax[i] = fp8_update_amax_history(history + l * len * width + o, len, width, step_amax[i],
+                                          roll, use_max, margin_factor);
+}
+
+}  // namespace
+
+void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
+                               int64_t layers, int64_t len, int64_t width, bool roll,
+                               bool use_max, float margin_factor, stream_t stream) {
+  const int64_t n = layers * width;
+  if (n == 0) return;
+  update_histories_kernel<<<unsigned((n + 127) / 128), 128, 0, stream>>>(
+      history, step_amax, scale_amax, layers, len, width, roll, use_max, margin_factor);
   FSDP_CHECK_LAUNCH();
 }
 

@@ -21,11 +21,19 @@ void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t strea
 // scale = fp8_scale_for_amax(*amax); *scale_inv = 1 / scale. Either of q and qt may be null.
 // When partials is not null it receives (fp8_column_sum_tiles(rows), cols) f32: each row
 // tile's column sums of x, for column_sum.h's finish_column_sums (a bias gradient read in
-// the same pass).
+// the same pass). When record_amax is not null, *record_amax = max(*record_amax, max |x|)
+// (delayed scaling's step amax, from the same read; an integer atomicMax of the bits, so
+// the result does not depend on the order).
 int64_t fp8_column_sum_tiles(int64_t rows);
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
-                  stream_t stream);
+                  float* record_amax, stream_t stream);
+
+// Delayed scaling after a step (the twin of cpu::fp8_update_amax_histories): history
+// (layers, len, width), step_amax and scale_amax (layers, width), f32 on the device.
+void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
+                               int64_t layers, int64_t len, int64_t width, bool roll,
+                               bool use_max, float margin_factor, stream_t stream);
 
 // alpha_beta[0] = alpha * (sa * sb) (each product rounded to f32), alpha_beta[1] = beta: the
 // device-side scalars of an FP8 matmul.

@@ -36,13 +36,14 @@ std::vector<const ModelBuffer*> buffers_to_read(const CheckpointMetadata& m,
   std::vector<const ModelBuffer*> out;
   for (const ModelBuffer& b : buffers) {
     const BufferRecord* r = m.find_buffer(b.name);
-    FSDP_CHECK(r != nullptr || m.step == 0, CheckpointError, dir, " holds no buffer \"", b.name,
+    FSDP_CHECK(r != nullptr || m.step == 0 || b.optional, CheckpointError, dir, " holds no buffer \"", b.name,
                "\" of the model, but ", m.step, " steps of training that moved it (saved by a run "
                "without it, or by a build whose checkpoints did not hold buffers): resuming would "
                "restart it and leave the run's curve");
     if (!r) continue;
     FSDP_CHECK(r->shape == b.tensor.shape(), CheckpointError, dir, " does not fit this model: buffer \"",
-               b.name, "\" is ", r->shape, " in the checkpoint but ", b.tensor.shape(), " in the model");
+               b.name, "\" is ", r->shape, " in the checkpoint but ", b.tensor.shape(), " in the model",
+               b.shape_key.empty() ? std::string() : " (its shape follows '" + b.shape_key + "')");
     out.push_back(&b);
   }
   return out;

@@ -53,6 +53,11 @@ struct TrainingProgress {
 struct ModelBuffer {
   std::string name;  // "layers.1.mlp.expert_bias"
   Tensor tensor;     // what a save writes; what a load writes into (any device and shape)
+  // A load from a checkpoint without it (saved by a run that did not keep it) leaves its
+  // value instead of refusing: state that a run may start afresh (FP8 amax histories).
+  bool optional = false;
+  // The recipe key its shape follows, named when a checkpoint's shape differs ("" if none).
+  std::string shape_key;
 };
 
 struct SaveOptions {

@@ -1,17 +1,30 @@
 #include "runtime/nn/fp8_linear.h"
 
 #include "kernels/nn_ops.h"
+#include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn::fp8 {
 namespace {
 
-// t (R, C) quantized with the scale of its own amax (tensor-wise current scaling);
-// add_column_sums (C) += t's column sums from the same read, when defined.
-ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, kernels::Fp8Format format, bool rows,
-                           bool columns, const Tensor& add_column_sums = Tensor()) {
+// t (R, C), operand `op` of weight's layer, quantized with the scale its recipe gives:
+// tensor-wise from t's own amax (over the token group's ranks), or delayed from the amax history (recording t's amax for
+// the next steps in the same read; in the first step, with no history yet, from t's own
+// amax too). add_column_sums (C) += t's column sums from the same read, when defined.
+ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weight, Fp8Operand op,
+                           bool rows, bool columns, const Tensor& add_column_sums = Tensor()) {
+  const Fp8Recipe& r = *weight.fp8;
+  const kernels::Fp8Format f = op == Fp8Operand::output_grad ? r.backward : r.forward;
+  const bool delayed = r.scaling == Fp8Scaling::delayed;
+  const Tensor record = delayed ? r.delayed.step_amax.narrow(0, int(op), 1) : Tensor();
+  if (delayed && *r.delayed.primed) {
+    const Tensor amax = r.delayed.scale_amax.narrow(0, int(op), 1);
+    return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
+  }
   const Tensor amax = ctx.empty(Shape{1}, DType::f32);
   ops::fp8_amax(ctx, amax, t);
-  return ops::fp8_quantize(ctx, t, amax, format, rows, columns, add_column_sums);
+  if (r.token_group && r.token_group->size() > 1 && op != Fp8Operand::weight)
+    r.token_group->all_reduce_max(ctx, amax);
+  return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
 }
 
 }  // namespace
@@ -24,9 +37,10 @@ bool applies(const Parameter& weight, int64_t rows) {
 ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
                        const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux,
                        bool keep_input) {
-  const kernels::Fp8Format f = weight.fp8->forward;
-  const ops::Fp8Quantized qx = quantize(ctx, x, f, true, keep_input);  // (N, in), (in, N)
-  const ops::Fp8Matrix qw = quantize(ctx, weight.checked_data(), f, true, false).rows;  // (out, in)
+  const ops::Fp8Quantized qx =
+      quantize(ctx, x, weight, Fp8Operand::input, true, keep_input);  // (N, in), (in, N)
+  const ops::Fp8Matrix qw =
+      quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows;  // (out, in)
   // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
   // keep the more exact accumulation.
   ops::fp8_matmul(ctx, y, qx.rows, qw, 1.0, 0.0, bias, epilogue, aux, /*fast_accum=*/true);
@@ -34,20 +48,20 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Par
 }
 
 ops::Fp8Matrix input_columns(Context& ctx, const Tensor& x, const Parameter& weight) {
-  return quantize(ctx, x, weight.fp8->forward, false, true).columns;
+  return quantize(ctx, x, weight, Fp8Operand::input, false, true).columns;
 }
 
 ops::Fp8Quantized quantize_output_grad(Context& ctx, const Tensor& dy, const Parameter& weight,
                                        Parameter* bias) {
   const Tensor db = bias ? bias->grad_for_accumulation(ctx) : Tensor();
-  return quantize(ctx, dy, weight.fp8->backward, true, true, db);
+  return quantize(ctx, dy, weight, Fp8Operand::output_grad, true, true, db);
 }
 
 void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, const Parameter& weight,
                 double beta, ops::Epilogue epilogue, const Tensor& aux) {
   // W^T (in, out): the weight with the output features as K.
   const ops::Fp8Matrix qwt =
-      quantize(ctx, weight.checked_data(), weight.fp8->forward, false, true).columns;
+      quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, false, true).columns;
   ops::fp8_matmul(ctx, dx, dy.rows, qwt, 1.0, beta, Tensor(), epilogue, aux);
 }
 

@@ -2,16 +2,44 @@
 // from outside the model: runtime/parallel/fp8_plan.h).
 #pragma once
 
+#include <cstdint>
+
 #include "kernels/fp8_format.h"
+#include "runtime/core/tensor.h"
 
 namespace fsdp::nn {
 
-// Tensor-wise current scaling: each operand is quantized with one scale, max / amax of its
-// own values at that moment (inputs and weights in `forward`, output gradients in
-// `backward`). Transformer Engine's "tensorwise" (Float8CurrentScaling).
+// Where each operand's scale comes from (scale = the format's max / amax).
+//   tensorwise: current scaling, the amax of the operand's own values at that moment (one
+//     extra read of the operand). Transformer Engine's Float8CurrentScaling.
+//   delayed: the amax of the operand in earlier steps (an amax history, as Transformer
+//     Engine's DelayedScaling keeps it); the quantization records this step's amax in the
+//     same read. The first step, with nothing in the history yet, scales as tensorwise.
+enum class Fp8Scaling : uint8_t { tensorwise, delayed };
+
+// The operands of an FP8 layer, in the order of Fp8LayerAmax's entries.
+enum class Fp8Operand : int { input = 0, weight = 1, output_grad = 2 };
+constexpr int kFp8Operands = 3;
+
+// One layer's delayed-scaling state, on the layer's device: views into the buffers of
+// runtime/parallel/fp8_delayed_scaling.h, which owns them and moves them after each step.
+struct Fp8LayerAmax {
+  Tensor scale_amax;  // (3) f32: the amax each operand is scaled by in this step
+  Tensor step_amax;   // (3) f32: the largest |value| each operand has shown in this step
+  const bool* primed = nullptr;  // whether the history holds a step yet (owned there too)
+};
+
+class TensorParallelGroup;
+
 struct Fp8Recipe {
   kernels::Fp8Format forward = kernels::Fp8Format::e4m3;   // inputs and weights
   kernels::Fp8Format backward = kernels::Fp8Format::e4m3;  // output gradients (e5m2: "hybrid")
+  Fp8Scaling scaling = Fp8Scaling::tensorwise;
+  Fp8LayerAmax delayed;  // scaling == delayed only
+  // The ranks that split the layer's tokens among them (context parallelism), or null: a
+  // current amax of an input or output gradient is the maximum over them, so that every
+  // rank scales by the amax the whole sequence has, as one process would.
+  TensorParallelGroup* token_group = nullptr;
 };
 
 }  // namespace fsdp::nn

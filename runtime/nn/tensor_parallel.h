@@ -43,6 +43,8 @@ class TensorParallelGroup {
   // t (contiguous, on ctx's device) = the sum of t over the group, in place, queued on
   // ctx's stream. Every rank of the group calls it in the same order.
   virtual void all_reduce_sum(Context& ctx, const Tensor& t) = 0;
+  // t = the elementwise maximum of t over the group, as all_reduce_sum.
+  virtual void all_reduce_max(Context& ctx, const Tensor& t) = 0;
   // out (size() * n, contiguous) = every rank's in (n) in rank order.
   virtual void all_gather(Context& ctx, const Tensor& out, const Tensor& in) = 0;
   // out (n) = the sum over the ranks of part `rank()` of their in (size() * n).

@@ -20,7 +20,9 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan)
       auto* linear = dynamic_cast<nn::Linear*>(m);
       if (!linear || linear->parallel_style() != nn::ParallelStyle::replicated) continue;
       linear->weight().fp8 = plan.recipe;
+      linear->weight().fp8->token_group = plan.token_group;
       report.fp8_layers.push_back(linear->name());
+      report.fp8_weights.push_back(&linear->weight());
     }
   }
   return report;

@@ -21,12 +21,15 @@ struct Fp8Plan {
   nn::Fp8Recipe recipe;
   int bf16_first_blocks = 1;  // the first blocks kept in bf16
   int bf16_last_blocks = 1;   // the last blocks kept in bf16
+  // The context-parallel group, when the sequence is split (nn::Fp8Recipe::token_group).
+  nn::TensorParallelGroup* token_group = nullptr;
 };
 
 // What apply_fp8 did: the linear layers it marked ("h.1.attn.qkv") and the blocks it kept
 // in bf16 ("h.0"), in forward order.
 struct Fp8Report {
   std::vector<std::string> fp8_layers;
+  std::vector<nn::Parameter*> fp8_weights;  // the marked layers' weights, as fp8_layers
   std::vector<std::string> bf16_blocks;
 };
 

@@ -11,6 +11,10 @@ void CommunicatorTensorParallelGroup::all_reduce_sum(Context& ctx, const Tensor&
   comm_.all_reduce(t, ReduceOp::Sum, ctx.stream());
 }
 
+void CommunicatorTensorParallelGroup::all_reduce_max(Context& ctx, const Tensor& t) {
+  comm_.all_reduce(t, ReduceOp::Max, ctx.stream());
+}
+
 void CommunicatorTensorParallelGroup::all_gather(Context& ctx, const Tensor& out, const Tensor& in) {
   comm_.all_gather(out, in, ctx.stream());
 }
@@ -106,6 +110,7 @@ namespace {
 }  // namespace
 
 void PlanningTensorParallelGroup::all_reduce_sum(Context&, const Tensor&) { planning_only(); }
+void PlanningTensorParallelGroup::all_reduce_max(Context&, const Tensor&) { planning_only(); }
 void PlanningTensorParallelGroup::all_gather(Context&, const Tensor&, const Tensor&) { planning_only(); }
 void PlanningTensorParallelGroup::reduce_scatter_sum(Context&, const Tensor&, const Tensor&) {
   planning_only();

@@ -51,6 +51,7 @@ class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
+  void all_reduce_max(Context& ctx, const Tensor& t) override;
   void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override;
   void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override;
   void send_recv(Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) override;
@@ -81,6 +82,7 @@ class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
   int size() const override { return size_; }
   int rank() const override { return rank_; }
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
+  void all_reduce_max(Context& ctx, const Tensor& t) override;
   void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override;
   void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override;
   void send_recv(Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) override;

@@ -16,18 +16,23 @@
 namespace fsdp::train {
 namespace {
 
-// The model's state beside its parameters: the MoE layers' expert biases, by the layer's
-// name ("layers.1.mlp.expert_bias"), the same on every rank (moved from the global counts).
-// A bias not yet there (before the layer's first forward) is created as that forward would
-// (zero), so that a load has somewhere to put the saved one.
-std::vector<checkpoint::ModelBuffer> model_buffers(Context& ctx, nn::Module& model) {
+// The model's state beside its parameters, the same on every rank: the MoE layers' expert
+// biases, by the layer's name ("layers.1.mlp.expert_bias", moved from the global counts),
+// and the FP8 layers' amax histories ("h.1.attn.qkv.fp8_amax_history", from amaxes taken
+// over every rank). A bias not yet there (before the layer's first forward) is created as
+// that forward would (zero), so that a load has somewhere to put the saved one.
+std::vector<checkpoint::ModelBuffer> model_buffers(Context& ctx, nn::Module& model,
+                                                   const Fp8DelayedScaling* fp8) {
   std::vector<checkpoint::ModelBuffer> out;
+  if (fp8)
+    for (auto& [name, history] : fp8->histories())
+      out.push_back({name, history, /*optional=*/true, "mixed_precision.fp8_amax_history_len"});
   for (nn::Module* m : model.modules()) {
     auto* layer = dynamic_cast<nn::MoELayer*>(m);
     if (!layer || !layer->options().expert_bias) continue;
     Tensor& bias = layer->expert_bias();
     if (!bias.defined()) bias = ops::zeros(ctx, Shape{layer->options().experts}, DType::f32);
-    out.push_back({layer->name() + ".expert_bias", bias});
+    out.push_back({layer->name() + ".expert_bias", bias, false, "model.num_moe_experts"});
   }
   return out;
 }
@@ -93,11 +98,12 @@ std::optional<int64_t> RunCheckpoints::resume() {
 
   const auto t0 = std::chrono::steady_clock::now();
   checkpoint::LoadOptions options;
-  options.buffers = model_buffers(*parts_.ctx, parts_.model->model());
+  options.buffers = model_buffers(*parts_.ctx, parts_.model->model(), parts_.fp8);
   const checkpoint::CheckpointMetadata m = checkpoint::load_checkpoint(
       *parts_.ctx, parts_.world, *parts_.model, parts_.optimizer, dir, options);
   // The position is in samples: any world size and micro-batch size continue from it.
   parts_.train_data->seek(uint64_t(m.consumed_samples));
+  if (parts_.fp8) parts_.fp8->after_load(*parts_.ctx);
   last_saved_step_ = m.step;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   print_(str_cat("resumed from ", dir, " at step ", m.step, " (saved by ", m.world_size, " ranks, ",
@@ -137,7 +143,7 @@ void RunCheckpoints::save(int64_t step) {
   p.recipe_json = recipe_.to_json_string();
   checkpoint::SaveOptions options;
   options.most_recent_k = recipe_.checkpoint.most_recent_k;
-  options.buffers = model_buffers(*parts_.ctx, parts_.model->model());
+  options.buffers = model_buffers(*parts_.ctx, parts_.model->model(), parts_.fp8);
   const checkpoint::SaveResult r =
       checkpoint::save_checkpoint(*parts_.ctx, parts_.world, *parts_.model, parts_.optimizer,
                                   parts_.groups, p, *recipe_.checkpoint.save, options);

@@ -4,8 +4,8 @@
 // directory's newest complete checkpoint if there is one (else the run starts fresh); a
 // directory resumes from that checkpoint, or from the newest in that save directory (an
 // error if it holds neither); null starts fresh. A resume restores the master weights, the
-// optimizer's moments and step count, the MoE layers' expert biases, the step, and the data
-// loader's position, so that a run resumed with the same world size continues bit for bit.
+// optimizer's moments and step count, the MoE layers' expert biases, the FP8 amax
+// histories, the step, and the data loader's position, so that a run resumed with the same world size continues bit for bit.
 // Any other world size, strategy and expert-parallel size may resume too (the checkpoint is
 // resharded on load; experts are stored by their global index).
 //
@@ -24,6 +24,7 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/fp8_delayed_scaling.h"
 #include "runtime/train/recipe.h"
 
 namespace fsdp::train {
@@ -37,6 +38,7 @@ struct CheckpointedParts {
   ShardedModel* model = nullptr;
   Optimizer* optimizer = nullptr;
   data::DataLoader* train_data = nullptr;
+  Fp8DelayedScaling* fp8 = nullptr;  // the FP8 amax histories (delayed recipe only)
 };
 
 class RunCheckpoints {

@@ -111,7 +111,9 @@ struct MixedPrecisionSection {
   std::string grad_reduce_dtype;     // "auto" until resolve_device(), then "bf16" | "f32" | "f64"
   std::optional<std::string> fp8;    // null | "e4m3" | "hybrid"
   std::string fp8_recipe;            // "tensorwise" | "delayed" | "blockwise" | "rowwise"
-  int fp8_amax_history_len = 0;
+  int fp8_amax_history_len = 0;      // delayed recipe
+  std::string fp8_amax_compute_algo; // "most_recent" | "max" (delayed recipe)
+  int fp8_margin = 0;                // delayed recipe
   bool fp8_param = false;
   bool first_last_layers_bf16 = true;
   int num_layers_at_start_in_bf16 = 1;

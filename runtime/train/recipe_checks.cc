@@ -138,8 +138,16 @@ void check_log_file(const std::optional<std::string>& name, const char* key) {
 void check_fp8(const Recipe& r) {
   const MixedPrecisionSection& mp = r.mixed_precision;
   if (!mp.fp8) return;
-  FSDP_CHECK(mp.fp8_recipe == "tensorwise", ConfigError, "'mixed_precision.fp8_recipe' \"",
-             mp.fp8_recipe, "\" is not available in this build; use \"tensorwise\"");
+  FSDP_CHECK(mp.fp8_recipe == "tensorwise" || mp.fp8_recipe == "delayed", ConfigError,
+             "'mixed_precision.fp8_recipe' \"", mp.fp8_recipe, "\" is not available in this "
+             "build; use \"tensorwise\" or \"delayed\"");
+  // The first step scales from current amaxes and later ones from the history: a graph
+  // captured in the first step would replay the first step's way forever.
+  FSDP_CHECK(mp.fp8_recipe != "delayed" || !r.train.cuda_graphs, ConfigError,
+             "'train.cuda_graphs' with 'mixed_precision.fp8_recipe' \"delayed\" is not "
+             "supported (the first step, with no amax history yet, quantizes differently from "
+             "the later ones a graph would replay); use fp8_recipe \"tensorwise\" or "
+             "train.cuda_graphs=false");
   FSDP_CHECK(!mp.fp8_param, ConfigError, "'mixed_precision.fp8_param' (FP8 all-gathers of "
              "the weights) is not available in this build; set it false");
 }

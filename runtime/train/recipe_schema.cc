@@ -208,10 +208,16 @@ std::vector<FieldSpec> build_schema() {
           "everywhere, or hybrid (e4m3 forward, e5m2 gradients); null = bf16."),
       KEY(mixed_precision.fp8_recipe).one_of({"tensorwise", "delayed", "blockwise", "rowwise"})
           .default_to("tensorwise").help_text(
-          "FP8 scaling: tensorwise (one scale per tensor from its current amax); the others "
-          "are refused by this build."),
-      KEY(mixed_precision.fp8_amax_history_len).default_to(1024).at_least(1).help_text(
-          "Amax history length of the delayed recipe."),
+          "FP8 scaling: tensorwise (one scale per tensor from its current amax) or delayed "
+          "(from the amaxes of earlier steps); blockwise and rowwise are refused by this build."),
+      KEY(mixed_precision.fp8_amax_history_len).default_to(1).at_least(1).at_most(65536).help_text(
+          "Steps of amax history each operand keeps under the delayed recipe."),
+      KEY(mixed_precision.fp8_amax_compute_algo).one_of({"most_recent", "max"})
+          .default_to("most_recent").help_text(
+          "Delayed recipe: scale by the newest amax of the history, or by its maximum."),
+      KEY(mixed_precision.fp8_margin).default_to(0).at_least(0).at_most(64).help_text(
+          "Delayed recipe: scale 2^margin below the format's largest value (headroom for "
+          "amaxes that grow between steps)."),
       KEY(mixed_precision.fp8_param).default_to(false).help_text(
           "All-gather weights in FP8 under ZeRO-3 (refused by this build)."),
       KEY(mixed_precision.first_last_layers_bf16).default_to(true).help_text(

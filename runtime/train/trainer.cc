@@ -60,6 +60,7 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
   sharded->start_step();
   moe->start_step();
+  if (fp8_delayed) fp8_delayed->start_step(*ctx);
   clock->start_micro_batches();
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
@@ -94,6 +95,8 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   clock->micro_batches_queued();
   NvtxRange r("optimizer");
   sharded->finish_grad_sync();
+  // The step's amaxes, over every rank, into the histories the next step scales by.
+  if (fp8_delayed) fp8_delayed->finish_step(*ctx, &world->comm());
   const double norm = sharded->grad_norm();
   FSDP_CHECK(std::isfinite(norm), Error, "training diverged at step ", step + 1,
              ": the gradient norm is ", norm, " (lower optimizer.lr or check the data)");

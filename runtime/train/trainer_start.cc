@@ -94,7 +94,15 @@ void Trainer::State::apply_fp8_plan() {
   plan.recipe.backward = *mp.fp8 == "hybrid" ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
   plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
   plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
+  plan.token_group = cp_group.get();
   fp8 = apply_fp8(model->blocks(), plan);
+  if (mp.fp8_recipe == "delayed") {
+    Fp8DelayedOptions delayed;
+    delayed.history_len = mp.fp8_amax_history_len;
+    delayed.use_max = mp.fp8_amax_compute_algo == "max";
+    delayed.margin = mp.fp8_margin;
+    fp8_delayed = std::make_unique<Fp8DelayedScaling>(*ctx, fp8.fp8_layers, fp8.fp8_weights, delayed);
+  }
 }
 
 void Trainer::State::setup_model_and_sharding() {
@@ -175,7 +183,7 @@ void Trainer::State::setup_output() {
   // Resuming restores the weights, the optimizer, the step and the data position.
   const ShardingStrategy strategy = fsdp_options.strategy;
   CheckpointedParts parts{ctx.get(), &world->comm(), mesh.get(), data_parallel_groups(*comms, strategy),
-                          sharded.get(), optimizer.get(), train_data.get()};
+                          sharded.get(), optimizer.get(), train_data.get(), fp8_delayed.get()};
   checkpoints = std::make_unique<RunCheckpoints>(recipe, parts, [this](const std::string& l) { print(l); });
   checkpoints->check_save_directory();
   std::optional<int64_t> resumed;
@@ -209,9 +217,14 @@ void Trainer::State::print_startup_report() const {
   if (recipe.mixed_precision.fp8) {
     std::string bf16_blocks;
     for (const std::string& b : fp8.bf16_blocks) bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + b;
-    print(str_cat("fp8: ", *recipe.mixed_precision.fp8, " ", recipe.mixed_precision.fp8_recipe,
-                  " in ", fp8.fp8_layers.size(), " linear layers of the blocks; bf16: embedding, classifier, "
-                  "attention softmax, norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks));
+    const MixedPrecisionSection& mp = recipe.mixed_precision;
+    const std::string delayed =
+        fp8_delayed ? str_cat(" (amax history ", mp.fp8_amax_history_len, ", ", mp.fp8_amax_compute_algo,
+                              mp.fp8_margin ? str_cat(", margin ", mp.fp8_margin) : "", ")")
+                    : "";
+    print(str_cat("fp8: ", *mp.fp8, " ", mp.fp8_recipe, delayed, " in ", fp8.fp8_layers.size(),
+                  " linear layers of the blocks; bf16: embedding, classifier, attention softmax, "
+                  "norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks));
   }
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "

@@ -21,6 +21,7 @@
 #include "runtime/checkpoint/rank_agreement.h"
 #include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/expert_parallel.h"
+#include "runtime/parallel/fp8_delayed_scaling.h"
 #include "runtime/parallel/fp8_plan.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/checkpointing.h"
@@ -100,6 +101,8 @@ struct Trainer::State {
   std::unique_ptr<StepClock> clock;
   // mixed_precision.fp8: what the FP8 plan marked and kept in bf16 (empty without fp8).
   Fp8Report fp8;
+  // fp8_recipe "delayed": the FP8 layers' amax histories (null otherwise).
+  std::unique_ptr<Fp8DelayedScaling> fp8_delayed;
 
   // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
   // replay (null when off). Declared last: destroyed before the model and the context.

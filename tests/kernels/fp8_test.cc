@@ -147,3 +147,38 @@ TEST_CASE("fp8 matmul on the CPU is the product of the decoded operands", "[fp8]
   const ops::Fp8Matrix qb2 = quantize(b, Fp8Format::e5m2);
   CHECK_THROWS_AS(ops::fp8_matmul(ctx, out, qa, qb2), DTypeError);
 }
+
+TEST_CASE("fp8 quantization records the amax for delayed scaling", "[fp8]") {
+  Context ctx(Device::cpu());
+  const Tensor x = testing::random_tensor(ctx, Shape{16, 32}, DType::f32, 5);  // (R, C)
+  double want = 0;
+  for (double v : testing::values(ctx, x)) want = std::max(want, std::fabs(v));
+  const Tensor amax = ops::full(ctx, Shape{1}, DType::f32, 0.25);  // an earlier step's
+  const Tensor record = ops::zeros(ctx, Shape{1}, DType::f32);
+  const ops::Fp8Quantized q = ops::fp8_quantize(ctx, x, amax, Fp8Format::e4m3, true, false, Tensor(), record);
+  CHECK(testing::values(ctx, record)[0] == float(want));
+  // Scaled by the given amax, not the recorded one: values above 0.25 saturate.
+  CHECK(testing::values(ctx, q.rows.scale_inv)[0] == 0.25f / 448.0f);
+  // A larger amax already recorded (an earlier micro-batch) stays.
+  ops::fill(ctx, record, 1e3);
+  (void)ops::fp8_quantize(ctx, x, amax, Fp8Format::e4m3, true, false, Tensor(), record);
+  CHECK(testing::values(ctx, record)[0] == 1e3);
+}
+
+TEST_CASE("fp8 amax histories: newest first, most_recent or max, margin", "[fp8]") {
+  Context ctx(Device::cpu());
+  // Two layers, histories of 3 steps, entry 0 the newest.
+  const Tensor history = ops::from_host<float>(
+      ctx, {1, 2, 3, 4, 5, 6, 7, 8, 9,  10, 20, 30, 40, 50, 60, 70, 80, 90}, Shape{2, 3, 3});
+  const Tensor step = ops::from_host<float>(ctx, {0.5f, 100, 6, 1, 2, 3}, Shape{2, 3});
+  const Tensor scale_amax = ops::zeros(ctx, Shape{2, 3}, DType::f32);
+  ops::fp8_update_amax_histories(ctx, history, step, scale_amax, true, false, 1.0f);
+  // The step's amax became entry 0; the oldest entry dropped out.
+  CHECK(testing::values(ctx, history) ==
+        std::vector<double>{0.5, 100, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 10, 20, 30, 40, 50, 60});
+  CHECK(testing::values(ctx, scale_amax) == std::vector<double>{0.5, 100, 6, 1, 2, 3});
+  // "max" over the history, with a margin of 2^2; a load's update leaves the history.
+  ops::fp8_update_amax_histories(ctx, history, step, scale_amax, false, true, 4.0f);
+  CHECK(testing::values(ctx, history)[0] == 0.5);
+  CHECK(testing::values(ctx, scale_amax) == std::vector<double>{16, 400, 24, 160, 200, 240});
+}

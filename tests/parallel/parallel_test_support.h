@@ -46,6 +46,7 @@ struct LocalGroup : nn::TensorParallelGroup {
   int size() const override { return 1; }
   int rank() const override { return 0; }
   void all_reduce_sum(Context&, const Tensor&) override {}
+  void all_reduce_max(Context&, const Tensor&) override {}
   void all_gather(Context& ctx, const Tensor& out, const Tensor& in) override { ops::copy(ctx, out, in); }
   void reduce_scatter_sum(Context& ctx, const Tensor& out, const Tensor& in) override {
     ops::copy(ctx, out, in);

@@ -4,8 +4,12 @@
 // equal to them (the quantization is really applied); under mpirun -np 2 ZeRO-1 and ZeRO-3
 // with gradient accumulation give the single-process FP8 losses within 1e-12 (every rank
 // quantizes the whole gathered weight and its own micro-batches, as one process does).
+// Delayed scaling: its first step is tensorwise's, evaluations leave it alone, it resumes
+// bit for bit, and ZeRO-3 and context parallelism give the single-process losses.
 // And the refusals: fp8 on a CPU run, the recipes and fp8_param this build lacks.
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -90,8 +94,23 @@ TEST_CASE("the fp8 plan keeps the first and last blocks in bf16 by default", "[t
   CHECK(r.fp8_bf16_blocks == std::vector<std::string>{"h.0", "h.1"});
 }
 
-TEST_CASE("fp8 gives the single-process losses under ZeRO-1 and ZeRO-3", "[train][fp8][mpi]") {
+TEST_CASE("fp8 gives the single-process losses under ZeRO-1, ZeRO-3 and context parallelism",
+          "[train][fp8][mpi]") {
   if (testing::world_size() != 2) return;
+  {
+    // Each rank holds half of every sequence: current amaxes are taken over both halves.
+    TrainResult reference;
+    if (testing::world_rank() == 0)
+      reference = train("gpt2_tiny", "fp8_cp_alone", {"mixed_precision.fp8=hybrid"}, true);
+    const TrainResult got = train("gpt2_tiny", "fp8_cp2",
+                                  {"mixed_precision.fp8=hybrid", "model.context_parallel_size=2"});
+    REQUIRE(got.losses.size() == size_t(kSteps));
+    if (testing::world_rank() == 0)
+      for (size_t i = 0; i < got.losses.size(); ++i) {
+        INFO("cp2 step " << i + 1 << ": " << got.losses[i] << " against " << reference.losses[i]);
+        CHECK(std::abs(got.losses[i] - reference.losses[i]) <= 1e-12 * reference.losses[i]);
+      }
+  }
   for (const std::string strategy : {"optim", "optim_grads_params"}) {
     const std::vector<std::string> extra = {"mixed_precision.fp8=hybrid",
                                             "ddp.data_parallel_sharding_strategy=" + strategy,
@@ -108,6 +127,135 @@ TEST_CASE("fp8 gives the single-process losses under ZeRO-1 and ZeRO-3", "[train
   }
 }
 
+// ---- delayed scaling (fp8_recipe "delayed")
+
+const std::vector<std::string> kDelayed = {"mixed_precision.fp8=hybrid",
+                                           "mixed_precision.fp8_recipe=delayed"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A directory every rank names alike (a run's checkpoints). Rank 0 clears it before the
+// run's first collective; the others touch it only after that.
+std::string shared_dir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir =
+      (root ? std::filesystem::path(root) : std::filesystem::temp_directory_path()) /
+      ("fsdp_fp8_" + name + "_np" + std::to_string(testing::world_size()));
+  if (testing::world_rank() == 0) std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+TEST_CASE("delayed scaling: the first step as tensorwise, then from the amax history",
+          "[train][fp8]") {
+  if (testing::world_size() != 1) return;
+  const TrainResult plain = train("gpt2_tiny", "dl_plain", {}, true);
+  const TrainResult tensorwise = train("gpt2_tiny", "dl_tensorwise", {"mixed_precision.fp8=hybrid"}, true);
+  const TrainResult delayed = train("gpt2_tiny", "dl_delayed", kDelayed, true);
+  REQUIRE(delayed.losses.size() == size_t(kSteps));
+  CHECK(delayed.fp8_layers.size() == 8);
+  // Nothing in the history yet: the first step quantizes each operand by its own amax.
+  CHECK(delayed.losses[0] == tensorwise.losses[0]);
+  // From the second on, by the first step's amaxes: other bytes, other losses.
+  CHECK(delayed.losses[1] != tensorwise.losses[1]);
+  for (double l : delayed.losses) CHECK(std::isfinite(l));
+  CHECK(mean_of_last(delayed.losses, 5) < delayed.losses[0] - 1.0);
+  CHECK(std::abs(mean_of_last(delayed.losses, 5) - mean_of_last(plain.losses, 5)) < 0.05);
+  // A longer history scaled by its maximum, with a margin: another run, as good.
+  const TrainResult max8 = train("gpt2_tiny", "dl_max8",
+                                 with(kDelayed, {"mixed_precision.fp8_amax_history_len=8",
+                                                 "mixed_precision.fp8_amax_compute_algo=max",
+                                                 "mixed_precision.fp8_margin=1"}),
+                                 true);
+  CHECK(max8.losses[0] == tensorwise.losses[0]);
+  CHECK(max8.losses[2] != delayed.losses[2]);
+  CHECK(std::abs(mean_of_last(max8.losses, 5) - mean_of_last(plain.losses, 5)) < 0.05);
+}
+
+TEST_CASE("evaluations leave delayed scaling's amaxes alone", "[train][fp8]") {
+  if (testing::world_size() != 1) return;
+  // Evaluation forwards quantize too (recording amaxes); the next step starts afresh.
+  const TrainResult quiet = train("gpt2_tiny", "dl_quiet", kDelayed, true);
+  const TrainResult evaluated =
+      train("gpt2_tiny", "dl_evaluated", with(kDelayed, {"train.eval_interval=3"}), true);
+  REQUIRE(evaluated.losses.size() == quiet.losses.size());
+  CHECK(!evaluated.val_losses.empty());
+  for (size_t i = 0; i < quiet.losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(evaluated.losses[i] == quiet.losses[i]);
+  }
+}
+
+TEST_CASE("delayed scaling resumes bit for bit; a tensorwise checkpoint starts a history",
+          "[train][fp8]") {
+  if (testing::world_size() != 1) return;
+  const std::string save = shared_dir("dl_resume");
+  const TrainResult whole = train("gpt2_tiny", "dl_whole",
+                                  with(kDelayed, {"checkpoint.save=" + save, "checkpoint.save_interval=15"}), true);
+  const TrainResult tail = train("gpt2_tiny", "dl_tail",
+                                 with(kDelayed, {"checkpoint.load=" + save + "/step_000015"}), true);
+  REQUIRE(tail.first_step == 15);
+  REQUIRE(tail.losses.size() == size_t(kSteps - 15));
+  for (size_t i = 0; i < tail.losses.size(); ++i) {
+    INFO("step " << i + 16);
+    CHECK(tail.losses[i] == whole.losses[i + 15]);
+  }
+  // A checkpoint of a tensorwise run holds no histories: the resumed run's first step scales
+  // tensor-wise (the tensorwise run's own next loss), its second from that step's amaxes.
+  const std::string tw_save = shared_dir("dl_tensorwise_resume");
+  const TrainResult tw = train("gpt2_tiny", "dl_tw_whole",
+                               {"mixed_precision.fp8=hybrid", "checkpoint.save=" + tw_save,
+                                "checkpoint.save_interval=15"}, true);
+  const TrainResult switched = train("gpt2_tiny", "dl_switched",
+                                     with(kDelayed, {"checkpoint.load=" + tw_save + "/step_000015"}), true);
+  REQUIRE(switched.losses.size() == size_t(kSteps - 15));
+  CHECK(switched.losses[0] == tw.losses[15]);
+  CHECK(switched.losses[1] != tw.losses[16]);
+  // A history of another length does not fit; the error names the key.
+  CHECK_THROWS_WITH(train("gpt2_tiny", "dl_other_len",
+                          with(kDelayed, {"checkpoint.load=" + save + "/step_000015",
+                                          "mixed_precision.fp8_amax_history_len=4"}), true),
+                    Catch::Matchers::Contains("mixed_precision.fp8_amax_history_len"));
+}
+
+TEST_CASE("delayed scaling gives the single-process losses under ZeRO-3 and context parallelism",
+          "[train][fp8][mpi]") {
+  if (testing::world_size() != 2) return;
+  // Amaxes are taken over every micro-batch of every rank: the single process's.
+  // Each layout, and what the single process runs alike (the micro-batch size is part of
+  // the objective; context parallelism needs its ranks).
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> layouts = {
+      {{"ddp.data_parallel_sharding_strategy=optim_grads_params", "train.micro_batch_size=2"},
+       {"train.micro_batch_size=2"}},
+      {{"model.context_parallel_size=2"}, {}}};
+  for (const auto& [layout, alone] : layouts) {
+    TrainResult reference;
+    if (testing::world_rank() == 0) reference = train("gpt2_tiny", "dl_alone", with(kDelayed, alone), true);
+    const TrainResult got = train("gpt2_tiny", "dl_np2", with(kDelayed, layout));
+    REQUIRE(got.losses.size() == size_t(kSteps));
+    if (testing::world_rank() != 0) continue;
+    for (size_t i = 0; i < got.losses.size(); ++i) {
+      INFO(layout[0] << " step " << i + 1 << ": " << got.losses[i] << " against " << reference.losses[i]);
+      CHECK(std::abs(got.losses[i] - reference.losses[i]) <= 1e-12 * reference.losses[i]);
+    }
+  }
+  // Saved under ZeRO-3, resumed under ZeRO-1: the same curve.
+  const std::string save = shared_dir("dl_zero3");
+  const TrainResult whole = train("gpt2_tiny", "dl_zero3_whole",
+                                  with(kDelayed, {"ddp.data_parallel_sharding_strategy=optim_grads_params",
+                                                  "checkpoint.save=" + save, "checkpoint.save_interval=15"}));
+  const TrainResult tail = train("gpt2_tiny", "dl_zero1_tail",
+                                 with(kDelayed, {"ddp.data_parallel_sharding_strategy=optim",
+                                                 "checkpoint.load=" + save + "/step_000015"}));
+  REQUIRE(tail.losses.size() == size_t(kSteps - 15));
+  for (size_t i = 0; i < tail.losses.size(); ++i) {
+    INFO("resumed step " << i + 16);
+    CHECK(std::abs(tail.losses[i] - whole.losses[i + 15]) <= 1e-12 * whole.losses[i + 15]);
+  }
+}
+
 TEST_CASE("fp8 is refused where it cannot run, naming the key", "[train][fp8]") {
   if (testing::world_size() != 1) return;
   TrainerOptions options;
@@ -115,9 +263,13 @@ TEST_CASE("fp8 is refused where it cannot run, naming the key", "[train][fp8]") 
   options.print_sample = false;
   CHECK_THROWS_WITH(Trainer(recipe_of("gpt2_tiny", "fp8_cpu", {"mixed_precision.fp8=e4m3"}), options),
                     Catch::Matchers::Contains("'mixed_precision.fp8' \"e4m3\" needs a GPU"));
-  CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_delayed",
-                              {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=delayed"}),
-                    Catch::Matchers::Contains("'mixed_precision.fp8_recipe' \"delayed\""));
+  CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_blockwise",
+                              {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=blockwise"}),
+                    Catch::Matchers::Contains("'mixed_precision.fp8_recipe' \"blockwise\""));
+  CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_graphs",
+                              {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=delayed",
+                               "train.cuda_graphs=true", "dist.device=cuda"}),
+                    Catch::Matchers::Contains("'train.cuda_graphs' with 'mixed_precision.fp8_recipe'"));
   CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_param",
                               {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_param=true"}),
                     Catch::Matchers::Contains("'mixed_precision.fp8_param'"));

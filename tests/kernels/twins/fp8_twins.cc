@@ -113,7 +113,49 @@ void column_sums_case(int64_t rows, int64_t cols, DType grad) {
   }});
 }
 
+// Delayed scaling's quantization: scaled by a given amax, recording max |x| into a step amax
+// that already holds `before` (kept when larger), with the bias gradient's sums or without.
+void recording_case(int64_t rows, int64_t cols, double before, bool sums) {
+  const std::string name = str_cat("quantize recording the amax ", rows, "x", cols, " over ", before,
+                                   sums ? " with bias gradient" : "");
+  register_twin({"fp8", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor x = s.random(Shape{rows, cols}, DType::bf16, 71, -3, 3);  // (R, C)
+    const Tensor amax = s.full(Shape{1}, DType::f32, 2.5);  // an earlier step's: some saturate
+    const Tensor record = s.full(Shape{1}, DType::f32, before);
+    const Tensor db = sums ? s.random(Shape{cols}, DType::f32, 72) : Tensor();
+    const ops::Fp8Quantized q =
+        ops::fp8_quantize(ctx, x, amax, Fp8Format::e4m3, true, true, db, record);
+    s.output("recorded amax", record, Tolerance::exact("a maximum of the same values"));
+    s.output("rows", q.rows.data, Tolerance::exact("the same rounding of the same products"));
+    s.output("columns", q.columns.data, Tolerance::exact("the transpose of the same bytes"));
+    if (sums) s.output("bias gradient", db, Tolerance::scaled(1e-5, "f32 sums in tiles of 64 rows against double"));
+  }});
+}
+
+// The histories' update after a step: every layer's operands rolled (or not), the scale
+// amaxes by "max" or "most_recent", times a margin.
+void histories_case(bool roll, bool use_max, int margin) {
+  const std::string name = str_cat("amax histories ", roll ? "after a step" : "after a load",
+                                   use_max ? " max" : " most_recent", " margin ", margin);
+  register_twin({"fp8", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor history = s.random(Shape{7, 16, 3}, DType::f32, 81, 0, 4);  // (layers, len, 3)
+    const Tensor step = s.random(Shape{7, 3}, DType::f32, 82, 0, 8);
+    const Tensor scale_amax = s.empty(Shape{7, 3}, DType::f32);
+    ops::fp8_update_amax_histories(ctx, history, step, scale_amax, roll, use_max,
+                                   float(1 << margin));
+    s.output("history", history, Tolerance::exact("values moved, not computed"));
+    s.output("scale amax", scale_amax, Tolerance::exact("a maximum times a power of two"));
+  }});
+}
+
 void register_fp8_twins() {
+  recording_case(1000, 768, 0.0, false);
+  recording_case(100, 77, 0.0, true);   // partial tiles, byte-wise stores
+  recording_case(256, 768, 50.0, true); // the earlier maximum stays
+  for (bool roll : {true, false})
+    for (bool use_max : {true, false}) histories_case(roll, use_max, roll ? 0 : 3);
   column_sums_case(1000, 768, DType::f32);  // a partial last row tile
   column_sums_case(256, 100, DType::f32);   // a partial column tile, byte-wise stores
   for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})

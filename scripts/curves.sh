@@ -25,9 +25,9 @@
 #   mb8     the Llama f32 comparison again with micro-batches of 8 on both sides (the noise
 #           part replays GPT-2's)
 #   fp8     FP8 against bf16 (mixed_precision.fp8, docs/CORRECTNESS.md "FP8"): GPT-2 d12 in
-#           bf16, hybrid and e4m3, the Llama and the ~1B Llama of configs/llama-1b.json in
-#           bf16 and hybrid, each pair from the same weights and batches; the table of
-#           their validation losses
+#           bf16, hybrid, e4m3 and hybrid with delayed scaling, the Llama in bf16 and hybrid,
+#           and the ~1B Llama of configs/llama-1b.json in bf16, hybrid and hybrid delayed,
+#           each from the same weights and batches; the table of their validation losses
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -127,6 +127,7 @@ fi
 if want fp8; then
   train gpt2_bf16_ref "${GPT2[@]}"
   for f in hybrid e4m3; do train gpt2_fp8_$f "${GPT2[@]}" mixed_precision.fp8=$f; done
+  train gpt2_fp8_delayed "${GPT2[@]}" mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=delayed
   train llama_bf16_ref "${GPT2[@]}" "${LLAMA[@]}"
   train llama_fp8_hybrid "${GPT2[@]}" "${LLAMA[@]}" mixed_precision.fp8=hybrid
   # The ~1B Llama of configs/llama-1b.json (16 x 2048, 8 kv heads) on the same tokens and
@@ -134,10 +135,13 @@ if want fp8; then
   L1B=(--config configs/llama-1b.json dataset.type=llmc model.seq_length=1024 "${GPT2[@]:2}")
   train llama1b_bf16_ref "${L1B[@]}"
   train llama1b_fp8_hybrid "${L1B[@]}" mixed_precision.fp8=hybrid
+  train llama1b_fp8_delayed "${L1B[@]}" mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=delayed
   curve table --steps 50,100,150,200,250,300 gpt2_bf16="$L/gpt2_bf16_ref" \
     gpt2_fp8_hybrid="$L/gpt2_fp8_hybrid" gpt2_fp8_e4m3="$L/gpt2_fp8_e4m3" \
+    gpt2_fp8_delayed="$L/gpt2_fp8_delayed" \
     llama_bf16="$L/llama_bf16_ref" llama_fp8_hybrid="$L/llama_fp8_hybrid" \
-    llama1b_bf16="$L/llama1b_bf16_ref" llama1b_fp8_hybrid="$L/llama1b_fp8_hybrid" | tee "$L/fp8_table.txt"
+    llama1b_bf16="$L/llama1b_bf16_ref" llama1b_fp8_hybrid="$L/llama1b_fp8_hybrid" \
+    llama1b_fp8_delayed="$L/llama1b_fp8_delayed" | tee "$L/fp8_table.txt"
 fi
 
 # One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).

@@ -137,15 +137,8 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-// A directory every rank names alike (a run's checkpoints). Rank 0 clears it before the
-// run's first collective; the others touch it only after that.
 std::string shared_dir(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::filesystem::path dir =
-      (root ? std::filesystem::path(root) : std::filesystem::temp_directory_path()) /
-      ("fsdp_fp8_" + name + "_np" + std::to_string(testing::world_size()));
-  if (testing::world_rank() == 0) std::filesystem::remove_all(dir);
-  return dir.string();
+  return testing::shared_dir(name, testing::world_rank(), testing::world_size());
 }
 
 TEST_CASE("delayed scaling: the first step as tensorwise, then from the amax history",

@@ -161,15 +161,8 @@ TEST_CASE("a tiny GPT-2 MoE with an expert bias trains alike on every layout",
   check_model("gpt2_tiny");
 }
 
-// A directory every rank names alike (a run's checkpoints). Rank 0 clears it before the
-// run's first collective; the others touch it only after that.
 std::string shared_dir(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::filesystem::path dir =
-      (root ? std::filesystem::path(root) : std::filesystem::temp_directory_path()) /
-      ("fsdp_train_" + name + "_np" + std::to_string(testing::world_size()));
-  if (testing::world_rank() == 0) std::filesystem::remove_all(dir);
-  return dir.string();
+  return testing::shared_dir(name, testing::world_rank(), testing::world_size());
 }
 
 std::string describe(const Layout& l) {

@@ -5,6 +5,7 @@
 //   bench grouped-matmul [flags] the experts' grouped matmul beside a dense one (GPU)
 //   bench matmul [flags]        the CPU matmul on one shape, OpenBLAS against our kernel
 //   bench matmul-tuning [flags] a workload's matmuls: the heuristic's algorithm vs the timed one
+//   bench memory-bound [flags]  a workload's memory-bound kernels in GB/s against a copy (GPU)
 //   bench train [flags]         tokens/s, MFU, memory and step-time split of a workload
 //
 // This file only dispatches; each subcommand lives in its own file.
@@ -19,6 +20,7 @@
 #include "tools/bench/grouped_matmul_bench.h"
 #include "tools/bench/matmul_bench.h"
 #include "tools/bench/matmul_tuning_bench.h"
+#include "tools/bench/memory_bound_bench.h"
 #include "tools/bench/train_bench.h"
 
 namespace {
@@ -40,6 +42,8 @@ const Subcommand kSubcommands[] = {
      "the CPU matmul on one shape: OpenBLAS against the hand-written kernel"},
     {"matmul-tuning", fsdp::bench::run_matmul_tuning_bench,
      "a workload's training matmuls: cuBLASLt's heuristic choice against the timed one (GPU)"},
+    {"memory-bound", fsdp::bench::run_memory_bound_bench,
+     "a workload's memory-bound kernels (norms, adds, activations, casts, AdamW) in GB/s (GPU)"},
     {"train", fsdp::bench::run_train_bench,
      "tokens/s, MFU, peak memory and the compute / communication / optimizer split"},
 };

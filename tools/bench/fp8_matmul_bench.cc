@@ -13,6 +13,7 @@
 #include "runtime/train/recipe.h"
 #include "tools/bench/device_timing.h"
 #include "tools/bench/linear_shapes.h"
+#include "tools/bench/workload_flags.h"
 
 namespace fsdp::bench {
 namespace {
@@ -34,38 +35,18 @@ void usage(std::FILE* out) {
 }  // namespace
 
 int run_fp8_matmul_bench(const std::vector<std::string>& args) {
-  std::string config, format = "hybrid";
-  int reps = 20;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      FSDP_CHECK(i + 1 < args.size(), ConfigError, a, " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    } else if (a == "--workload") {
-      const std::string name = value();
-      auto it = matmul_bench_workloads().find(name);
-      FSDP_CHECK(it != matmul_bench_workloads().end(), ConfigError,
-                 "bench fp8-matmul: unknown workload '", name, "' (see --help)");
-      config = it->second;
-    } else if (a == "--config") {
-      config = value();
-    } else if (a == "--reps") {
-      reps = std::stoi(value());
-    } else if (a == "--format") {
-      format = value();
-      FSDP_CHECK(format == "e4m3" || format == "hybrid", ConfigError,
-                 "bench fp8-matmul: --format is e4m3 or hybrid, not '", format, "'");
-    } else {
-      usage(stderr);
-      FSDP_THROW(ConfigError, "bench fp8-matmul: unknown flag ", a);
-    }
-  }
-  FSDP_CHECK(!config.empty() && reps > 0, ConfigError,
-             "bench fp8-matmul: give --workload or --config, and --reps > 0");
+  std::string format = "hybrid";
+  const WorkloadFlags flags =
+      parse_workload_flags(args, usage, [&](const std::string& a, const std::function<std::string()>& value) {
+        if (a != "--format") return false;
+        format = value();
+        FSDP_CHECK(format == "e4m3" || format == "hybrid", ConfigError,
+                   "--format is e4m3 or hybrid, not '", format, "'");
+        return true;
+      });
+  if (flags.help) return 0;
+  const std::string& config = flags.config;
+  const int reps = flags.reps;
   const train::Recipe recipe = train::load_recipe(config, {});
   Context ctx(Device::cuda(0));
   std::string why;

@@ -13,6 +13,7 @@
 #include "runtime/core/error.h"
 #include "tools/bench/device_timing.h"
 #include "tools/bench/linear_shapes.h"
+#include "tools/bench/workload_flags.h"
 #include "runtime/train/recipe.h"
 
 #if FSDP_WITH_CUDA
@@ -38,35 +39,10 @@ void usage(std::FILE* out) {
 }  // namespace
 
 int run_matmul_tuning_bench(const std::vector<std::string>& args) {
-  const std::map<std::string, std::string>& kWorkloads = matmul_bench_workloads();
-  std::string config;
-  int reps = 20;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      FSDP_CHECK(i + 1 < args.size(), ConfigError, a, " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    } else if (a == "--workload") {
-      const std::string name = value();
-      auto it = kWorkloads.find(name);
-      FSDP_CHECK(it != kWorkloads.end(), ConfigError, "bench matmul-tuning: unknown workload '",
-                 name, "' (see --help)");
-      config = it->second;
-    } else if (a == "--config") {
-      config = value();
-    } else if (a == "--reps") {
-      reps = std::stoi(value());
-    } else {
-      usage(stderr);
-      FSDP_THROW(ConfigError, "bench matmul-tuning: unknown flag ", a);
-    }
-  }
-  FSDP_CHECK(!config.empty() && reps > 0, ConfigError,
-             "bench matmul-tuning: give --workload or --config, and --reps > 0");
+  const WorkloadFlags flags = parse_workload_flags(args, usage);
+  if (flags.help) return 0;
+  const std::string& config = flags.config;
+  const int reps = flags.reps;
 #if FSDP_WITH_CUDA
   const train::Recipe recipe = train::load_recipe(config, {});
   Context ctx(Device::cuda(0));

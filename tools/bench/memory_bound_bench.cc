@@ -13,6 +13,7 @@
 #include "runtime/train/recipe.h"
 #include "tools/bench/device_timing.h"
 #include "tools/bench/linear_shapes.h"
+#include "tools/bench/workload_flags.h"
 
 namespace fsdp::bench {
 namespace {
@@ -39,34 +40,10 @@ struct Row {
 }  // namespace
 
 int run_memory_bound_bench(const std::vector<std::string>& args) {
-  std::string config;
-  int reps = 20;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      FSDP_CHECK(i + 1 < args.size(), ConfigError, a, " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    } else if (a == "--workload") {
-      const std::string name = value();
-      auto it = matmul_bench_workloads().find(name);
-      FSDP_CHECK(it != matmul_bench_workloads().end(), ConfigError,
-                 "unknown workload '", name, "' (see --help)");
-      config = it->second;
-    } else if (a == "--config") {
-      config = value();
-    } else if (a == "--reps") {
-      reps = std::stoi(value());
-    } else {
-      usage(stderr);
-      FSDP_THROW(ConfigError, "unknown flag ", a);
-    }
-  }
-  FSDP_CHECK(!config.empty() && reps > 0, ConfigError,
-             "give --workload or --config, and --reps > 0");
+  const WorkloadFlags flags = parse_workload_flags(args, usage);
+  if (flags.help) return 0;
+  const std::string& config = flags.config;
+  const int reps = flags.reps;
   const train::Recipe recipe = train::load_recipe(config, {});
   const train::ModelSection& m = recipe.model;
   const bool gpt2 = m.family == "gpt2";

@@ -7,9 +7,10 @@ namespace fsdp::nn::fp8 {
 namespace {
 
 // t (R, C), operand `op` of weight's layer, quantized with the scale its recipe gives:
-// tensor-wise from t's own amax (over the token group's ranks), or delayed from the amax history (recording t's amax for
-// the next steps in the same read; in the first step, with no history yet, from t's own
-// amax too). add_column_sums (C) += t's column sums from the same read, when defined.
+// tensor-wise from t's own amax (taken over the token group's ranks), or delayed from the
+// amax history, recording t's amax for the next steps in the same read (in the first step,
+// with no history yet, from t's own amax too). add_column_sums (C) += t's column sums from
+// the same read, when defined.
 ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weight, Fp8Operand op,
                            bool rows, bool columns, const Tensor& add_column_sums = Tensor()) {
   const Fp8Recipe& r = *weight.fp8;

@@ -14,7 +14,8 @@
 
 namespace fsdp::kernels::cuda {
 
-// ---- norms: one warp per row; dweight/dbias partial sums per block, reduced in fixed order.
+// ---- norms: forward one warp per row; backward one block per group of rows, dweight/dbias
+// partial sums per block, reduced in fixed order.
 size_t norm_workspace_bytes(const NormDims& d);
 // With residual and sum: sum = x + residual is stored and normalized (a fused residual add).
 // dx = dx_addend + the norm's gradient; dx_addend null (overwrite), dx (accumulate) or another

@@ -1,6 +1,7 @@
 // LayerNorm and RMSNorm (kernels/cuda/norm.h) against the CPU: forward and backward in bf16
 // and f32, the fused residual add + norm, an f32 residual stream beside bf16 weights, at
-// GPT-2 124M, GPT 1.3B and Llama widths and at odd widths (the scalar path).
+// GPT-2 124M, GPT 1.3B and Llama widths, at odd widths (the scalar path) and at widths past
+// what the register-resident backward holds.
 #include <algorithm>
 
 #include "kernels/nn_ops.h"
@@ -193,13 +194,18 @@ void register_norm_twins() {
   add_norm_case(512, 2048, DType::bf16, DType::f32);
   add_norm_case(300, 100, DType::f32, DType::f32);
   add_norm_case(300, 100, DType::bf16, DType::bf16);
-  // Llama: 4096 channels fit one warp's sums in 48 KiB; 8192 needs the larger shared-memory
-  // opt-in; 72 channels the scalar path.
+  // Llama: the backward holds up to 4096 channels in registers at 8 per thread, up to 8192
+  // at 16 per thread; 72 channels the scalar path.
   for (DType dt : {DType::bf16, DType::f32}) {
     rmsnorm_case(1024, 4096, dt);
     rmsnorm_case(64, 8192, dt);
     rmsnorm_case(33, 72, dt);
   }
+  // Rows wider than registers hold: the shared-memory backward (one warp's sums need the
+  // larger shared-memory opt-in); an odd width of 16 scalars per thread.
+  rmsnorm_case(16, 16384, DType::bf16);
+  layernorm_case(24, 12288, DType::bf16);
+  layernorm_case(40, 5001, DType::f32);
   // GPT-2 width (8-wide packs: two 128-bit f32 loads per bf16 pack) and an odd width.
   f32_stream_case(4096, 768);
   f32_stream_case(300, 100);

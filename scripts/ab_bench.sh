@@ -32,16 +32,20 @@ for d in "$dir_a" "$dir_b"; do
 done
 mkdir -p "$logs"
 
-# Unpack each bundle into a folder of its own (gpu_env.sh unpacks into $TMPDIR/fsdp-bundle).
+# Unpack each bundle into a folder of its own (gpu_env.sh unpacks into $TMPDIR/fsdp-bundle)
+# and keep the library path it sets up, so each side runs with its own bundle's libraries.
 root="$(mktemp -d)"
 trap 'rm -rf "$root"' EXIT
-declare -A bench
+declare -A bench libs
+base_libs="${LD_LIBRARY_PATH:-}"
 for side in A B; do
   src="$dir_a"; [ "$side" = B ] && src="$dir_b"
   mkdir -p "$root/$side"
+  export LD_LIBRARY_PATH="$base_libs"
   # shellcheck source=scripts/gpu_env.sh
   TMPDIR="$root/$side" source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "$src" || exit 1
   bench[$side]="$bundle/tools/bench"
+  libs[$side]="$LD_LIBRARY_PATH"
 done
 
 # "596k" / "1.13M" / "950" -> a plain number.
@@ -58,7 +62,7 @@ failed=0
 for ((i = 1; i <= pairs; i++)); do
   for side in A B; do
     log="$logs/${side}_$i.txt"
-    "${bench[$side]}" train "$@" > "$log" 2>&1
+    LD_LIBRARY_PATH="${libs[$side]}" "${bench[$side]}" train "$@" > "$log" 2>&1
     rc=$?
     speed="$(grep 'tokens/s per GPU' "$log" | tail -1 | awk '{ print $NF }')"
     peak="$(grep 'peak allocated' "$log" | tail -1 | sed 's/^ *peak allocated *//')"

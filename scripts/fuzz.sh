@@ -36,7 +36,8 @@ install_missing_packages
 
 FUZZ_DIR="$CACHE_DIR/fuzz"
 FUZZ_BAZEL=(bazel --output_base="$CACHE_DIR/bazel-fuzz")
-FUZZ_FLAGS=(--disk_cache="$CACHE_DIR/bazel-disk" --config=fuzz)
+# No bazel-* links in the checkout (scripts/sanitize.sh says why).
+FUZZ_FLAGS=(--disk_cache="$CACHE_DIR/bazel-disk" --config=fuzz --symlink_prefix=/)
 labels=()
 for t in "${targets[@]}"; do labels+=("//tests/fuzz:${t}_fuzzer"); done
 "${FUZZ_BAZEL[@]}" build "${FUZZ_FLAGS[@]}" "${labels[@]}"

@@ -24,7 +24,10 @@ while [ $# -gt 0 ]; do
 done
 
 SAN_BAZEL=(bazel --output_base="$CACHE_DIR/bazel-sanitize")
-COMMON=(--disk_cache="$CACHE_DIR/bazel-disk" --workspace_status_command="$REPO_ROOT/scripts/workspace_status.sh")
+# No bazel-* links in the checkout: they would point into this output base, and the main
+# build's `//...` would then wander into them (scripts/test.sh after this script failed).
+COMMON=(--disk_cache="$CACHE_DIR/bazel-disk" --symlink_prefix=/
+        --workspace_status_command="$REPO_ROOT/scripts/workspace_status.sh")
 # Sanitized code runs several times slower: longer timeouts for every test size.
 TIMEOUTS=(--test_timeout=1200,2400,4800,9600)
 # Left out: tests that need a GPU; benchmarks (timing, not correctness); and the consumer

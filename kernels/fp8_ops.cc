@@ -113,6 +113,61 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   return q;
 }
 
+void fp8_quantize_flat(Context& ctx, const Tensor& q, const Tensor& x, const Tensor& amax,
+                       Fp8Format format) {
+  const char* what = "fp8_quantize_flat";
+  check_on_ctx(ctx, x, what);
+  check_floating(x, what);
+  check_contiguous(x, what);
+  check_dense(ctx, q, q.shape(), DType::u8, what);
+  FSDP_CHECK(q.numel() == x.numel(), ShapeError, what, ": ", q.str(), " does not have the ",
+             x.numel(), " elements of ", x.str());
+  check_dense(ctx, amax, Shape{1}, DType::f32, what);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  auto* qp = static_cast<uint8_t*>(q.data_ptr());
+  if (ctx.device().is_cpu()) {
+    float scale_inv = 0;
+    kernels::cpu::fp8_quantize(x.data_ptr(), x.dtype(), 1, n,
+                               *static_cast<const float*>(amax.data_ptr()), format, qp, nullptr,
+                               &scale_inv);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  // Rows of kCols elements (the kernel's tiles are 2-D), then the remainder as one row.
+  constexpr int64_t kCols = 4096;
+  const Tensor scale_inv = ctx.empty(Shape{1}, DType::f32);  // not needed: fp8_scale_inverses
+  const int64_t full = n / kCols, rest = n % kCols;
+  const auto* xp = static_cast<const char*>(x.data_ptr());
+  const int64_t esize = int64_t(dtype_size(x.dtype()));
+  auto* sinv = static_cast<float*>(scale_inv.data_ptr());
+  const auto* a = static_cast<const float*>(amax.data_ptr());
+  CUstream_st* stream = ctx.stream().cuda_stream();
+  if (full > 0)
+    kernels::cuda::fp8_quantize(xp, x.dtype(), full, kCols, a, format, qp, nullptr, sinv, nullptr,
+                                nullptr, stream);
+  if (rest > 0)
+    kernels::cuda::fp8_quantize(xp + full * kCols * esize, x.dtype(), 1, rest, a, format,
+                                qp + full * kCols, nullptr, sinv, nullptr, nullptr, stream);
+#endif
+}
+
+void fp8_scale_inverses(Context& ctx, const Tensor& scale_inv, const Tensor& amax, Fp8Format format) {
+  const char* what = "fp8_scale_inverses";
+  check_dense(ctx, amax, amax.shape(), DType::f32, what);
+  check_dense(ctx, scale_inv, amax.shape(), DType::f32, what);
+  FSDP_CHECK(amax.dim() == 1, ShapeError, what, ": amax must be 1-D, got ", amax.str());
+  const auto* a = static_cast<const float*>(amax.data_ptr());
+  auto* s = static_cast<float*>(scale_inv.data_ptr());
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::fp8_scale_inverses(a, amax.numel(), format, s);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::fp8_scale_inverses(a, amax.numel(), format, s, ctx.stream().cuda_stream());
+#endif
+}
+
 void fp8_update_amax_histories(Context& ctx, const Tensor& history, const Tensor& step_amax,
                                const Tensor& scale_amax, bool roll, bool use_max,
                                float margin_factor) {

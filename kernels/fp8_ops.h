@@ -48,6 +48,16 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
                           bool rows, bool columns, const Tensor& add_column_sums = Tensor(),
                           const Tensor& record_amax = Tensor());
 
+// Quantizes the elements of x (contiguous, any shape) into q (u8, as many elements,
+// contiguous) with the scale of `amax` (1) f32, element by element as fp8_quantize does: the
+// FP8 bytes of a flat piece of a weight (FSDP's FP8 weight shards). Empty x: nothing.
+void fp8_quantize_flat(Context& ctx, const Tensor& q, const Tensor& x, const Tensor& amax,
+                       Fp8Format format);
+
+// scale_inv (n) f32 = 1 / fp8_scale_for_amax(amax (n) f32), element by element: the inverse
+// scales fp8_quantize writes, for operands quantized by fp8_quantize_flat.
+void fp8_scale_inverses(Context& ctx, const Tensor& scale_inv, const Tensor& amax, Fp8Format format);
+
 // Delayed scaling after a step: history (L, len, W), step_amax and scale_amax (L, W), f32
 // and contiguous, for L layers of W operands. Each operand's history takes its step amax as
 // the newest entry (entry 0; roll false leaves the history as it is), and scale_amax gets

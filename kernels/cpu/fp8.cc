@@ -40,6 +40,10 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float 
   });
 }
 
+void fp8_scale_inverses(const float* amax, int64_t n, Fp8Format format, float* scale_inv) {
+  for (int64_t i = 0; i < n; ++i) scale_inv[i] = 1.0f / fp8_scale_for_amax(amax[i], format);
+}
+
 void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
                                int64_t layers, int64_t len, int64_t width, bool roll,
                                bool use_max, float margin_factor) {

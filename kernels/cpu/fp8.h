@@ -23,6 +23,10 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float 
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
                   float* record_amax = nullptr);
 
+// scale_inv[i] = 1 / fp8_scale_for_amax(amax[i]) for n amaxes (f32): the inverse scales
+// fp8_quantize writes, for operands quantized elsewhere (FP8 weight shards).
+void fp8_scale_inverses(const float* amax, int64_t n, Fp8Format format, float* scale_inv);
+
 // Delayed scaling after a step, for `layers` layers of `width` operands each: history
 // (layers, len, width) f32, step_amax and scale_amax (layers, width) f32; each operand's
 // history and scale_amax as fp8_update_amax_history (kernels/fp8_format.h) sets them.

@@ -198,7 +198,20 @@ __global__ void update_histories_kernel(float* history, const float* step_amax, 
                                           roll, use_max, margin_factor);
 }
 
+__global__ void scale_inverses_kernel(const float* amax, int64_t n, Fp8Format format,
+                                      float* scale_inv) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) scale_inv[i] = __frcp_rn(fp8_scale_for_amax(amax[i], format));
+}
+
 }  // namespace
+
+void fp8_scale_inverses(const float* amax, int64_t n, Fp8Format format, float* scale_inv,
+                        stream_t stream) {
+  if (n == 0) return;
+  scale_inverses_kernel<<<unsigned((n + 127) / 128), 128, 0, stream>>>(amax, n, format, scale_inv);
+  FSDP_CHECK_LAUNCH();
+}
 
 void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
                                int64_t layers, int64_t len, int64_t width, bool roll,

@@ -29,6 +29,11 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const 
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
                   float* record_amax, stream_t stream);
 
+// scale_inv[i] = 1 / fp8_scale_for_amax(amax[i]) for n amaxes, f32 on the device (the twin
+// of cpu::fp8_scale_inverses; the same bits as fp8_quantize's *scale_inv).
+void fp8_scale_inverses(const float* amax, int64_t n, Fp8Format format, float* scale_inv,
+                        stream_t stream);
+
 // Delayed scaling after a step (the twin of cpu::fp8_update_amax_histories): history
 // (layers, len, width), step_amax and scale_amax (layers, width), f32 on the device.
 void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,

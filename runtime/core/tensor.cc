@@ -227,6 +227,19 @@ Tensor Tensor::reinterpret(DType dtype) const {
   return t;
 }
 
+Tensor Tensor::as_bytes() const {
+  check_defined(*this, "as_bytes()");
+  FSDP_CHECK(is_contiguous(), ValueError, "as_bytes() on ", str(), ": needs a contiguous tensor");
+  const int64_t size = int64_t(dtype_size(dtype_));
+  Tensor t = *this;
+  t.autograd_.reset();
+  t.dtype_ = DType::u8;
+  t.offset_ = offset_ * size;
+  t.shape_ = Shape{numel() * size};
+  t.strides_ = Strides{1};
+  return t;
+}
+
 double Tensor::item() const {
   FSDP_CHECK(numel() == 1, ShapeError, "item() on ", str(), ": needs exactly one element");
   FSDP_CHECK(device().is_cpu(), DeviceError, "item() on ", str(), ": copy it to the host first");

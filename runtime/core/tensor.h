@@ -111,6 +111,8 @@ class Tensor {
   Tensor as_strided(const Shape& shape, const Strides& strides, int64_t offset) const;
   // Same bytes seen as another dtype of the same size (e.g. bf16 <-> u16).
   Tensor reinterpret(DType dtype) const;
+  // The bytes of a contiguous tensor, as a 1-D u8 view of the same storage.
+  Tensor as_bytes() const;
 
   // ---- host access for small tensors in tests and tools (CPU tensors only)
   template <typename T>

@@ -15,14 +15,33 @@ int grad_pool_slots(const FsdpOptions& options, int64_t max_block_numel) {
   return int(std::clamp<size_t>(by_budget, 2, 8));
 }
 
-int64_t block_slot_numel(const ShardingPlan& plan) {
-  // Every unit but the root (the last) is a block's or, right after it, its experts'.
+int64_t gathered_numel(const UnitPlan& unit, DType compute_dtype) {
+  if (!unit.fp8) return unit.padded_numel;
+  const int64_t size = int64_t(dtype_size(compute_dtype));
+  return (unit.padded_numel + size - 1) / size;
+}
+
+size_t fp8_state_cost(const ShardingPlan& plan, bool registrable) {
+  int64_t bytes = 0;
+  size_t scales = 0;
+  for (const UnitPlan& u : plan.units()) {
+    if (!u.fp8) continue;
+    bytes += u.shard_numel;
+    scales += buffer_cost(int64_t(u.params.size()), DType::f32);
+  }
+  return bytes == 0 ? 0 : buffer_cost(bytes, DType::u8, registrable) + scales;
+}
+
+int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool weights) {
+  // Every unit but the root (the last) is a block's or, right after it, a companion of it.
   const std::vector<UnitPlan>& units = plan.units();
-  int64_t most = 0;
+  int64_t most = 0, slot = 0;
   for (size_t i = 0; i + 1 < units.size(); ++i) {
-    if (units[i].experts) continue;
-    const bool experts = i + 2 < units.size() && units[i + 1].experts;
-    most = std::max(most, units[i].padded_numel + (experts ? units[i + 1].padded_numel : 0));
+    const UnitPlan& u = units[i];
+    const bool companion = u.experts || u.fp8;
+    if (!companion) slot = 0;
+    slot += weights ? gathered_numel(u, compute_dtype) : u.padded_numel;
+    most = std::max(most, slot);
   }
   return most;
 }

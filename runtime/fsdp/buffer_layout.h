@@ -24,9 +24,17 @@ struct PersistentLayout {
 };
 PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& options);
 
-// Elements of one pool slot: the largest block's full buffer, with its experts unit's
-// after it (an experts unit is gathered and reduced with its block, in the same slot).
-int64_t block_slot_numel(const ShardingPlan& plan);
+// Elements of one pool slot: the largest block's full buffer, with its companions' after it
+// (an experts or FP8 unit is gathered and reduced with its block, in the same slot). For the
+// gathered weights (`weights`) an FP8 unit takes its bytes in elements of compute_dtype; for
+// the gradients, its elements.
+int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool weights);
+// Elements of compute_dtype that a unit's gathered weights take (FsdpUnit::gathered_numel).
+int64_t gathered_numel(const UnitPlan& unit, DType compute_dtype);
+// Bytes of the FP8 units' persistent state on each rank (ZeRO-3 with fp8_param): their
+// shards of FP8 bytes, in one allocation (registrable: nccl_ub), and the inverse scales of
+// each one's weights. 0 without FP8 units.
+size_t fp8_state_cost(const ShardingPlan& plan, bool registrable);
 
 // nccl_ub with sharded gradients (ZeRO-2/3): elements of reduce_dtype in the persistent
 // reduce-scatter output (the largest unit's shard) and input (the largest unit, when the

@@ -11,9 +11,18 @@ void CollectiveCalls::issue(CollectiveKind kind, int64_t bytes, const Stream& st
   }
   call();
   switch (kind) {
-    case CollectiveKind::all_gather: issued_.all_gathers++; break;
-    case CollectiveKind::reduce_scatter: issued_.reduce_scatters++; break;
-    default: issued_.all_reduces++; break;
+    case CollectiveKind::all_gather:
+      issued_.all_gathers++;
+      issued_.all_gather_bytes += bytes;
+      break;
+    case CollectiveKind::reduce_scatter:
+      issued_.reduce_scatters++;
+      issued_.reduce_scatter_bytes += bytes;
+      break;
+    default:
+      issued_.all_reduces++;
+      issued_.all_reduce_bytes += bytes;
+      break;
   }
   if (!time_) return;
   Event end = Event::create(ctx_.device(), /*enable_timing=*/true);

@@ -32,12 +32,14 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
   const UnitPlan& root = plan.units().back();
   if (zero3) b.gather_pool += buffer_cost(root.padded_numel, o.compute_dtype, ub);
   if (grads_sharded) b.grad_pool += buffer_cost(root.padded_numel, o.grad_dtype, ub);
-  const int64_t max_block = block_slot_numel(plan);
+  const int64_t max_gathered = block_slot_numel(plan, o.compute_dtype, true);
+  const int64_t max_block = block_slot_numel(plan, o.compute_dtype, false);
   if (plan.units().size() > 1) {
-    if (zero3) b.gather_pool += size_t(gather_pool_slots(o)) * buffer_cost(max_block, o.compute_dtype, ub);
+    if (zero3) b.gather_pool += size_t(gather_pool_slots(o)) * buffer_cost(max_gathered, o.compute_dtype, ub);
     if (grads_sharded)
       b.grad_pool += size_t(grad_pool_slots(o, max_block)) * buffer_cost(max_block, o.grad_dtype, ub);
   }
+  b.compute_weights += fp8_state_cost(plan, ub);
   if (ub && grads_sharded) {
     const ReduceStaging staging = reduce_staging(plan, o);
     b.grad_pool += buffer_cost(staging.out_numel, o.reduce_dtype, true);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/block_ops.h"
+#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "runtime/fsdp/sharded_model.h"
 
@@ -27,9 +28,15 @@ void ShardedModel::attach_hooks() {
   // its last's; in backward, gathered (and given fresh gradient buffers) before its last
   // block's backward, reduced after its first's. Every block's forward, recomputed in
   // backward included, waits for the gather.
+  // fp8_param: before anything is gathered, FP8 shards older than the weights are redone.
+  if (fp8_weight_amax_.defined())
+    hooks_.emplace_back(&model_, model_.add_hook(nn::HookPoint::PreForward,
+                                                 [this](nn::Module&, autograd::Graph& g) {
+                                                   if (!g.recomputing()) quantize_fp8_weights();
+                                                 }));
   for (auto& up : units_) {
     FsdpUnit* u = up.get();
-    if (u->plan().experts) continue;  // its block's unit hands it the events
+    if (u->plan().experts || u->plan().fp8) continue;  // its block's unit hands it the events
     nn::Module* first = u->modules().front();
     nn::Module* last = u->modules().back();
     for (nn::Module* m : u->modules()) {
@@ -63,6 +70,71 @@ void ShardedModel::start_step() {
 void ShardedModel::start_micro_batch(bool last) {
   shared_.last_micro_batch = last;
   micro_batches_++;
+  if (micro_batches_ == 1 && fp8_weight_amax_.defined()) {
+    quantize_fp8_weights();
+    record_fp8_weight_amaxes();
+  }
+}
+
+void ShardedModel::quantize_fp8_weights() {
+  if (!fp8_stale_ || !fp8_weight_amax_.defined()) return;
+  Context& ctx = shared_.ctx;
+  // Each weight's amax over its pieces on this rank (0 where it has none), then over the
+  // shard group: every rank then holds the whole weight's amax.
+  ops::fill(ctx, fp8_weight_amax_, 0.0);
+  int64_t first = 0;
+  for (auto& u : units_) {
+    if (!u->plan().fp8) continue;
+    for (const ShardSegment& s : u->plan().segments(u->shard_rank()))
+      ops::fp8_amax(ctx, fp8_weight_amax_.narrow(0, first + s.param, 1),
+                    u->compute_shard.narrow(0, s.shard_offset, s.numel));
+    first += int64_t(u->params().size());
+  }
+  Communicator* group = shared_.groups.shard_gather;
+  if (shared_.communicates(group))
+    shared_.calls.all_reduce(*group, fp8_weight_amax_, ReduceOp::Max, ctx.stream(), 1.0);
+  // The amax each weight is scaled by: its own, or under delayed scaling with a history
+  // the history's (as the layer would take it: the same on every rank).
+  ops::copy(ctx, fp8_scale_amax_, fp8_weight_amax_);
+  first = 0;
+  for (auto& u : units_) {
+    if (!u->plan().fp8) continue;
+    const std::vector<nn::Parameter*>& params = u->params();
+    const int64_t n = int64_t(params.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const nn::Fp8Recipe& r = *params[size_t(i)]->fp8;
+      if (r.scaling == nn::Fp8Scaling::delayed && *r.delayed.primed)
+        ops::copy(ctx, fp8_scale_amax_.narrow(0, first + i, 1),
+                  r.delayed.scale_amax.narrow(0, int(nn::Fp8Operand::weight), 1));
+    }
+    // One recipe for every FP8 layer (the plan's), so one format per unit.
+    const kernels::Fp8Format format = params.front()->fp8->forward;
+    ops::fp8_scale_inverses(ctx, u->fp8_scale_inv, fp8_scale_amax_.narrow(0, first, n), format);
+    for (const ShardSegment& s : u->plan().segments(u->shard_rank()))
+      ops::fp8_quantize_flat(ctx, u->fp8_shard.narrow(0, s.shard_offset, s.numel),
+                             u->compute_shard.narrow(0, s.shard_offset, s.numel),
+                             fp8_scale_amax_.narrow(0, first + s.param, 1), format);
+    first += n;
+  }
+  // The gathers read the new FP8 shards.
+  shared_.params_updated = mark(ctx.stream());
+  fp8_stale_ = false;
+}
+
+void ShardedModel::record_fp8_weight_amaxes() {
+  Context& ctx = shared_.ctx;
+  int64_t first = 0;
+  for (auto& u : units_) {
+    if (!u->plan().fp8) continue;
+    for (const nn::Parameter* p : u->params()) {
+      const nn::Fp8Recipe& r = *p->fp8;
+      // The step's amaxes start at zero, and nothing else records a gathered weight's.
+      if (r.scaling == nn::Fp8Scaling::delayed)
+        ops::copy(ctx, r.delayed.step_amax.narrow(0, int(nn::Fp8Operand::weight), 1),
+                  fp8_weight_amax_.narrow(0, first, 1));
+      ++first;
+    }
+  }
 }
 
 void ShardedModel::finish_grad_sync() {
@@ -160,6 +232,7 @@ double ShardedModel::grad_norm() {
 
 void ShardedModel::install_weights() {
   shared_.params_updated = mark(shared_.ctx.stream());
+  fp8_stale_ = true;  // (fp8_param: requantized before the next gather)
   if (shared_.zero3() || shared_.options.strategy == ShardingStrategy::NoShard) return;
   // ZeRO-1/2: every rank updated its slice of the full compute weights; gather the rest in
   // place, and let each unit's forward wait for its own gather only.

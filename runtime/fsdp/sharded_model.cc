@@ -28,6 +28,10 @@ ShardedModel::ShardedModel(Context& ctx, nn::Module& model, const DataParallelGr
              ConfigError, "no_shard replicates everything: its data-parallel group is the "
              "replicate group, not a shard group");
   FSDP_CHECK(options.prefetch_units >= 0, ConfigError, "ddp.prefetch_units must be >= 0");
+  FSDP_CHECK(!options.fp8_param || (options.strategy == ShardingStrategy::OptimGradsParams &&
+                                    !options.offload_main),
+             ConfigError, "FP8 weight gathers (mixed_precision.fp8_param) need ZeRO-3 "
+             "(optim_grads_params), whose forward gathers the weights, without CPU offload");
   build_units();
   check_plan_across_ranks();
   allocate();
@@ -97,7 +101,7 @@ DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrate
 void ShardedModel::build_units() {
   const FsdpOptions& o = shared_.options;
   const char* kind = unit_module_kind(o.unit_kind);
-  const auto specs = unit_specs(model_, kind, o.blocks_per_unit);
+  const auto specs = unit_specs(model_, kind, o.blocks_per_unit, o.fp8_param);
   const auto groups = unit_module_groups(model_, kind, o.blocks_per_unit);
   PlanOptions po;
   po.dp_size = shared_.groups.shard_size();
@@ -110,7 +114,7 @@ void ShardedModel::build_units() {
   // unit's parameters in the plan's order (decayed first).
   std::map<std::string, nn::Parameter*> by_name;
   for (nn::Parameter* p : model_.named_parameters()) by_name[p->name()] = p;
-  // An experts unit follows its block's unit, which hands it every event (no hooks).
+  // An experts or FP8 unit follows its block's unit, which hands it every event (no hooks).
   size_t group = 0;
   for (size_t i = 0; i < plan_.units().size(); ++i) {
     const UnitPlan& up = plan_.units()[i];
@@ -118,13 +122,14 @@ void ShardedModel::build_units() {
     std::vector<nn::Parameter*> params;
     for (const ParamPlacement& pp : up.params) params.push_back(by_name.at(pp.name));
     std::vector<nn::Module*> modules{&model_};
-    if (!root) modules = up.experts ? units_.back()->modules() : groups.at(group++);
+    const bool companion = up.experts || up.fp8;
+    if (!root) modules = companion ? units_.back()->modules() : groups.at(group++);
     units_.push_back(std::make_unique<FsdpUnit>(shared_, int(i), up, std::move(modules),
                                                 std::move(params), root));
     if (root)
       root_ = int(i);
-    else if (up.experts)
-      unit(blocks_.back()).set_companion(units_.back().get());
+    else if (companion)
+      unit(blocks_.back()).add_companion(units_.back().get());
     else
       blocks_.push_back(int(i));
   }
@@ -214,7 +219,23 @@ ShardedModel::Arenas ShardedModel::allocate_arenas() {
   a.grad_full = arena(a.layout.grad_full, o.grad_dtype, memory_.full_grads);
   a.grad_shard = arena(a.layout.grad_shard, o.reduce_dtype, memory_.grad_accumulation, ub && zero1,
                        "gradient shards");
+  // FP8 units: the shards of FP8 bytes the all-gathers send, in one allocation.
+  int64_t fp8_bytes = 0;
+  for (const UnitPlan& p : plan_.units())
+    if (p.fp8) fp8_bytes += p.shard_numel;
+  if (fp8_bytes > 0) {
+    a.fp8 = new_buffer(fp8_bytes, DType::u8, ub, "FP8 weight shards", memory_.compute_weights);
+    fp8_weight_amax_ = ops::zeros(ctx, Shape{fp8_weight_count()}, DType::f32);
+    fp8_scale_amax_ = ops::zeros(ctx, Shape{fp8_weight_count()}, DType::f32);
+  }
   return a;
+}
+
+int64_t ShardedModel::fp8_weight_count() const {
+  int64_t n = 0;
+  for (const UnitPlan& p : plan_.units())
+    if (p.fp8) n += int64_t(p.params.size());
+  return n;
 }
 
 void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
@@ -227,6 +248,12 @@ void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
   u.main = view(a.main, a.layout.main, p.shard_numel);
   if (shared_.zero3()) {
     u.compute_shard = view(a.compute, a.layout.compute, p.shard_numel);
+    if (p.fp8) {
+      u.fp8_shard = a.fp8.narrow(0, fp8_offset_, p.shard_numel);
+      fp8_offset_ += p.shard_numel;
+      u.fp8_scale_inv = new_buffer(int64_t(p.params.size()), DType::f32, false,
+                                   "FP8 weight scales", memory_.compute_weights);
+    }
     if (u.is_root()) {
       // The root stays gathered from its forward to the end of its backward: its own buffer.
       u.root_gathered = new_buffer(p.padded_numel, o.compute_dtype, ub, "the root's gathered weights",
@@ -275,10 +302,11 @@ void ShardedModel::allocate_pools() {
   Context& ctx = shared_.ctx;
   const FsdpOptions& o = shared_.options;
   const bool ub = shared_.registered_memory();
-  const int64_t max_block_numel = block_slot_numel(plan_);
+  const int64_t max_block_numel = block_slot_numel(plan_, o.compute_dtype, false);
   if (shared_.zero3() && !blocks_.empty()) {
     shared_.gather_pool = std::make_unique<BufferPool>(ctx, "gathered weights", gather_pool_slots(o),
-                                                       max_block_numel, o.compute_dtype, ub);
+                                                       block_slot_numel(plan_, o.compute_dtype, true),
+                                                       o.compute_dtype, ub);
     memory_.gather_pool += shared_.gather_pool->bytes();
   }
   if (shared_.grads_sharded() && !blocks_.empty()) {
@@ -303,10 +331,10 @@ void ShardedModel::allocate() {
   const Arenas a = allocate_arenas();
   for (auto& u : units_) lay_out_unit(*u, a);
   allocate_pools();
-  if (shared_.registered_memory()) register_buffers(a.compute, a.grad_accum, a.grad_shard);
+  if (shared_.registered_memory()) register_buffers(a.compute, a.fp8, a.grad_accum, a.grad_shard);
 }
 
-void ShardedModel::register_buffers(const Tensor& compute, const Tensor& grad_accum,
+void ShardedModel::register_buffers(const Tensor& compute, const Tensor& fp8, const Tensor& grad_accum,
                                     const Tensor& grad_shard) {
   const BufferRegistration kind = shared_.options.nccl_ub_kind;
   const DataParallelGroups& g = shared_.groups;
@@ -318,6 +346,7 @@ void ShardedModel::register_buffers(const Tensor& compute, const Tensor& grad_ac
                                                 kind, what));
   };
   add(g.shard_gather, compute, "compute weights");
+  add(g.shard_gather, fp8, "FP8 weight shards");
   if (shared_.zero3()) {
     add(g.shard_gather, unit(root_).root_gathered, "the root's gathered weights");
     if (shared_.gather_pool)
@@ -367,7 +396,7 @@ std::vector<size_t> ShardedModel::forward_range_order() const {
   if (root_ >= 0) add(root_);
   for (int b : blocks_) {
     add(b);
-    if (unit(b).companion()) add(unit(b).companion()->index());
+    for (const FsdpUnit* c : unit(b).companions()) add(c->index());
   }
   return order;
 }

@@ -147,6 +147,7 @@ class ShardedModel {
   struct Arenas {
     PersistentLayout layout;
     Tensor main, compute, grad_accum, grad_full, grad_shard;
+    Tensor fp8;  // FP8 units' shards of FP8 bytes (fp8_param)
   };
   void allocate();
   Arenas allocate_arenas();
@@ -156,7 +157,20 @@ class ShardedModel {
   Tensor new_buffer(int64_t n, DType dtype, bool registrable, const std::string& what,
                     size_t& account);
   // nccl_ub: registers every collective buffer with its communicator (see FsdpOptions).
-  void register_buffers(const Tensor& compute, const Tensor& grad_accum, const Tensor& grad_shard);
+  void register_buffers(const Tensor& compute, const Tensor& fp8, const Tensor& grad_accum,
+                        const Tensor& grad_shard);
+  // fp8_param: the weights of FP8 units, in plan order.
+  int64_t fp8_weight_count() const;
+  // fp8_param: quantizes each FP8 unit's compute shard into its FP8 shard when an update
+  // (or a load) changed the weights since the last time: per weight, the amax of its piece
+  // on this rank, the maximum over the shard group (one all-reduce), the scale from it (or
+  // from the delayed-scaling history, once that holds a step) and the bytes. Before any
+  // forward that gathers them (a model pre-forward hook) and at a step's first micro-batch.
+  void quantize_fp8_weights();
+  // Delayed scaling: the step amax of each FP8 unit's weight is the amax taken above (the
+  // layers, reading gathered FP8 bytes, record none). At each step's first micro-batch,
+  // after the delayed-scaling state started the step.
+  void record_fp8_weight_amaxes();
   void initialize_weights();
   void attach_hooks();
   void sum_tensor_parallel_grads();
@@ -174,6 +188,12 @@ class ShardedModel {
   MemoryBreakdown memory_;
   int micro_batches_ = 0;
   bool step_grads_finished_ = false;  // the once-per-step work of finish_grad_sync is done
+  // fp8_param: each FP8 weight's amax over the shard group and the amax its scale came from
+  // ((weights) f32, plan order); whether the FP8 shards predate the compute shards; where
+  // the next FP8 unit's shard starts in the arena (allocation only).
+  Tensor fp8_weight_amax_, fp8_scale_amax_;
+  bool fp8_stale_ = true;
+  int64_t fp8_offset_ = 0;
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
   // Last: deregistered before any buffer they cover can be freed.
   std::vector<Registration> registrations_;

@@ -39,10 +39,17 @@ void FsdpUnit::set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
   keep_for_backward_ = keep_for_backward;
 }
 
-void FsdpUnit::set_companion(FsdpUnit* experts) {
-  FSDP_ASSERT(experts && experts->plan().experts && !plan_.experts && !is_root_,
-              "an experts unit follows a block's unit");
-  companion_ = experts;
+void FsdpUnit::add_companion(FsdpUnit* companion) {
+  FSDP_ASSERT(companion && (companion->plan().experts || companion->plan().fp8) &&
+                  !plan_.experts && !plan_.fp8 && !is_root_,
+              "an experts or FP8 unit follows a block's unit");
+  companions_.push_back(companion);
+}
+
+int64_t FsdpUnit::gathered_numel() const {
+  if (!plan_.fp8) return plan_.padded_numel;
+  const int64_t size = int64_t(dtype_size(s_.options.compute_dtype));
+  return (plan_.padded_numel + size - 1) / size;
 }
 
 // ---------------------------------------------------------------- events
@@ -94,26 +101,32 @@ void FsdpUnit::prepare_grads(const Tensor& slot) {
     // zero each micro-batch.
     ops::fill(s_.ctx, grad_full, 0.0);
   }
-  if (companion_)
-    companion_->prepare_grads(grad_lease_.slot >= 0 ? companion_slot(grad_lease_) : Tensor());
+  for (size_t k = 0; k < companions_.size(); ++k)
+    companions_[k]->prepare_grads(grad_lease_.slot >= 0 ? companion_slot(grad_lease_, k, false)
+                                                        : Tensor());
 }
 
 void FsdpUnit::post_backward() {
-  // The experts' reduction is queued first: this unit's releases the slot they share.
-  if (companion_) companion_->reduce_grads();
+  // The companions' reductions are queued first: this unit's releases the slot they share.
+  for (FsdpUnit* c : companions_) c->reduce_grads();
   reduce_grads();
   if (s_.zero3()) reshard();
 }
 
-Tensor FsdpUnit::companion_slot(const BufferPool::Lease& lease) const {
-  return lease.buffer.narrow(0, plan_.padded_numel, companion_->plan().padded_numel);
+Tensor FsdpUnit::companion_slot(const BufferPool::Lease& lease, size_t k, bool weights) const {
+  auto size = [weights](const FsdpUnit& u) { return weights ? u.gathered_numel() : u.plan().padded_numel; };
+  int64_t offset = size(*this);
+  for (size_t i = 0; i < k; ++i) offset += size(*companions_[i]);
+  return lease.buffer.narrow(0, offset, size(*companions_[k]));
 }
 
 // ---------------------------------------------------------------- weights
 
 void FsdpUnit::unshard(bool prefetch, const Tensor& slot) {
   if (state_ == State::sharded && !start_gather(prefetch, slot)) return;
-  if (companion_ && gather_lease_.slot >= 0) companion_->unshard(prefetch, companion_slot(gather_lease_));
+  if (gather_lease_.slot < 0) return;
+  for (size_t k = 0; k < companions_.size(); ++k)
+    companions_[k]->unshard(prefetch, companion_slot(gather_lease_, k, true));
 }
 
 bool FsdpUnit::start_gather(bool prefetch, const Tensor& slot) {
@@ -137,15 +150,18 @@ bool FsdpUnit::start_gather(bool prefetch, const Tensor& slot) {
   // The shard is written by the optimizer on the compute stream.
   s_.gather_stream.wait(s_.params_updated);
   s_.gather_stream.wait(updated);
+  // An FP8 unit sends and receives its weights' FP8 bytes.
+  const Tensor dst = plan_.fp8 ? full.as_bytes().narrow(0, 0, plan_.padded_numel) : full;
+  const Tensor src = plan_.fp8 ? fp8_shard : compute_shard;
   if (!s_.communicates(groups().shard_gather)) {
     StreamScope scope(s_.ctx, s_.gather_stream);
     // One rank: its shard is the whole. Several under skip_collectives (the benchmark's
     // compute baseline): every rank's place gets this rank's shard, so the weights hold real
     // values; half-zero weights would draw less power and run faster than training does.
     for (int r = 0; r < shard_size(); ++r)
-      ops::copy(s_.ctx, full.narrow(0, plan_.shard_begin(r), plan_.shard_numel), compute_shard);
+      ops::copy(s_.ctx, dst.narrow(0, plan_.shard_begin(r), plan_.shard_numel), src);
   } else {
-    s_.calls.all_gather(*groups().shard_gather, full, compute_shard, s_.gather_stream);
+    s_.calls.all_gather(*groups().shard_gather, dst, src, s_.gather_stream);
   }
   gathered_ = mark(s_.gather_stream);
   state_ = State::gathering;
@@ -153,7 +169,7 @@ bool FsdpUnit::start_gather(bool prefetch, const Tensor& slot) {
 }
 
 void FsdpUnit::wait_for_unshard() {
-  if (companion_) companion_->wait_for_unshard();
+  for (FsdpUnit* c : companions_) c->wait_for_unshard();
   if (state_ == State::gathered) return;
   FSDP_ASSERT(state_ == State::gathering, "unit ", name(), " used before its weights were gathered");
   s_.ctx.stream().wait(gathered_);
@@ -162,8 +178,8 @@ void FsdpUnit::wait_for_unshard() {
 }
 
 void FsdpUnit::reshard() {
-  // The experts first: their weights lie in this unit's slot.
-  if (companion_) companion_->reshard();
+  // The companions first: their weights lie in this unit's slot.
+  for (FsdpUnit* c : companions_) c->reshard();
   if (state_ == State::sharded) return;
   if (gather_lease_.slot >= 0) {
     // The compute stream's queued work (this unit's ops) is the slot's last reader.
@@ -173,7 +189,7 @@ void FsdpUnit::reshard() {
   } else if (is_root_) {
     released_ = mark(s_.ctx.stream());
   } else {
-    compute_full = Tensor();  // an experts unit's part of its block's slot
+    compute_full = Tensor();  // a companion's part of its block's slot
   }
   unbind_weights();
   state_ = State::sharded;
@@ -193,21 +209,30 @@ void FsdpUnit::adopt_full_weights(const Tensor& full) {
 }
 
 void FsdpUnit::bind_weights(const Tensor& full) {
+  const Tensor bytes = plan_.fp8 ? full.as_bytes() : Tensor();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamPlacement& pp = plan_.params[i];
+    if (plan_.fp8) {
+      // The layer reads the FP8 bytes and scale (Parameter::fp8_bytes); there is no data.
+      params_[i]->fp8_bytes = bytes.narrow(0, pp.offset, pp.numel).view(pp.shape);
+      params_[i]->fp8_scale_inv = fp8_scale_inv.narrow(0, int64_t(i), 1);
+      continue;
+    }
     params_[i]->data = full.narrow(0, pp.offset, pp.numel).view(pp.shape);
   }
 }
 
 void FsdpUnit::unbind_weights() {
-  for (nn::Parameter* p : params_) p->data = Tensor();
+  for (nn::Parameter* p : params_) {
+    p->data = Tensor();
+    p->fp8_bytes = Tensor();
+    p->fp8_scale_inv = Tensor();
+  }
 }
 
 void FsdpUnit::drop_param_views() {
-  for (nn::Parameter* p : params_) {
-    p->data = Tensor();
-    p->grad = Tensor();
-  }
+  unbind_weights();
+  for (nn::Parameter* p : params_) p->grad = Tensor();
 }
 
 // ---------------------------------------------------------------- gradients

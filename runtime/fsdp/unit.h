@@ -127,11 +127,15 @@ class FsdpUnit {
   // embedding is used at both ends; the last block: its backward comes next).
   void set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
                       std::vector<FsdpUnit*> backward_prefetch, bool keep_for_backward);
-  // A block's experts unit (plan().experts), sharded over other groups: it has no hooks of
-  // its own but follows this unit through every event, its full weights and gradients in
-  // the tail of this unit's pool slots.
-  void set_companion(FsdpUnit* experts);
-  FsdpUnit* companion() const { return companion_; }
+  // A block's experts unit (plan().experts, sharded over other groups) or FP8 unit
+  // (plan().fp8, gathered in FP8): it has no hooks of its own but follows this unit through
+  // every event, its full weights and gradients in the tail of this unit's pool slots, after
+  // those of the companions added before it.
+  void add_companion(FsdpUnit* companion);
+  const std::vector<FsdpUnit*>& companions() const { return companions_; }
+  // Elements of the compute dtype its gathered weights take in a pool slot: padded_numel,
+  // or for an FP8 unit its padded_numel bytes.
+  int64_t gathered_numel() const;
 
   // ---- events of a micro-batch (the module hooks call these)
   void pre_forward(const autograd::Graph& g);
@@ -187,6 +191,10 @@ class FsdpUnit {
   Tensor grad_shard;     // the reduced gradient the optimizer reads
   Tensor root_gathered;  // ZeRO-3 root: gathered weights, held from forward to backward
   Tensor root_grad;      // ZeRO-2/3 root: full gradients, held through the backward
+  // An FP8 unit (ZeRO-3): this rank's shard of the weights in FP8 (shard_numel u8, written
+  // by ShardedModel from compute_shard after each update; what the all-gather sends), and
+  // each weight's inverse scale ((params) f32, the same on every rank).
+  Tensor fp8_shard, fp8_scale_inv;
   size_t first_range = 0, end_range = 0;  // this unit's optimizer ranges
 
  private:
@@ -203,8 +211,9 @@ class FsdpUnit {
   // Before a micro-batch's backward: ZeRO-2/3 a fresh full-gradient buffer (`slot`: a
   // companion's part of its block's slot), otherwise zeroed separate gradients.
   void prepare_grads(const Tensor& slot);
-  // The companion's part of a slot this unit leased: after this unit's own weights.
-  Tensor companion_slot(const BufferPool::Lease& lease) const;
+  // Companion k's part of a slot this unit leased (gathered weights, or full gradients):
+  // after this unit's own and those of the companions before it.
+  Tensor companion_slot(const BufferPool::Lease& lease, size_t k, bool weights) const;
 
   UnitShared& s_;
   int index_;
@@ -214,7 +223,7 @@ class FsdpUnit {
   bool is_root_;
   std::vector<FsdpUnit*> forward_prefetch_, backward_prefetch_;
   bool keep_for_backward_ = false;
-  FsdpUnit* companion_ = nullptr;
+  std::vector<FsdpUnit*> companions_;
 
   State state_ = State::sharded;
   Event gathered_;              // gather stream, after the gather

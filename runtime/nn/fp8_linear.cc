@@ -1,6 +1,7 @@
 #include "runtime/nn/fp8_linear.h"
 
 #include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn::fp8 {
@@ -31,9 +32,23 @@ ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weigh
 }  // namespace
 
 bool applies(const Parameter& weight, int64_t rows) {
-  if (!weight.fp8 || !weight.data.defined() || weight.data.dim() != 2) return false;
-  return ops::fp8_shape_ok(rows, weight.data.size(0), weight.data.size(1));
+  const bool gathered = weight.fp8_bytes.defined();
+  if (!weight.fp8 || (!weight.data.defined() && !gathered) || weight.shape().rank() != 2) return false;
+  const bool fits = ops::fp8_shape_ok(rows, weight.shape()[0], weight.shape()[1]);
+  FSDP_CHECK(fits || !gathered, ShapeError, "layer ", weight.name(), ": its weight is gathered "
+             "in FP8 (mixed_precision.fp8_param), but an input of ", rows, " rows does not fit "
+             "FP8 tensor cores (a multiple of 16 tokens per micro-batch is needed)");
+  return fits;
 }
+
+namespace {
+
+// The weight's FP8 form for the forward (out, in) as FSDP gathered it (fp8_param).
+ops::Fp8Matrix gathered_rows(const Parameter& weight) {
+  return ops::Fp8Matrix{weight.fp8_bytes, weight.fp8_scale_inv, weight.fp8->forward};
+}
+
+}  // namespace
 
 ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
                        const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux,
@@ -41,7 +56,9 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Par
   const ops::Fp8Quantized qx =
       quantize(ctx, x, weight, Fp8Operand::input, true, keep_input);  // (N, in), (in, N)
   const ops::Fp8Matrix qw =
-      quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows;  // (out, in)
+      weight.fp8_bytes.defined()
+          ? gathered_rows(weight)
+          : quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows;  // (out, in)
   // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
   // keep the more exact accumulation.
   ops::fp8_matmul(ctx, y, qx.rows, qw, 1.0, 0.0, bias, epilogue, aux, /*fast_accum=*/true);
@@ -60,9 +77,15 @@ ops::Fp8Quantized quantize_output_grad(Context& ctx, const Tensor& dy, const Par
 
 void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, const Parameter& weight,
                 double beta, ops::Epilogue epilogue, const Tensor& aux) {
-  // W^T (in, out): the weight with the output features as K.
-  const ops::Fp8Matrix qwt =
-      quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, false, true).columns;
+  // W^T (in, out): the weight with the output features as K (gathered in FP8: its bytes
+  // transposed, same scale).
+  ops::Fp8Matrix qwt;
+  if (weight.fp8_bytes.defined()) {
+    qwt = gathered_rows(weight);
+    qwt.data = ops::contiguous(ctx, qwt.data.transpose(0, 1));
+  } else {
+    qwt = quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, false, true).columns;
+  }
   ops::fp8_matmul(ctx, dx, dy.rows, qwt, 1.0, beta, Tensor(), epilogue, aux);
 }
 

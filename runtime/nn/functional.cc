@@ -22,8 +22,11 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   FSDP_CHECK(!weight.vocab_parallel, ValueError, "linear ", weight.name(), ": the weight is "
              "vocabulary-parallel (its rows are split over the tensor-parallel group), so its "
              "logits would be a part of the vocabulary; only the loss (classifier_loss) runs it");
-  const Tensor& w = weight.checked_data();  // (out, in)
-  const int64_t out_f = w.size(0), in_f = w.size(1);
+  // (out, in); a weight gathered in FP8 has only its FP8 bytes (fp8::applies).
+  const Tensor w = weight.fp8_bytes.defined() ? Tensor() : weight.checked_data();
+  FSDP_CHECK(weight.shape().rank() == 2, ShapeError, "linear ", weight.name(), ": the weight ",
+             weight.shape(), " is not 2-D");
+  const int64_t out_f = weight.shape()[0], in_f = weight.shape()[1];
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, ShapeError, "linear ", weight.name(), ": input ",
              x.str(), " does not end in ", in_f, " features");
   detail::check_compute_dtype(x, weight, "linear");
@@ -34,9 +37,9 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   const Tensor whole = gathered ? SequenceExchange::start_gather(ctx, x, *column.group).finish(ctx) : x;
   const Tensor x2 = rows(ctx, whole, in_f);  // (N, in)
   const int64_t n = x2.size(0);
-  Tensor y = ctx.empty(with_last(whole.shape(), out_f), w.dtype());  // (..., out)
+  Tensor y = ctx.empty(with_last(whole.shape(), out_f), x.dtype());  // (..., out)
   const bool gelu = epilogue == ops::Epilogue::Gelu;
-  const Tensor pre = gelu ? ctx.empty(Shape{n, out_f}, w.dtype()) : Tensor();  // (N, out)
+  const Tensor pre = gelu ? ctx.empty(Shape{n, out_f}, x.dtype()) : Tensor();  // (N, out)
   // FP8 (a weight marked by the FP8 plan) for layers that are not column-parallel.
   const bool use_fp8 = !column.group && fp8::applies(weight, n);
   const bool records = g.should_record({&x}, true);

@@ -34,14 +34,17 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
            Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
            bool recompute_activation, const ColumnParallelInput& column) {
   Context& ctx = g.ctx();
-  const Tensor& w_fc = fc_weight.checked_data();      // (F or 2F, C)
-  const Tensor& w_proj = proj_weight.checked_data();  // (C, F)
-  const int64_t c = w_fc.size(1), h_f = w_fc.size(0), f = w_proj.size(1);
+  // Weights gathered in FP8 have only their FP8 bytes (fp8::applies): shapes from the specs.
+  const Shape& w_fc = fc_weight.shape();      // (F or 2F, C)
+  const Shape& w_proj = proj_weight.shape();  // (C, F)
+  FSDP_CHECK(w_fc.rank() == 2 && w_proj.rank() == 2, ShapeError, "mlp ", fc_weight.name(), ": ",
+             w_fc, " and ", w_proj, " are not both 2-D");
+  const int64_t c = w_fc[1], h_f = w_fc[0], f = w_proj[1];
   const bool gelu = activation == MlpActivation::Gelu;
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == c, ShapeError, "mlp ", fc_weight.name(), ": input ",
              x.str(), " does not end in ", c, " features");
-  FSDP_CHECK(w_proj.size(0) == c && h_f == (gelu ? f : 2 * f), ShapeError, "mlp: ",
-             fc_weight.name(), " ", w_fc.str(), " and ", proj_weight.name(), " ", w_proj.str(),
+  FSDP_CHECK(w_proj[0] == c && h_f == (gelu ? f : 2 * f), ShapeError, "mlp: ",
+             fc_weight.name(), " ", w_fc, " and ", proj_weight.name(), " ", w_proj,
              " do not fit a ", gelu ? "GELU" : "SwiGLU", " MLP");
   detail::check_compute_dtype(x, fc_weight, "mlp");
   const bool gathered = column.group && column.sequence;
@@ -67,15 +70,15 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
     return ops::Fp8Matrix();
   };
   ops::Fp8Matrix x_columns, a_columns;  // (C, N), (F, N) FP8: for the FP8 weight gradients
-  Tensor h = ctx.empty(Shape{n, h_f}, w_fc.dtype());  // (N, F or 2F): the activation's input
-  Tensor a = ctx.empty(Shape{n, f}, w_fc.dtype());    // (N, F): the activation
+  Tensor h = ctx.empty(Shape{n, h_f}, x.dtype());  // (N, F or 2F): the activation's input
+  Tensor a = ctx.empty(Shape{n, f}, x.dtype());    // (N, F): the activation
   if (gelu) {
     x_columns = product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, records);
   } else {
     x_columns = product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor(), records);
     ops::swiglu_forward(ctx, a, h);
   }
-  Tensor y = ctx.empty(with_last(whole.shape(), c), w_fc.dtype());  // (..., C)
+  Tensor y = ctx.empty(with_last(whole.shape(), c), x.dtype());  // (..., C)
   // The activation's FP8 copy is kept unless it is recomputed in backward.
   a_columns = product(y.view(Shape{n, c}), a, proj_weight, proj_fp8, b_proj, ops::Epilogue::None,
                       Tensor(), records && !recompute_activation);
@@ -98,7 +101,6 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              std::optional<SequenceExchange> regather;
              if (gathered) regather = SequenceExchange::start_gather(ctx, saved_x, *column.group);
              dy = rows(ctx, dy, c);  // (N, C)
-             const Tensor& w_proj = proj_weight.checked_data();
              Tensor a = saved_a;
              if (!a.defined() && !a_columns.defined()) {
                a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
@@ -120,7 +122,8 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                if (qdy)
                  fp8::input_grad(ctx, out, *qdy, proj_weight, 0.0, ep, aux);
                else
-                 ops::matmul(ctx, out, dy, w_proj, false, false, 1.0, 0.0, Tensor(), ep, aux);
+                 ops::matmul(ctx, out, dy, proj_weight.checked_data(), false, false, 1.0, 0.0,
+                             Tensor(), ep, aux);
              };
              // dh (N, F or 2F): the gradient at the activation's input.
              Tensor dh = ctx.empty(Shape{n, h_f}, dy.dtype());

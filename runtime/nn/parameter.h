@@ -103,6 +103,10 @@ class Parameter {
   // The linear layer that owns this weight runs its three products (forward, input and
   // weight gradients) in FP8 with this recipe, where the shapes fit FP8 tensor cores.
   std::optional<Fp8Recipe> fp8;
+  // The weight as FSDP gathered it in FP8 (fp8_param), in place of `data` (then undefined):
+  // its bytes fp8_bytes (out, in) u8 in the recipe's forward format and fp8_scale_inv (1)
+  // f32. The layer reads them instead of quantizing the weight.
+  Tensor fp8_bytes, fp8_scale_inv;
 
  private:
   friend class Module;

@@ -135,8 +135,34 @@ void check_log_file(const std::optional<std::string>& name, const char* key) {
   }
 }
 
+// FP8 weight gathers: only ZeRO-3 gathers weights in its forward, and the gathered FP8 bytes
+// are the weights' only form there, so every product of the FP8 layers must run in FP8.
+void check_fp8_param(const Recipe& r) {
+  const std::string& strategy = r.ddp.data_parallel_sharding_strategy;
+  FSDP_CHECK(strategy == "optim_grads_params" || strategy == "3", ConfigError,
+             "'mixed_precision.fp8_param' gathers weights in FP8 under ZeRO-3, but "
+             "'ddp.data_parallel_sharding_strategy' is \"", strategy, "\" (it gathers no weights "
+             "before each use); use \"optim_grads_params\" or fp8_param false");
+  FSDP_CHECK(r.model.tensor_model_parallel_size == 1, ConfigError,
+             "'mixed_precision.fp8_param' with 'model.tensor_model_parallel_size' ",
+             r.model.tensor_model_parallel_size, " is not supported (tensor-parallel layers run "
+             "in bf16 and need their bf16 weights); set fp8_param false");
+  FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError, "'mixed_precision.fp8_param' with "
+             "'optimizer.cpu_offload' is not supported (the FP8 shards are made on the device "
+             "after the update); set one of them false");
+  const int64_t tokens = r.train.micro_batch_size * r.model.seq_length /
+                         std::max(1, r.model.context_parallel_size);
+  FSDP_CHECK(tokens % 16 == 0, ConfigError, "'mixed_precision.fp8_param': a micro-batch holds ",
+             tokens, " tokens per rank ('train.micro_batch_size' x 'model.seq_length' / "
+             "'model.context_parallel_size'), not a multiple of 16, so the FP8 products cannot "
+             "run on the FP8 weights; change the sizes or set fp8_param false");
+}
+
 void check_fp8(const Recipe& r) {
   const MixedPrecisionSection& mp = r.mixed_precision;
+  FSDP_CHECK(!mp.fp8_param || mp.fp8, ConfigError, "'mixed_precision.fp8_param' gathers the "
+             "weights of FP8 layers in FP8, but 'mixed_precision.fp8' is null (no layer runs in "
+             "FP8); set fp8 to \"e4m3\" or \"hybrid\", or fp8_param false");
   if (!mp.fp8) return;
   FSDP_CHECK(mp.fp8_recipe == "tensorwise" || mp.fp8_recipe == "delayed", ConfigError,
              "'mixed_precision.fp8_recipe' \"", mp.fp8_recipe, "\" is not available in this "
@@ -148,8 +174,7 @@ void check_fp8(const Recipe& r) {
              "supported (the first step, with no amax history yet, quantizes differently from "
              "the later ones a graph would replay); use fp8_recipe \"tensorwise\" or "
              "train.cuda_graphs=false");
-  FSDP_CHECK(!mp.fp8_param, ConfigError, "'mixed_precision.fp8_param' (FP8 all-gathers of "
-             "the weights) is not available in this build; set it false");
+  if (mp.fp8_param) check_fp8_param(r);
 }
 
 void check_precision(const Recipe& r) {

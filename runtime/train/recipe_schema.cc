@@ -219,7 +219,8 @@ std::vector<FieldSpec> build_schema() {
           "Delayed recipe: scale 2^margin below the format's largest value (headroom for "
           "amaxes that grow between steps)."),
       KEY(mixed_precision.fp8_param).default_to(false).help_text(
-          "All-gather weights in FP8 under ZeRO-3 (refused by this build)."),
+          "ZeRO-3: all-gather the FP8 layers' weights in FP8 (one byte per element and a "
+          "scale per weight) instead of bf16."),
       KEY(mixed_precision.first_last_layers_bf16).default_to(true).help_text(
           "Keep the first and last transformer blocks in bf16 under fp8."),
       KEY(mixed_precision.num_layers_at_start_in_bf16).default_to(1).at_least(0).help_text(

@@ -270,6 +270,7 @@ TrainResult Trainer::run_steps() {
   result.expert_all_to_alls = experts_after.all_to_alls - experts_before.all_to_alls;
   result.expert_all_gathers = experts_after.all_gathers - experts_before.all_gathers;
   result.expert_reduce_scatters = experts_after.reduce_scatters - experts_before.reduce_scatters;
+  result.last_step_collectives = s.sharded->issued();
   stats.finish(result);
   if (s.world->rank() == 0 && !s.history.empty()) {
     const std::string chart = s.recipe.run.output_dir + "/loss.svg";

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/fsdp/options.h"
 #include "runtime/train/recipe.h"
 
 namespace fsdp::train {
@@ -76,6 +77,9 @@ struct TrainResult {
   // rows), and the all-gathers and reduce-scatters over the experts' shard group, in this
   // run's steps; 0 without expert parallelism.
   uint64_t expert_all_to_alls = 0, expert_all_gathers = 0, expert_reduce_scatters = 0;
+  // The sharded model's collectives since the last step began (its evaluation after it
+  // included): this rank's count and bytes by kind (fsdp::IssuedCollectives).
+  IssuedCollectives last_step_collectives;
   // mixed_precision.fp8: the linear layers run in FP8 ("h.1.attn.qkv") and the blocks kept
   // in bf16 ("h.0"); empty without fp8.
   std::vector<std::string> fp8_layers, fp8_bf16_blocks;

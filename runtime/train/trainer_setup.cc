@@ -62,6 +62,7 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
              "optimizer.cpu_offload needs dist.device=cuda (on the CPU every buffer is in host "
              "memory already)");
   o.offload_main = r.optimizer.cpu_offload;
+  o.fp8_param = r.mixed_precision.fp8 && r.mixed_precision.fp8_param;
   // The MPI backend registers nothing: on the CPU the option would only round buffers up.
   o.nccl_ub = r.ddp.nccl_ub && gpu;
   o.nccl_ub_kind = buffer_registration_from_name(r.ddp.nccl_ub_registration);

@@ -224,7 +224,8 @@ void Trainer::State::print_startup_report() const {
                     : "";
     print(str_cat("fp8: ", *mp.fp8, " ", mp.fp8_recipe, delayed, " in ", fp8.fp8_layers.size(),
                   " linear layers of the blocks; bf16: embedding, classifier, attention softmax, "
-                  "norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks));
+                  "norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks,
+                  mp.fp8_param ? "; weights gathered in FP8" : ""));
   }
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
@@ -253,6 +254,11 @@ void Trainer::State::prepare_sample() {
   if (!options.print_sample) return;
   // Decided the same way on every rank, before training, so that every rank generates or none.
   std::string why_not;
+  if (recipe.mixed_precision.fp8_param) {
+    print("no text sample at the end of the run: generation's prompts are not a multiple of 16 "
+          "tokens, which weights gathered in FP8 (mixed_precision.fp8_param) need");
+    return;
+  }
   if (tp_group || cp_group || ep_group) {
     print("no text sample at the end of the run: generation does not run tensor-, context- "
           "or expert-parallel models yet");

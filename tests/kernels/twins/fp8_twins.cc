@@ -3,6 +3,8 @@
 // scales bit for bit: the CPU's software rounding (kernels/fp8_format.h) is the twin of the
 // hardware's satfinite conversion, in both formats, for normal, subnormal and saturated
 // values. The matmuls are compared as products of the same FP8 bytes.
+#include <cmath>
+
 #include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/twin_harness.h"
@@ -150,7 +152,32 @@ void histories_case(bool roll, bool use_max, int margin) {
   }});
 }
 
+// fp8_param's weight shards: a flat piece quantized elementwise (rows of 4096 and a
+// remainder on the GPU, at an offset that is not a multiple of the rows), and the inverse
+// scales of several amaxes (zero and infinite ones among them: scale 1).
+void flat_case(int64_t n, int64_t offset, Fp8Format format) {
+  const std::string name = str_cat("quantize flat ", n, " at ", offset, " ",
+                                   kernels::fp8_format_name(format), " and scale inverses");
+  register_twin({"fp8", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor whole = s.random(Shape{offset + n}, DType::bf16, 91, -2, 2);
+    const Tensor x = whole.narrow(0, offset, n);
+    const Tensor amax = s.full(Shape{1}, DType::f32, 1.5);  // some values saturate
+    const Tensor q = s.empty(Shape{n}, DType::u8);
+    ops::fp8_quantize_flat(ctx, q, x, amax, format);
+    s.output("bytes", q, Tolerance::exact("the same rounding of the same products"));
+    const Tensor amaxes = s.random(Shape{37}, DType::f32, 92, 0, 100);
+    ops::fill(ctx, amaxes.narrow(0, 3, 1), 0.0);
+    ops::fill(ctx, amaxes.narrow(0, 5, 1), INFINITY);
+    const Tensor inverses = s.empty(Shape{37}, DType::f32);
+    ops::fp8_scale_inverses(ctx, inverses, amaxes, format);
+    s.output("scale inverses", inverses, Tolerance::exact("one IEEE division and reciprocal"));
+  }});
+}
+
 void register_fp8_twins() {
+  flat_case(3 * 4096 + 1000, 128, Fp8Format::e4m3);
+  flat_case(700, 8, Fp8Format::e5m2);
   recording_case(1000, 768, 0.0, false);
   recording_case(100, 77, 0.0, true);   // partial tiles, byte-wise stores
   recording_case(256, 768, 50.0, true); // the earlier maximum stays

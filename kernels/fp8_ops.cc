@@ -41,25 +41,25 @@ bool fp8_available(Context& ctx, std::string* why) {
   return false;
 }
 
-void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x, bool gelu) {
+void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
   const char* what = "fp8_amax";
   check_on_ctx(ctx, x, what);
   check_floating(x, what);
   check_contiguous(x, what);
   check_dense(ctx, amax, Shape{1}, DType::f32, what);
   if (ctx.device().is_cpu()) {
-    *static_cast<float*>(amax.data_ptr()) = kernels::cpu::fp8_amax(x.data_ptr(), x.dtype(), x.numel(), gelu);
+    *static_cast<float*>(amax.data_ptr()) = kernels::cpu::fp8_amax(x.data_ptr(), x.dtype(), x.numel());
     return;
   }
 #if FSDP_WITH_CUDA
-  kernels::cuda::fp8_amax(static_cast<float*>(amax.data_ptr()), x.data_ptr(), x.dtype(), x.numel(), gelu,
+  kernels::cuda::fp8_amax(static_cast<float*>(amax.data_ptr()), x.data_ptr(), x.dtype(), x.numel(),
                           ctx.stream().cuda_stream());
 #endif
 }
 
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
                           bool rows, bool columns, const Tensor& add_column_sums,
-                          const Tensor& record_amax, bool gelu) {
+                          const Tensor& record_amax) {
   const char* what = "fp8_quantize";
   check_on_ctx(ctx, x, what);
   check_floating(x, what);
@@ -69,7 +69,6 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   FSDP_CHECK(rows || columns, ValueError, what, ": asked for neither layout");
   const int64_t r = x.size(0), c = x.size(1);
   const bool sums = add_column_sums.defined();
-  FSDP_CHECK(!(sums && gelu), ValueError, what, ": column sums of a GELU input are not supported");
   if (sums) {
     check_on_ctx(ctx, add_column_sums, what);
     check_floating(add_column_sums, what);
@@ -92,7 +91,7 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   if (ctx.device().is_cpu()) {
     kernels::cpu::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
                                *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
-                               record, gelu);
+                               record);
     if (sums)
       kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
                                   x.dtype(), r, c, true);
@@ -105,7 +104,7 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   kernels::cuda::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
                               static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
                               sums ? static_cast<float*>(partials.data_ptr()) : nullptr, record,
-                              gelu, stream);
+                              stream);
   if (sums)
     kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
                                       add_column_sums.data_ptr(), add_column_sums.dtype(), true,
@@ -146,10 +145,10 @@ void fp8_quantize_flat(Context& ctx, const Tensor& q, const Tensor& x, const Ten
   CUstream_st* stream = ctx.stream().cuda_stream();
   if (full > 0)
     kernels::cuda::fp8_quantize(xp, x.dtype(), full, kCols, a, format, qp, nullptr, sinv, nullptr,
-                                nullptr, false, stream);
+                                nullptr, stream);
   if (rest > 0)
     kernels::cuda::fp8_quantize(xp + full * kCols * esize, x.dtype(), 1, rest, a, format,
-                                qp + full * kCols, nullptr, sinv, nullptr, nullptr, false, stream);
+                                qp + full * kCols, nullptr, sinv, nullptr, nullptr, stream);
 #endif
 }
 

@@ -35,9 +35,8 @@ bool fp8_available(Context& ctx, std::string* why = nullptr);
 // CPU simulation applies the same rule, so it quantizes the layers the GPU would.
 using kernels::fp8_shape_ok;
 
-// amax (1) f32 = max |x| over x's elements (x contiguous; NaNs skipped). With gelu, of
-// gelu(x) rounded to x's dtype instead (the activation of a GELU input that is never stored).
-void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x, bool gelu = false);
+// amax (1) f32 = max |x| over x's elements (x contiguous; NaNs skipped).
+void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x);
 
 // Quantizes x (R, C) (bf16/f16/f32 on CUDA, any floating dtype on the CPU) with the scale
 // of `amax` (1) f32 (kernels::fp8_scale_for_amax): q.rows when `rows`, q.columns when
@@ -45,11 +44,9 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x, bool gelu = fal
 // of x (unscaled), from the same read of x (a bias gradient beside the output gradient's
 // quantization); deterministic, as ops::bias_backward. With `record_amax` (1) f32 defined:
 // record_amax = max(record_amax, max |x|), from the same read (delayed scaling's step amax).
-// With gelu, all of it of gelu(x) rounded to x's dtype, as gelu_forward writes it: the cast
-// of a GELU's output read from its input (no column sums then).
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
                           bool rows, bool columns, const Tensor& add_column_sums = Tensor(),
-                          const Tensor& record_amax = Tensor(), bool gelu = false);
+                          const Tensor& record_amax = Tensor());
 
 // Quantizes the elements of x (contiguous, any shape) into q (u8, as many elements,
 // contiguous) with the scale of `amax` (1) f32, element by element as fp8_quantize does: the

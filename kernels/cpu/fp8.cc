@@ -6,27 +6,16 @@
 
 #include "kernels/cpu/float_types.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/scalar_math.h"
 
 namespace fsdp::kernels::cpu {
 
-namespace {
-
-// The value a cast reads: x, or gelu(x) rounded to x's type (kernels/cpu/activation.cc's).
-template <typename T>
-double input_value(T x, bool gelu) {
-  return gelu ? to_double(from_double<T>(gelu_tanh(to_double(x)))) : to_double(x);
-}
-
-}  // namespace
-
-float fp8_amax(const void* x, DType dtype, int64_t n, bool gelu) {
+float fp8_amax(const void* x, DType dtype, int64_t n) {
   float amax = 0.0f;
   dispatch_any_floating(dtype, "fp8_amax", [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(x);
     for (int64_t i = 0; i < n; ++i) {
-      const float a = std::fabs(float(input_value(p[i], gelu)));
+      const float a = std::fabs(float(to_double(p[i])));
       amax = std::fmax(amax, a);  // NaN is skipped, as the GPU's fmaxf skips it
     }
   });
@@ -35,8 +24,8 @@ float fp8_amax(const void* x, DType dtype, int64_t n, bool gelu) {
 
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
-                  float* record_amax, bool gelu) {
-  if (record_amax) *record_amax = std::fmax(*record_amax, fp8_amax(x, dtype, rows * cols, gelu));
+                  float* record_amax) {
+  if (record_amax) *record_amax = std::fmax(*record_amax, fp8_amax(x, dtype, rows * cols));
   const float scale = fp8_scale_for_amax(amax, format);
   *scale_inv = 1.0f / scale;
   dispatch_any_floating(dtype, "fp8_quantize", [&](auto tag) {
@@ -44,7 +33,7 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float 
     const T* p = static_cast<const T*>(x);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
-        const uint8_t v = fp8_encode(float(input_value(p[r * cols + c], gelu)) * scale, format);
+        const uint8_t v = fp8_encode(float(to_double(p[r * cols + c])) * scale, format);
         if (q) q[r * cols + c] = v;
         if (qt) qt[c * rows + r] = v;
       }

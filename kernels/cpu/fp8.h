@@ -12,18 +12,16 @@
 
 namespace fsdp::kernels::cpu {
 
-// max |x| over n elements of any floating dtype, as a float (|x| rounded to float first);
-// with gelu, of gelu(x) rounded to x's dtype (as gelu_forward writes it) instead of x.
-float fp8_amax(const void* x, DType dtype, int64_t n, bool gelu = false);
+// max |x| over n elements of any floating dtype, as a float (|x| rounded to float first).
+float fp8_amax(const void* x, DType dtype, int64_t n);
 
 // q (rows, cols) = fp8(x * scale) and, when qt is not null, qt (cols, rows) its transpose,
 // with scale = fp8_scale_for_amax(amax); *scale_inv = 1 / scale (f32). x: contiguous
 // (rows, cols) of any floating dtype, converted to float before scaling. When record_amax is
-// not null, *record_amax = max(*record_amax, max |x|) (delayed scaling's step amax). With
-// gelu, all of it of gelu(x) rounded to x's dtype instead of x.
+// not null, *record_amax = max(*record_amax, max |x|) (delayed scaling's step amax).
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
-                  float* record_amax = nullptr, bool gelu = false);
+                  float* record_amax = nullptr);
 
 // scale_inv[i] = 1 / fp8_scale_for_amax(amax[i]) for n amaxes (f32): the inverse scales
 // fp8_quantize writes, for operands quantized elsewhere (FP8 weight shards).

@@ -6,7 +6,6 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vec.cuh"
-#include "kernels/scalar_math.h"
 
 namespace fsdp::kernels::cuda {
 namespace {
@@ -19,15 +18,7 @@ __device__ __forceinline__ uint8_t encode(float v, Fp8Format f) {
 // Each thread folds W elements at a time (W = 1, or one 128-bit pack), then the block's
 // maximum goes into *amax_bits with an integer atomicMax: for non-negative floats the bit
 // patterns order as the values do, so the result does not depend on the order.
-// The value a cast reads at x: x itself, or with kGelu gelu(x) rounded to T, as
-// gelu_forward would have written it (the cast of an activation that is never stored).
-template <typename T, bool kGelu>
-__device__ __forceinline__ float input_value(float v) {
-  if (!kGelu) return v;
-  return to_float(from_float<T>(gelu_tanh(v)));
-}
-
-template <typename T, int W, bool kGelu>
+template <typename T, int W>
 __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
   float m = 0.0f;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x * W;
@@ -35,7 +26,7 @@ __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
     float v[W];
     load_floats<W>(x + i, v);
 #pragma unroll
-    for (int j = 0; j < W; ++j) m = fmaxf(m, fabsf(input_value<T, kGelu>(v[j])));
+    for (int j = 0; j < W; ++j) m = fmaxf(m, fabsf(v[j]));
   }
   m = block_max(m);
   if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
@@ -55,7 +46,7 @@ __device__ __forceinline__ uint2 pack8(const uint8_t (&b)[8]) {
 // 64-bit store): both global writes are coalesced, and each element is read once. With
 // kSums, the tile's column sums of x (unscaled) go to partials (row tile, cols), summed in a
 // fixed order (a bias gradient from the same read: finish_column_sums adds the tiles).
-template <typename T, bool kVec, bool kSums, bool kGelu>
+template <typename T, bool kVec, bool kSums>
 __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const float* amax,
                                 Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
                                 float* partials, unsigned* record_amax_bits) {
@@ -80,7 +71,6 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
     uint8_t b[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      v[j] = input_value<T, kGelu>(v[j]);
       b[j] = encode(__fmul_rn(v[j], scale), format);
       if (kSums) acc[j] += v[j];
       seen = fmaxf(seen, fabsf(v[j]));
@@ -151,7 +141,7 @@ int compute_capability(int device) {
   return major * 10 + minor;
 }
 
-void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, bool gelu, stream_t stream) {
+void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t stream) {
   FSDP_CALL(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (n == 0) return;
   dispatch_16_32(dtype, "fp8_amax", [&](auto tag) {
@@ -159,11 +149,8 @@ void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, bool gelu, str
     dispatch_width<T>(n, {x}, [&](auto width) {
       constexpr int W = decltype(width)::value;
       const int64_t blocks = std::min<int64_t>((n / W + 255) / 256, 2048);
-      auto* bits = reinterpret_cast<unsigned*>(amax);
-      if (gelu)
-        amax_kernel<T, W, true><<<unsigned(blocks), 256, 0, stream>>>(static_cast<const T*>(x), n, bits);
-      else
-        amax_kernel<T, W, false><<<unsigned(blocks), 256, 0, stream>>>(static_cast<const T*>(x), n, bits);
+      amax_kernel<T, W><<<unsigned(blocks), 256, 0, stream>>>(
+          static_cast<const T*>(x), n, reinterpret_cast<unsigned*>(amax));
     });
   });
   FSDP_CHECK_LAUNCH();
@@ -173,9 +160,7 @@ int64_t fp8_column_sum_tiles(int64_t rows) { return (rows + kTileRows - 1) / kTi
 
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
-                  float* record_amax, bool gelu, stream_t stream) {
-  FSDP_CHECK(!(gelu && partials), ValueError, "fp8_quantize: column sums of a GELU input are "
-             "not supported");
+                  float* record_amax, stream_t stream) {
   FSDP_CHECK(rows > 0 && cols > 0 && (rows + kTileRows - 1) / kTileRows < 65536, ValueError,
              "fp8_quantize: (", rows, ", ", cols, ") is empty or has too many rows");
   const dim3 grid(unsigned((cols + kTileCols - 1) / kTileCols),
@@ -184,20 +169,18 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const 
   const bool vec = cols % 8 == 0 && aligned16(x) && uintptr_t(q) % 8 == 0 && uintptr_t(qt) % 8 == 0;
   dispatch_16_32(dtype, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
-    auto launch = [&](auto vec_tag, auto sums_tag, auto gelu_tag) {
-      quantize_kernel<T, decltype(vec_tag)::value, decltype(sums_tag)::value, decltype(gelu_tag)::value>
+    auto launch = [&](auto vec_tag, auto sums_tag) {
+      quantize_kernel<T, decltype(vec_tag)::value, decltype(sums_tag)::value>
           <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols, amax, format, q,
                                           qt, scale_inv, partials,
                                           reinterpret_cast<unsigned*>(record_amax));
     };
     using yes = std::true_type;
     using no = std::false_type;
-    if (gelu && vec) launch(yes{}, no{}, yes{});
-    else if (gelu) launch(no{}, no{}, yes{});
-    else if (vec && partials) launch(yes{}, yes{}, no{});
-    else if (vec) launch(yes{}, no{}, no{});
-    else if (partials) launch(no{}, yes{}, no{});
-    else launch(no{}, no{}, no{});
+    if (vec && partials) launch(yes{}, yes{});
+    else if (vec) launch(yes{}, no{});
+    else if (partials) launch(no{}, yes{});
+    else launch(no{}, no{});
   });
   FSDP_CHECK_LAUNCH();
 }

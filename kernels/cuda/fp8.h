@@ -14,9 +14,8 @@ namespace fsdp::kernels::cuda {
 // cores need 89 or more.
 int compute_capability(int device);
 
-// *amax (f32 on the device) = max |x| over n elements of x (bf16, f16 or f32); with gelu,
-// of gelu(x) rounded to x's dtype (the activation of a GELU input, never stored).
-void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, bool gelu, stream_t stream);
+// *amax (f32 on the device) = max |x| over n elements of x (bf16, f16 or f32).
+void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t stream);
 
 // q (rows, cols) = fp8(x * scale) and, when qt is not null, qt (cols, rows) its transpose,
 // scale = fp8_scale_for_amax(*amax); *scale_inv = 1 / scale. Either of q and qt may be null.
@@ -24,12 +23,11 @@ void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, bool gelu, str
 // tile's column sums of x, for column_sum.h's finish_column_sums (a bias gradient read in
 // the same pass). When record_amax is not null, *record_amax = max(*record_amax, max |x|)
 // (delayed scaling's step amax, from the same read; an integer atomicMax of the bits, so
-// the result does not depend on the order). With gelu, everything above is of gelu(x)
-// rounded to x's dtype instead of x (no partials then).
+// the result does not depend on the order).
 int64_t fp8_column_sum_tiles(int64_t rows);
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
-                  float* record_amax, bool gelu, stream_t stream);
+                  float* record_amax, stream_t stream);
 
 // scale_inv[i] = 1 / fp8_scale_for_amax(amax[i]) for n amaxes, f32 on the device (the twin
 // of cpu::fp8_scale_inverses; the same bits as fp8_quantize's *scale_inv).

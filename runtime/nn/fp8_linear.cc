@@ -11,23 +11,22 @@ namespace {
 // tensor-wise from t's own amax (taken over the token group's ranks), or delayed from the
 // amax history, recording t's amax for the next steps in the same read (in the first step,
 // with no history yet, from t's own amax too). add_column_sums (C) += t's column sums from
-// the same read, when defined. With gelu, all of it of gelu(t) (ops::fp8_quantize).
+// the same read, when defined.
 ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weight, Fp8Operand op,
-                           bool rows, bool columns, const Tensor& add_column_sums = Tensor(),
-                           bool gelu = false) {
+                           bool rows, bool columns, const Tensor& add_column_sums = Tensor()) {
   const Fp8Recipe& r = *weight.fp8;
   const kernels::Fp8Format f = op == Fp8Operand::output_grad ? r.backward : r.forward;
   const bool delayed = r.scaling == Fp8Scaling::delayed;
   const Tensor record = delayed ? r.delayed.step_amax.narrow(0, int(op), 1) : Tensor();
   if (delayed && *r.delayed.primed) {
     const Tensor amax = r.delayed.scale_amax.narrow(0, int(op), 1);
-    return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record, gelu);
+    return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
   }
   const Tensor amax = ctx.empty(Shape{1}, DType::f32);
-  ops::fp8_amax(ctx, amax, t, gelu);
+  ops::fp8_amax(ctx, amax, t);
   if (r.token_group && r.token_group->size() > 1 && op != Fp8Operand::weight)
     r.token_group->all_reduce_max(ctx, amax);
-  return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record, gelu);
+  return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
 }
 
 }  // namespace
@@ -53,9 +52,9 @@ ops::Fp8Matrix gathered_rows(const Parameter& weight) {
 
 ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
                        const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux,
-                       bool keep_input, bool gelu_input) {
-  const ops::Fp8Quantized qx = quantize(ctx, x, weight, Fp8Operand::input, true, keep_input,
-                                        Tensor(), gelu_input);  // (N, in), (in, N)
+                       bool keep_input) {
+  const ops::Fp8Quantized qx =
+      quantize(ctx, x, weight, Fp8Operand::input, true, keep_input);  // (N, in), (in, N)
   const ops::Fp8Matrix qw =
       weight.fp8_bytes.defined()
           ? gathered_rows(weight)

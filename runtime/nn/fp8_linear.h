@@ -19,11 +19,10 @@ bool applies(const Parameter& weight, int64_t rows);
 // y (N, out) = x (N, in) @ W^T [+ bias] [Gelu: aux (N, out) receives the pre-activation].
 // With keep_input, returns x's transposed FP8 copy (in, N) for the weight gradient, written
 // by the same kernel that quantizes x for the forward (x is read once; the layer then keeps
-// one byte per element instead of x's two); undefined otherwise. With gelu_input the layer's
-// input is gelu(x), cast from x in the same pass (gelu(x) is never stored).
+// one byte per element instead of x's two); undefined otherwise.
 ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
                        const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux,
-                       bool keep_input, bool gelu_input = false);
+                       bool keep_input);
 
 // x (N, in)'s transposed FP8 copy (in, N) for the weight gradient, from x itself (an input
 // recomputed in backward).

@@ -70,27 +70,18 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
     return ops::Fp8Matrix();
   };
   ops::Fp8Matrix x_columns, a_columns;  // (C, N), (F, N) FP8: for the FP8 weight gradients
-  // A GELU before an FP8 proj runs in proj's cast, which reads h and casts gelu(h): the
-  // activation is never stored, and fc's product has no GELU epilogue (which slows FP8
-  // products the most).
-  const bool gelu_in_cast = gelu && proj_fp8;
   Tensor h = ctx.empty(Shape{n, h_f}, x.dtype());  // (N, F or 2F): the activation's input
-  Tensor a = gelu_in_cast ? Tensor() : ctx.empty(Shape{n, f}, x.dtype());  // (N, F): the activation
-  if (gelu && !gelu_in_cast) {
+  Tensor a = ctx.empty(Shape{n, f}, x.dtype());    // (N, F): the activation
+  if (gelu) {
     x_columns = product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, records);
   } else {
     x_columns = product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor(), records);
-    if (!gelu) ops::swiglu_forward(ctx, a, h);
+    ops::swiglu_forward(ctx, a, h);
   }
   Tensor y = ctx.empty(with_last(whole.shape(), c), x.dtype());  // (..., C)
   // The activation's FP8 copy is kept unless it is recomputed in backward.
-  const bool keep_a = records && !recompute_activation;
-  if (gelu_in_cast)
-    a_columns = fp8::forward(ctx, y.view(Shape{n, c}), h, proj_weight, b_proj, ops::Epilogue::None,
-                             Tensor(), keep_a, /*gelu_input=*/true);
-  else
-    a_columns = product(y.view(Shape{n, c}), a, proj_weight, proj_fp8, b_proj, ops::Epilogue::None,
-                        Tensor(), keep_a);
+  a_columns = product(y.view(Shape{n, c}), a, proj_weight, proj_fp8, b_proj, ops::Epilogue::None,
+                      Tensor(), records && !recompute_activation);
   if (!records) return y;
 
   y = Graph::track(y);

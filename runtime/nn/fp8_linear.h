@@ -12,7 +12,8 @@
 namespace fsdp::nn::fp8 {
 
 // Whether the layer of `weight` runs its products in FP8 for an input of `rows` rows: the
-// weight is marked and every size fits FP8 tensor cores (multiples of 16). A weight gathered
+// weight is marked and every size fits FP8 tensor cores (multiples of 16; of 128 under the
+// blockwise recipe, whose three products each take one of the sizes as K). A weight gathered
 // in FP8 (Parameter::fp8_bytes) has no other form: for it, false throws, naming the layer.
 bool applies(const Parameter& weight, int64_t rows);
 

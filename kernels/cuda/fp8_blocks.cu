@@ -137,12 +137,17 @@ void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols,
   FSDP_CHECK(!q == !q_scale_inv && !qt == !qt_scale_inv, ValueError,
              "fp8_quantize_blocks: each layout needs its bytes and its scales");
   const dim3 grid(unsigned(fp8_blocks(cols)), unsigned(fp8_blocks(rows)));
+  // The tile is larger than the 48 KB a launch gets without asking. The attribute stays set
+  // for the kernel, so it is asked outside CUDA-graph capture only (graphs are captured
+  // after an eager warm-up, which sets it).
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  FSDP_CALL(cudaStreamIsCapturing(stream, &capturing));
   auto launch = [&](auto tag, auto sums) {
     using T = decltype(tag);
     constexpr bool kSums = decltype(sums)::value;
-    // The tile is larger than the 48 KB a launch gets without asking.
-    FSDP_CALL(cudaFuncSetAttribute(quantize_blocks_kernel<T, kSums>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTileBytes)));
+    if (capturing == cudaStreamCaptureStatusNone)
+      FSDP_CALL(cudaFuncSetAttribute(quantize_blocks_kernel<T, kSums>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTileBytes)));
     quantize_blocks_kernel<T, kSums><<<grid, kThreads, kTileBytes, stream>>>(
         static_cast<const T*>(x), rows, cols, format, granularity, q, q_scale_inv, qt,
         qt_scale_inv, partials);

@@ -143,9 +143,11 @@ TEST_CASE("fp8 gives the single-process losses under ZeRO-1, ZeRO-3 and context 
 // ---- block scaling (fp8_recipe "blockwise")
 
 // The tiny models widened so that every size of the blocks' linear layers, tokens of a
-// micro-batch included (2 x 64 under ZeRO-3's micro-batches of 2), is a multiple of 128.
-const std::vector<std::string> kBlockSizes = {"model.d_model=128", "model.d_ff=256",
-                                              "model.seq_length=64"};
+// micro-batch included (4 x 32), is a multiple of 128 ...
+const std::vector<std::string> kBlockSizes = {"model.d_model=128", "model.d_ff=256"};
+// ... and with micro-batches of 2 sequences (ZeRO-3 with accumulation), of 64 tokens each.
+const std::vector<std::string> kBlockSizesMicro2 = {"model.d_model=128", "model.seq_length=64",
+                                                    "train.micro_batch_size=2"};
 
 TEST_CASE("blockwise fp8 training follows the unquantized curve on the CPU simulation",
           "[train][fp8]") {
@@ -154,10 +156,12 @@ TEST_CASE("blockwise fp8 training follows the unquantized curve on the CPU simul
       with(kBlockSizes, {"mixed_precision.fp8_recipe=blockwise"});
   const TrainResult gpt2 = check_close_to_unquantized("gpt2_tiny", "hybrid", blockwise, "_block");
   check_close_to_unquantized("llama_tiny", "e4m3", blockwise, "_block");
-  // Blocks, not one scale per tensor: the tensorwise run of the same model differs.
+  // Blocks, not one scale per tensor: the tensorwise run of the same model differs from
+  // the first step (whose loss the later steps' schedule does not touch).
   const TrainResult tensorwise =
-      train("gpt2_tiny", "gpt2_tiny_block_tw", with(kBlockSizes, {"mixed_precision.fp8=hybrid"}), true);
-  REQUIRE(tensorwise.losses.size() == gpt2.losses.size());
+      train("gpt2_tiny", "gpt2_tiny_block_tw",
+            with(kBlockSizes, {"mixed_precision.fp8=hybrid", "train.train_iters=1"}), true);
+  REQUIRE(tensorwise.losses.size() == 1);
   CHECK(tensorwise.losses[0] != gpt2.losses[0]);
 }
 
@@ -181,8 +185,7 @@ TEST_CASE("blockwise fp8 gives the single-process losses under ZeRO-3", "[train]
   // Every block lies inside one micro-batch's tokens or one weight: each rank quantizes its
   // own micro-batches and the whole gathered weight, as the single process does.
   const std::vector<std::string> extra =
-      with(kBlockSizes, {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_recipe=blockwise",
-                         "train.micro_batch_size=2"});
+      with(kBlockSizesMicro2, {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_recipe=blockwise"});
   TrainResult reference;
   if (testing::world_rank() == 0) reference = train("gpt2_tiny", "block_alone", extra, true);
   const TrainResult got = train(

@@ -175,6 +175,12 @@ void check_fp8(const Recipe& r) {
              "supported (the first step, with no amax history yet, quantizes differently from "
              "the later ones a graph would replay); use fp8_recipe \"tensorwise\" or "
              "train.cuda_graphs=false");
+  // FP8 weight gathers carry one scale per weight; blockwise scales every 128x128 block.
+  FSDP_CHECK(!mp.fp8_param || mp.fp8_recipe != "blockwise", ConfigError,
+             "'mixed_precision.fp8_param' with 'mixed_precision.fp8_recipe' \"blockwise\" is not "
+             "supported (the weights are gathered in FP8 with one scale each, blockwise scales "
+             "each 128x128 block); set fp8_param false or use fp8_recipe \"tensorwise\" or "
+             "\"delayed\"");
   if (mp.fp8_param) check_fp8_param(r);
 }
 

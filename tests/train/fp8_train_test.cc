@@ -8,7 +8,8 @@
 // bit for bit, and ZeRO-3 and context parallelism give the single-process losses. Block
 // scaling: close to the unquantized curve (and not tensorwise's), bf16 where sizes are not
 // multiples of 128, and ZeRO-3 gives the single-process losses.
-// And the refusals: fp8 on a CPU run, the recipe and fp8_param this build lacks.
+// And the refusals: fp8 on a CPU run, the rowwise recipe, fp8_param with blockwise or
+// outside ZeRO-3.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -328,6 +329,12 @@ TEST_CASE("fp8 is refused where it cannot run, naming the key", "[train][fp8]") 
                     Catch::Matchers::Contains("'mixed_precision.fp8_recipe' \"rowwise\""));
   CHECK_NOTHROW(recipe_of("gpt2_tiny", "fp8_blockwise",
                           {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=blockwise"}));
+  CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_blockwise_param",
+                              {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=blockwise",
+                               "mixed_precision.fp8_param=true",
+                               "ddp.data_parallel_sharding_strategy=optim_grads_params"}),
+                    Catch::Matchers::Contains("'mixed_precision.fp8_param' with "
+                                              "'mixed_precision.fp8_recipe' \"blockwise\""));
   CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_graphs",
                               {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=delayed",
                                "train.cuda_graphs=true", "dist.device=cuda"}),

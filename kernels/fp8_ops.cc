@@ -67,11 +67,18 @@ void fp8_block_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const
                                      scales(a), b.data.data_ptr(), b.format, b.granularity,
                                      scales(b), alpha, be, data_or_null(bi));
   };
-  // Only the plain product and its bias are asked of cuBLASLt's block-scaled kernels (the
-  // epilogues Transformer Engine relies on there); GELU and its gradient are ours, after.
+  // Only the plain product and its bias are asked of cuBLASLt's block-scaled kernels;
+  // GELU and its gradient are ours, after, and so is the bias where cuBLASLt offers no
+  // block-scaled algorithm with it (cuBLASLt 13.1 on Hopper offers none).
+  auto run_with_bias = [&](const Tensor& o, double be) {
+    if (run(o.data_ptr(), o.dtype(), be, bias)) return true;
+    if (!bias.defined() || !run(o.data_ptr(), o.dtype(), be, Tensor())) return false;
+    ops::add(ctx, o, o, bias.as_strided(Shape{m, n}, Strides{0, 1}, bias.offset()));  // (M, N) + (N)
+    return true;
+  };
   if (epilogue == Epilogue::Gelu) {
     const Tensor pre = aux.defined() ? aux : ctx.empty(Shape{m, n}, out.dtype());
-    if (run(pre.data_ptr(), out.dtype(), 0.0, bias)) {
+    if (run_with_bias(pre.view(Shape{m, n}), 0.0)) {
       kernels::cuda::gelu_forward(out.data_ptr(), pre.data_ptr(), m * n, out.dtype(), stream);
       return;
     }
@@ -82,7 +89,7 @@ void fp8_block_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const
       return;
     }
   } else {
-    if (run(out.data_ptr(), out.dtype(), beta, bias)) return;
+    if (run_with_bias(out.view(Shape{m, n}), beta)) return;
     if (out.dtype() == DType::f32 && beta != 0.0) {
       // An accumulating f32 output (a weight gradient): the product in f32 scratch, added.
       const Tensor prod = ctx.empty(Shape{m, n}, DType::f32);

@@ -32,6 +32,52 @@ inline bool fp8_shape_ok(int64_t m, int64_t n, int64_t k) {
   return m > 0 && n > 0 && k > 0 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
 }
 
+// Block scaling (the "blockwise" recipe, DeepSeek-V3's): instead of one scale per tensor,
+// one per block of a K-major operand (rows, K): 1x128 blocks (128 consecutive elements of a
+// row along K; activations and gradients) or 128x128 blocks (weights). The inverse scales
+// (f32) are laid out as cuBLASLt's VEC128_32F and BLK128x128_32F modes read them (Transformer
+// Engine's "GEMM-ready" layout):
+//   1x128:   (ceil(K / 128), pad4(rows)): for each block of K, the rows' scales contiguous
+//            (outer-dimension major);
+//   128x128: (ceil(rows / 128), pad4(ceil(K / 128))): for each block of rows, its blocks
+//            along K contiguous;
+// pad4 rounds up to a multiple of 4 (16-byte aligned columns); padding entries hold 1.
+enum class Fp8Granularity : uint8_t { tensor, block_1x128, block_128x128 };
+constexpr int64_t kFp8Block = 128;
+
+inline const char* fp8_granularity_name(Fp8Granularity g) {
+  return g == Fp8Granularity::tensor ? "tensor" : g == Fp8Granularity::block_1x128 ? "1x128" : "128x128";
+}
+
+FSDP_HD int64_t fp8_blocks(int64_t n) { return (n + kFp8Block - 1) / kFp8Block; }
+FSDP_HD int64_t fp8_pad4(int64_t n) { return (n + 3) / 4 * 4; }
+
+// The (outer, inner) shape of the inverse scales of a (rows, k) operand: (1, 1) tensor-wise.
+struct Fp8ScaleGrid {
+  int64_t outer = 1, inner = 1;
+};
+FSDP_HD Fp8ScaleGrid fp8_scale_grid(Fp8Granularity g, int64_t rows, int64_t k) {
+  if (g == Fp8Granularity::block_1x128) return {fp8_blocks(k), fp8_pad4(rows)};
+  if (g == Fp8Granularity::block_128x128) return {fp8_blocks(rows), fp8_pad4(fp8_blocks(k))};
+  return {1, 1};
+}
+// Where element (r, c) of a (rows, k) operand finds its inverse scale in that grid.
+FSDP_HD int64_t fp8_scale_index(Fp8Granularity g, int64_t rows, int64_t k, int64_t r, int64_t c) {
+  if (g == Fp8Granularity::block_1x128) return (c / kFp8Block) * fp8_pad4(rows) + r;
+  if (g == Fp8Granularity::block_128x128)
+    return (r / kFp8Block) * fp8_pad4(fp8_blocks(k)) + c / kFp8Block;
+  return 0;
+}
+
+// Whether an (M, K) @ (N, K)^T problem fits block-scaled FP8 products, as the blockwise
+// recipe uses them: every size a multiple of 128, so that each of a linear layer's three
+// products (whose K are the input features, the output features and the tokens) has whole
+// blocks along K.
+inline bool fp8_block_shape_ok(int64_t m, int64_t n, int64_t k) {
+  return m > 0 && n > 0 && k > 0 && m % kFp8Block == 0 && n % kFp8Block == 0 &&
+         k % kFp8Block == 0;
+}
+
 // The scale that maps the largest magnitude `amax` onto the format's largest finite value:
 // max / amax, or 1 when amax is 0 or not finite (nothing to scale by). One IEEE division,
 // as the CUDA kernels compute it (__fdiv_rn), so both backends get the same bits.

@@ -11,6 +11,7 @@
 #include "kernels/cuda/basic.h"
 #include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/fp8_blocks.h"
 #include "kernels/cuda/matmul.h"
 #endif
 
@@ -23,7 +24,88 @@ void check_fp8_matrix(const Context& ctx, const Fp8Matrix& m, const char* what) 
   FSDP_CHECK(m.defined() && m.data.dim() == 2, ShapeError, what, ": FP8 operand must be 2-D, got ",
              m.data.defined() ? m.data.str() : std::string("undefined"));
   check_dense(ctx, m.data, m.data.shape(), DType::u8, what);
-  check_dense(ctx, m.scale_inv, Shape{1}, DType::f32, what);
+  const kernels::Fp8ScaleGrid grid =
+      kernels::fp8_scale_grid(m.granularity, m.data.size(0), m.data.size(1));
+  check_dense(ctx, m.scale_inv,
+              m.granularity == Fp8Granularity::tensor ? Shape{1} : Shape{grid.outer, grid.inner},
+              DType::f32, what);
+}
+
+bool block_scaled(const Fp8Matrix& m) { return m.granularity != Fp8Granularity::tensor; }
+
+// The block-scaled product (both operands block-scaled): the CPU's simulation, or cuBLASLt's
+// block-scaled kernels with our GELU kernels where its epilogues are not offered for them.
+void fp8_block_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+                      double alpha, double beta, const Tensor& bias, Epilogue epilogue,
+                      const Tensor& aux) {
+  const char* what = "fp8_matmul";
+  const int64_t m = a.data.size(0), k = a.data.size(1), n = b.data.size(0);
+  FSDP_CHECK(block_scaled(a) && block_scaled(b), ValueError, what, ": operands scaled ",
+             fp8_granularity_name(a.granularity), " and ", fp8_granularity_name(b.granularity),
+             "; a block-scaled product needs both block-scaled");
+  FSDP_CHECK(!(a.granularity == Fp8Granularity::block_128x128 &&
+               b.granularity == Fp8Granularity::block_128x128),
+             ValueError, what, ": 128x128 x 128x128 block-scaled products are not offered by "
+             "cuBLASLt; one operand must be 1x128");
+  FSDP_CHECK(k % kernels::kFp8Block == 0, ShapeError, what, ": block-scaled operands need K a "
+             "multiple of 128, got ", a.data.str(), " and ", b.data.str());
+  auto scales = [](const Fp8Matrix& x) { return static_cast<const float*>(x.scale_inv.data_ptr()); };
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::fp8_matmul_blocks(m, n, k, out.data_ptr(), out.dtype(),
+                                    static_cast<const uint8_t*>(a.data.data_ptr()), a.format,
+                                    a.granularity, scales(a),
+                                    static_cast<const uint8_t*>(b.data.data_ptr()), b.format,
+                                    b.granularity, scales(b), alpha, beta, data_or_null(bias),
+                                    data_or_null(aux), epilogue);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  auto& blas = ctx.extension<kernels::cuda::Blas>();
+  CUstream_st* stream = ctx.stream().cuda_stream();
+  auto run = [&](void* o, DType od, double be, const Tensor& bi) {
+    return blas.try_fp8_block_matmul(m, n, k, o, od, a.data.data_ptr(), a.format, a.granularity,
+                                     scales(a), b.data.data_ptr(), b.format, b.granularity,
+                                     scales(b), alpha, be, data_or_null(bi));
+  };
+  // Only the plain product and its bias are asked of cuBLASLt's block-scaled kernels;
+  // GELU and its gradient are ours, after, and so is the bias where cuBLASLt offers no
+  // block-scaled algorithm with it (cuBLASLt 13.1 on Hopper offers none).
+  auto run_with_bias = [&](const Tensor& o, double be) {
+    if (run(o.data_ptr(), o.dtype(), be, bias)) return true;
+    if (!bias.defined() || !run(o.data_ptr(), o.dtype(), be, Tensor())) return false;
+    ops::add(ctx, o, o, bias.as_strided(Shape{m, n}, Strides{0, 1}, bias.offset()));  // (M, N) + (N)
+    return true;
+  };
+  if (epilogue == Epilogue::Gelu) {
+    const Tensor pre = aux.defined() ? aux : ctx.empty(Shape{m, n}, out.dtype());
+    if (run_with_bias(pre.view(Shape{m, n}), 0.0)) {
+      kernels::cuda::gelu_forward(out.data_ptr(), pre.data_ptr(), m * n, out.dtype(), stream);
+      return;
+    }
+  } else if (epilogue == Epilogue::DGelu) {
+    if (run(out.data_ptr(), out.dtype(), 0.0, Tensor())) {
+      kernels::cuda::gelu_backward(out.data_ptr(), out.data_ptr(), aux.data_ptr(), m * n,
+                                   out.dtype(), stream);
+      return;
+    }
+  } else {
+    if (run_with_bias(out.view(Shape{m, n}), beta)) return;
+    if (out.dtype() == DType::f32 && beta != 0.0) {
+      // An accumulating f32 output (a weight gradient): the product in f32 scratch, added.
+      const Tensor prod = ctx.empty(Shape{m, n}, DType::f32);
+      if (run(prod.data_ptr(), DType::f32, 0.0, bias)) {
+        kernels::cuda::axpby(out.data_ptr(), DType::f32, prod.data_ptr(), DType::f32, 1.0, beta,
+                             m * n, stream);
+        return;
+      }
+    }
+  }
+  FSDP_THROW(ValueError, what, ": cuBLASLt has no block-scaled FP8 algorithm for (", m, " x ", k,
+             ") @ (", k, " x ", n, ") ", fp8_format_name(a.format), " ",
+             fp8_granularity_name(a.granularity), " x ", fp8_format_name(b.format), " ",
+             fp8_granularity_name(b.granularity), " -> ", dtype_name(out.dtype()),
+             bias.defined() ? " with bias" : "");
+#endif
 }
 
 }  // namespace
@@ -168,6 +250,66 @@ void fp8_scale_inverses(Context& ctx, const Tensor& scale_inv, const Tensor& ama
 #endif
 }
 
+Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format,
+                                 Fp8Granularity granularity, bool rows, bool columns,
+                                 const Tensor& add_column_sums) {
+  const char* what = "fp8_quantize_blocks";
+  check_on_ctx(ctx, x, what);
+  check_floating(x, what);
+  check_contiguous(x, what);
+  FSDP_CHECK(x.dim() == 2, ShapeError, what, ": expected a 2-D (rows, cols) tensor, got ", x.str());
+  FSDP_CHECK(rows || columns, ValueError, what, ": asked for neither layout");
+  FSDP_CHECK(granularity != Fp8Granularity::tensor, ValueError, what,
+             ": tensor-wise scaling goes through fp8_quantize");
+  const int64_t r = x.size(0), c = x.size(1);
+  const bool sums = add_column_sums.defined();
+  if (sums) {
+    check_on_ctx(ctx, add_column_sums, what);
+    check_floating(add_column_sums, what);
+    check_contiguous(add_column_sums, what);
+    check_shape(add_column_sums, Shape{c}, what);
+  }
+  Fp8Quantized q;
+  auto make = [&](int64_t rr, int64_t cc) {  // a (rr, cc) matrix, K = cc, and its scales
+    const kernels::Fp8ScaleGrid g = kernels::fp8_scale_grid(granularity, rr, cc);
+    // The grid's padding (kernels/fp8_format.h) holds 1s, which the kernels do not write.
+    const bool padded = granularity == Fp8Granularity::block_1x128 ? rr % 4 != 0
+                                                                   : kernels::fp8_blocks(cc) % 4 != 0;
+    const Shape shape{g.outer, g.inner};
+    return Fp8Matrix{ctx.empty(Shape{rr, cc}, DType::u8),
+                     padded ? ops::full(ctx, shape, DType::f32, 1.0) : ctx.empty(shape, DType::f32),
+                     format, granularity};
+  };
+  if (rows) q.rows = make(r, c);
+  if (columns) q.columns = make(c, r);
+  if (r == 0 || c == 0) return q;
+  auto* qp = rows ? static_cast<uint8_t*>(q.rows.data.data_ptr()) : nullptr;
+  auto* qs = rows ? static_cast<float*>(q.rows.scale_inv.data_ptr()) : nullptr;
+  auto* qtp = columns ? static_cast<uint8_t*>(q.columns.data.data_ptr()) : nullptr;
+  auto* qts = columns ? static_cast<float*>(q.columns.scale_inv.data_ptr()) : nullptr;
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::fp8_quantize_blocks(x.data_ptr(), x.dtype(), r, c, format, granularity, qp, qs,
+                                      qtp, qts);
+    if (sums)
+      kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
+                                  x.dtype(), r, c, true);
+    return q;
+  }
+#if FSDP_WITH_CUDA
+  CUstream_st* stream = ctx.stream().cuda_stream();
+  const int64_t tiles = kernels::cuda::fp8_block_column_sum_tiles(r);
+  const Tensor partials = sums ? ctx.empty(Shape{tiles, c}, DType::f32) : Tensor();
+  kernels::cuda::fp8_quantize_blocks(x.data_ptr(), x.dtype(), r, c, format, granularity, qp, qs,
+                                     qtp, qts, sums ? static_cast<float*>(partials.data_ptr()) : nullptr,
+                                     stream);
+  if (sums)
+    kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
+                                      add_column_sums.data_ptr(), add_column_sums.dtype(), true,
+                                      stream);
+#endif
+  return q;
+}
+
 void fp8_update_amax_histories(Context& ctx, const Tensor& history, const Tensor& step_amax,
                                const Tensor& scale_amax, bool roll, bool use_max,
                                float margin_factor) {
@@ -217,6 +359,12 @@ void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Ma
              ": DGelu reads the GELU input from aux and takes no bias");
   FSDP_CHECK(epilogue == Epilogue::None || beta == 0.0, ValueError, what,
              ": a GELU epilogue needs beta = 0");
+  if (block_scaled(a) || block_scaled(b)) {
+    FSDP_CHECK(!fast_accum, ValueError, what, ": fast accumulation is not offered with "
+               "block-scaled operands");
+    fp8_block_matmul(ctx, out, a, b, alpha, beta, bias, epilogue, aux);
+    return;
+  }
   if (ctx.device().is_cpu()) {
     kernels::cpu::fp8_matmul(m, n, k, out.data_ptr(), out.dtype(),
                              static_cast<const uint8_t*>(a.data.data_ptr()), a.format,

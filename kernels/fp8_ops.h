@@ -11,13 +11,19 @@
 namespace fsdp::ops {
 
 using Fp8Format = kernels::Fp8Format;
+using Fp8Granularity = kernels::Fp8Granularity;
 
-// An FP8 matrix: bytes (rows, cols) u8 and the inverse of their scale, (1) f32 on the same
-// device; element (r, c) stands for decode(data[r][c]) * scale_inv.
+// An FP8 matrix: bytes (rows, cols) u8, K-major (cols is the K of the products reading it),
+// and the inverses of their scales, f32 on the same device. Tensor-wise: scale_inv is (1)
+// and element (r, c) stands for decode(data[r][c]) * scale_inv. Block-wise (1x128 or
+// 128x128 blocks): scale_inv holds one inverse scale per block, shaped and ordered as
+// kernels::fp8_scale_grid(granularity, rows, cols) (cuBLASLt's layout), and element (r, c)
+// stands for decode(data[r][c]) * scale_inv[fp8_scale_index(..., r, c)].
 struct Fp8Matrix {
   Tensor data;
   Tensor scale_inv;
   Fp8Format format = Fp8Format::e4m3;
+  Fp8Granularity granularity = Fp8Granularity::tensor;
   bool defined() const { return data.defined(); }
 };
 
@@ -58,6 +64,17 @@ void fp8_quantize_flat(Context& ctx, const Tensor& q, const Tensor& x, const Ten
 // scales fp8_quantize writes, for operands quantized by fp8_quantize_flat.
 void fp8_scale_inverses(Context& ctx, const Tensor& scale_inv, const Tensor& amax, Fp8Format format);
 
+// Quantizes x (R, C) (bf16/f16/f32 on CUDA, any floating dtype on the CPU) block-wise
+// (kernels/fp8_format.h), each block scaled by its own amax: q.rows (R, C) with blocks along
+// C, q.columns (C, R) with blocks along R (the product reading it has the rows as K).
+// block_1x128: activations and output gradients (rows and columns then hold different
+// blocks); block_128x128: weights (the same blocks, transposed). Both layouts come from one
+// read of x. With `add_column_sums` (C) defined: add_column_sums += the sums over the rows of
+// x (unscaled), from the same read of x on CUDA (a bias gradient); deterministic.
+Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format,
+                                 Fp8Granularity granularity, bool rows, bool columns,
+                                 const Tensor& add_column_sums = Tensor());
+
 // Delayed scaling after a step: history (L, len, W), step_amax and scale_amax (L, W), f32
 // and contiguous, for L layers of W operands. Each operand's history takes its step amax as
 // the newest entry (entry 0; roll false leaves the history as it is), and scale_amax gets
@@ -71,6 +88,9 @@ void fp8_update_amax_histories(Context& ctx, const Tensor& history, const Tensor
 // the pre-activation | DGelu: times gelu'(aux)], a and b dequantized; not both e5m2. out,
 // bias and aux: bf16 or f32 on CUDA, f32 or f64 on the CPU. fast_accum: Hopper's faster
 // accumulation (for forward products, as Transformer Engine uses it); no effect on the CPU.
+// Block-scaled operands (1x128 or 128x128) are both block-scaled, not both 128x128 (as
+// cuBLASLt takes them), K a multiple of 128, and without fast_accum (cuBLASLt's block-scaled
+// kernels promote every block of K to f32 anyway).
 void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                 double alpha = 1.0, double beta = 0.0, const Tensor& bias = Tensor(),
                 Epilogue epilogue = Epilogue::None, const Tensor& aux = Tensor(),

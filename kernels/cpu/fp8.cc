@@ -44,6 +44,52 @@ void fp8_scale_inverses(const float* amax, int64_t n, Fp8Format format, float* s
   for (int64_t i = 0; i < n; ++i) scale_inv[i] = 1.0f / fp8_scale_for_amax(amax[i], format);
 }
 
+void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
+                         Fp8Granularity granularity, uint8_t* q, float* q_scale_inv, uint8_t* qt,
+                         float* qt_scale_inv) {
+  const Fp8ScaleGrid grid = fp8_scale_grid(granularity, rows, cols);       // q's, K = cols
+  const Fp8ScaleGrid grid_t = fp8_scale_grid(granularity, cols, rows);     // qt's, K = rows
+  if (q_scale_inv) std::fill(q_scale_inv, q_scale_inv + grid.outer * grid.inner, 1.0f);
+  if (qt_scale_inv) std::fill(qt_scale_inv, qt_scale_inv + grid_t.outer * grid_t.inner, 1.0f);
+  const bool square = granularity == Fp8Granularity::block_128x128;
+  dispatch_any_floating(dtype, "fp8_quantize_blocks", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x);
+    auto at = [&](int64_t r, int64_t c) { return float(to_double(p[r * cols + c])); };
+    // Quantizes the block rows [r0, r1) x columns [c0, c1) with its own amax into `dst`
+    // (q or qt) at the element's place, and records its inverse scale at `sinv`.
+    auto block = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, bool into_q, bool into_qt) {
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(at(r, c)));
+      const float scale = fp8_scale_for_amax(amax, format);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const uint8_t v = fp8_encode(at(r, c) * scale, format);
+          if (into_q) q[r * cols + c] = v;
+          if (into_qt) qt[c * rows + r] = v;
+        }
+      const float inv = 1.0f / scale;
+      if (into_q) q_scale_inv[fp8_scale_index(granularity, rows, cols, r0, c0)] = inv;
+      if (into_qt) qt_scale_inv[fp8_scale_index(granularity, cols, rows, c0, r0)] = inv;
+    };
+    if (square) {  // one set of blocks serves both layouts
+      for (int64_t r0 = 0; r0 < rows; r0 += kFp8Block)
+        for (int64_t c0 = 0; c0 < cols; c0 += kFp8Block)
+          block(r0, std::min(rows, r0 + kFp8Block), c0, std::min(cols, c0 + kFp8Block), q, qt);
+      return;
+    }
+    if (q)  // 128 columns of one row
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c0 = 0; c0 < cols; c0 += kFp8Block)
+          block(r, r + 1, c0, std::min(cols, c0 + kFp8Block), true, false);
+    if (qt)  // 128 rows of one column
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r0 = 0; r0 < rows; r0 += kFp8Block)
+          block(r0, std::min(rows, r0 + kFp8Block), c, c + 1, false, true);
+  });
+}
+
 void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
                                int64_t layers, int64_t len, int64_t width, bool roll,
                                bool use_max, float margin_factor) {
@@ -78,6 +124,36 @@ void fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, con
     std::vector<T> ta(da.begin(), da.end()), tb(db.begin(), db.end());
     matmul(d, out, out_dtype, ta.data(), tb.data(), out_dtype, scaled_alpha, beta, bias, aux,
            epilogue);
+  });
+}
+
+void fp8_matmul_blocks(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                       const uint8_t* a, Fp8Format format_a, Fp8Granularity ga, const float* sa,
+                       const uint8_t* b, Fp8Format format_b, Fp8Granularity gb, const float* sb,
+                       double alpha, double beta, const void* bias, void* aux,
+                       MatmulEpilogue epilogue) {
+  // Each element decoded and times its block's inverse scale: exact in f64 (a 4-bit
+  // significand times a 24-bit one).
+  auto dequantize = [&](const uint8_t* q, Fp8Format f, Fp8Granularity g, const float* s,
+                        int64_t rows) {
+    std::vector<double> v(static_cast<size_t>(rows * k));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < k; ++c)
+        v[size_t(r * k + c)] = double(fp8_decode(q[r * k + c], f)) *
+                               double(s[fp8_scale_index(g, rows, k, r, c)]);
+    return v;
+  };
+  const std::vector<double> da = dequantize(a, format_a, ga, sa, m);
+  const std::vector<double> db = dequantize(b, format_b, gb, sb, n);
+  MatmulDims d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
+  dispatch_compute(out_dtype, "fp8_matmul_blocks", [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> ta(da.begin(), da.end()), tb(db.begin(), db.end());
+    matmul(d, out, out_dtype, ta.data(), tb.data(), out_dtype, alpha, beta, bias, aux, epilogue);
   });
 }
 

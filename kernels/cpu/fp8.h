@@ -27,6 +27,18 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, float 
 // fp8_quantize writes, for operands quantized elsewhere (FP8 weight shards).
 void fp8_scale_inverses(const float* amax, int64_t n, Fp8Format format, float* scale_inv);
 
+// Block scaling (kernels/fp8_format.h): x (rows, cols), any floating dtype, quantized with
+// one scale per block, scale = fp8_scale_for_amax(the block's max |x|). q (rows, cols) with
+// its inverse scales q_scale_inv in the grid of (rows, cols) (blocks along cols), and qt
+// (cols, rows) with qt_scale_inv in the grid of (cols, rows) (blocks along rows: the
+// product reading it has the rows as K). 1x128: q's blocks are 128 columns of a row, qt's
+// 128 rows of a column (different blocks, so qt is not q transposed); 128x128: the same
+// blocks for both, qt is q transposed and its scale grid the transpose of q's. Either of q
+// and qt may be null (with its scales); padding entries of the grids are set to 1.
+void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
+                         Fp8Granularity granularity, uint8_t* q, float* q_scale_inv, uint8_t* qt,
+                         float* qt_scale_inv);
+
 // Delayed scaling after a step, for `layers` layers of `width` operands each: history
 // (layers, len, width) f32, step_amax and scale_amax (layers, width) f32; each operand's
 // history and scale_amax as fp8_update_amax_history (kernels/fp8_format.h) sets them.
@@ -41,5 +53,15 @@ void fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, con
                 Fp8Format format_a, float scale_inv_a, const uint8_t* b, Fp8Format format_b,
                 float scale_inv_b, double alpha, double beta, const void* bias, void* aux,
                 MatmulEpilogue epilogue);
+
+// The block-scaled product: out (M, N) = alpha * a (M, K) @ b (N, K)^T + beta * out [+ bias]
+// [epilogue], each operand dequantized block by block (its decoded bytes times the inverse
+// scale of their block, exact in f64) before the product, which runs in out_dtype (f32 or
+// f64). ga and gb: each operand's granularity (tensor-wise: sa and sb point to one scale).
+void fp8_matmul_blocks(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                       const uint8_t* a, Fp8Format format_a, Fp8Granularity ga, const float* sa,
+                       const uint8_t* b, Fp8Format format_b, Fp8Granularity gb, const float* sb,
+                       double alpha, double beta, const void* bias, void* aux,
+                       MatmulEpilogue epilogue);
 
 }  // namespace fsdp::kernels::cpu

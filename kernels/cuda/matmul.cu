@@ -50,13 +50,17 @@ struct PlanKey {
   // FP8 inputs (then `in` is unused): 1 + 2 * format of a + format of b; 0 for bf16/f32.
   int fp8 = 0;
   bool fast_accum = false;  // FP8 only: Hopper's faster, less exact accumulation
+  // Block-scaled FP8 only: the cublasLtMatmulMatrixScale_t of our a and of our b (0 =
+  // tensor-wise, whose inverse scales ride in a device-side alpha instead).
+  int scale_mode_a = 0, scale_mode_b = 0;
 
   auto tie() const {
     return std::make_tuple(d.m, d.n, d.k, d.trans_a, d.trans_b, d.batch, d.batch_stride_a,
                            d.batch_stride_b, d.batch_stride_out, int(in), int(out), bias,
                            int(epilogue), aux, align_a, align_b, align_out, align_bias, align_aux,
-                           fp8, fast_accum);
+                           fp8, fast_accum, scale_mode_a, scale_mode_b);
   }
+  bool block_scaled() const { return scale_mode_a != 0 || scale_mode_b != 0; }
   Fp8Format fp8_a() const { return Fp8Format(((fp8 - 1) >> 1) & 1); }
   Fp8Format fp8_b() const { return Fp8Format((fp8 - 1) & 1); }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
@@ -212,7 +216,15 @@ struct Blas::Impl {
     const cudaDataType_t out = cuda_type(key.out);
     const cudaDataType_t in_a = key.fp8 ? fp8_cuda_type(key.fp8_b()) : cuda_type(key.in);
     const cudaDataType_t in_b = key.fp8 ? fp8_cuda_type(key.fp8_a()) : cuda_type(key.in);
-    if (key.fp8) {
+    if (key.block_scaled()) {
+      // Each operand's block scales come through its scale pointer (set per call); alpha
+      // and beta stay on the host. cuBLASLt's A is our b, its B our a.
+      const int32_t mode_a = key.scale_mode_b, mode_b = key.scale_mode_a;
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
+                                               sizeof(mode_a)));
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
+                                               sizeof(mode_b)));
+    } else if (key.fp8) {
       // alpha and beta are read on the device: alpha carries the operands' inverse scales,
       // which never come back to the host.
       const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
@@ -474,6 +486,71 @@ bool Blas::try_fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_
   ++p.uses;
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, alpha_beta, b, p.lt_a, a, p.lt_b, alpha_beta + 1,
                            out, p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
+  return true;
+}
+
+namespace {
+
+int32_t scale_mode(Fp8Granularity g) {
+  switch (g) {
+    case Fp8Granularity::block_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Granularity::block_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: FSDP_THROW(ValueError, "fp8 block matmul: operands must be block-scaled");
+  }
+}
+
+}  // namespace
+
+bool Blas::try_fp8_block_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                                const void* a, Fp8Format format_a, Fp8Granularity granularity_a,
+                                const float* scale_a, const void* b, Fp8Format format_b,
+                                Fp8Granularity granularity_b, const float* scale_b,
+                                double alpha, double beta, const void* bias) {
+  FSDP_CHECK(out_dtype == DType::bf16 || out_dtype == DType::f32, DTypeError,
+             "fp8 block matmul: the output must be bf16 or f32, got ", dtype_name(out_dtype));
+  FSDP_CHECK(!(format_a == Fp8Format::e5m2 && format_b == Fp8Format::e5m2), DTypeError,
+             "fp8 block matmul: e5m2 x e5m2 has no tensor-core kernel (one operand must be e4m3)");
+  const int32_t mode_a = scale_mode(granularity_a), mode_b = scale_mode(granularity_b);
+  FSDP_CHECK(!(granularity_a == Fp8Granularity::block_128x128 &&
+               granularity_b == Fp8Granularity::block_128x128),
+             ValueError, "fp8 block matmul: 128x128 x 128x128 is not offered (one operand 1x128)");
+  if (m == 0 || n == 0) return true;
+  if (!fp8_shape_ok(m, n, k) || k % kFp8Block != 0) return false;
+  MatmulDims d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
+  CUstream_st* stream = impl_->ctx.stream().cuda_stream();
+  PlanKey key{d,
+              out_dtype,
+              out_dtype,
+              bias != nullptr,
+              MatmulEpilogue::None,
+              false,
+              alignment(a),
+              alignment(b),
+              alignment(out),
+              alignment(bias),
+              alignment(nullptr),
+              1 + 2 * int(format_a) + int(format_b),
+              false,
+              mode_a,
+              mode_b};
+  void* ws = impl_->workspace(stream);
+  Plan* plan = impl_->find_or_make(key, bias, nullptr);
+  if (!plan) return false;
+  Plan& p = *plan;
+  Impl::set_pointers(p, bias, nullptr, false);
+  // cuBLASLt's A is our b, its B our a: each takes its own operand's scales.
+  FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b,
+                                           sizeof(scale_b)));
+  FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a,
+                                           sizeof(scale_a)));
+  const float alpha_f = float(alpha), beta_f = float(beta);
+  ++p.uses;
+  FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
+                           p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
   return true;
 }
 

@@ -77,6 +77,20 @@ class Blas {
                       Fp8Format format_b, const float* scale_inv_b, double alpha, double beta,
                       const void* bias, void* aux, MatmulEpilogue epilogue, bool fast_accum);
 
+  // Block-scaled FP8 (the blockwise recipe): out (M, N) = alpha * a (M, K) @ b (N, K)^T +
+  // beta * out [+ bias], each operand dequantized by its blocks' inverse scales scale_a and
+  // scale_b (f32 on the device, laid out as kernels/fp8_format.h's fp8_scale_grid says:
+  // cuBLASLt's VEC128_32F for 1x128, BLK128x128_32F for 128x128); not both 128x128. out and
+  // bias bf16 or f32; no other epilogue and no fast accumulation (cuBLASLt's block-scaled
+  // kernels promote every block of K to f32). Returns false, having done nothing, when
+  // cuBLASLt has no algorithm for the problem (sizes not multiples of 16, K not a multiple of
+  // 128, or a GPU without block-scaled FP8 kernels: they exist for Hopper, sm_90).
+  bool try_fp8_block_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                            const void* a, Fp8Format format_a, Fp8Granularity granularity_a,
+                            const float* scale_a, const void* b, Fp8Format format_b,
+                            Fp8Granularity granularity_b, const float* scale_b, double alpha,
+                            double beta, const void* bias);
+
   // Tuning is off until set (the trainer sets it from train.matmul_tuning).
   void set_tuning(const MatmulTuning& tuning);
   const MatmulTuning& tuning() const;

@@ -16,6 +16,11 @@ ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weigh
                            bool rows, bool columns, const Tensor& add_column_sums = Tensor()) {
   const Fp8Recipe& r = *weight.fp8;
   const kernels::Fp8Format f = op == Fp8Operand::output_grad ? r.backward : r.forward;
+  if (r.scaling == Fp8Scaling::blockwise)  // weights 128x128, inputs and gradients 1x128
+    return ops::fp8_quantize_blocks(ctx, t, f,
+                                    op == Fp8Operand::weight ? ops::Fp8Granularity::block_128x128
+                                                             : ops::Fp8Granularity::block_1x128,
+                                    rows, columns, add_column_sums);
   const bool delayed = r.scaling == Fp8Scaling::delayed;
   const Tensor record = delayed ? r.delayed.step_amax.narrow(0, int(op), 1) : Tensor();
   if (delayed && *r.delayed.primed) {
@@ -34,7 +39,9 @@ ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weigh
 bool applies(const Parameter& weight, int64_t rows) {
   const bool gathered = weight.fp8_bytes.defined();
   if (!weight.fp8 || (!weight.data.defined() && !gathered) || weight.shape().rank() != 2) return false;
-  const bool fits = ops::fp8_shape_ok(rows, weight.shape()[0], weight.shape()[1]);
+  const bool fits = weight.fp8->scaling == Fp8Scaling::blockwise
+                        ? kernels::fp8_block_shape_ok(rows, weight.shape()[0], weight.shape()[1])
+                        : ops::fp8_shape_ok(rows, weight.shape()[0], weight.shape()[1]);
   FSDP_CHECK(fits || !gathered, ShapeError, "layer ", weight.name(), ": its weight is gathered "
              "in FP8 (mixed_precision.fp8_param), but an input of ", rows, " rows does not fit "
              "FP8 tensor cores (a multiple of 16 tokens per micro-batch is needed)");
@@ -60,8 +67,9 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Par
           ? gathered_rows(weight)
           : quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows;  // (out, in)
   // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
-  // keep the more exact accumulation.
-  ops::fp8_matmul(ctx, y, qx.rows, qw, 1.0, 0.0, bias, epilogue, aux, /*fast_accum=*/true);
+  // keep the more exact accumulation. Block-scaled products have none to offer.
+  const bool fast_accum = weight.fp8->scaling != Fp8Scaling::blockwise;
+  ops::fp8_matmul(ctx, y, qx.rows, qw, 1.0, 0.0, bias, epilogue, aux, fast_accum);
   return qx.columns;
 }
 

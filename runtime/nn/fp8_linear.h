@@ -1,6 +1,6 @@
 // The three products of a linear layer in FP8 (a weight with Parameter::fp8): the forward
 // y = x W^T, the input gradient dx = dy W and the weight gradient dW += dy^T x, each from
-// operands quantized tensor-wise (nn::Fp8Recipe). FP8 tensor cores read both operands
+// operands quantized tensor-wise or block-wise (nn::Fp8Recipe). FP8 tensor cores read both operands
 // K-major, so each operand is quantized in the layout its product needs: x and W row-major
 // for the forward; dy row-major and W transposed for dx; dy and x transposed for dW (one
 // kernel writes both layouts of dy). Not a public header: linear() and mlp() call it.
@@ -12,7 +12,8 @@
 namespace fsdp::nn::fp8 {
 
 // Whether the layer of `weight` runs its products in FP8 for an input of `rows` rows: the
-// weight is marked and every size fits FP8 tensor cores (multiples of 16). A weight gathered
+// weight is marked and every size fits FP8 tensor cores (multiples of 16; of 128 under the
+// blockwise recipe, whose three products each take one of the sizes as K). A weight gathered
 // in FP8 (Parameter::fp8_bytes) has no other form: for it, false throws, naming the layer.
 bool applies(const Parameter& weight, int64_t rows);
 

@@ -15,7 +15,11 @@ namespace fsdp::nn {
 //   delayed: the amax of the operand in earlier steps (an amax history, as Transformer
 //     Engine's DelayedScaling keeps it); the quantization records this step's amax in the
 //     same read. The first step, with nothing in the history yet, scales as tensorwise.
-enum class Fp8Scaling : uint8_t { tensorwise, delayed };
+//   blockwise: one scale per block, from the block's own amax, as DeepSeek-V3 trained:
+//     inputs and output gradients in 1x128 blocks along each product's K, weights in
+//     128x128 blocks (kernels/fp8_format.h). No amax is shared between ranks or steps. Only
+//     layers whose sizes (tokens included) are multiples of 128 (fp8::applies).
+enum class Fp8Scaling : uint8_t { tensorwise, delayed, blockwise };
 
 // The operands of an FP8 layer, in the order of Fp8LayerAmax's entries.
 enum class Fp8Operand : int { input = 0, weight = 1, output_grad = 2 };

@@ -92,6 +92,7 @@ void Trainer::State::apply_fp8_plan() {
   }
   Fp8Plan plan;
   plan.recipe.backward = *mp.fp8 == "hybrid" ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
+  if (mp.fp8_recipe == "blockwise") plan.recipe.scaling = nn::Fp8Scaling::blockwise;
   plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
   plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
   plan.token_group = cp_group.get();

@@ -1,6 +1,8 @@
 // FP8 on the CPU: the software rounding (kernels/fp8_format.h) against a brute-force
 // nearest-value search over all 256 codes of each format, quantization's scale and layouts,
-// and the FP8 matmul against the product of the decoded values.
+// and the FP8 matmul against the product of the decoded values; block scaling (1x128 and
+// 128x128 blocks) against a scalar reference of each block, and the block-scaled matmul
+// against the f64 product of the dequantized operands.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -181,4 +183,175 @@ TEST_CASE("fp8 amax histories: newest first, most_recent or max, margin", "[fp8]
   ops::fp8_update_amax_histories(ctx, history, step, scale_amax, false, true, 4.0f);
   CHECK(testing::values(ctx, history)[0] == 0.5);
   CHECK(testing::values(ctx, scale_amax) == std::vector<double>{16, 400, 24, 160, 200, 240});
+}
+
+// ---- block scaling (the blockwise recipe)
+
+namespace {
+
+using kernels::Fp8Granularity;
+
+// The scalar reference of one block: each element's code fp8_encode(x * scale), scale from
+// the block's amax, and the block's inverse scale.
+struct BlockRef {
+  std::vector<uint8_t> codes;  // in the block's element order
+  float scale_inv = 0;
+};
+
+BlockRef reference_block(const std::vector<double>& x, int64_t cols, int64_t r0, int64_t r1,
+                         int64_t c0, int64_t c1, Fp8Format f) {
+  float amax = 0;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(float(x[size_t(r * cols + c)])));
+  const float scale = f == Fp8Format::e4m3 ? 448.0f / amax : 57344.0f / amax;
+  BlockRef b;
+  b.scale_inv = 1.0f / scale;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) b.codes.push_back(fp8_encode(float(x[size_t(r * cols + c)]) * scale, f));
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 1x128 block quantization on the CPU: per-row and per-column blocks", "[fp8]") {
+  Context ctx(Device::cpu());
+  // Partial blocks along both sizes, and grids with padding (130 and 301 rounded up to
+  // multiples of 4: 132 and 304).
+  const int64_t R = 130, C = 301;
+  const Tensor x = testing::random_tensor(ctx, Shape{R, C}, DType::f32, 21);  // (R, C)
+  const std::vector<double> xv = testing::values(ctx, x);
+  const Tensor db = ops::zeros(ctx, Shape{C}, DType::f32);
+  const ops::Fp8Quantized q =
+      ops::fp8_quantize_blocks(ctx, x, Fp8Format::e4m3, Fp8Granularity::block_1x128, true, true, db);
+  // The grids: rows (ceil(301 / 128), pad4(130)) = (3, 132); columns (ceil(130 / 128),
+  // pad4(301)) = (2, 304).
+  REQUIRE(q.rows.scale_inv.shape() == Shape{3, 132});
+  REQUIRE(q.columns.scale_inv.shape() == Shape{2, 304});
+  CHECK(q.rows.granularity == Fp8Granularity::block_1x128);
+  const auto* rows = static_cast<const uint8_t*>(q.rows.data.data_ptr());
+  const auto* cols = static_cast<const uint8_t*>(q.columns.data.data_ptr());
+  const std::vector<double> rs = testing::values(ctx, q.rows.scale_inv);
+  const std::vector<double> cs = testing::values(ctx, q.columns.scale_inv);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t kb = 0; kb < 3; ++kb) {  // 128 columns of row r
+      const int64_t c0 = kb * 128, c1 = std::min(C, c0 + 128);
+      const BlockRef b = reference_block(xv, C, r, r + 1, c0, c1, Fp8Format::e4m3);
+      INFO("row " << r << " block " << kb);
+      REQUIRE(rs[size_t(kb * 132 + r)] == b.scale_inv);
+      for (int64_t c = c0; c < c1; ++c) REQUIRE(rows[r * C + c] == b.codes[size_t(c - c0)]);
+    }
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t kb = 0; kb < 2; ++kb) {  // 128 rows of column c
+      const int64_t r0 = kb * 128, r1 = std::min(R, r0 + 128);
+      const BlockRef b = reference_block(xv, C, r0, r1, c, c + 1, Fp8Format::e4m3);
+      INFO("column " << c << " block " << kb);
+      REQUIRE(cs[size_t(kb * 304 + c)] == b.scale_inv);
+      for (int64_t r = r0; r < r1; ++r) REQUIRE(cols[c * R + r] == b.codes[size_t(r - r0)]);
+    }
+  // The padding holds 1s.
+  for (int64_t kb = 0; kb < 3; ++kb)
+    for (int64_t r = R; r < 132; ++r) CHECK(rs[size_t(kb * 132 + r)] == 1.0);
+  for (int64_t c = C; c < 304; ++c) CHECK(cs[size_t(c)] == 1.0);
+  // Finer blocks than one tensor scale: every element within half a step of e4m3 (2^-4
+  // relative) of its own block's amax, which is at most the tensor's.
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const double got = fp8_decode(rows[r * C + c], Fp8Format::e4m3) * rs[size_t((c / 128) * 132 + r)];
+      const double block_amax = rs[size_t((c / 128) * 132 + r)] * 448.0;
+      REQUIRE(std::fabs(got - xv[size_t(r * C + c)]) <= block_amax / 16);
+    }
+  // The bias gradient's sums beside the quantization.
+  const std::vector<double> sums = testing::values(ctx, db);
+  for (int64_t c = 0; c < C; ++c) {
+    double want = 0;
+    for (int64_t r = 0; r < R; ++r) want += xv[size_t(r * C + c)];
+    REQUIRE(std::fabs(sums[size_t(c)] - want) <= 1e-5 * (1 + std::fabs(want)));
+  }
+}
+
+TEST_CASE("fp8 128x128 block quantization on the CPU: one block set for both layouts", "[fp8]") {
+  Context ctx(Device::cpu());
+  const int64_t R = 300, C = 200;  // (3, 2) blocks, partial along both sizes
+  const Tensor w = testing::random_tensor(ctx, Shape{R, C}, DType::f64, 22);  // (out, in)
+  const std::vector<double> wv = testing::values(ctx, w);
+  const ops::Fp8Quantized q = ops::fp8_quantize_blocks(ctx, w, Fp8Format::e5m2,
+                                                       Fp8Granularity::block_128x128, true, true);
+  // Grids: rows (ceil(300 / 128), pad4(ceil(200 / 128))) = (3, 4); columns (2, pad4(3)) = (2, 4).
+  REQUIRE(q.rows.scale_inv.shape() == Shape{3, 4});
+  REQUIRE(q.columns.scale_inv.shape() == Shape{2, 4});
+  const auto* rows = static_cast<const uint8_t*>(q.rows.data.data_ptr());
+  const auto* cols = static_cast<const uint8_t*>(q.columns.data.data_ptr());
+  const std::vector<double> rs = testing::values(ctx, q.rows.scale_inv);
+  const std::vector<double> cs = testing::values(ctx, q.columns.scale_inv);
+  for (int64_t rb = 0; rb < 3; ++rb)
+    for (int64_t cb = 0; cb < 2; ++cb) {
+      const int64_t r0 = rb * 128, r1 = std::min(R, r0 + 128), c0 = cb * 128, c1 = std::min(C, c0 + 128);
+      const BlockRef b = reference_block(wv, C, r0, r1, c0, c1, Fp8Format::e5m2);
+      INFO("block " << rb << ", " << cb);
+      REQUIRE(rs[size_t(rb * 4 + cb)] == b.scale_inv);
+      REQUIRE(cs[size_t(cb * 4 + rb)] == b.scale_inv);  // the grid transposed
+      size_t i = 0;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c, ++i) {
+          REQUIRE(rows[r * C + c] == b.codes[i]);
+          REQUIRE(cols[c * R + r] == b.codes[i]);  // the same bytes transposed
+        }
+    }
+  CHECK(rs[2] == 1.0);  // padding
+  CHECK(cs[3] == 1.0);
+}
+
+TEST_CASE("fp8 block-scaled matmul on the CPU is the product of the dequantized blocks", "[fp8]") {
+  Context ctx(Device::cpu());
+  const int64_t m = 64, n = 160, k = 256;
+  const Tensor a = testing::random_tensor(ctx, Shape{m, k}, DType::f64, 23);  // (M, K)
+  const Tensor b = testing::random_tensor(ctx, Shape{n, k}, DType::f64, 24);  // (N, K)
+  const ops::Fp8Matrix qa =
+      ops::fp8_quantize_blocks(ctx, a, Fp8Format::e5m2, Fp8Granularity::block_1x128, true, false).rows;
+  const ops::Fp8Matrix qb =
+      ops::fp8_quantize_blocks(ctx, b, Fp8Format::e4m3, Fp8Granularity::block_128x128, true, false).rows;
+  const Tensor bias = testing::random_tensor(ctx, Shape{n}, DType::f64, 25);
+  const Tensor out = testing::random_tensor(ctx, Shape{m, n}, DType::f64, 26);
+  const std::vector<double> out0 = testing::values(ctx, out), bv = testing::values(ctx, bias);
+  ops::fp8_matmul(ctx, out, qa, qb, 0.5, 1.0, bias);
+  const std::vector<double> sa = testing::values(ctx, qa.scale_inv), sb = testing::values(ctx, qb.scale_inv);
+  const auto* pa = static_cast<const uint8_t*>(qa.data.data_ptr());
+  const auto* pb = static_cast<const uint8_t*>(qb.data.data_ptr());
+  const std::vector<double> got = testing::values(ctx, out), av = testing::values(ctx, a);
+  double worst_vs_exact = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, exact = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        // a: 1x128 grid (K / 128, pad4(M)); b: 128x128 grid (ceil(N / 128), pad4(K / 128)).
+        const double x = fp8_decode(pa[i * k + l], Fp8Format::e5m2) * sa[size_t((l / 128) * m + i)];
+        const double y = fp8_decode(pb[j * k + l], Fp8Format::e4m3) * sb[size_t((j / 128) * 4 + l / 128)];
+        s += x * y;
+        exact += av[size_t(i * k + l)] * y;
+      }
+      const double want = 0.5 * s + out0[size_t(i * n + j)] + bv[size_t(j)];
+      REQUIRE(std::fabs(got[size_t(i * n + j)] - want) <= 1e-12 * (1 + std::fabs(want)));
+      worst_vs_exact = std::max(worst_vs_exact, std::fabs(0.5 * (s - exact)));
+    }
+  // The quantization of a is really applied (e5m2: 2 mantissa bits), and bounded by it.
+  CHECK(worst_vs_exact > 0);
+  CHECK(worst_vs_exact < 0.5 * k * 0.125);
+  // What cuBLASLt does not offer is refused on every device alike.
+  const ops::Fp8Matrix qb_rows128 =
+      ops::fp8_quantize_blocks(ctx, a, Fp8Format::e4m3, Fp8Granularity::block_128x128, true, false).rows;
+  CHECK_THROWS_AS(ops::fp8_matmul(ctx, ctx.empty(Shape{m, m}, DType::f64), qb_rows128, qb_rows128),
+                  ValueError);  // 128x128 x 128x128
+  const Tensor amax = ops::full(ctx, Shape{1}, DType::f32, 1.0);
+  const ops::Fp8Matrix tensorwise = ops::fp8_quantize(ctx, b, amax, Fp8Format::e4m3, true, false).rows;
+  CHECK_THROWS_AS(ops::fp8_matmul(ctx, out, qa, tensorwise), ValueError);  // mixed scalings
+  CHECK_THROWS_AS(ops::fp8_matmul(ctx, out, qa, qb, 1.0, 0.0, Tensor(), ops::Epilogue::None,
+                                  Tensor(), /*fast_accum=*/true),
+                  ValueError);
+  const Tensor a96 = testing::random_tensor(ctx, Shape{m, 96}, DType::f64, 27);
+  const Tensor b96 = testing::random_tensor(ctx, Shape{n, 96}, DType::f64, 28);
+  CHECK_THROWS_AS(
+      ops::fp8_matmul(ctx, out,
+                      ops::fp8_quantize_blocks(ctx, a96, Fp8Format::e4m3, Fp8Granularity::block_1x128, true, false).rows,
+                      ops::fp8_quantize_blocks(ctx, b96, Fp8Format::e4m3, Fp8Granularity::block_1x128, true, false).rows),
+      ShapeError);  // K not a multiple of 128
 }

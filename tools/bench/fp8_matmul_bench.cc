@@ -21,7 +21,7 @@ namespace {
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: bench fp8-matmul (--workload NAME | --config FILE) [--reps R] "
-               "[--format e4m3|hybrid]\n"
+               "[--format e4m3|hybrid] [--scaling tensorwise|blockwise]\n"
                "  Times on GPU 0 each linear layer of one block of the recipe's model at its\n"
                "  micro-batch, forward, dgrad and wgrad, as the layers run them: in bf16, then\n"
                "  in FP8 (the product alone, on operands quantized beforehand; then with the\n"
@@ -29,21 +29,31 @@ void usage(std::FILE* out) {
                "  W, dgrad the output gradient in both layouts with the bias gradient and W^T,\n"
                "  wgrad nothing more). TFLOP/s of the median of\n"
                "  R runs, and the bf16 / FP8-with-quantization time ratio. Workloads: gpt2-124m,\n"
-               "  gpt-1.3b, llama-1b.\n");
+               "  gpt-1.3b, llama-1b. --scaling blockwise: the blockwise recipe's operands (x and\n"
+               "  dy in 1x128 blocks, W in 128x128 blocks, block-scaled products, no fast\n"
+               "  accumulation); layers whose sizes are not multiples of 128 are skipped.\n");
 }
 
 }  // namespace
 
 int run_fp8_matmul_bench(const std::vector<std::string>& args) {
-  std::string format = "hybrid";
+  std::string format = "hybrid", scaling = "tensorwise";
   const WorkloadFlags flags =
       parse_workload_flags(args, usage, [&](const std::string& a, const std::function<std::string()>& value) {
+        if (a == "--scaling") {
+          scaling = value();
+          FSDP_CHECK(scaling == "tensorwise" || scaling == "blockwise", ConfigError,
+                     "--scaling is tensorwise or blockwise, not '", scaling, "'");
+          return true;
+        }
         if (a != "--format") return false;
         format = value();
         FSDP_CHECK(format == "e4m3" || format == "hybrid", ConfigError,
                    "--format is e4m3 or hybrid, not '", format, "'");
         return true;
       });
+  const bool blockwise = scaling == "blockwise";
+  const bool fast_accum = !blockwise;  // block-scaled products have none
   if (flags.help) return 0;
   const std::string& config = flags.config;
   const int reps = flags.reps;
@@ -53,13 +63,18 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
   FSDP_CHECK(ops::fp8_available(ctx, &why), DeviceError, "bench fp8-matmul: ", why);
   const ops::Fp8Format fwd = ops::Fp8Format::e4m3;
   const ops::Fp8Format bwd = format == "hybrid" ? ops::Fp8Format::e5m2 : ops::Fp8Format::e4m3;
-  std::printf("# bench fp8-matmul: %s, %s, median of %d; TFLOP/s\n", config.c_str(),
-              format.c_str(), reps);
+  std::printf("# bench fp8-matmul: %s, %s, %s, median of %d; TFLOP/s\n", config.c_str(),
+              format.c_str(), scaling.c_str(), reps);
   std::printf("%-16s %-6s %-22s %8s %8s %10s %7s\n", "layer", "pass", "(M x K) @ (K x N)", "bf16",
               "fp8", "fp8+quant", "ratio");
   double total_bf16 = 0, total_fp8 = 0;
   for (const LinearShape& l : linear_shapes_of(recipe)) {
     if (l.head) continue;  // kept in bf16
+    if (blockwise && !kernels::fp8_block_shape_ok(l.rows, l.out, l.in)) {
+      std::printf("%-16s skipped: (%lld x %lld x %lld) not multiples of 128\n", l.name,
+                  (long long)l.rows, (long long)l.in, (long long)l.out);
+      continue;
+    }
     const Tensor x = ctx.empty(Shape{l.rows, l.in}, DType::bf16);   // (M, in)
     const Tensor w = ctx.empty(Shape{l.out, l.in}, DType::bf16);    // (out, in)
     const Tensor y = ctx.empty(Shape{l.rows, l.out}, DType::bf16);  // (M, out); also dy
@@ -78,8 +93,14 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
     const ops::Epilogue fwd_ep = l.gelu_after ? ops::Epilogue::Gelu : ops::Epilogue::None;
     const ops::Epilogue dgrad_ep = l.dgelu_input ? ops::Epilogue::DGelu : ops::Epilogue::None;
     const Tensor amax = ctx.empty(Shape{1}, DType::f32);
+    // Blockwise: the weight (w) in 128x128 blocks, activations and gradients in 1x128.
     auto quantize = [&](const Tensor& t, ops::Fp8Format f, bool rows, bool cols,
                         const Tensor& column_sums = Tensor()) {
+      if (blockwise)
+        return ops::fp8_quantize_blocks(ctx, t, f,
+                                        t.data_ptr() == w.data_ptr() ? ops::Fp8Granularity::block_128x128
+                                                                     : ops::Fp8Granularity::block_1x128,
+                                        rows, cols, column_sums);
       ops::fp8_amax(ctx, amax, t);
       return ops::fp8_quantize(ctx, t, amax, f, rows, cols, column_sums);
     };
@@ -93,11 +114,11 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
     const std::vector<Pass> passes = {
         {"fwd", l.rows, l.in, l.out,
          [&] { ops::matmul(ctx, y, x, w, false, true, 1.0, 0.0, b, fwd_ep, pre); },
-         [&] { ops::fp8_matmul(ctx, y, qx.rows, qw.rows, 1.0, 0.0, b, fwd_ep, pre, true); },
+         [&] { ops::fp8_matmul(ctx, y, qx.rows, qw.rows, 1.0, 0.0, b, fwd_ep, pre, fast_accum); },
          [&] {
            // Both layouts of x in one pass: the layer keeps the columns for wgrad.
            const auto a = quantize(x, fwd, true, true), c = quantize(w, fwd, true, false);
-           ops::fp8_matmul(ctx, y, a.rows, c.rows, 1.0, 0.0, b, fwd_ep, pre, true);
+           ops::fp8_matmul(ctx, y, a.rows, c.rows, 1.0, 0.0, b, fwd_ep, pre, fast_accum);
          }},
         {"dgrad", l.rows, l.out, l.in,
          [&] { ops::matmul(ctx, dx, y, w, false, false, 1.0, 0.0, Tensor(), dgrad_ep, pre_in); },
@@ -148,8 +169,14 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
   ops::fill(ctx, t, 0.25);
   const double bytes = double(rows) * double(cols);
   const double t_amax = median_device_ms(ctx, reps, 2, [&] { ops::fp8_amax(ctx, amax, t); });
-  const double t_both = median_device_ms(ctx, reps, 2, [&] { ops::fp8_quantize(ctx, t, amax, bwd, true, true); });
-  const double t_rows = median_device_ms(ctx, reps, 2, [&] { ops::fp8_quantize(ctx, t, amax, bwd, true, false); });
+  auto quantize_alone = [&](bool columns) {
+    if (blockwise)
+      ops::fp8_quantize_blocks(ctx, t, bwd, ops::Fp8Granularity::block_1x128, true, columns);
+    else
+      ops::fp8_quantize(ctx, t, amax, bwd, true, columns);
+  };
+  const double t_both = median_device_ms(ctx, reps, 2, [&] { quantize_alone(true); });
+  const double t_rows = median_device_ms(ctx, reps, 2, [&] { quantize_alone(false); });
   std::printf("quantize (%lld x %lld) bf16: amax %.3f ms (%.0f GB/s), rows+columns %.3f ms "
               "(%.0f GB/s), rows %.3f ms (%.0f GB/s)\n", (long long)rows, (long long)cols, t_amax,
               2 * bytes / t_amax / 1e6, t_both, 4 * bytes / t_both / 1e6, t_rows, 3 * bytes / t_rows / 1e6);

@@ -156,11 +156,14 @@ struct Blas::Impl {
   // The cached plan of `key`, made when missing; the least recently used half of the cache
   // is dropped first when it is full (a plan's descriptors are read only while a matmul is
   // enqueued, so dropping one never affects work already on a stream).
-  Plan* find_or_make(const PlanKey& key, const void* bias, void* aux) {
+  // scale_a, scale_b: a block-scaled product's scale pointers (our a's and b's), which the
+  // heuristic needs to see (it offers no algorithm for a scale mode without its pointer).
+  Plan* find_or_make(const PlanKey& key, const void* bias, void* aux,
+                     const float* scale_a = nullptr, const float* scale_b = nullptr) {
     auto it = plans.find(key);
     if (it == plans.end()) {
       if (plans.size() >= Blas::kMaxCachedPlans) drop_older_half();
-      it = plans.emplace(key, CachedPlan{plan(key, bias, aux), 0}).first;
+      it = plans.emplace(key, CachedPlan{plan(key, bias, aux, scale_a, scale_b), 0}).first;
     }
     it->second.last_use = ++uses;
     return it->second.plan.get();
@@ -179,7 +182,8 @@ struct Blas::Impl {
   }
 
   // Builds the descriptors of `key` and asks the heuristic for its best algorithm.
-  std::unique_ptr<Plan> plan(const PlanKey& key, const void* bias, void* aux) {
+  std::unique_ptr<Plan> plan(const PlanKey& key, const void* bias, void* aux,
+                             const float* scale_a = nullptr, const float* scale_b = nullptr) {
     const MatmulDims& d = key.d;
     auto p = std::make_unique<Plan>();
     FSDP_CALL(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -224,6 +228,10 @@ struct Blas::Impl {
                                                sizeof(mode_a)));
       FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
                                                sizeof(mode_b)));
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b,
+                                               sizeof(scale_b)));
+      FSDP_CALL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a,
+                                               sizeof(scale_a)));
     } else if (key.fp8) {
       // alpha and beta are read on the device: alpha carries the operands' inverse scales,
       // which never come back to the host.
@@ -538,11 +546,11 @@ bool Blas::try_fp8_block_matmul(int64_t m, int64_t n, int64_t k, void* out, DTyp
               mode_a,
               mode_b};
   void* ws = impl_->workspace(stream);
-  Plan* plan = impl_->find_or_make(key, bias, nullptr);
+  Plan* plan = impl_->find_or_make(key, bias, nullptr, scale_a, scale_b);
   if (!plan) return false;
   Plan& p = *plan;
   Impl::set_pointers(p, bias, nullptr, false);
-  // cuBLASLt's A is our b, its B our a: each takes its own operand's scales.
+  // cuBLASLt's A is our b, its B our a: each takes its own operand's scales (this call's).
   FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b,
                                            sizeof(scale_b)));
   FSDP_CALL(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a,

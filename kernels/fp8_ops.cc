@@ -31,6 +31,22 @@ void check_fp8_matrix(const Context& ctx, const Fp8Matrix& m, const char* what) 
               DType::f32, what);
 }
 
+// The arguments both casts share: x (R, C) floating and contiguous, at least one layout
+// asked for, and the optional column sums (C) beside them.
+void check_quantize_args(const Context& ctx, const Tensor& x, bool rows, bool columns,
+                         const Tensor& add_column_sums, const char* what) {
+  check_on_ctx(ctx, x, what);
+  check_floating(x, what);
+  check_contiguous(x, what);
+  FSDP_CHECK(x.dim() == 2, ShapeError, what, ": expected a 2-D (rows, cols) tensor, got ", x.str());
+  FSDP_CHECK(rows || columns, ValueError, what, ": asked for neither layout");
+  if (!add_column_sums.defined()) return;
+  check_on_ctx(ctx, add_column_sums, what);
+  check_floating(add_column_sums, what);
+  check_contiguous(add_column_sums, what);
+  check_shape(add_column_sums, Shape{x.size(1)}, what);
+}
+
 bool block_scaled(const Fp8Matrix& m) { return m.granularity != Fp8Granularity::tensor; }
 
 // The block-scaled product (both operands block-scaled): the CPU's simulation, or cuBLASLt's
@@ -143,20 +159,10 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
                           bool rows, bool columns, const Tensor& add_column_sums,
                           const Tensor& record_amax) {
   const char* what = "fp8_quantize";
-  check_on_ctx(ctx, x, what);
-  check_floating(x, what);
-  check_contiguous(x, what);
-  FSDP_CHECK(x.dim() == 2, ShapeError, what, ": expected a 2-D (rows, cols) tensor, got ", x.str());
+  check_quantize_args(ctx, x, rows, columns, add_column_sums, what);
   check_dense(ctx, amax, Shape{1}, DType::f32, what);
-  FSDP_CHECK(rows || columns, ValueError, what, ": asked for neither layout");
   const int64_t r = x.size(0), c = x.size(1);
   const bool sums = add_column_sums.defined();
-  if (sums) {
-    check_on_ctx(ctx, add_column_sums, what);
-    check_floating(add_column_sums, what);
-    check_contiguous(add_column_sums, what);
-    check_shape(add_column_sums, Shape{c}, what);
-  }
   if (record_amax.defined()) check_dense(ctx, record_amax, Shape{1}, DType::f32, what);
   auto* record = static_cast<float*>(data_or_null(record_amax));
   Fp8Quantized q;
@@ -254,21 +260,11 @@ Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format
                                  Fp8Granularity granularity, bool rows, bool columns,
                                  const Tensor& add_column_sums) {
   const char* what = "fp8_quantize_blocks";
-  check_on_ctx(ctx, x, what);
-  check_floating(x, what);
-  check_contiguous(x, what);
-  FSDP_CHECK(x.dim() == 2, ShapeError, what, ": expected a 2-D (rows, cols) tensor, got ", x.str());
-  FSDP_CHECK(rows || columns, ValueError, what, ": asked for neither layout");
+  check_quantize_args(ctx, x, rows, columns, add_column_sums, what);
   FSDP_CHECK(granularity != Fp8Granularity::tensor, ValueError, what,
              ": tensor-wise scaling goes through fp8_quantize");
   const int64_t r = x.size(0), c = x.size(1);
   const bool sums = add_column_sums.defined();
-  if (sums) {
-    check_on_ctx(ctx, add_column_sums, what);
-    check_floating(add_column_sums, what);
-    check_contiguous(add_column_sums, what);
-    check_shape(add_column_sums, Shape{c}, what);
-  }
   Fp8Quantized q;
   auto make = [&](int64_t rr, int64_t cc) {  // a (rr, cc) matrix, K = cc, and its scales
     const kernels::Fp8ScaleGrid g = kernels::fp8_scale_grid(granularity, rr, cc);

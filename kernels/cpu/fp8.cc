@@ -101,6 +101,27 @@ void fp8_update_amax_histories(float* history, const float* step_amax, float* sc
     }
 }
 
+namespace {
+
+// out (M, N) = alpha * a (M, K) @ b (N, K)^T + beta * out [+ bias] [epilogue], from operands
+// already decoded (exact in f64 and f32), computed in out's dtype as the FP8 products are.
+void decoded_product(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                     const std::vector<double>& a, const std::vector<double>& b, double alpha,
+                     double beta, const void* bias, void* aux, MatmulEpilogue epilogue) {
+  MatmulDims d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
+  dispatch_compute(out_dtype, "fp8_matmul", [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> ta(a.begin(), a.end()), tb(b.begin(), b.end());
+    matmul(d, out, out_dtype, ta.data(), tb.data(), out_dtype, alpha, beta, bias, aux, epilogue);
+  });
+}
+
+}  // namespace
+
 void fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, const uint8_t* a,
                 Fp8Format format_a, float scale_inv_a, const uint8_t* b, Fp8Format format_b,
                 float scale_inv_b, double alpha, double beta, const void* bias, void* aux,
@@ -114,17 +135,7 @@ void fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype, con
   const std::vector<double> da = decode(a, format_a, m * k), db = decode(b, format_b, n * k);
   // The CUDA path multiplies by one f32 alpha: alpha * (sa * sb), each product rounded.
   const double scaled_alpha = double(float(alpha) * (scale_inv_a * scale_inv_b));
-  MatmulDims d;
-  d.m = m;
-  d.n = n;
-  d.k = k;
-  d.trans_b = true;
-  dispatch_compute(out_dtype, "fp8_matmul", [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<T> ta(da.begin(), da.end()), tb(db.begin(), db.end());
-    matmul(d, out, out_dtype, ta.data(), tb.data(), out_dtype, scaled_alpha, beta, bias, aux,
-           epilogue);
-  });
+  decoded_product(m, n, k, out, out_dtype, da, db, scaled_alpha, beta, bias, aux, epilogue);
 }
 
 void fp8_matmul_blocks(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
@@ -145,16 +156,7 @@ void fp8_matmul_blocks(int64_t m, int64_t n, int64_t k, void* out, DType out_dty
   };
   const std::vector<double> da = dequantize(a, format_a, ga, sa, m);
   const std::vector<double> db = dequantize(b, format_b, gb, sb, n);
-  MatmulDims d;
-  d.m = m;
-  d.n = n;
-  d.k = k;
-  d.trans_b = true;
-  dispatch_compute(out_dtype, "fp8_matmul_blocks", [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<T> ta(da.begin(), da.end()), tb(db.begin(), db.end());
-    matmul(d, out, out_dtype, ta.data(), tb.data(), out_dtype, alpha, beta, bias, aux, epilogue);
-  });
+  decoded_product(m, n, k, out, out_dtype, da, db, alpha, beta, bias, aux, epilogue);
 }
 
 }  // namespace fsdp::kernels::cpu

@@ -21,15 +21,11 @@ int64_t gathered_numel(const UnitPlan& unit, DType compute_dtype) {
   return (unit.padded_numel + size - 1) / size;
 }
 
-size_t fp8_state_cost(const ShardingPlan& plan, bool registrable) {
-  int64_t bytes = 0;
+size_t fp8_scales_cost(const ShardingPlan& plan) {
   size_t scales = 0;
-  for (const UnitPlan& u : plan.units()) {
-    if (!u.fp8) continue;
-    bytes += u.shard_numel;
-    scales += buffer_cost(int64_t(u.params.size()), DType::f32);
-  }
-  return bytes == 0 ? 0 : buffer_cost(bytes, DType::u8, registrable) + scales;
+  for (const UnitPlan& u : plan.units())
+    if (u.fp8) scales += buffer_cost(int64_t(u.params.size()), DType::f32);
+  return scales;
 }
 
 int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool weights) {
@@ -77,6 +73,10 @@ PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& 
       l.grad_shard.add(u.shard_numel);
     else
       l.grad_shard.skip();
+    if (zero3 && u.fp8)
+      l.fp8.add(u.shard_numel);
+    else
+      l.fp8.skip();
   }
   return l;
 }

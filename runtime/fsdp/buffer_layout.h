@@ -21,6 +21,7 @@ struct PersistentLayout {
   ArenaLayout grad_accum;  // accumulated gradients: shards (ZeRO-2/3) or full buffers
   ArenaLayout grad_full;   // per-micro-batch full gradients when their dtype differs (no_shard, optim)
   ArenaLayout grad_shard;  // ZeRO-1's reduce-scatter output
+  ArenaLayout fp8;         // ZeRO-3 FP8 units (fp8_param): this rank's shard of FP8 bytes
 };
 PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& options);
 
@@ -31,10 +32,9 @@ PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& 
 int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool weights);
 // Elements of compute_dtype that a unit's gathered weights take (FsdpUnit::gathered_numel).
 int64_t gathered_numel(const UnitPlan& unit, DType compute_dtype);
-// Bytes of the FP8 units' persistent state on each rank (ZeRO-3 with fp8_param): their
-// shards of FP8 bytes, in one allocation (registrable: nccl_ub), and the inverse scales of
-// each one's weights. 0 without FP8 units.
-size_t fp8_state_cost(const ShardingPlan& plan, bool registrable);
+// Bytes of the FP8 units' inverse scales on each rank (ZeRO-3 with fp8_param; their shards
+// of FP8 bytes are PersistentLayout::fp8). 0 without FP8 units.
+size_t fp8_scales_cost(const ShardingPlan& plan);
 
 // nccl_ub with sharded gradients (ZeRO-2/3): elements of reduce_dtype in the persistent
 // reduce-scatter output (the largest unit's shard) and input (the largest unit, when the

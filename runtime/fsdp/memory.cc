@@ -39,7 +39,7 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
     if (grads_sharded)
       b.grad_pool += size_t(grad_pool_slots(o, max_block)) * buffer_cost(max_block, o.grad_dtype, ub);
   }
-  b.compute_weights += fp8_state_cost(plan, ub);
+  b.compute_weights += arena_cost(l.fp8, DType::u8, ub) + fp8_scales_cost(plan);
   if (ub && grads_sharded) {
     const ReduceStaging staging = reduce_staging(plan, o);
     b.grad_pool += buffer_cost(staging.out_numel, o.reduce_dtype, true);

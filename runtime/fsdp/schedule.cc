@@ -95,7 +95,7 @@ void ShardedModel::quantize_fp8_weights() {
     shared_.calls.all_reduce(*group, fp8_weight_amax_, ReduceOp::Max, ctx.stream(), 1.0);
   // The amax each weight is scaled by: its own, or under delayed scaling with a history
   // the history's (as the layer would take it: the same on every rank).
-  ops::copy(ctx, fp8_scale_amax_, fp8_weight_amax_);
+  const Tensor scale_amax = ops::clone(ctx, fp8_weight_amax_);
   first = 0;
   for (auto& u : units_) {
     if (!u->plan().fp8) continue;
@@ -104,16 +104,16 @@ void ShardedModel::quantize_fp8_weights() {
     for (int64_t i = 0; i < n; ++i) {
       const nn::Fp8Recipe& r = *params[size_t(i)]->fp8;
       if (r.scaling == nn::Fp8Scaling::delayed && *r.delayed.primed)
-        ops::copy(ctx, fp8_scale_amax_.narrow(0, first + i, 1),
+        ops::copy(ctx, scale_amax.narrow(0, first + i, 1),
                   r.delayed.scale_amax.narrow(0, int(nn::Fp8Operand::weight), 1));
     }
     // One recipe for every FP8 layer (the plan's), so one format per unit.
     const kernels::Fp8Format format = params.front()->fp8->forward;
-    ops::fp8_scale_inverses(ctx, u->fp8_scale_inv, fp8_scale_amax_.narrow(0, first, n), format);
+    ops::fp8_scale_inverses(ctx, u->fp8_scale_inv, scale_amax.narrow(0, first, n), format);
     for (const ShardSegment& s : u->plan().segments(u->shard_rank()))
       ops::fp8_quantize_flat(ctx, u->fp8_shard.narrow(0, s.shard_offset, s.numel),
                              u->compute_shard.narrow(0, s.shard_offset, s.numel),
-                             fp8_scale_amax_.narrow(0, first + s.param, 1), format);
+                             scale_amax.narrow(0, first + s.param, 1), format);
     first += n;
   }
   // The gathers read the new FP8 shards.

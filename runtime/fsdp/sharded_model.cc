@@ -219,23 +219,15 @@ ShardedModel::Arenas ShardedModel::allocate_arenas() {
   a.grad_full = arena(a.layout.grad_full, o.grad_dtype, memory_.full_grads);
   a.grad_shard = arena(a.layout.grad_shard, o.reduce_dtype, memory_.grad_accumulation, ub && zero1,
                        "gradient shards");
-  // FP8 units: the shards of FP8 bytes the all-gathers send, in one allocation.
-  int64_t fp8_bytes = 0;
-  for (const UnitPlan& p : plan_.units())
-    if (p.fp8) fp8_bytes += p.shard_numel;
-  if (fp8_bytes > 0) {
-    a.fp8 = new_buffer(fp8_bytes, DType::u8, ub, "FP8 weight shards", memory_.compute_weights);
-    fp8_weight_amax_ = ops::zeros(ctx, Shape{fp8_weight_count()}, DType::f32);
-    fp8_scale_amax_ = ops::zeros(ctx, Shape{fp8_weight_count()}, DType::f32);
+  // FP8 units: the shards of FP8 bytes the all-gathers send.
+  a.fp8 = arena(a.layout.fp8, DType::u8, memory_.compute_weights, ub, "FP8 weight shards");
+  if (a.fp8.defined()) {
+    int64_t weights = 0;
+    for (const UnitPlan& p : plan_.units())
+      if (p.fp8) weights += int64_t(p.params.size());
+    fp8_weight_amax_ = ops::zeros(ctx, Shape{weights}, DType::f32);
   }
   return a;
-}
-
-int64_t ShardedModel::fp8_weight_count() const {
-  int64_t n = 0;
-  for (const UnitPlan& p : plan_.units())
-    if (p.fp8) n += int64_t(p.params.size());
-  return n;
 }
 
 void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
@@ -249,8 +241,7 @@ void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
   if (shared_.zero3()) {
     u.compute_shard = view(a.compute, a.layout.compute, p.shard_numel);
     if (p.fp8) {
-      u.fp8_shard = a.fp8.narrow(0, fp8_offset_, p.shard_numel);
-      fp8_offset_ += p.shard_numel;
+      u.fp8_shard = view(a.fp8, a.layout.fp8, p.shard_numel);
       u.fp8_scale_inv = new_buffer(int64_t(p.params.size()), DType::f32, false,
                                    "FP8 weight scales", memory_.compute_weights);
     }

@@ -159,8 +159,6 @@ class ShardedModel {
   // nccl_ub: registers every collective buffer with its communicator (see FsdpOptions).
   void register_buffers(const Tensor& compute, const Tensor& fp8, const Tensor& grad_accum,
                         const Tensor& grad_shard);
-  // fp8_param: the weights of FP8 units, in plan order.
-  int64_t fp8_weight_count() const;
   // fp8_param: quantizes each FP8 unit's compute shard into its FP8 shard when an update
   // (or a load) changed the weights since the last time: per weight, the amax of its piece
   // on this rank, the maximum over the shard group (one all-reduce), the scale from it (or
@@ -188,12 +186,10 @@ class ShardedModel {
   MemoryBreakdown memory_;
   int micro_batches_ = 0;
   bool step_grads_finished_ = false;  // the once-per-step work of finish_grad_sync is done
-  // fp8_param: each FP8 weight's amax over the shard group and the amax its scale came from
-  // ((weights) f32, plan order); whether the FP8 shards predate the compute shards; where
-  // the next FP8 unit's shard starts in the arena (allocation only).
-  Tensor fp8_weight_amax_, fp8_scale_amax_;
+  // fp8_param: each FP8 weight's amax over the shard group ((weights) f32, plan order), and
+  // whether the FP8 shards predate the compute shards.
+  Tensor fp8_weight_amax_;
   bool fp8_stale_ = true;
-  int64_t fp8_offset_ = 0;
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
   // Last: deregistered before any buffer they cover can be freed.
   std::vector<Registration> registrations_;

@@ -450,64 +450,39 @@ bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const voi
   return true;
 }
 
-namespace {
-
-int32_t scale_mode(Fp8Granularity g) {
-  switch (g) {
-    case Fp8Granularity::block_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    case Fp8Granularity::block_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    default: FSDP_THROW(ValueError, "fp8 block matmul: operands must be block-scaled");
-  }
-}
-
-// What every FP8 product checks (the output dtype, one operand e4m3) and its plan key:
-// out (M, N) = a (M, K) @ b (N, K)^T, both K-major; mode_a, mode_b: block scale modes (0:
-// tensor-wise).
-PlanKey fp8_plan_key(const char* what, int64_t m, int64_t n, int64_t k, void* out,
-                     DType out_dtype, const void* a, Fp8Format format_a, const void* b,
-                     Fp8Format format_b, const void* bias, const void* aux,
-                     MatmulEpilogue epilogue, bool fast_accum, int32_t mode_a, int32_t mode_b) {
-  FSDP_CHECK(out_dtype == DType::bf16 || out_dtype == DType::f32, DTypeError, what,
-             ": the output must be bf16 or f32, got ", dtype_name(out_dtype));
-  FSDP_CHECK(!(format_a == Fp8Format::e5m2 && format_b == Fp8Format::e5m2), DTypeError, what,
-             ": e5m2 x e5m2 has no tensor-core kernel (one operand must be e4m3)");
-  MatmulDims d;
-  d.m = m;
-  d.n = n;
-  d.k = k;
-  d.trans_b = true;
-  return PlanKey{d,
-                 out_dtype,
-                 out_dtype,
-                 bias != nullptr,
-                 epilogue,
-                 aux != nullptr,
-                 alignment(a),
-                 alignment(b),
-                 alignment(out),
-                 alignment(bias),
-                 alignment(aux),
-                 1 + 2 * int(format_a) + int(format_b),
-                 fast_accum,
-                 mode_a,
-                 mode_b};
-}
-
-}  // namespace
-
 bool Blas::try_fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
                           const void* a, Fp8Format format_a, const float* scale_inv_a,
                           const void* b, Fp8Format format_b, const float* scale_inv_b,
                           double alpha, double beta, const void* bias, void* aux,
                           MatmulEpilogue epilogue, bool fast_accum) {
-  const PlanKey key = fp8_plan_key("fp8 matmul", m, n, k, out, out_dtype, a, format_a, b, format_b,
-                                   bias, aux, epilogue, fast_accum, 0, 0);
+  FSDP_CHECK(out_dtype == DType::bf16 || out_dtype == DType::f32, DTypeError,
+             "fp8 matmul: the output must be bf16 or f32, got ", dtype_name(out_dtype));
+  FSDP_CHECK(!(format_a == Fp8Format::e5m2 && format_b == Fp8Format::e5m2), DTypeError,
+             "fp8 matmul: e5m2 x e5m2 has no tensor-core kernel (one operand must be e4m3)");
   FSDP_CHECK(epilogue == MatmulEpilogue::None || epilogue == MatmulEpilogue::Gelu ||
                  epilogue == MatmulEpilogue::DGelu,
              ValueError, "fp8 matmul: unsupported epilogue");
   if (m == 0 || n == 0) return true;
   if (!fp8_shape_ok(m, n, k)) return false;  // K-major operands, sizes multiples of 16
+  MatmulDims d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
   CUstream_st* stream = impl_->ctx.stream().cuda_stream();
+  PlanKey key{d,
+              out_dtype,
+              out_dtype,
+              bias != nullptr,
+              epilogue,
+              aux != nullptr,
+              alignment(a),
+              alignment(b),
+              alignment(out),
+              alignment(bias),
+              alignment(aux),
+              1 + 2 * int(format_a) + int(format_b),
+              fast_accum};
   void* ws = impl_->workspace(stream);
   Plan* plan = impl_->find_or_make(key, bias, aux);
   if (!plan) return false;
@@ -522,21 +497,54 @@ bool Blas::try_fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_
   return true;
 }
 
+namespace {
+
+int32_t scale_mode(Fp8Granularity g) {
+  switch (g) {
+    case Fp8Granularity::block_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Granularity::block_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: FSDP_THROW(ValueError, "fp8 block matmul: operands must be block-scaled");
+  }
+}
+
+}  // namespace
+
 bool Blas::try_fp8_block_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
                                 const void* a, Fp8Format format_a, Fp8Granularity granularity_a,
                                 const float* scale_a, const void* b, Fp8Format format_b,
                                 Fp8Granularity granularity_b, const float* scale_b,
                                 double alpha, double beta, const void* bias) {
+  FSDP_CHECK(out_dtype == DType::bf16 || out_dtype == DType::f32, DTypeError,
+             "fp8 block matmul: the output must be bf16 or f32, got ", dtype_name(out_dtype));
+  FSDP_CHECK(!(format_a == Fp8Format::e5m2 && format_b == Fp8Format::e5m2), DTypeError,
+             "fp8 block matmul: e5m2 x e5m2 has no tensor-core kernel (one operand must be e4m3)");
   const int32_t mode_a = scale_mode(granularity_a), mode_b = scale_mode(granularity_b);
-  const PlanKey key = fp8_plan_key("fp8 block matmul", m, n, k, out, out_dtype, a, format_a, b,
-                                   format_b, bias, nullptr, MatmulEpilogue::None, false, mode_a,
-                                   mode_b);
   FSDP_CHECK(!(granularity_a == Fp8Granularity::block_128x128 &&
                granularity_b == Fp8Granularity::block_128x128),
              ValueError, "fp8 block matmul: 128x128 x 128x128 is not offered (one operand 1x128)");
   if (m == 0 || n == 0) return true;
   if (!fp8_shape_ok(m, n, k) || k % kFp8Block != 0) return false;
+  MatmulDims d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
   CUstream_st* stream = impl_->ctx.stream().cuda_stream();
+  PlanKey key{d,
+              out_dtype,
+              out_dtype,
+              bias != nullptr,
+              MatmulEpilogue::None,
+              false,
+              alignment(a),
+              alignment(b),
+              alignment(out),
+              alignment(bias),
+              alignment(nullptr),
+              1 + 2 * int(format_a) + int(format_b),
+              false,
+              mode_a,
+              mode_b};
   void* ws = impl_->workspace(stream);
   Plan* plan = impl_->find_or_make(key, bias, nullptr, scale_a, scale_b);
   if (!plan) return false;

@@ -93,6 +93,12 @@ void ShardedModel::quantize_fp8_weights() {
   Communicator* group = shared_.groups.shard_gather;
   if (shared_.communicates(group))
     shared_.calls.all_reduce(*group, fp8_weight_amax_, ReduceOp::Max, ctx.stream(), 1.0);
+  // A tensor-parallel slice's amax, then over the tensor-parallel group: the whole weight's
+  // (the FP8 plan marks only split layers under tensor parallelism, and a whole weight's
+  // maximum over equal copies is its own).
+  Communicator* tp = shared_.groups.tensor_parallel;
+  if (tp && shared_.communicates(tp))
+    shared_.calls.all_reduce(*tp, fp8_weight_amax_, ReduceOp::Max, ctx.stream(), 1.0);
   // The amax each weight is scaled by: its own, or under delayed scaling with a history
   // the history's (as the layer would take it: the same on every rank).
   const Tensor scale_amax = ops::clone(ctx, fp8_weight_amax_);

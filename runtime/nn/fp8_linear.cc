@@ -8,7 +8,8 @@ namespace fsdp::nn::fp8 {
 namespace {
 
 // t (R, C), operand `op` of weight's layer, quantized with the scale its recipe gives:
-// tensor-wise from t's own amax (taken over the token group's ranks), or delayed from the
+// tensor-wise from t's own amax (taken over the ranks that hold other tokens or other
+// features of the operand), or delayed from the
 // amax history, recording t's amax for the next steps in the same read (in the first step,
 // with no history yet, from t's own amax too). add_column_sums (C) += t's column sums from
 // the same read, when defined.
@@ -31,6 +32,8 @@ ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weigh
   ops::fp8_amax(ctx, amax, t);
   if (r.token_group && r.token_group->size() > 1 && op != Fp8Operand::weight)
     r.token_group->all_reduce_max(ctx, amax);
+  if (r.feature_group && r.feature_group->size() > 1 && r.split_by_features[size_t(op)])
+    r.feature_group->all_reduce_max(ctx, amax);
   return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
 }
 

@@ -2,6 +2,7 @@
 // from outside the model: runtime/parallel/fp8_plan.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "kernels/fp8_format.h"
@@ -44,6 +45,12 @@ struct Fp8Recipe {
   // current amax of an input or output gradient is the maximum over them, so that every
   // rank scales by the amax the whole sequence has, as one process would.
   TensorParallelGroup* token_group = nullptr;
+  // The tensor-parallel group of a split layer, or null, and the operands it splits along
+  // their features: a column-parallel layer its weight's rows and its output gradient's
+  // columns, a row-parallel one its weight's and its input's columns. A current amax of a
+  // split operand is the maximum over the group, as the whole operand's is.
+  TensorParallelGroup* feature_group = nullptr;
+  std::array<bool, kFp8Operands> split_by_features{};
 };
 
 }  // namespace fsdp::nn

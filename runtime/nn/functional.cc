@@ -40,13 +40,17 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   Tensor y = ctx.empty(with_last(whole.shape(), out_f), x.dtype());  // (..., out)
   const bool gelu = epilogue == ops::Epilogue::Gelu;
   const Tensor pre = gelu ? ctx.empty(Shape{n, out_f}, x.dtype()) : Tensor();  // (N, out)
-  // FP8 (a weight marked by the FP8 plan) for layers that are not column-parallel.
-  const bool use_fp8 = !column.group && fp8::applies(weight, n);
+  // FP8 where the FP8 plan marked the weight (and the sizes fit).
+  const bool use_fp8 = fp8::applies(weight, n);
   const bool records = g.should_record({&x}, true);
-  ops::Fp8Matrix x_columns;  // (in, N) FP8: what the FP8 weight gradient reads of x
+  // The weight gradient's input: in FP8, its transposed FP8 copy (in, N) from the forward's
+  // quantization; under sequence parallelism only this rank's part of the input (gathered
+  // again, and quantized again in FP8, in the backward), as the unquantized layer keeps it.
+  ops::Fp8Matrix x_columns;
   if (use_fp8)
     x_columns = fp8::forward(ctx, y.view(Shape{n, out_f}), x2, weight,
-                             bias ? bias->checked_data() : Tensor(), epilogue, pre, records);
+                             bias ? bias->checked_data() : Tensor(), epilogue, pre,
+                             records && !gathered);
   else
     ops::matmul(ctx, y.view(Shape{n, out_f}), x2, w, false, true, 1.0, 0.0,
                 bias ? bias->checked_data() : Tensor(), epilogue, pre);
@@ -54,9 +58,7 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
 
   y = Graph::track(y);
   Parameter* wp = &weight;
-  // Saved for the weight gradient: the input, or under sequence parallelism only this
-  // rank's part of it (gathered again in the backward); in FP8 its transposed FP8 copy.
-  const Tensor saved = use_fp8 ? Tensor() : gathered ? ops::contiguous(ctx, x) : x2;
+  const Tensor saved = gathered ? ops::contiguous(ctx, x) : use_fp8 ? Tensor() : x2;
   g.record("linear:" + weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved, pre, ym = y.autograd_meta(), wp, bias, gelu, n, out_f,
             in_f, column, gathered, use_fp8, x_columns, whole_shape = whole.shape()](Graph& g) {
@@ -69,34 +71,39 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
                ops::gelu_backward(ctx, dpre, dy, pre);
                dy = dpre;
              }
-             if (use_fp8) {
-               // db (out) += column sums of dy, read once with its quantization
-               const ops::Fp8Quantized q = fp8::quantize_output_grad(ctx, dy, *wp, bias);
-               const autograd::GradSink sx = g.grad_sink(tx);
-               if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
-                 fp8::input_grad(ctx, sx.buffer.view(Shape{n, in_f}), q, *wp,
-                                 sx.accumulate ? 1.0 : 0.0);
-               fp8::weight_grad(ctx, *wp, q, x_columns);
-               return;
-             }
-             if (!column.group) {
-               const autograd::GradSink sx = g.grad_sink(tx);
-               if (sx.defined())  // dx (N, in) (+)= dy (N, out) @ W (out, in)
-                 ops::matmul(ctx, sx.buffer.view(Shape{n, in_f}), dy, wp->checked_data(), false,
-                             false, 1.0, sx.accumulate ? 1.0 : 0.0);
-               // dW (out, in) += dy^T (out, N) @ x (N, in); db (out) += column sums of dy
-               detail::weight_and_bias_grad(ctx, *wp, bias, dy, saved);
-               return;
-             }
-             // Column-parallel: the input gathered again while the input gradient is
-             // computed, which is then summed over the group while the weight gradient is.
+             // Column-parallel under sequence parallelism: the input gathered again while
+             // the input gradient is computed.
              std::optional<SequenceExchange> regather;
              if (gathered) regather = SequenceExchange::start_gather(ctx, saved, *column.group);
+             // In FP8, dy quantized once for both products; db (out) += its column sums
+             // from the same read.
+             std::optional<ops::Fp8Quantized> q;
+             if (use_fp8) q = fp8::quantize_output_grad(ctx, dy, *wp, bias);
+             // dx (N, in) (+)= dy (N, out) @ W (out, in)
+             auto input_grad = [&](const Tensor& dx, double beta) {
+               if (q)
+                 fp8::input_grad(ctx, dx, *q, *wp, beta);
+               else
+                 ops::matmul(ctx, dx, dy, wp->checked_data(), false, false, 1.0, beta);
+             };
+             // Column-parallel: this rank's part of dx, summed over the group while the
+             // weight gradient is computed.
              std::optional<ColumnInputGrad> dx;
-             if (tx.defined())
-               dx = ColumnInputGrad::start(ctx, dy, wp->checked_data(), column, whole_shape);
+             if (!column.group) {
+               const autograd::GradSink sx = g.grad_sink(tx);
+               if (sx.defined()) input_grad(sx.buffer.view(Shape{n, in_f}), sx.accumulate ? 1.0 : 0.0);
+             } else if (tx.defined()) {
+               const Tensor part = ctx.empty(whole_shape, dy.dtype());  // (..., in)
+               input_grad(part.view(Shape{n, in_f}), 0.0);
+               dx = ColumnInputGrad::start(ctx, part, column);
+             }
+             // dW (out, in) += dy^T (out, N) @ x (N, in) [db (out) += column sums of dy]
              const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), in_f) : saved;
-             detail::weight_and_bias_grad(ctx, *wp, bias, dy, x2);
+             if (q)
+               fp8::weight_grad(ctx, *wp, *q,
+                                x_columns.defined() ? x_columns : fp8::input_columns(ctx, x2, *wp));
+             else
+               detail::weight_and_bias_grad(ctx, *wp, bias, dy, x2);
              if (dx) g.accumulate(tx, dx->finish(ctx));
            });
   return y;

@@ -55,6 +55,7 @@ class Linear : public UnaryModule {
   // and the output of a row-parallel one are this rank's part of the sequence).
   void set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence = false);
   ParallelStyle parallel_style() const { return style_; }
+  TensorParallelGroup* parallel_group() const { return group_; }  // null when replicated
   // How the matmul takes its input (column-parallel: its exchange over the group).
   ColumnParallelInput parallel_input() const {
     return {style_ == ParallelStyle::column ? group_ : nullptr, sequence_};

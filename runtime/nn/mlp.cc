@@ -57,9 +57,9 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   const Tensor b_fc = fc_bias ? fc_bias->checked_data() : Tensor();
   const Tensor b_proj = proj_bias ? proj_bias->checked_data() : Tensor();
 
-  // FP8 (weights marked by the FP8 plan) where the layer is not column-parallel.
-  const bool fc_fp8 = !column.group && fp8::applies(fc_weight, n);
-  const bool proj_fp8 = !column.group && fp8::applies(proj_weight, n);
+  // FP8 where the FP8 plan marked the weights (and the sizes fit).
+  const bool fc_fp8 = fp8::applies(fc_weight, n);
+  const bool proj_fp8 = fp8::applies(proj_weight, n);
   const bool records = g.should_record({&x}, true);
   // out (N, out) = in @ W^T [+ b] [Gelu: aux], in FP8 or not; in FP8, with keep_input, the
   // input's transposed FP8 copy for the weight gradient is returned.
@@ -72,10 +72,13 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   ops::Fp8Matrix x_columns, a_columns;  // (C, N), (F, N) FP8: for the FP8 weight gradients
   Tensor h = ctx.empty(Shape{n, h_f}, x.dtype());  // (N, F or 2F): the activation's input
   Tensor a = ctx.empty(Shape{n, f}, x.dtype());    // (N, F): the activation
+  // fc's input in FP8 is kept as its transposed FP8 copy, but under sequence parallelism,
+  // which keeps only this rank's part of it (see saved_x).
+  const bool keep_x = records && !gathered;
   if (gelu) {
-    x_columns = product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, records);
+    x_columns = product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, keep_x);
   } else {
-    x_columns = product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor(), records);
+    x_columns = product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor(), keep_x);
     ops::swiglu_forward(ctx, a, h);
   }
   Tensor y = ctx.empty(with_last(whole.shape(), c), x.dtype());  // (..., C)
@@ -87,8 +90,9 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   y = Graph::track(y);
   const Tensor saved_a = recompute_activation || a_columns.defined() ? Tensor() : a;
   // Saved for fc's weight gradient: the input, or under sequence parallelism only this
-  // rank's part of it (gathered again in the backward); in FP8 its transposed FP8 copy.
-  const Tensor saved_x = fc_fp8 ? Tensor() : gathered ? ops::contiguous(ctx, x) : x2;
+  // rank's part of it (gathered again, and in FP8 quantized again, in the backward); in
+  // FP8 otherwise its transposed FP8 copy.
+  const Tensor saved_x = gathered ? ops::contiguous(ctx, x) : fc_fp8 ? Tensor() : x2;
   g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved_x, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
             &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered, fc_fp8,
@@ -135,32 +139,36 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                ops::swiglu_backward(ctx, dh, da, h);
              }
              qdy.reset();
-             if (column.group) {
-               // dx (..., C) = dh @ W_fc first, summed over the group while fc's weight
-               // gradient is computed.
-               std::optional<ColumnInputGrad> dx;
-               if (tx.defined())
-                 dx = ColumnInputGrad::start(ctx, dh, fc_weight.checked_data(), column, whole_shape);
-               const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), c) : saved_x;
-               weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, x2);
-               if (dx) g.accumulate(tx, dx->finish(ctx));
-               return;
+             // In FP8, dh quantized once for both of fc's products (db_fc from the same read).
+             std::optional<ops::Fp8Quantized> qdh;
+             if (fc_fp8) qdh = fp8::quantize_output_grad(ctx, dh, fc_weight, fc_bias);
+             // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
+             auto fc_input_grad = [&](const Tensor& dx, double beta) {
+               if (qdh)
+                 fp8::input_grad(ctx, dx, *qdh, fc_weight, beta);
+               else
+                 ops::matmul(ctx, dx, dh, fc_weight.checked_data(), false, false, 1.0, beta);
+             };
+             // Column-parallel: this rank's part of dx, summed over the group while fc's
+             // weight gradient is computed.
+             std::optional<ColumnInputGrad> dx;
+             if (!column.group) {
+               const autograd::GradSink sx = g.grad_sink(tx);
+               if (sx.defined()) fc_input_grad(sx.buffer.view(Shape{n, c}), sx.accumulate ? 1.0 : 0.0);
+             } else if (tx.defined()) {
+               const Tensor part = ctx.empty(whole_shape, dh.dtype());  // (..., C)
+               fc_input_grad(part.view(Shape{n, c}), 0.0);
+               dx = ColumnInputGrad::start(ctx, part, column);
              }
              // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
-             if (fc_fp8) {
-               const ops::Fp8Quantized qdh = fp8::quantize_output_grad(ctx, dh, fc_weight, fc_bias);
-               fp8::weight_grad(ctx, fc_weight, qdh, x_columns);
-               const autograd::GradSink sx = g.grad_sink(tx);
-               if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
-                 fp8::input_grad(ctx, sx.buffer.view(Shape{n, c}), qdh, fc_weight,
-                                 sx.accumulate ? 1.0 : 0.0);
-               return;
-             }
-             weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, saved_x);
-             const autograd::GradSink sx = g.grad_sink(tx);
-             if (sx.defined())  // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
-               ops::matmul(ctx, sx.buffer.view(Shape{n, c}), dh, fc_weight.checked_data(), false,
-                           false, 1.0, sx.accumulate ? 1.0 : 0.0);
+             const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), c) : saved_x;
+             if (qdh)
+               fp8::weight_grad(ctx, fc_weight, *qdh,
+                                x_columns.defined() ? x_columns
+                                                    : fp8::input_columns(ctx, x2, fc_weight));
+             else
+               weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, x2);
+             if (dx) g.accumulate(tx, dx->finish(ctx));
            });
   return y;
 }

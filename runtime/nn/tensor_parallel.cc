@@ -168,11 +168,10 @@ Tensor SequenceExchange::finish(Context& ctx) {
   return out;
 }
 
-ColumnInputGrad ColumnInputGrad::start(Context& ctx, const Tensor& dy, const Tensor& w,
-                                       const ColumnParallelInput& column, const Shape& whole) {
+ColumnInputGrad ColumnInputGrad::start(Context& ctx, const Tensor& dx,
+                                       const ColumnParallelInput& column) {
   ColumnInputGrad d;
-  d.dx_ = ctx.empty(whole, dy.dtype());  // (..., in)
-  ops::matmul(ctx, d.dx_.view(Shape{dy.size(0), w.size(1)}), dy, w, false, false);
+  d.dx_ = dx;
   if (column.sequence)
     d.sequence_ = SequenceExchange::start_reduce_scatter(ctx, d.dx_, *column.group);
   else

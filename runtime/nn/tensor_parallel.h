@@ -97,13 +97,13 @@ struct ColumnParallelInput {
   bool sequence = false;
 };
 
-// A column-parallel layer's input gradient, started on its way to the other ranks:
-// dx = dy (N, out) @ w (out, in) in the whole input's shape (..., in), then summed over the
-// group in place, or reduce-scattered along the sequence to this rank's (B, T/tp, in).
+// A column-parallel layer's input gradient, started on its way to the other ranks: this
+// rank's part dx (..., in) (dy @ W of its output features, in the whole input's shape),
+// summed over the group in place, or reduce-scattered along the sequence to this rank's
+// (B, T/tp, in).
 class ColumnInputGrad {
  public:
-  static ColumnInputGrad start(Context& ctx, const Tensor& dy, const Tensor& w,
-                               const ColumnParallelInput& column, const Shape& whole);
+  static ColumnInputGrad start(Context& ctx, const Tensor& dx, const ColumnParallelInput& column);
   Tensor finish(Context& ctx);
 
  private:

@@ -5,6 +5,32 @@
 
 namespace fsdp {
 
+namespace {
+
+// Whether some of the layer's weight rows are held by several tensor-parallel ranks.
+bool replicates_rows(nn::Linear& linear) {
+  const auto& slice = linear.weight().parallel_slice();
+  if (!slice) return false;
+  for (size_t i = 0; i < slice->ranges.size(); ++i)
+    if (slice->replicas_of(i) > 1) return true;
+  return false;
+}
+
+// The operands a tensor-parallel split divides along their features.
+void mark_split_operands(nn::Linear& linear, nn::Fp8Recipe& r) {
+  using nn::Fp8Operand;
+  const nn::ParallelStyle style = linear.parallel_style();
+  if (style == nn::ParallelStyle::replicated) return;
+  r.feature_group = linear.parallel_group();
+  r.split_by_features[size_t(Fp8Operand::weight)] = true;
+  if (style == nn::ParallelStyle::column)  // output features: W's rows, dy's columns
+    r.split_by_features[size_t(Fp8Operand::output_grad)] = true;
+  else  // input features: W's and x's columns
+    r.split_by_features[size_t(Fp8Operand::input)] = true;
+}
+
+}  // namespace
+
 Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan) {
   FSDP_CHECK(plan.bf16_first_blocks >= 0 && plan.bf16_last_blocks >= 0, ConfigError,
              "fp8: the numbers of blocks kept in bf16 must not be negative");
@@ -18,9 +44,14 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan)
     }
     for (nn::Module* m : block.modules()) {
       auto* linear = dynamic_cast<nn::Linear*>(m);
-      if (!linear || linear->parallel_style() != nn::ParallelStyle::replicated) continue;
-      linear->weight().fp8 = plan.recipe;
-      linear->weight().fp8->token_group = plan.token_group;
+      if (!linear) continue;
+      if (replicates_rows(*linear)) {
+        report.bf16_layers.push_back(linear->name() + " (replicated key/value heads)");
+        continue;
+      }
+      nn::Fp8Recipe& r = linear->weight().fp8.emplace(plan.recipe);
+      r.token_group = plan.token_group;
+      mark_split_operands(*linear, r);
       report.fp8_layers.push_back(linear->name());
       report.fp8_weights.push_back(&linear->weight());
     }

@@ -5,8 +5,14 @@
 // (runtime/nn/fp8_linear.h). What stays in bf16, as Transformer Engine recipes keep it:
 // the embedding and the classifier (never marked), the first and last blocks by default
 // (their inputs and gradients have the widest ranges), attention's softmax products, the
-// norms, and the MoE experts' grouped products. Column- and row-parallel layers under
-// tensor parallelism keep bf16 (their products are split across ranks).
+// norms, and the MoE experts' grouped products.
+//
+// Under tensor parallelism the column- and row-parallel layers run in FP8 too: the amax of
+// every operand split over the group (nn::Fp8Recipe::split_by_features) is the maximum over
+// its ranks, so each rank quantizes its slice as the single process quantizes the whole
+// operand. But a query-key-value layer whose key/value heads are replicated on several
+// ranks (fewer of them than ranks) keeps bf16: each rank's gradient of a replicated head is
+// a part of the head's gradient, and quantizing the parts is not quantizing their sum.
 #pragma once
 
 #include <string>
@@ -31,6 +37,9 @@ struct Fp8Report {
   std::vector<std::string> fp8_layers;
   std::vector<nn::Parameter*> fp8_weights;  // the marked layers' weights, as fp8_layers
   std::vector<std::string> bf16_blocks;
+  // Linear layers of the FP8 blocks kept in bf16, with why ("h.1.attn.qkv (replicated
+  // key/value heads)").
+  std::vector<std::string> bf16_layers;
 };
 
 // Marks the linear layers of `blocks` (a model's transformer blocks in forward order) but

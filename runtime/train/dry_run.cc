@@ -70,6 +70,10 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                          context_parallel_comm(recipe.model.cp_comm_type));
   PlanningExpertParallelGroup ep_plan(mesh.size(MeshAxis::ep), 0);
   apply_expert_parallel(*model, ep_plan);
+  // FP8 layers keep other activations, and fp8_param gathers their weights in units of
+  // their own.
+  Fp8Report fp8;
+  if (recipe.mixed_precision.fp8) fp8 = apply_fp8(model->blocks(), fp8_plan_of(recipe));
   const FsdpOptions fo = fsdp_options_of(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;
@@ -93,7 +97,8 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                                                     mc.inactive_parameters_per_token()),
                                        ")")
                              : std::string(),
-                 "\n", plan.describe());
+                 "\n", recipe.mixed_precision.fp8 ? fp8_summary(recipe, fp8) + "\n" : "",
+                 plan.describe());
   out += str_cat("memory per rank (", strategy_name(fo.strategy), "):\n",
                  "  compute weights   ", format_bytes(int64_t(mem.compute_weights)), "\n",
                  "  main weights      ", format_bytes(int64_t(mem.main_weights)), "\n",

@@ -143,10 +143,6 @@ void check_fp8_param(const Recipe& r) {
              "'mixed_precision.fp8_param' gathers weights in FP8 under ZeRO-3, but "
              "'ddp.data_parallel_sharding_strategy' is \"", strategy, "\" (it gathers no weights "
              "before each use); use \"optim_grads_params\" or fp8_param false");
-  FSDP_CHECK(r.model.tensor_model_parallel_size == 1, ConfigError,
-             "'mixed_precision.fp8_param' with 'model.tensor_model_parallel_size' ",
-             r.model.tensor_model_parallel_size, " is not supported (tensor-parallel layers run "
-             "in bf16 and need their bf16 weights); set fp8_param false");
   FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError, "'mixed_precision.fp8_param' with "
              "'optimizer.cpu_offload' is not supported (the FP8 shards are made on the device "
              "after the update); set one of them false");

@@ -80,9 +80,10 @@ struct TrainResult {
   // The sharded model's collectives since the last step began (its evaluation after it
   // included): this rank's count and bytes by kind (fsdp::IssuedCollectives).
   IssuedCollectives last_step_collectives;
-  // mixed_precision.fp8: the linear layers run in FP8 ("h.1.attn.qkv") and the blocks kept
-  // in bf16 ("h.0"); empty without fp8.
-  std::vector<std::string> fp8_layers, fp8_bf16_blocks;
+  // mixed_precision.fp8: the linear layers run in FP8 ("h.1.attn.qkv"), the blocks kept
+  // in bf16 ("h.0") and the layers of FP8 blocks kept in bf16, with why (Fp8Report); empty
+  // without fp8.
+  std::vector<std::string> fp8_layers, fp8_bf16_blocks, fp8_bf16_layers;
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any
   // Timing over the steps after options.warmup_steps (all ranks together).

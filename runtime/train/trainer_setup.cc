@@ -125,9 +125,47 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
   return s;
 }
 
+Fp8Plan fp8_plan_of(const Recipe& r) {
+  const MixedPrecisionSection& mp = r.mixed_precision;
+  FSDP_CHECK(mp.fp8.has_value(), ConfigError, "fp8_plan_of: 'mixed_precision.fp8' is null");
+  Fp8Plan plan;
+  plan.recipe.backward = *mp.fp8 == "hybrid" ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
+  if (mp.fp8_recipe == "blockwise") plan.recipe.scaling = nn::Fp8Scaling::blockwise;
+  plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
+  plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
+  return plan;
+}
+
+std::string fp8_summary(const Recipe& r, const Fp8Report& report) {
+  const MixedPrecisionSection& mp = r.mixed_precision;
+  std::string bf16_blocks, bf16_layers;
+  for (const std::string& b : report.bf16_blocks) bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + b;
+  for (const std::string& l : report.bf16_layers) bf16_layers += ", " + l;
+  const std::string delayed =
+      mp.fp8_recipe == "delayed"
+          ? str_cat(" (amax history ", mp.fp8_amax_history_len, ", ", mp.fp8_amax_compute_algo,
+                    mp.fp8_margin ? str_cat(", margin ", mp.fp8_margin) : "", ")")
+          : "";
+  return str_cat("fp8: ", mp.fp8.value_or("null"), " ", mp.fp8_recipe, delayed, " in ",
+                 report.fp8_layers.size(), " linear layers of the blocks; bf16: embedding, "
+                 "classifier, attention softmax, norms",
+                 bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks, bf16_layers,
+                 mp.fp8_param ? "; weights gathered in FP8" : "");
+}
+
+int fp8_block_count(models::LanguageModel& model) {
+  int n = 0;
+  for (nn::Module* block : model.blocks()) {
+    bool fp8 = false;
+    for (nn::Parameter* p : block->named_parameters()) fp8 = fp8 || p->fp8.has_value();
+    n += fp8;
+  }
+  return n;
+}
+
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
-                                  int tp, bool sequence_parallel) {
+                                  int tp, bool sequence_parallel, int fp8_blocks) {
   const int64_t n = micro_batch * seq_len;  // tokens
   const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
   const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
@@ -164,9 +202,23 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
                            k * (2 * C + expert) * e + shared * e + E * (2 * stat + e) +
                            k * (8 + stat));
   }
+  // An FP8 block's linear layers keep FP8 copies (one byte per element) for their weight
+  // gradients: of a norm output in place of it (under sequence parallelism the
+  // column-parallel layers keep the rank's part of their input as in bf16, and cast it
+  // again); of the attention output beside it (attention's backward reads it too); of the
+  // MLP's activation in place of it, unless it is recomputed. An MoE block's experts stay
+  // in bf16: only its attention changes (the MLP part is counted for the dense blocks, as
+  // many of the FP8 blocks as there are).
+  const int64_t norm_output = sequence_parallel ? 0 : -C * (e - 1);
+  const int64_t fp8_attention = n * (norm_output + C / tp);
+  const int64_t fp8_mlp =
+      n * (norm_output + (recompute == models::Recompute::selective ? 0 : -F / tp * (e - 1)));
   const int64_t moe_layers = c.num_moe_layers();
+  const int64_t fp8_dense_blocks = std::min<int64_t>(fp8_blocks, L - moe_layers);
+  int64_t fp8_change = fp8_blocks * fp8_attention + fp8_dense_blocks * fp8_mlp;
   if (recompute == models::Recompute::full) {
     layer_bytes = moe_layer_bytes = n * C * r / stream_parts;  // the block input
+    fp8_change = 0;
   }
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
@@ -177,7 +229,7 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   const int64_t vocab_rows = c.padded_vocab_size / tp;
   const int64_t head = chunk * vocab_rows * e + n * C * e + vocab_rows * C * stat + n * stat +
                        n * C * r;
-  return (L - moe_layers) * layer_bytes + moe_layers * moe_layer_bytes + head;
+  return (L - moe_layers) * layer_bytes + moe_layers * moe_layer_bytes + fp8_change + head;
 }
 
 }  // namespace fsdp::train

@@ -12,6 +12,7 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/fp8_plan.h"
 #include "runtime/train/recipe.h"
 
 namespace fsdp::train {
@@ -29,12 +30,23 @@ MeshSizes mesh_sizes_of(const Recipe& r);
 data::DataSpec train_data_of(const Recipe& r);
 data::DataSpec val_data_of(const Recipe& r, bool* has_val);
 
+// The FP8 plan of a recipe with mixed_precision.fp8 set: formats, scaling and the blocks
+// kept in bf16 (the trainer adds its context-parallel group). Delayed scaling's state is
+// set up apart (Fp8DelayedScaling); the plan starts it as tensorwise.
+Fp8Plan fp8_plan_of(const Recipe& r);
+// The start-up report's line on FP8: recipe, how many layers run in FP8, what stays in bf16.
+std::string fp8_summary(const Recipe& r, const Fp8Report& report);
+// How many of the model's blocks have linear layers an FP8 plan marked.
+int fp8_block_count(models::LanguageModel& model);
+
 // Bytes of activations one micro-batch keeps for backward on one rank (an estimate from the
 // tensors the model's ops save, and the chunked classifier's logits buffer). Under tensor
 // parallelism over `tp` ranks each keeps its share of the heads' and the MLP's tensors,
 // and with sequence parallelism its share of the residual stream and the norms' outputs.
+// In `fp8_blocks` blocks the linear layers keep FP8 copies of their inputs (one byte per
+// element) for their weight gradients instead of the inputs themselves.
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
-                                  int tp = 1, bool sequence_parallel = false);
+                                  int tp = 1, bool sequence_parallel = false, int fp8_blocks = 0);
 
 }  // namespace fsdp::train

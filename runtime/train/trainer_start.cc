@@ -90,11 +90,7 @@ void Trainer::State::apply_fp8_plan() {
                "\" needs a GPU with FP8 tensor cores (compute capability 8.9 or newer); "
                "'dist.device' is \"cpu\"");
   }
-  Fp8Plan plan;
-  plan.recipe.backward = *mp.fp8 == "hybrid" ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
-  if (mp.fp8_recipe == "blockwise") plan.recipe.scaling = nn::Fp8Scaling::blockwise;
-  plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
-  plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
+  Fp8Plan plan = fp8_plan_of(recipe);
   plan.token_group = cp_group.get();
   fp8 = apply_fp8(model->blocks(), plan);
   if (mp.fp8_recipe == "delayed") {
@@ -215,19 +211,7 @@ void Trainer::State::print_startup_report() const {
                 ep_group ? str_cat(", experts over ", ep_group->size(), " expert-parallel ranks") : "",
                 "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
-  if (recipe.mixed_precision.fp8) {
-    std::string bf16_blocks;
-    for (const std::string& b : fp8.bf16_blocks) bf16_blocks += (bf16_blocks.empty() ? "" : ", ") + b;
-    const MixedPrecisionSection& mp = recipe.mixed_precision;
-    const std::string delayed =
-        fp8_delayed ? str_cat(" (amax history ", mp.fp8_amax_history_len, ", ", mp.fp8_amax_compute_algo,
-                              mp.fp8_margin ? str_cat(", margin ", mp.fp8_margin) : "", ")")
-                    : "";
-    print(str_cat("fp8: ", *mp.fp8, " ", mp.fp8_recipe, delayed, " in ", fp8.fp8_layers.size(),
-                  " linear layers of the blocks; bf16: embedding, classifier, attention softmax, "
-                  "norms", bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks,
-                  mp.fp8_param ? "; weights gathered in FP8" : ""));
-  }
+  if (recipe.mixed_precision.fp8) print(fp8_summary(recipe, fp8));
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
                   "replayed for ", graphs->plan().graphs_last() ? "every later micro-batch"
@@ -237,7 +221,8 @@ void Trainer::State::print_startup_report() const {
   const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
                                                 recompute_of(recipe),
                                                 recipe.model.tensor_model_parallel_size,
-                                            recipe.model.sequence_parallel);
+                                                recipe.model.sequence_parallel,
+                                                fp8_block_count(*model));
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()

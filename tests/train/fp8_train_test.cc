@@ -317,6 +317,67 @@ TEST_CASE("delayed scaling gives the single-process losses under ZeRO-3 and cont
   }
 }
 
+// ---- tensor parallelism
+
+// Runs `layout` (on every rank) and, on rank 0 alone, the single process with `extra`;
+// checks on rank 0 that their losses agree within 1e-12 relative and returns the layout's.
+TrainResult check_single_process_losses(const std::string& model, const std::vector<std::string>& extra,
+                                        const std::vector<std::string>& layout) {
+  TrainResult reference;
+  if (testing::world_rank() == 0) reference = train(model, "tp_alone", extra, true);
+  const TrainResult got = train(model, "tp_layout", with(extra, layout));
+  REQUIRE(got.losses.size() == size_t(kSteps));
+  if (testing::world_rank() == 0)
+    for (size_t i = 0; i < got.losses.size(); ++i) {
+      INFO(model << " " << layout.back() << " step " << i + 1 << ": " << got.losses[i] << " against "
+                 << reference.losses[i]);
+      CHECK(std::abs(got.losses[i] - reference.losses[i]) <= 1e-12 * reference.losses[i]);
+    }
+  return got;
+}
+
+TEST_CASE("fp8 tensor-parallel layers give the single-process losses", "[train][fp8][mpi]") {
+  if (testing::world_size() != 2) return;
+  // Column- and row-parallel layers run in FP8 with the amaxes of the whole operands (taken
+  // over the tensor-parallel ranks for the weights and for the split inputs and output
+  // gradients); two micro-batches per step.
+  const std::vector<std::string> tp2 = {"model.tensor_model_parallel_size=2"};
+  const std::vector<std::string> tp2_sp = {"model.tensor_model_parallel_size=2",
+                                           "model.sequence_parallel=true"};
+  for (const std::string model : {"gpt2_tiny", "llama_tiny"})
+    for (const auto& layout : {tp2, tp2_sp}) {
+      const TrainResult got = check_single_process_losses(model, {"mixed_precision.fp8=hybrid"}, layout);
+      CHECK(got.fp8_layers.size() == 8);  // qkv and fc (column), both projections (row)
+      CHECK(got.fp8_bf16_layers.empty());
+    }
+  // Delayed scaling: its first step as tensorwise's, then the amaxes of every rank.
+  check_single_process_losses("llama_tiny", kDelayed, tp2_sp);
+  // Block scaling: each rank's slices are whole 128-wide blocks of the single process's.
+  check_single_process_losses(
+      "gpt2_tiny",
+      {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_recipe=blockwise", "model.d_model=256"},
+      tp2_sp);
+}
+
+TEST_CASE("fp8 under tensor x context parallelism gives the single-process losses; replicated "
+          "key/value heads keep their layer in bf16",
+          "[train][fp8][mpi]") {
+  if (testing::world_size() != 4) return;
+  // Amaxes over the context-parallel ranks (tokens) and the tensor-parallel ones (features).
+  check_single_process_losses("gpt2_tiny", {"mixed_precision.fp8=hybrid"},
+                              {"model.tensor_model_parallel_size=2", "model.context_parallel_size=2"});
+  // Llama's 2 key/value heads on 4 tensor-parallel ranks: each is replicated on two, whose
+  // parts of its gradient are summed after the product, so their layer stays in bf16.
+  const TrainResult r = train("llama_tiny", "tp4_kv", {"mixed_precision.fp8=hybrid",
+                                                       "model.tensor_model_parallel_size=4",
+                                                       "train.train_iters=2"});
+  CHECK(r.fp8_layers.size() == 6);
+  CHECK(r.fp8_bf16_layers ==
+        std::vector<std::string>{"layers.0.attn.qkv (replicated key/value heads)",
+                                 "layers.1.attn.qkv (replicated key/value heads)"});
+  for (double l : r.losses) CHECK(std::isfinite(l));
+}
+
 TEST_CASE("fp8 is refused where it cannot run, naming the key", "[train][fp8]") {
   if (testing::world_size() != 1) return;
   TrainerOptions options;

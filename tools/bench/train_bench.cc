@@ -154,9 +154,10 @@ int run_train_bench(const std::vector<std::string>& args) {
     std::printf("MFU                %.1f%%\n", 100 * r.mfu);
     if (!r.fp8_layers.empty() || !r.fp8_bf16_blocks.empty()) {
       std::string bf16;
-      for (const std::string& b : r.fp8_bf16_blocks) bf16 += (bf16.empty() ? "" : ", ") + b;
+      for (const std::string& b : r.fp8_bf16_blocks) bf16 += (bf16.empty() ? "blocks " : ", ") + b;
+      for (const std::string& l : r.fp8_bf16_layers) bf16 += (bf16.empty() ? "" : ", ") + l;
       std::printf("fp8 layers         %zu linear layers of the blocks%s%s\n", r.fp8_layers.size(),
-                  bf16.empty() ? "" : "; blocks in bf16: ", bf16.c_str());
+                  bf16.empty() ? "" : "; in bf16: ", bf16.c_str());
     }
     std::printf("peak allocated     %s\n", train::format_bytes(r.peak_allocated_bytes).c_str());
     std::printf("peak reserved      %s\n", train::format_bytes(r.peak_reserved_bytes).c_str());

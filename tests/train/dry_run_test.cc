@@ -1,0 +1,55 @@
+// The dry run and the trainer's memory estimate under FP8: the dry run applies the recipe's
+// FP8 plan as the trainer does (it names the FP8 layers and prices fp8_param's FP8 units),
+// and the activation estimate counts the FP8 copies the layers keep instead of their inputs.
+#include <string>
+#include <vector>
+
+#include "runtime/train/dry_run.h"
+#include "runtime/train/recipe.h"
+#include "runtime/train/trainer_setup.h"
+#include "tests/test_support.h"
+
+namespace fsdp::train {
+namespace {
+
+using Catch::Matchers::Contains;
+
+TEST_CASE("the dry run applies the FP8 plan: its layers and FP8 units", "[train][fp8]") {
+  // GPT 1.3B under ZeRO-3 on 2 GPUs: 24 blocks, the first and last in bf16.
+  const Recipe plain = load_recipe("configs/gpt-1.3b.json");
+  const Recipe fp8 = load_recipe("configs/gpt-1.3b.json",
+                                 {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_param=true"});
+  const std::string with_fp8 = dry_run_report(fp8, 2, true);
+  INFO(with_fp8);
+  CHECK_THAT(with_fp8, Contains("fp8: hybrid tensorwise in 88 linear layers of the blocks"));
+  CHECK_THAT(with_fp8, Contains("blocks h.0, h.23"));
+  CHECK_THAT(with_fp8, Contains("weights gathered in FP8"));
+  // Each FP8 block's weights form a unit gathered in FP8 after the block's own.
+  CHECK_THAT(with_fp8, Contains("h.1.fp8"));
+  CHECK_THAT(with_fp8, !Contains("h.0.fp8"));
+  const std::string without = dry_run_report(plain, 2, true);
+  CHECK_THAT(without, !Contains("linear layers of the blocks"));
+  CHECK_THAT(without, !Contains("h.1.fp8"));
+}
+
+TEST_CASE("the activation estimate counts the FP8 layers' copies", "[train][fp8]") {
+  const Recipe r = load_recipe("configs/gpt-1.3b.json");
+  const models::ModelConfig c = model_config_of(r);
+  const int64_t n = 16 * 2048, C = c.d_model, F = c.d_ff;
+  auto estimate = [&](models::Recompute recompute, int tp, bool sp, int fp8_blocks) {
+    return activation_bytes_estimate(c, 16, 2048, DType::bf16, recompute, tp, sp, fp8_blocks);
+  };
+  const auto selective = models::Recompute::selective, none = models::Recompute::none;
+  // Per FP8 block and token: the two norm outputs (2 bytes each per channel) replaced by
+  // FP8 copies (1 byte), the attention output's FP8 copy beside it (1 byte).
+  CHECK(estimate(selective, 1, false, 0) - estimate(selective, 1, false, 22) == 22 * n * C);
+  // Without recompute the MLP's activation (F) is kept as an FP8 copy too.
+  CHECK(estimate(none, 1, false, 0) - estimate(none, 1, false, 22) == 22 * n * (C + F));
+  // Sequence parallelism keeps the norm outputs' parts in bf16: only the copies are added.
+  CHECK(estimate(selective, 2, true, 22) - estimate(selective, 2, true, 0) == 22 * n * C / 2);
+  // Full recompute keeps only the block inputs.
+  CHECK(estimate(models::Recompute::full, 1, false, 22) == estimate(models::Recompute::full, 1, false, 0));
+}
+
+}  // namespace
+}  // namespace fsdp::train

@@ -18,6 +18,7 @@
 
 #include "collectives/mesh.h"
 #include "collectives/world.h"
+#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "models/factory.h"
 #include "runtime/autograd/graph.h"
@@ -326,6 +327,117 @@ TEST_CASE("CUDA column-parallel linear and MLP equal the plain ones, also over N
       for (size_t k = 0; k < got.size(); ++k) CHECK(got[k] == plain[k]);
     }
   }
+}
+
+// FP8 column-parallel layers (nn::linear and nn::mlp with a ColumnParallelInput and an FP8
+// recipe split over the group) through a group of one: the backward's own path (the input
+// gradient's FP8 product into a buffer of its own, then summed or reduce-scattered; under
+// sequence parallelism the input gathered again and cast to FP8 again for the weight
+// gradient) gives the plain FP8 layer's outputs and gradients bit for bit, on the CPU's
+// simulation of FP8 (f64) and on a GPU (bf16, also through a real NCCL group). The split
+// layouts' agreement with the single process is proven on CPU ranks by
+// //tests/train:fp8_train_test.
+
+std::vector<double> sine_wave(int64_t n, double a, double scale) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(a * double(i) + 0.3);
+  return v;
+}
+
+constexpr int64_t kB = 2, kT = 16, kC = 32, kF = 48;  // every size a multiple of 16
+
+// Outputs and every gradient of a GELU linear and a GELU MLP, in `dtype` on ctx's device,
+// with their weights in FP8 (hybrid, tensorwise) or not; with a group, column-parallel,
+// the FP8 recipes' weights and output gradients split over it.
+std::vector<std::vector<double>> run_fp8(Context& ctx, DType dtype, bool fp8,
+                                         nn::TensorParallelGroup* group, bool sequence) {
+  const std::vector<double> x = sine_wave(kB * kT * kC, 0.37, 1.0),
+                            w_fc = sine_wave(kF * kC, 0.21, 0.2), w_proj = sine_wave(kC * kF, 0.13, 0.2),
+                            b_fc = sine_wave(kF, 0.7, 0.1), dy_lin = sine_wave(kB * kT * kF, 0.11, 1.0),
+                            dy_mlp = sine_wave(kB * kT * kC, 0.17, 1.0);
+  nn::Fp8Recipe recipe;
+  recipe.backward = kernels::Fp8Format::e5m2;
+  auto param = [&](const char* name, const std::vector<double>& v, Shape shape, bool split) {
+    auto p = std::make_unique<nn::Parameter>(name, shape, nn::InitRule::zeros(), true);
+    p->data = ops::from_vector(ctx, v, shape, dtype);
+    if (fp8 && shape.rank() == 2) {
+      nn::Fp8Recipe& r = p->fp8.emplace(recipe);
+      if (split && group) {
+        r.feature_group = group;
+        r.split_by_features[size_t(nn::Fp8Operand::weight)] = true;
+        r.split_by_features[size_t(nn::Fp8Operand::output_grad)] = true;
+      }
+    }
+    return p;
+  };
+  std::vector<std::vector<double>> out;
+  const nn::ColumnParallelInput column{group, sequence};
+  auto fc = param("fc", w_fc, Shape{kF, kC}, true), bias = param("fc_bias", b_fc, Shape{kF}, false);
+  auto proj = param("proj", w_proj, Shape{kC, kF}, false);
+  {
+    autograd::Graph g(ctx);
+    const Tensor in = autograd::Graph::leaf(ops::from_vector(ctx, x, Shape{kB, kT, kC}, dtype));
+    const Tensor y = nn::linear(g, in, *fc, bias.get(), ops::Epilogue::Gelu, column);
+    g.backward(y, ops::from_vector(ctx, dy_lin, Shape{kB, kT, kF}, dtype));
+    for (const Tensor& t : {y, autograd::Graph::grad(in), fc->grad, bias->grad}) out.push_back(values(ctx, t));
+  }
+  {
+    autograd::Graph g(ctx);
+    const Tensor in = autograd::Graph::leaf(ops::from_vector(ctx, x, Shape{kB, kT, kC}, dtype));
+    const Tensor y = nn::mlp(g, in, *fc, bias.get(), *proj, nullptr, nn::MlpActivation::Gelu, false, column);
+    g.backward(y, ops::from_vector(ctx, dy_mlp, Shape{kB, kT, kC}, dtype));
+    for (const Tensor& t : {y, autograd::Graph::grad(in), fc->grad, bias->grad, proj->grad})
+      out.push_back(values(ctx, t));
+  }
+  return out;
+}
+
+void check_equal(const std::vector<std::vector<double>>& got, const std::vector<std::vector<double>>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    INFO("tensor " << k);
+    CHECK(got[k] == want[k]);
+  }
+}
+
+TEST_CASE("FP8 column-parallel linear and MLP equal the plain FP8 ones (CPU simulation, f64)",
+          "[parallel][fp8]") {
+  if (testing::world_size() != 1) return;
+  Context cpu;
+  testing::LocalGroup local;
+  const auto plain = run_fp8(cpu, DType::f64, true, nullptr, false);
+  // The products are really quantized: the layer's output differs from the f64 one.
+  CHECK(plain[0] != run_fp8(cpu, DType::f64, false, nullptr, false)[0]);
+  for (bool sequence : {false, true}) {
+    INFO((sequence ? "sequence-parallel" : "column-parallel"));
+    check_equal(run_fp8(cpu, DType::f64, true, &local, sequence), plain);
+  }
+}
+
+TEST_CASE("CUDA FP8 column-parallel linear and MLP equal the plain FP8 ones, also over NCCL",
+          "[parallel][fp8][gpu]") {
+  FSDP_REQUIRE_GPU();
+  Context gpu(Device::cuda(0));
+  std::string why;
+  if (!ops::fp8_available(gpu, &why)) {
+    WARN("no FP8 tensor cores: " << why);
+    return;
+  }
+  testing::LocalGroup local;
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  World world(options);
+  if (world.size() != 1) return;  // a group of one: this process alone
+  CommunicatorTensorParallelGroup nccl_group(world.comm());
+  const auto plain = run_fp8(gpu, DType::bf16, true, nullptr, false);
+  CHECK(plain[0] != run_fp8(gpu, DType::bf16, false, nullptr, false)[0]);
+  for (nn::TensorParallelGroup* group : {static_cast<nn::TensorParallelGroup*>(&local),
+                                         static_cast<nn::TensorParallelGroup*>(&nccl_group)})
+    for (bool sequence : {false, true}) {
+      INFO((group == &local ? "copying group" : "NCCL group") << (sequence ? ", sequence-parallel" : ""));
+      check_equal(run_fp8(gpu, DType::bf16, true, group, sequence), plain);
+    }
 }
 
 }  // namespace

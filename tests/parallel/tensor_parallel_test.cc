@@ -259,6 +259,14 @@ TEST_CASE("CUDA tensor-parallel ops match the CPU's", "[parallel][gpu]") {
   for (size_t i = 0; i < want.db.size(); ++i) CHECK(got.db[i] == Approx(want.db[i]).epsilon(1e-5));
 }
 
+// This process's NCCL world: a real group of one for the GPU cases.
+std::unique_ptr<World> nccl_world() {
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  return std::make_unique<World>(options);
+}
+
 // Column-parallel layers with their exchanges inside (ColumnParallelInput: the backward
 // gathers the input again beside the input-gradient product, then sums that gradient beside
 // the weight-gradient product) through a group of one: on CUDA exactly the plain layer's
@@ -268,12 +276,9 @@ TEST_CASE("CUDA column-parallel linear and MLP equal the plain ones, also over N
   FSDP_REQUIRE_GPU();
   Context cpu, gpu(Device::cuda(0));
   testing::LocalGroup local;
-  WorldOptions options;
-  options.backend = Backend::Nccl;
-  options.print_summary = false;
-  World world(options);
-  if (world.size() != 1) return;  // a group of one: this process alone
-  CommunicatorTensorParallelGroup nccl_group(world.comm());
+  const std::unique_ptr<World> world = nccl_world();
+  if (world->size() != 1) return;  // a group of one: this process alone
+  CommunicatorTensorParallelGroup nccl_group(world->comm());
   const int64_t B = 2, T = 16, C = 32, F = 48;
   auto wave = [](int64_t n, double a, double scale) {
     std::vector<double> v(static_cast<size_t>(n));
@@ -424,12 +429,9 @@ TEST_CASE("CUDA FP8 column-parallel linear and MLP equal the plain FP8 ones, als
     return;
   }
   testing::LocalGroup local;
-  WorldOptions options;
-  options.backend = Backend::Nccl;
-  options.print_summary = false;
-  World world(options);
-  if (world.size() != 1) return;  // a group of one: this process alone
-  CommunicatorTensorParallelGroup nccl_group(world.comm());
+  const std::unique_ptr<World> world = nccl_world();
+  if (world->size() != 1) return;  // a group of one: this process alone
+  CommunicatorTensorParallelGroup nccl_group(world->comm());
   const auto plain = run_fp8(gpu, DType::bf16, true, nullptr, false);
   CHECK(plain[0] != run_fp8(gpu, DType::bf16, false, nullptr, false)[0]);
   for (nn::TensorParallelGroup* group : {static_cast<nn::TensorParallelGroup*>(&local),

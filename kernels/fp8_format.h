@@ -42,11 +42,22 @@ inline bool fp8_shape_ok(int64_t m, int64_t n, int64_t k) {
 //   128x128: (ceil(rows / 128), pad4(ceil(K / 128))): for each block of rows, its blocks
 //            along K contiguous;
 // pad4 rounds up to a multiple of 4 (16-byte aligned columns); padding entries hold 1.
-enum class Fp8Granularity : uint8_t { tensor, block_1x128, block_128x128 };
+//
+// Row scaling (the "rowwise" recipe): one scale per row of a K-major operand, over all of
+// K, as cuBLASLt's OUTER_VEC_32F mode reads them: (1, pad4(rows)), the rows' scales
+// contiguous. A product's two operands then scale its output by the outer product of their
+// vectors: activations per token, weights per output feature in the forward.
+enum class Fp8Granularity : uint8_t { tensor, block_1x128, block_128x128, row };
 constexpr int64_t kFp8Block = 128;
 
 inline const char* fp8_granularity_name(Fp8Granularity g) {
-  return g == Fp8Granularity::tensor ? "tensor" : g == Fp8Granularity::block_1x128 ? "1x128" : "128x128";
+  switch (g) {
+    case Fp8Granularity::tensor: return "tensor";
+    case Fp8Granularity::block_1x128: return "1x128";
+    case Fp8Granularity::block_128x128: return "128x128";
+    case Fp8Granularity::row: return "row";
+  }
+  return "?";
 }
 
 FSDP_HD int64_t fp8_blocks(int64_t n) { return (n + kFp8Block - 1) / kFp8Block; }
@@ -59,6 +70,7 @@ struct Fp8ScaleGrid {
 FSDP_HD Fp8ScaleGrid fp8_scale_grid(Fp8Granularity g, int64_t rows, int64_t k) {
   if (g == Fp8Granularity::block_1x128) return {fp8_blocks(k), fp8_pad4(rows)};
   if (g == Fp8Granularity::block_128x128) return {fp8_blocks(rows), fp8_pad4(fp8_blocks(k))};
+  if (g == Fp8Granularity::row) return {1, fp8_pad4(rows)};
   return {1, 1};
 }
 // Where element (r, c) of a (rows, k) operand finds its inverse scale in that grid.
@@ -66,6 +78,7 @@ FSDP_HD int64_t fp8_scale_index(Fp8Granularity g, int64_t rows, int64_t k, int64
   if (g == Fp8Granularity::block_1x128) return (c / kFp8Block) * fp8_pad4(rows) + r;
   if (g == Fp8Granularity::block_128x128)
     return (r / kFp8Block) * fp8_pad4(fp8_blocks(k)) + c / kFp8Block;
+  if (g == Fp8Granularity::row) return r;
   return 0;
 }
 

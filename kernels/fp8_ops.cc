@@ -12,6 +12,7 @@
 #include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/fp8_blocks.h"
+#include "kernels/cuda/fp8_rows.h"
 #include "kernels/cuda/matmul.h"
 #endif
 
@@ -47,24 +48,28 @@ void check_quantize_args(const Context& ctx, const Tensor& x, bool rows, bool co
   check_shape(add_column_sums, Shape{x.size(1)}, what);
 }
 
+// Scaled by block or by row: one inverse scale per block or per row (a grid of them).
 bool block_scaled(const Fp8Matrix& m) { return m.granularity != Fp8Granularity::tensor; }
+bool row_scaled(const Fp8Matrix& m) { return m.granularity == Fp8Granularity::row; }
 
-// The block-scaled product (both operands block-scaled): the CPU's simulation, or cuBLASLt's
-// block-scaled kernels with our GELU kernels where its epilogues are not offered for them.
+// The block- or row-scaled product (both operands so): the CPU's simulation, or cuBLASLt's
+// block-scaled (VEC128, BLK128x128) or outer-vector (OUTER_VEC) kernels with our GELU
+// kernels where its epilogues are not offered for them.
 void fp8_block_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                       double alpha, double beta, const Tensor& bias, Epilogue epilogue,
                       const Tensor& aux) {
   const char* what = "fp8_matmul";
   const int64_t m = a.data.size(0), k = a.data.size(1), n = b.data.size(0);
-  FSDP_CHECK(block_scaled(a) && block_scaled(b), ValueError, what, ": operands scaled ",
-             fp8_granularity_name(a.granularity), " and ", fp8_granularity_name(b.granularity),
-             "; a block-scaled product needs both block-scaled");
+  FSDP_CHECK(block_scaled(a) && block_scaled(b) && row_scaled(a) == row_scaled(b), ValueError,
+             what, ": operands scaled ", fp8_granularity_name(a.granularity), " and ",
+             fp8_granularity_name(b.granularity), "; a block-scaled product needs both "
+             "block-scaled, a row-scaled one both row-scaled");
   FSDP_CHECK(!(a.granularity == Fp8Granularity::block_128x128 &&
                b.granularity == Fp8Granularity::block_128x128),
              ValueError, what, ": 128x128 x 128x128 block-scaled products are not offered by "
              "cuBLASLt; one operand must be 1x128");
-  FSDP_CHECK(k % kernels::kFp8Block == 0, ShapeError, what, ": block-scaled operands need K a "
-             "multiple of 128, got ", a.data.str(), " and ", b.data.str());
+  FSDP_CHECK(row_scaled(a) || k % kernels::kFp8Block == 0, ShapeError, what, ": block-scaled "
+             "operands need K a multiple of 128, got ", a.data.str(), " and ", b.data.str());
   auto scales = [](const Fp8Matrix& x) { return static_cast<const float*>(x.scale_inv.data_ptr()); };
   if (ctx.device().is_cpu()) {
     kernels::cpu::fp8_matmul_blocks(m, n, k, out.data_ptr(), out.dtype(),
@@ -116,7 +121,8 @@ void fp8_block_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const
       }
     }
   }
-  FSDP_THROW(ValueError, what, ": cuBLASLt has no block-scaled FP8 algorithm for (", m, " x ", k,
+  FSDP_THROW(ValueError, what, ": cuBLASLt has no ", row_scaled(a) ? "row" : "block",
+             "-scaled FP8 algorithm for (", m, " x ", k,
              ") @ (", k, " x ", n, ") ", fp8_format_name(a.format), " ",
              fp8_granularity_name(a.granularity), " x ", fp8_format_name(b.format), " ",
              fp8_granularity_name(b.granularity), " -> ", dtype_name(out.dtype()),
@@ -306,6 +312,92 @@ Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format
   return q;
 }
 
+namespace {
+
+// amax (n) f32 of x (R, C) along one axis (rows: one per row; else one per column).
+void fp8_axis_amax(Context& ctx, const Tensor& amax, const Tensor& x, bool per_row, const char* what) {
+  check_on_ctx(ctx, x, what);
+  check_floating(x, what);
+  check_contiguous(x, what);
+  FSDP_CHECK(x.dim() == 2, ShapeError, what, ": expected a 2-D (rows, cols) tensor, got ", x.str());
+  const int64_t r = x.size(0), c = x.size(1);
+  check_dense(ctx, amax, Shape{per_row ? r : c}, DType::f32, what);
+  auto* out = static_cast<float*>(amax.data_ptr());
+  if (ctx.device().is_cpu()) {
+    if (per_row)
+      kernels::cpu::fp8_row_amax(x.data_ptr(), x.dtype(), r, c, out);
+    else
+      kernels::cpu::fp8_column_amax(x.data_ptr(), x.dtype(), r, c, out);
+    return;
+  }
+#if FSDP_WITH_CUDA
+  if (per_row)
+    kernels::cuda::fp8_row_amax(x.data_ptr(), x.dtype(), r, c, out, ctx.stream().cuda_stream());
+  else
+    kernels::cuda::fp8_column_amax(x.data_ptr(), x.dtype(), r, c, out, ctx.stream().cuda_stream());
+#endif
+}
+
+}  // namespace
+
+void fp8_row_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
+  fp8_axis_amax(ctx, amax, x, true, "fp8_row_amax");
+}
+
+void fp8_column_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
+  fp8_axis_amax(ctx, amax, x, false, "fp8_column_amax");
+}
+
+Fp8Quantized fp8_quantize_rowwise(Context& ctx, const Tensor& x, Fp8Format format,
+                                  const Tensor& row_amax, const Tensor& column_amax,
+                                  const Tensor& add_column_sums) {
+  const char* what = "fp8_quantize_rowwise";
+  const bool rows = row_amax.defined(), columns = column_amax.defined();
+  check_quantize_args(ctx, x, rows, columns, add_column_sums, what);
+  const int64_t r = x.size(0), c = x.size(1);
+  if (rows) check_dense(ctx, row_amax, Shape{r}, DType::f32, what);
+  if (columns) check_dense(ctx, column_amax, Shape{c}, DType::f32, what);
+  const bool sums = add_column_sums.defined();
+  Fp8Quantized q;
+  auto make = [&](int64_t rr, int64_t cc) {  // a (rr, cc) matrix, K = cc, one scale per row
+    const kernels::Fp8ScaleGrid g = kernels::fp8_scale_grid(Fp8Granularity::row, rr, cc);
+    // The grid's padding (kernels/fp8_format.h) holds 1s, which the kernels do not write.
+    const Shape shape{g.outer, g.inner};
+    return Fp8Matrix{ctx.empty(Shape{rr, cc}, DType::u8),
+                     rr % 4 != 0 ? ops::full(ctx, shape, DType::f32, 1.0) : ctx.empty(shape, DType::f32),
+                     format, Fp8Granularity::row};
+  };
+  if (rows) q.rows = make(r, c);
+  if (columns) q.columns = make(c, r);
+  if (r == 0 || c == 0) return q;
+  auto* qp = rows ? static_cast<uint8_t*>(q.rows.data.data_ptr()) : nullptr;
+  auto* qs = rows ? static_cast<float*>(q.rows.scale_inv.data_ptr()) : nullptr;
+  auto* qtp = columns ? static_cast<uint8_t*>(q.columns.data.data_ptr()) : nullptr;
+  auto* qts = columns ? static_cast<float*>(q.columns.scale_inv.data_ptr()) : nullptr;
+  const auto* ra = static_cast<const float*>(data_or_null(row_amax));
+  const auto* ca = static_cast<const float*>(data_or_null(column_amax));
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::fp8_quantize_rowwise(x.data_ptr(), x.dtype(), r, c, format, ra, qp, qs, ca, qtp, qts);
+    if (sums)
+      kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
+                                  x.dtype(), r, c, true);
+    return q;
+  }
+#if FSDP_WITH_CUDA
+  CUstream_st* stream = ctx.stream().cuda_stream();
+  const int64_t tiles = kernels::cuda::fp8_rowwise_column_sum_tiles(r);
+  const Tensor partials = sums ? ctx.empty(Shape{tiles, c}, DType::f32) : Tensor();
+  kernels::cuda::fp8_quantize_rowwise(x.data_ptr(), x.dtype(), r, c, format, ra, qp, qs, ca, qtp,
+                                      qts, sums ? static_cast<float*>(partials.data_ptr()) : nullptr,
+                                      stream);
+  if (sums)
+    kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
+                                      add_column_sums.data_ptr(), add_column_sums.dtype(), true,
+                                      stream);
+#endif
+  return q;
+}
+
 void fp8_update_amax_histories(Context& ctx, const Tensor& history, const Tensor& step_amax,
                                const Tensor& scale_amax, bool roll, bool use_max,
                                float margin_factor) {
@@ -357,7 +449,7 @@ void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Ma
              ": a GELU epilogue needs beta = 0");
   if (block_scaled(a) || block_scaled(b)) {
     FSDP_CHECK(!fast_accum, ValueError, what, ": fast accumulation is not offered with "
-               "block-scaled operands");
+               "block- or row-scaled operands");
     fp8_block_matmul(ctx, out, a, b, alpha, beta, bias, epilogue, aux);
     return;
   }

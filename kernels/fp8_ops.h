@@ -75,6 +75,21 @@ Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format
                                  Fp8Granularity granularity, bool rows, bool columns,
                                  const Tensor& add_column_sums = Tensor());
 
+// Row scaling (the rowwise recipe; kernels/fp8_format.h), in two steps so that a caller can
+// take each amax over the ranks that hold other parts of a row or a column before the cast:
+// fp8_row_amax: amax (R) f32 = max |x| over each row of x (R, C); fp8_column_amax: amax (C)
+// over each column (x contiguous; NaNs skipped).
+void fp8_row_amax(Context& ctx, const Tensor& amax, const Tensor& x);
+void fp8_column_amax(Context& ctx, const Tensor& amax, const Tensor& x);
+
+// Quantizes x (R, C) row-wise: q.rows (R, C) with each row r scaled by the scale of
+// row_amax[r] (R), when row_amax is defined; q.columns (C, R) with each of its rows (x's
+// column c) scaled by that of column_amax[c] (C), when column_amax is defined (granularity
+// row: one inverse scale per row of each layout). add_column_sums as fp8_quantize's.
+Fp8Quantized fp8_quantize_rowwise(Context& ctx, const Tensor& x, Fp8Format format,
+                                  const Tensor& row_amax, const Tensor& column_amax,
+                                  const Tensor& add_column_sums = Tensor());
+
 // Delayed scaling after a step: history (L, len, W), step_amax and scale_amax (L, W), f32
 // and contiguous, for L layers of W operands. Each operand's history takes its step amax as
 // the newest entry (entry 0; roll false leaves the history as it is), and scale_amax gets
@@ -90,7 +105,8 @@ void fp8_update_amax_histories(Context& ctx, const Tensor& history, const Tensor
 // accumulation (for forward products, as Transformer Engine uses it); no effect on the CPU.
 // Block-scaled operands (1x128 or 128x128) are both block-scaled, not both 128x128 (as
 // cuBLASLt takes them), K a multiple of 128, and without fast_accum (cuBLASLt's block-scaled
-// kernels promote every block of K to f32 anyway).
+// kernels promote every block of K to f32 anyway). Row-scaled operands are both row-scaled,
+// without fast_accum.
 void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                 double alpha = 1.0, double beta = 0.0, const Tensor& bias = Tensor(),
                 Epilogue epilogue = Epilogue::None, const Tensor& aux = Tensor(),

@@ -90,6 +90,53 @@ void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols,
   });
 }
 
+void fp8_row_amax(const void* x, DType dtype, int64_t rows, int64_t cols, float* amax) {
+  dispatch_any_floating(dtype, "fp8_row_amax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x);
+    for (int64_t r = 0; r < rows; ++r) {
+      float m = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) m = std::fmax(m, std::fabs(float(to_double(p[r * cols + c]))));
+      amax[r] = m;
+    }
+  });
+}
+
+void fp8_column_amax(const void* x, DType dtype, int64_t rows, int64_t cols, float* amax) {
+  std::fill(amax, amax + cols, 0.0f);
+  dispatch_any_floating(dtype, "fp8_column_amax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        amax[c] = std::fmax(amax[c], std::fabs(float(to_double(p[r * cols + c]))));
+  });
+}
+
+void fp8_quantize_rowwise(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
+                          const float* row_amax, uint8_t* q, float* q_scale_inv,
+                          const float* column_amax, uint8_t* qt, float* qt_scale_inv) {
+  std::vector<float> row_scale(q ? size_t(rows) : 0), column_scale(qt ? size_t(cols) : 0);
+  for (size_t r = 0; r < row_scale.size(); ++r) {
+    row_scale[r] = fp8_scale_for_amax(row_amax[r], format);
+    q_scale_inv[r] = 1.0f / row_scale[r];
+  }
+  for (size_t c = 0; c < column_scale.size(); ++c) {
+    column_scale[c] = fp8_scale_for_amax(column_amax[c], format);
+    qt_scale_inv[c] = 1.0f / column_scale[c];
+  }
+  dispatch_any_floating(dtype, "fp8_quantize_rowwise", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = float(to_double(p[r * cols + c]));
+        if (q) q[r * cols + c] = fp8_encode(v * row_scale[size_t(r)], format);
+        if (qt) qt[c * rows + r] = fp8_encode(v * column_scale[size_t(c)], format);
+      }
+  });
+}
+
 void fp8_update_amax_histories(float* history, const float* step_amax, float* scale_amax,
                                int64_t layers, int64_t len, int64_t width, bool roll,
                                bool use_max, float margin_factor) {

@@ -39,6 +39,21 @@ void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols,
                          Fp8Granularity granularity, uint8_t* q, float* q_scale_inv, uint8_t* qt,
                          float* qt_scale_inv);
 
+// Row scaling (kernels/fp8_format.h): amax (rows) = max |x| over each row of x (rows, cols),
+// any floating dtype (|x| rounded to float first; NaNs skipped); fp8_column_amax: amax (cols)
+// over each column.
+void fp8_row_amax(const void* x, DType dtype, int64_t rows, int64_t cols, float* amax);
+void fp8_column_amax(const void* x, DType dtype, int64_t rows, int64_t cols, float* amax);
+
+// Quantizes x (rows, cols) row-wise: q (rows, cols) with row r scaled by
+// fp8_scale_for_amax(row_amax[r]) and q_scale_inv[r] its inverse; qt (cols, rows), the
+// transpose, with its row c (x's column c) scaled by column_amax[c] and qt_scale_inv[c] its
+// inverse. Either of q and qt may be null (with its amaxes and scales); the grids' padding
+// is left as it is.
+void fp8_quantize_rowwise(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
+                          const float* row_amax, uint8_t* q, float* q_scale_inv,
+                          const float* column_amax, uint8_t* qt, float* qt_scale_inv);
+
 // Delayed scaling after a step, for `layers` layers of `width` operands each: history
 // (layers, len, width) f32, step_amax and scale_amax (layers, width) f32; each operand's
 // history and scale_amax as fp8_update_amax_history (kernels/fp8_format.h) sets them.

@@ -1,19 +1,13 @@
 #include "kernels/cuda/fp8.h"
 
-#include <cuda_fp8.h>
-
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_encode.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {
 namespace {
-
-__device__ __forceinline__ uint8_t encode(float v, Fp8Format f) {
-  return f == Fp8Format::e4m3 ? __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)
-                              : __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
-}
 
 // Each thread folds W elements at a time (W = 1, or one 128-bit pack), then the block's
 // maximum goes into *amax_bits with an integer atomicMax: for non-negative floats the bit
@@ -34,11 +28,6 @@ __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
 
 constexpr int kTileRows = 64, kTileCols = 128;  // a block quantizes a (64, 128) tile
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ uint2 pack8(const uint8_t (&b)[8]) {
-  return make_uint2(uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24,
-                    uint32_t(b[4]) | uint32_t(b[5]) << 8 | uint32_t(b[6]) << 16 | uint32_t(b[7]) << 24);
-}
 
 // q and qt of one (64, 128) tile. Each thread converts 8 consecutive columns of a row (one
 // 128-bit load of bf16 and one 64-bit store into q when kVec: rows 16-byte aligned), keeps
@@ -71,14 +60,14 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
     uint8_t b[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      b[j] = encode(__fmul_rn(v[j], scale), format);
+      b[j] = fp8_encode_satfinite(__fmul_rn(v[j], scale), format);
       if (kSums) acc[j] += v[j];
       seen = fmaxf(seen, fabsf(v[j]));
     }
-    *reinterpret_cast<uint2*>(&tile[rr][col8]) = pack8(b);
+    *reinterpret_cast<uint2*>(&tile[rr][col8]) = fp8_pack8(b);
     if (!q) continue;
     if (kVec && c + 7 < cols) {
-      *reinterpret_cast<uint2*>(q + r * cols + c) = pack8(b);
+      *reinterpret_cast<uint2*>(q + r * cols + c) = fp8_pack8(b);
     } else {
       for (int j = 0; j < 8 && c + j < cols; ++j) q[r * cols + c + j] = b[j];
     }
@@ -109,7 +98,7 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
 #pragma unroll
     for (int j = 0; j < 8; ++j) b[j] = tile[row8 + j][cc];
     if (vec_qt && r + 7 < rows) {
-      *reinterpret_cast<uint2*>(qt + c * rows + r) = pack8(b);
+      *reinterpret_cast<uint2*>(qt + c * rows + r) = fp8_pack8(b);
     } else {
       for (int j = 0; j < 8 && r + j < rows; ++j) qt[c * rows + r + j] = b[j];
     }

@@ -1,10 +1,9 @@
 #include "kernels/cuda/fp8_blocks.h"
 
-#include <cuda_fp8.h>
-
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_encode.cuh"
 
 namespace fsdp::kernels::cuda {
 namespace {
@@ -15,11 +14,6 @@ constexpr int kPitch = kTile + 1;      // floats per row of the tile in shared m
 constexpr int kThreads = 256;          // 8 warps
 constexpr int kWarps = kThreads / 32;
 constexpr size_t kTileBytes = size_t(kTile) * kPitch * sizeof(float);  // 66 KB: dynamic
-
-__device__ __forceinline__ uint8_t encode(float v, Fp8Format f) {
-  return f == Fp8Format::e4m3 ? __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)
-                              : __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
-}
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -76,13 +70,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
         const int rr = i / kTile, cc = i % kTile;
         if (rr < nr && cc < nc)
-          q[(r0 + rr) * cols + c0 + cc] = encode(__fmul_rn(tile[rr * kPitch + cc], scale), format);
+          q[(r0 + rr) * cols + c0 + cc] = fp8_encode_satfinite(__fmul_rn(tile[rr * kPitch + cc], scale), format);
       }
     if (qt)
       for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
         const int cc = i / kTile, rr = i % kTile;  // consecutive threads: consecutive rows
         if (rr < nr && cc < nc)
-          qt[(c0 + cc) * rows + r0 + rr] = encode(__fmul_rn(tile[rr * kPitch + cc], scale), format);
+          qt[(c0 + cc) * rows + r0 + rr] = fp8_encode_satfinite(__fmul_rn(tile[rr * kPitch + cc], scale), format);
       }
     return;
   }
@@ -101,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kTile / 32; ++j) {
         const int cc = lane + 32 * j;
-        if (cc < nc) q[(r0 + rr) * cols + c0 + cc] = encode(__fmul_rn(v[j], scale), format);
+        if (cc < nc) q[(r0 + rr) * cols + c0 + cc] = fp8_encode_satfinite(__fmul_rn(v[j], scale), format);
       }
     }
   if (qt)  // 1x128 along the rows: one block per column of the tile
@@ -118,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kTile / 32; ++j) {
         const int rr = lane + 32 * j;
-        if (rr < nr) qt[(c0 + cc) * rows + r0 + rr] = encode(__fmul_rn(v[j], scale), format);
+        if (rr < nr) qt[(c0 + cc) * rows + r0 + rr] = fp8_encode_satfinite(__fmul_rn(v[j], scale), format);
       }
     }
 }

@@ -503,7 +503,9 @@ int32_t scale_mode(Fp8Granularity g) {
   switch (g) {
     case Fp8Granularity::block_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     case Fp8Granularity::block_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    default: FSDP_THROW(ValueError, "fp8 block matmul: operands must be block-scaled");
+    // One f32 per row of each K-major operand: cuBLASLt's vectors of M and of N.
+    case Fp8Granularity::row: return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    default: FSDP_THROW(ValueError, "fp8 block matmul: operands must be block- or row-scaled");
   }
 }
 
@@ -522,8 +524,11 @@ bool Blas::try_fp8_block_matmul(int64_t m, int64_t n, int64_t k, void* out, DTyp
   FSDP_CHECK(!(granularity_a == Fp8Granularity::block_128x128 &&
                granularity_b == Fp8Granularity::block_128x128),
              ValueError, "fp8 block matmul: 128x128 x 128x128 is not offered (one operand 1x128)");
+  const bool rows = granularity_a == Fp8Granularity::row;
+  FSDP_CHECK(rows == (granularity_b == Fp8Granularity::row), ValueError,
+             "fp8 block matmul: a row-scaled operand needs a row-scaled partner");
   if (m == 0 || n == 0) return true;
-  if (!fp8_shape_ok(m, n, k) || k % kFp8Block != 0) return false;
+  if (!fp8_shape_ok(m, n, k) || (!rows && k % kFp8Block != 0)) return false;
   MatmulDims d;
   d.m = m;
   d.n = n;

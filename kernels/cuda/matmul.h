@@ -84,7 +84,9 @@ class Blas {
   // bias bf16 or f32; no other epilogue and no fast accumulation (cuBLASLt's block-scaled
   // kernels promote every block of K to f32). Returns false, having done nothing, when
   // cuBLASLt has no algorithm for the problem (sizes not multiples of 16, K not a multiple of
-  // 128, or a GPU without block-scaled FP8 kernels: they exist for Hopper, sm_90).
+  // 128, or a GPU without block-scaled FP8 kernels: they exist for Hopper, sm_90). Row
+  // scaling (the rowwise recipe) takes the same path: both operands row-scaled (one f32 per
+  // row: cuBLASLt's OUTER_VEC_32F), K a multiple of 16.
   bool try_fp8_block_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
                             const void* a, Fp8Format format_a, Fp8Granularity granularity_a,
                             const float* scale_a, const void* b, Fp8Format format_b,

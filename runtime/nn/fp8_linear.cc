@@ -7,12 +7,45 @@
 namespace fsdp::nn::fp8 {
 namespace {
 
+// amax, the maximum |value| of operand `op` over some axis on this rank, made the maximum
+// over every rank holding a part of what it covers: the context-parallel ranks (other
+// tokens) when `over_tokens`, the tensor-parallel ones when `over_split`.
+void reduce_amax(Context& ctx, const Tensor& amax, const Fp8Recipe& r, bool over_tokens,
+                 bool over_split) {
+  if (over_tokens && r.token_group && r.token_group->size() > 1)
+    r.token_group->all_reduce_max(ctx, amax);
+  if (over_split && r.feature_group && r.feature_group->size() > 1)
+    r.feature_group->all_reduce_max(ctx, amax);
+}
+
+// t (R, C) quantized row-wise: each row of the `rows` layout by its amax over the columns,
+// each row of the `columns` layout (t's column) by its amax over t's rows, each amax taken
+// over the ranks holding the rest of its row or column.
+ops::Fp8Quantized quantize_rowwise(Context& ctx, const Tensor& t, const Fp8Recipe& r, Fp8Operand op,
+                                   kernels::Fp8Format f, bool rows, bool columns,
+                                   const Tensor& add_column_sums) {
+  const Fp8Split split = r.split[size_t(op)];
+  const bool tokens = op != Fp8Operand::weight;  // the rows of inputs and gradients
+  Tensor row_amax, column_amax;
+  if (rows) {
+    row_amax = ctx.empty(Shape{t.size(0)}, DType::f32);
+    ops::fp8_row_amax(ctx, row_amax, t);
+    reduce_amax(ctx, row_amax, r, false, split == Fp8Split::columns);
+  }
+  if (columns) {
+    column_amax = ctx.empty(Shape{t.size(1)}, DType::f32);
+    ops::fp8_column_amax(ctx, column_amax, t);
+    reduce_amax(ctx, column_amax, r, tokens, split == Fp8Split::rows);
+  }
+  return ops::fp8_quantize_rowwise(ctx, t, f, row_amax, column_amax, add_column_sums);
+}
+
 // t (R, C), operand `op` of weight's layer, quantized with the scale its recipe gives:
 // tensor-wise from t's own amax (taken over the ranks that hold other tokens or other
-// features of the operand), or delayed from the
-// amax history, recording t's amax for the next steps in the same read (in the first step,
-// with no history yet, from t's own amax too). add_column_sums (C) += t's column sums from
-// the same read, when defined.
+// features of the operand), or delayed from the amax history, recording t's amax for the
+// next steps in the same read (in the first step, with no history yet, from t's own amax
+// too); or by block or by row. add_column_sums (C) += t's column sums from the same read,
+// when defined.
 ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weight, Fp8Operand op,
                            bool rows, bool columns, const Tensor& add_column_sums = Tensor()) {
   const Fp8Recipe& r = *weight.fp8;
@@ -22,6 +55,8 @@ ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weigh
                                     op == Fp8Operand::weight ? ops::Fp8Granularity::block_128x128
                                                              : ops::Fp8Granularity::block_1x128,
                                     rows, columns, add_column_sums);
+  if (r.scaling == Fp8Scaling::rowwise)
+    return quantize_rowwise(ctx, t, r, op, f, rows, columns, add_column_sums);
   const bool delayed = r.scaling == Fp8Scaling::delayed;
   const Tensor record = delayed ? r.delayed.step_amax.narrow(0, int(op), 1) : Tensor();
   if (delayed && *r.delayed.primed) {
@@ -30,10 +65,7 @@ ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weigh
   }
   const Tensor amax = ctx.empty(Shape{1}, DType::f32);
   ops::fp8_amax(ctx, amax, t);
-  if (r.token_group && r.token_group->size() > 1 && op != Fp8Operand::weight)
-    r.token_group->all_reduce_max(ctx, amax);
-  if (r.feature_group && r.feature_group->size() > 1 && r.split_by_features[size_t(op)])
-    r.feature_group->all_reduce_max(ctx, amax);
+  reduce_amax(ctx, amax, r, op != Fp8Operand::weight, r.split[size_t(op)] != Fp8Split::none);
   return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
 }
 
@@ -70,8 +102,9 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Par
           ? gathered_rows(weight)
           : quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows;  // (out, in)
   // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
-  // keep the more exact accumulation. Block-scaled products have none to offer.
-  const bool fast_accum = weight.fp8->scaling != Fp8Scaling::blockwise;
+  // keep the more exact accumulation. Block- and row-scaled products have none to offer.
+  const bool fast_accum = weight.fp8->scaling != Fp8Scaling::blockwise &&
+                          weight.fp8->scaling != Fp8Scaling::rowwise;
   ops::fp8_matmul(ctx, y, qx.rows, qw, 1.0, 0.0, bias, epilogue, aux, fast_accum);
   return qx.columns;
 }

@@ -20,11 +20,19 @@ namespace fsdp::nn {
 //     inputs and output gradients in 1x128 blocks along each product's K, weights in
 //     128x128 blocks (kernels/fp8_format.h). No amax is shared between ranks or steps. Only
 //     layers whose sizes (tokens included) are multiples of 128 (fp8::applies).
-enum class Fp8Scaling : uint8_t { tensorwise, delayed, blockwise };
+//   rowwise: one scale per row of each K-major operand, from the row's own amax, as
+//     torchao's rowwise float8 recipe: the forward's input per token and weight per output
+//     feature; dgrad's weight per input feature; wgrad's operands per feature over the
+//     tokens. No amax is kept between steps.
+enum class Fp8Scaling : uint8_t { tensorwise, delayed, blockwise, rowwise };
 
-// The operands of an FP8 layer, in the order of Fp8LayerAmax's entries.
+// The operands of an FP8 layer, in the order of Fp8LayerAmax's entries, as matrices:
+// input (tokens, in), weight (out, in), output gradient (tokens, out).
 enum class Fp8Operand : int { input = 0, weight = 1, output_grad = 2 };
 constexpr int kFp8Operands = 3;
+
+// Which axis of an operand a tensor-parallel split divides over the ranks.
+enum class Fp8Split : uint8_t { none, rows, columns };
 
 // One layer's delayed-scaling state, on the layer's device: views into the buffers of
 // runtime/parallel/fp8_delayed_scaling.h, which owns them and moves them after each step.
@@ -45,12 +53,13 @@ struct Fp8Recipe {
   // current amax of an input or output gradient is the maximum over them, so that every
   // rank scales by the amax the whole sequence has, as one process would.
   TensorParallelGroup* token_group = nullptr;
-  // The tensor-parallel group of a split layer, or null, and the operands it splits along
-  // their features: a column-parallel layer its weight's rows and its output gradient's
-  // columns, a row-parallel one its weight's and its input's columns. A current amax of a
-  // split operand is the maximum over the group, as the whole operand's is.
+  // The tensor-parallel group of a split layer, or null, and how it splits each operand:
+  // a column-parallel layer its weight's rows and its output gradient's columns, a
+  // row-parallel one its weight's and its input's columns. A current amax over a split
+  // axis (tensor-wise: any; row-wise: a row's over split columns, a column's over split
+  // rows) is the maximum over the group, as the whole operand's is.
   TensorParallelGroup* feature_group = nullptr;
-  std::array<bool, kFp8Operands> split_by_features{};
+  std::array<Fp8Split, kFp8Operands> split{};
 };
 
 }  // namespace fsdp::nn

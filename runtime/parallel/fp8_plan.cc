@@ -21,12 +21,15 @@ void mark_split_operands(nn::Linear& linear, nn::Fp8Recipe& r) {
   using nn::Fp8Operand;
   const nn::ParallelStyle style = linear.parallel_style();
   if (style == nn::ParallelStyle::replicated) return;
+  using nn::Fp8Split;
   r.feature_group = linear.parallel_group();
-  r.split_by_features[size_t(Fp8Operand::weight)] = true;
-  if (style == nn::ParallelStyle::column)  // output features: W's rows, dy's columns
-    r.split_by_features[size_t(Fp8Operand::output_grad)] = true;
-  else  // input features: W's and x's columns
-    r.split_by_features[size_t(Fp8Operand::input)] = true;
+  if (style == nn::ParallelStyle::column) {  // output features: W's rows, dy's columns
+    r.split[size_t(Fp8Operand::weight)] = Fp8Split::rows;
+    r.split[size_t(Fp8Operand::output_grad)] = Fp8Split::columns;
+  } else {  // input features: W's and x's columns
+    r.split[size_t(Fp8Operand::weight)] = Fp8Split::columns;
+    r.split[size_t(Fp8Operand::input)] = Fp8Split::columns;
+  }
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 // norms, and the MoE experts' grouped products.
 //
 // Under tensor parallelism the column- and row-parallel layers run in FP8 too: the amax of
-// every operand split over the group (nn::Fp8Recipe::split_by_features) is the maximum over
+// every operand split over the group (nn::Fp8Recipe::split) is the maximum over
 // its ranks, so each rank quantizes its slice as the single process quantizes the whole
 // operand. But a query-key-value layer whose key/value heads are replicated on several
 // ranks (fewer of them than ranks) keeps bf16: each rank's gradient of a replicated head is

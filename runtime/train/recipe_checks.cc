@@ -161,9 +161,10 @@ void check_fp8(const Recipe& r) {
              "FP8); set fp8 to \"e4m3\" or \"hybrid\", or fp8_param false");
   if (!mp.fp8) return;
   FSDP_CHECK(mp.fp8_recipe == "tensorwise" || mp.fp8_recipe == "delayed" ||
-                 mp.fp8_recipe == "blockwise",
+                 mp.fp8_recipe == "blockwise" || mp.fp8_recipe == "rowwise",
              ConfigError, "'mixed_precision.fp8_recipe' \"", mp.fp8_recipe, "\" is not "
-             "available in this build; use \"tensorwise\", \"delayed\" or \"blockwise\"");
+             "available in this build; use \"tensorwise\", \"delayed\", \"blockwise\" or "
+             "\"rowwise\"");
   // The first step scales from current amaxes and later ones from the history: a graph
   // captured in the first step would replay the first step's way forever.
   FSDP_CHECK(mp.fp8_recipe != "delayed" || !r.train.cuda_graphs, ConfigError,
@@ -171,12 +172,14 @@ void check_fp8(const Recipe& r) {
              "supported (the first step, with no amax history yet, quantizes differently from "
              "the later ones a graph would replay); use fp8_recipe \"tensorwise\" or "
              "train.cuda_graphs=false");
-  // FP8 weight gathers carry one scale per weight; blockwise scales every 128x128 block.
-  FSDP_CHECK(!mp.fp8_param || mp.fp8_recipe != "blockwise", ConfigError,
-             "'mixed_precision.fp8_param' with 'mixed_precision.fp8_recipe' \"blockwise\" is not "
-             "supported (the weights are gathered in FP8 with one scale each, blockwise scales "
-             "each 128x128 block); set fp8_param false or use fp8_recipe \"tensorwise\" or "
-             "\"delayed\"");
+  // FP8 weight gathers carry one scale per weight; blockwise scales every 128x128 block,
+  // rowwise every row (and every column for the input gradient's product).
+  FSDP_CHECK(!mp.fp8_param || (mp.fp8_recipe != "blockwise" && mp.fp8_recipe != "rowwise"),
+             ConfigError, "'mixed_precision.fp8_param' with 'mixed_precision.fp8_recipe' \"",
+             mp.fp8_recipe, "\" is not supported (the weights are gathered in FP8 with one "
+             "scale each, ", mp.fp8_recipe, " scales ",
+             mp.fp8_recipe == "blockwise" ? "each 128x128 block" : "each row and column",
+             "); set fp8_param false or use fp8_recipe \"tensorwise\" or \"delayed\"");
   if (mp.fp8_param) check_fp8_param(r);
 }
 

@@ -209,9 +209,10 @@ std::vector<FieldSpec> build_schema() {
       KEY(mixed_precision.fp8_recipe).one_of({"tensorwise", "delayed", "blockwise", "rowwise"})
           .default_to("tensorwise").help_text(
           "FP8 scaling: tensorwise (one scale per tensor from its current amax), delayed "
-          "(from the amaxes of earlier steps) or blockwise (DeepSeek-V3's: one scale per 1x128 "
-          "block of inputs and gradients, per 128x128 block of weights); rowwise is refused "
-          "by this build."),
+          "(from the amaxes of earlier steps), blockwise (DeepSeek-V3's: one scale per 1x128 "
+          "block of inputs and gradients, per 128x128 block of weights) or rowwise (one scale "
+          "per row of each operand along each product's K; the CPU simulation only in this "
+          "build)."),
       KEY(mixed_precision.fp8_amax_history_len).default_to(1).at_least(1).at_most(65536).help_text(
           "Steps of amax history each operand keeps under the delayed recipe."),
       KEY(mixed_precision.fp8_amax_compute_algo).one_of({"most_recent", "max"})

@@ -131,6 +131,7 @@ Fp8Plan fp8_plan_of(const Recipe& r) {
   Fp8Plan plan;
   plan.recipe.backward = *mp.fp8 == "hybrid" ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
   if (mp.fp8_recipe == "blockwise") plan.recipe.scaling = nn::Fp8Scaling::blockwise;
+  if (mp.fp8_recipe == "rowwise") plan.recipe.scaling = nn::Fp8Scaling::rowwise;
   plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
   plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
   return plan;

@@ -2,7 +2,8 @@
 // nearest-value search over all 256 codes of each format, quantization's scale and layouts,
 // and the FP8 matmul against the product of the decoded values; block scaling (1x128 and
 // 128x128 blocks) against a scalar reference of each block, and the block-scaled matmul
-// against the f64 product of the dequantized operands.
+// against the f64 product of the dequantized operands; row scaling (each row, and each
+// column for the transposed layout, by its own amax) the same way.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -354,4 +355,107 @@ TEST_CASE("fp8 block-scaled matmul on the CPU is the product of the dequantized 
                       ops::fp8_quantize_blocks(ctx, a96, Fp8Format::e4m3, Fp8Granularity::block_1x128, true, false).rows,
                       ops::fp8_quantize_blocks(ctx, b96, Fp8Format::e4m3, Fp8Granularity::block_1x128, true, false).rows),
       ShapeError);  // K not a multiple of 128
+}
+
+TEST_CASE("fp8 row-wise quantization on the CPU: each row and each column by its own amax", "[fp8]") {
+  Context ctx(Device::cpu());
+  const int64_t R = 70, C = 45;  // grids padded: pad4(70) = 72, pad4(45) = 48
+  Tensor x = testing::random_tensor(ctx, Shape{R, C}, DType::f32, 31);  // (R, C)
+  ops::fill(ctx, x.narrow(0, 5, 1), 0.0);  // an all-zero row: scale 1
+  const std::vector<double> xv = testing::values(ctx, x);
+  const Tensor row_amax = ctx.empty(Shape{R}, DType::f32), column_amax = ctx.empty(Shape{C}, DType::f32);
+  ops::fp8_row_amax(ctx, row_amax, x);
+  ops::fp8_column_amax(ctx, column_amax, x);
+  const std::vector<double> ra = testing::values(ctx, row_amax), ca = testing::values(ctx, column_amax);
+  for (int64_t r = 0; r < R; ++r) {
+    float m = 0;
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, std::fabs(float(xv[size_t(r * C + c)])));
+    REQUIRE(ra[size_t(r)] == m);
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    float m = 0;
+    for (int64_t r = 0; r < R; ++r) m = std::max(m, std::fabs(float(xv[size_t(r * C + c)])));
+    REQUIRE(ca[size_t(c)] == m);
+  }
+  const Tensor db = ops::zeros(ctx, Shape{C}, DType::f32);
+  const ops::Fp8Quantized q =
+      ops::fp8_quantize_rowwise(ctx, x, Fp8Format::e4m3, row_amax, column_amax, db);
+  REQUIRE(q.rows.scale_inv.shape() == Shape{1, 72});
+  REQUIRE(q.columns.scale_inv.shape() == Shape{1, 48});
+  CHECK(q.rows.granularity == Fp8Granularity::row);
+  CHECK(q.columns.granularity == Fp8Granularity::row);
+  const auto* rows = static_cast<const uint8_t*>(q.rows.data.data_ptr());
+  const auto* cols = static_cast<const uint8_t*>(q.columns.data.data_ptr());
+  const std::vector<double> rs = testing::values(ctx, q.rows.scale_inv);
+  const std::vector<double> cs = testing::values(ctx, q.columns.scale_inv);
+  for (int64_t r = 0; r < R; ++r) {
+    INFO("row " << r);
+    if (r == 5) {  // nothing to scale by: scale 1, zeros
+      REQUIRE(rs[size_t(r)] == 1.0);
+      for (int64_t c = 0; c < C; ++c) REQUIRE(rows[r * C + c] == 0);
+      continue;
+    }
+    const BlockRef b = reference_block(xv, C, r, r + 1, 0, C, Fp8Format::e4m3);
+    REQUIRE(rs[size_t(r)] == b.scale_inv);
+    for (int64_t c = 0; c < C; ++c) REQUIRE(rows[r * C + c] == b.codes[size_t(c)]);
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    INFO("column " << c);
+    const BlockRef b = reference_block(xv, C, 0, R, c, c + 1, Fp8Format::e4m3);
+    REQUIRE(cs[size_t(c)] == b.scale_inv);
+    for (int64_t r = 0; r < R; ++r) REQUIRE(cols[c * R + r] == b.codes[size_t(r)]);
+  }
+  for (int64_t r = R; r < 72; ++r) CHECK(rs[size_t(r)] == 1.0);  // padding
+  for (int64_t c = C; c < 48; ++c) CHECK(cs[size_t(c)] == 1.0);
+  const std::vector<double> sums = testing::values(ctx, db);
+  for (int64_t c = 0; c < C; ++c) {
+    double want = 0;
+    for (int64_t r = 0; r < R; ++r) want += xv[size_t(r * C + c)];
+    REQUIRE(std::fabs(sums[size_t(c)] - want) <= 1e-5 * (1 + std::fabs(want)));
+  }
+  // One layout alone.
+  const ops::Fp8Quantized only_rows = ops::fp8_quantize_rowwise(ctx, x, Fp8Format::e4m3, row_amax, Tensor());
+  CHECK(only_rows.rows.defined());
+  CHECK_FALSE(only_rows.columns.defined());
+  CHECK(std::memcmp(only_rows.rows.data.data_ptr(), rows, size_t(R * C)) == 0);
+  CHECK_THROWS_AS(ops::fp8_quantize_rowwise(ctx, x, Fp8Format::e4m3, column_amax, Tensor()), ShapeError);
+}
+
+TEST_CASE("fp8 row-scaled matmul on the CPU is the product of the dequantized rows", "[fp8]") {
+  Context ctx(Device::cpu());
+  const int64_t m = 48, n = 32, k = 80;  // K a multiple of 16, not of 128
+  const Tensor a = testing::random_tensor(ctx, Shape{m, k}, DType::f64, 32);  // (M, K)
+  const Tensor b = testing::random_tensor(ctx, Shape{n, k}, DType::f64, 33);  // (N, K)
+  auto rowwise = [&](const Tensor& t, Fp8Format f) {
+    const Tensor amax = ctx.empty(Shape{t.size(0)}, DType::f32);
+    ops::fp8_row_amax(ctx, amax, t);
+    return ops::fp8_quantize_rowwise(ctx, t, f, amax, Tensor()).rows;
+  };
+  const ops::Fp8Matrix qa = rowwise(a, Fp8Format::e5m2), qb = rowwise(b, Fp8Format::e4m3);
+  const Tensor out = testing::random_tensor(ctx, Shape{m, n}, DType::f64, 34);
+  const std::vector<double> out0 = testing::values(ctx, out);
+  ops::fp8_matmul(ctx, out, qa, qb, 0.5, 1.0);
+  const std::vector<double> sa = testing::values(ctx, qa.scale_inv), sb = testing::values(ctx, qb.scale_inv);
+  const auto* pa = static_cast<const uint8_t*>(qa.data.data_ptr());
+  const auto* pb = static_cast<const uint8_t*>(qb.data.data_ptr());
+  const std::vector<double> got = testing::values(ctx, out);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t l = 0; l < k; ++l)
+        s += fp8_decode(pa[i * k + l], Fp8Format::e5m2) * sa[size_t(i)] *
+             fp8_decode(pb[j * k + l], Fp8Format::e4m3) * sb[size_t(j)];
+      const double want = 0.5 * s + out0[size_t(i * n + j)];
+      REQUIRE(std::fabs(got[size_t(i * n + j)] - want) <= 1e-12 * (1 + std::fabs(want)));
+    }
+  // A row-scaled operand takes a row-scaled partner, without fast accumulation.
+  const Tensor a128 = testing::random_tensor(ctx, Shape{m, 128}, DType::f64, 35);
+  const Tensor b128 = testing::random_tensor(ctx, Shape{n, 128}, DType::f64, 36);
+  CHECK_THROWS_AS(
+      ops::fp8_matmul(ctx, out, rowwise(a128, Fp8Format::e4m3),
+                      ops::fp8_quantize_blocks(ctx, b128, Fp8Format::e4m3, Fp8Granularity::block_1x128, true, false).rows),
+      ValueError);
+  CHECK_THROWS_AS(ops::fp8_matmul(ctx, out, qa, qb, 1.0, 0.0, Tensor(), ops::Epilogue::None, Tensor(),
+                                  /*fast_accum=*/true),
+                  ValueError);
 }

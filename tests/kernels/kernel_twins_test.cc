@@ -17,7 +17,8 @@ namespace {
 // library_check.h (status checks).
 const char* const kKernelFamilies[] = {
     "activation",  "adamw",  "attention",  "attention_gemm", "basic",  "block_reduce",
-    "column_sum",  "cross_entropy", "cudnn_attention", "embedding", "fp8", "fp8_blocks", "init", "matmul", "moe",
+    "column_sum",  "cross_entropy", "cudnn_attention", "embedding", "fp8", "fp8_blocks", "fp8_rows",
+    "init", "matmul", "moe",
     "norm",
 };
 

@@ -369,8 +369,8 @@ std::vector<std::vector<double>> run_fp8(Context& ctx, DType dtype, bool fp8,
       nn::Fp8Recipe& r = p->fp8.emplace(recipe);
       if (split && group) {
         r.feature_group = group;
-        r.split_by_features[size_t(nn::Fp8Operand::weight)] = true;
-        r.split_by_features[size_t(nn::Fp8Operand::output_grad)] = true;
+        r.split[size_t(nn::Fp8Operand::weight)] = nn::Fp8Split::rows;
+        r.split[size_t(nn::Fp8Operand::output_grad)] = nn::Fp8Split::columns;
       }
     }
     return p;

@@ -7,9 +7,13 @@
 // Delayed scaling: its first step is tensorwise's, evaluations leave it alone, it resumes
 // bit for bit, and ZeRO-3 and context parallelism give the single-process losses. Block
 // scaling: close to the unquantized curve (and not tensorwise's), bf16 where sizes are not
-// multiples of 128, and ZeRO-3 gives the single-process losses.
-// And the refusals: fp8 on a CPU run, the rowwise recipe, fp8_param with blockwise or
-// outside ZeRO-3.
+// multiples of 128, and ZeRO-3 gives the single-process losses. Tensor parallelism (TP2,
+// TP2+SP, TP2 x CP2) gives the single-process FP8 losses for the three recipes; a qkv layer
+// with replicated key/value heads stays in bf16. Row scaling: close to the unquantized
+// curve (and not tensorwise's), and ZeRO-3, CP2, TP2, TP2+SP and TP2 x CP2 give the
+// single-process losses.
+// And the refusals: fp8 on a CPU run, an unknown recipe, fp8_param with blockwise or
+// rowwise or outside ZeRO-3.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -378,6 +382,44 @@ TEST_CASE("fp8 under tensor x context parallelism gives the single-process losse
   for (double l : r.losses) CHECK(std::isfinite(l));
 }
 
+// ---- row scaling (fp8_recipe "rowwise")
+
+const std::vector<std::string> kRowwise = {"mixed_precision.fp8=hybrid",
+                                           "mixed_precision.fp8_recipe=rowwise"};
+
+TEST_CASE("rowwise fp8 training follows the unquantized curve on the CPU simulation",
+          "[train][fp8]") {
+  if (testing::world_size() != 1) return;
+  const TrainResult rowwise =
+      check_close_to_unquantized("gpt2_tiny", "hybrid", {"mixed_precision.fp8_recipe=rowwise"}, "_rw");
+  // Its own scales: not tensorwise's numbers.
+  const TrainResult tensorwise = train("gpt2_tiny", "rw_tensorwise", {"mixed_precision.fp8=hybrid"}, true);
+  CHECK(rowwise.losses[0] != tensorwise.losses[0]);
+  check_close_to_unquantized("llama_tiny", "e4m3", {"mixed_precision.fp8_recipe=rowwise"}, "_rw");
+}
+
+TEST_CASE("rowwise fp8 gives the single-process losses under ZeRO-3, context and tensor "
+          "parallelism",
+          "[train][fp8][mpi]") {
+  if (testing::world_size() != 2) return;
+  // A row's amax over the ranks holding the rest of the row (row-parallel inputs, column-
+  // parallel output gradients, row-parallel weights), a column's over those holding the
+  // rest of the column (the other tokens under context parallelism, column-parallel weights).
+  check_single_process_losses("gpt2_tiny", with(kRowwise, {"train.micro_batch_size=2"}),
+                              {"ddp.data_parallel_sharding_strategy=optim_grads_params"});
+  check_single_process_losses("gpt2_tiny", kRowwise, {"model.context_parallel_size=2"});
+  check_single_process_losses("llama_tiny", kRowwise,
+                              {"model.tensor_model_parallel_size=2", "model.sequence_parallel=true"});
+  check_single_process_losses("gpt2_tiny", kRowwise, {"model.tensor_model_parallel_size=2"});
+}
+
+TEST_CASE("rowwise fp8 under tensor x context parallelism gives the single-process losses",
+          "[train][fp8][mpi]") {
+  if (testing::world_size() != 4) return;
+  check_single_process_losses("llama_tiny", kRowwise,
+                              {"model.tensor_model_parallel_size=2", "model.context_parallel_size=2"});
+}
+
 TEST_CASE("fp8 is refused where it cannot run, naming the key", "[train][fp8]") {
   if (testing::world_size() != 1) return;
   TrainerOptions options;
@@ -385,9 +427,15 @@ TEST_CASE("fp8 is refused where it cannot run, naming the key", "[train][fp8]") 
   options.print_sample = false;
   CHECK_THROWS_WITH(Trainer(recipe_of("gpt2_tiny", "fp8_cpu", {"mixed_precision.fp8=e4m3"}), options),
                     Catch::Matchers::Contains("'mixed_precision.fp8' \"e4m3\" needs a GPU"));
-  CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_rowwise",
-                              {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=rowwise"}),
-                    Catch::Matchers::Contains("'mixed_precision.fp8_recipe' \"rowwise\""));
+  CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_fourwise",
+                              {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=fourwise"}),
+                    Catch::Matchers::Contains("mixed_precision.fp8_recipe"));
+  CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_rowwise_param",
+                              {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=rowwise",
+                               "mixed_precision.fp8_param=true",
+                               "ddp.data_parallel_sharding_strategy=optim_grads_params"}),
+                    Catch::Matchers::Contains("'mixed_precision.fp8_param' with "
+                                              "'mixed_precision.fp8_recipe' \"rowwise\""));
   CHECK_NOTHROW(recipe_of("gpt2_tiny", "fp8_blockwise",
                           {"mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=blockwise"}));
   CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_blockwise_param",

@@ -1,0 +1,33 @@
+// CUDA kernels of FP8 row-wise quantization (the rowwise recipe; the twins of
+// kernels/cpu/fp8.h's fp8_row_amax, fp8_column_amax and fp8_quantize_rowwise). Raw
+// pointers, sizes and a stream.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/basic.h"
+#include "kernels/fp8_format.h"
+
+namespace fsdp::kernels::cuda {
+
+// amax (rows) f32 = max |x| over each row of x (rows, cols) (bf16, f16 or f32; NaNs
+// skipped); fp8_column_amax: amax (cols) over each column (an integer atomicMax of the
+// bits: the result does not depend on the order).
+void fp8_row_amax(const void* x, DType dtype, int64_t rows, int64_t cols, float* amax,
+                  stream_t stream);
+void fp8_column_amax(const void* x, DType dtype, int64_t rows, int64_t cols, float* amax,
+                     stream_t stream);
+
+// x (rows, cols) quantized row-wise from one read of it: q (rows, cols) with row r scaled by
+// fp8_scale_for_amax(row_amax[r]) and q_scale_inv[r] its inverse; qt (cols, rows), the
+// transpose, with its row c scaled by that of column_amax[c] and qt_scale_inv[c] its
+// inverse. Either of q and qt may be null (with its amaxes and scales). When partials is not
+// null it receives (fp8_rowwise_column_sum_tiles(rows), cols) f32: each row tile's column
+// sums of x, for column_sum.h's finish_column_sums (a bias gradient from the same read).
+int64_t fp8_rowwise_column_sum_tiles(int64_t rows);
+void fp8_quantize_rowwise(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
+                          const float* row_amax, uint8_t* q, float* q_scale_inv,
+                          const float* column_amax, uint8_t* qt, float* qt_scale_inv,
+                          float* partials, stream_t stream);
+
+}  // namespace fsdp::kernels::cuda

@@ -21,7 +21,7 @@ namespace {
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: bench fp8-matmul (--workload NAME | --config FILE) [--reps R] "
-               "[--format e4m3|hybrid] [--scaling tensorwise|blockwise]\n"
+               "[--format e4m3|hybrid] [--scaling tensorwise|blockwise|rowwise]\n"
                "  Times on GPU 0 each linear layer of one block of the recipe's model at its\n"
                "  micro-batch, forward, dgrad and wgrad, as the layers run them: in bf16, then\n"
                "  in FP8 (the product alone, on operands quantized beforehand; then with the\n"
@@ -31,7 +31,25 @@ void usage(std::FILE* out) {
                "  R runs, and the bf16 / FP8-with-quantization time ratio. Workloads: gpt2-124m,\n"
                "  gpt-1.3b, llama-1b. --scaling blockwise: the blockwise recipe's operands (x and\n"
                "  dy in 1x128 blocks, W in 128x128 blocks, block-scaled products, no fast\n"
-               "  accumulation); layers whose sizes are not multiples of 128 are skipped.\n");
+               "  accumulation); layers whose sizes are not multiples of 128 are skipped.\n"
+               "  --scaling rowwise: the rowwise recipe's (one scale per row of each operand, its\n"
+               "  amaxes in a pass of their own before the cast, row-scaled products).\n");
+}
+
+// The rowwise recipe's cast: each asked-for layout's amaxes (per row, per column), then
+// both layouts from one read.
+ops::Fp8Quantized quantize_rowwise(Context& ctx, const Tensor& t, ops::Fp8Format f, bool rows,
+                                   bool columns, const Tensor& column_sums) {
+  Tensor row_amax, column_amax;
+  if (rows) {
+    row_amax = ctx.empty(Shape{t.size(0)}, DType::f32);
+    ops::fp8_row_amax(ctx, row_amax, t);
+  }
+  if (columns) {
+    column_amax = ctx.empty(Shape{t.size(1)}, DType::f32);
+    ops::fp8_column_amax(ctx, column_amax, t);
+  }
+  return ops::fp8_quantize_rowwise(ctx, t, f, row_amax, column_amax, column_sums);
 }
 
 }  // namespace
@@ -42,8 +60,8 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
       parse_workload_flags(args, usage, [&](const std::string& a, const std::function<std::string()>& value) {
         if (a == "--scaling") {
           scaling = value();
-          FSDP_CHECK(scaling == "tensorwise" || scaling == "blockwise", ConfigError,
-                     "--scaling is tensorwise or blockwise, not '", scaling, "'");
+          FSDP_CHECK(scaling == "tensorwise" || scaling == "blockwise" || scaling == "rowwise",
+                     ConfigError, "--scaling is tensorwise, blockwise or rowwise, not '", scaling, "'");
           return true;
         }
         if (a != "--format") return false;
@@ -52,8 +70,8 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
                    "--format is e4m3 or hybrid, not '", format, "'");
         return true;
       });
-  const bool blockwise = scaling == "blockwise";
-  const bool fast_accum = !blockwise;  // block-scaled products have none
+  const bool blockwise = scaling == "blockwise", rowwise = scaling == "rowwise";
+  const bool fast_accum = !blockwise && !rowwise;  // block- and row-scaled products have none
   if (flags.help) return 0;
   const std::string& config = flags.config;
   const int reps = flags.reps;
@@ -96,6 +114,7 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
     // Blockwise: the weight (w) in 128x128 blocks, activations and gradients in 1x128.
     auto quantize = [&](const Tensor& t, ops::Fp8Format f, bool rows, bool cols,
                         const Tensor& column_sums = Tensor()) {
+      if (rowwise) return quantize_rowwise(ctx, t, f, rows, cols, column_sums);
       if (blockwise)
         return ops::fp8_quantize_blocks(ctx, t, f,
                                         t.data_ptr() == w.data_ptr() ? ops::Fp8Granularity::block_128x128
@@ -170,7 +189,9 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
   const double bytes = double(rows) * double(cols);
   const double t_amax = median_device_ms(ctx, reps, 2, [&] { ops::fp8_amax(ctx, amax, t); });
   auto quantize_alone = [&](bool columns) {
-    if (blockwise)
+    if (rowwise)
+      quantize_rowwise(ctx, t, bwd, true, columns, Tensor());
+    else if (blockwise)
       ops::fp8_quantize_blocks(ctx, t, bwd, ops::Fp8Granularity::block_1x128, true, columns);
     else
       ops::fp8_quantize(ctx, t, amax, bwd, true, columns);

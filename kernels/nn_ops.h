@@ -241,9 +241,19 @@ void moe_router_backward(Context& ctx, const Tensor& dlogits, const Tensor& dwei
 // normalized per token first): 1 when balanced. per_token (N) of the scores' dtype: each
 // token's term (the loss is their sum); dscores (N, E): coeff times the loss's gradient (the
 // router backward's dscores). Both overwritten.
+// With run_counts (groups, E) i32 given: the runs are whole runs of run_tokens tokens, of
+// which these N / groups each are a part (context parallelism splits every sequence over
+// ranks), and run_counts their choices by expert summed over every part
+// (moe_group_expert_counts, then a sum over the ranks): f_e and P_e are the whole runs',
+// and per_token and dscores this rank's tokens' terms of the whole loss.
 void moe_balancing_loss(Context& ctx, const Tensor& per_token, const Tensor& dscores,
                         const Tensor& scores, const Tensor& indices, int64_t groups,
-                        bool sigmoid, double coeff);
+                        bool sigmoid, double coeff, const Tensor& run_counts = Tensor(),
+                        int64_t run_tokens = 0);
+// counts (groups, E) i32 = the choices of indices (N, k) in each of `groups` equal runs of
+// tokens, by expert.
+void moe_group_expert_counts(Context& ctx, const Tensor& counts, const Tensor& indices,
+                             int64_t groups);
 // The router z-loss, the mean over tokens of logsumexp(logits[n])^2: per_token (N) f32
 // (f64 for f64 logits) each token's term; dlogits (N, E) of the logits' dtype = coeff times
 // its gradient. Both overwritten.

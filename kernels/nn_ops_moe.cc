@@ -154,9 +154,35 @@ void moe_router_backward(Context& ctx, const Tensor& dlogits, const Tensor& dwei
 #endif
 }
 
+void moe_group_expert_counts(Context& ctx, const Tensor& counts, const Tensor& indices,
+                             int64_t groups) {
+  const char* what = "moe_group_expert_counts";
+  check_matrix(ctx, indices, what, "the expert indices");
+  check_matrix(ctx, counts, what, "the counts");
+  kernels::MoeLossDims d;
+  d.tokens = indices.size(0);
+  d.top_k = indices.size(1);
+  d.experts = counts.size(1);
+  d.groups = groups;
+  FSDP_CHECK(groups >= 1 && d.tokens % groups == 0, ShapeError, what, ": ", d.tokens,
+             " tokens are not ", groups, " equal runs");
+  check_dense(ctx, indices, Shape{d.tokens, d.top_k}, DType::i32, what);
+  check_dense(ctx, counts, Shape{groups, d.experts}, DType::i32, what);
+  check_int32_rows(d.tokens * d.top_k, what);
+  if (ctx.device().is_cpu()) {
+    kernels::cpu::moe_group_expert_counts(d, counts.data<int32_t>(), indices.data<int32_t>());
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::moe_group_expert_counts(d, counts.data<int32_t>(), indices.data<int32_t>(),
+                                         ctx.stream().cuda_stream());
+#endif
+}
+
 void moe_balancing_loss(Context& ctx, const Tensor& per_token, const Tensor& dscores,
                         const Tensor& scores, const Tensor& indices, int64_t groups,
-                        bool sigmoid, double coeff) {
+                        bool sigmoid, double coeff, const Tensor& run_counts,
+                        int64_t run_tokens) {
   const char* what = "moe_balancing_loss";
   check_matrix(ctx, scores, what, "the scores");
   check_matrix(ctx, indices, what, "the expert indices");
@@ -175,16 +201,26 @@ void moe_balancing_loss(Context& ctx, const Tensor& per_token, const Tensor& dsc
   check_dense(ctx, per_token, Shape{d.tokens}, stats, what);
   check_dense(ctx, dscores, Shape{d.tokens, d.experts}, stats, what);
   check_int32_rows(d.tokens * d.top_k, what);
+  const bool counted = run_counts.defined();
+  if (counted) {
+    check_dense(ctx, run_counts, Shape{groups, d.experts}, DType::i32, what);
+    FSDP_CHECK(run_tokens >= d.tokens / groups, ShapeError, what, ": whole runs of ", run_tokens,
+               " tokens cannot hold these runs of ", d.tokens / groups);
+    d.run_tokens = run_tokens;
+  }
   if (ctx.device().is_cpu()) {
     kernels::cpu::moe_balancing_loss(d, per_token.data_ptr(), dscores.data_ptr(),
-                                     scores.data_ptr(), indices.data<int32_t>(), coeff);
+                                     scores.data_ptr(), indices.data<int32_t>(), coeff,
+                                     counted ? run_counts.data<int32_t>() : nullptr);
     return;
   }
 #if FSDP_WITH_CUDA
-  const Tensor counts = ctx.empty(Shape{groups, d.experts}, DType::i32);  // workspace
+  // The runs' choices as given, or counted here into a workspace.
+  const Tensor counts = counted ? run_counts : ctx.empty(Shape{groups, d.experts}, DType::i32);
   kernels::cuda::moe_balancing_loss(d, per_token.data<float>(), dscores.data<float>(),
                                     scores.data<float>(), indices.data<int32_t>(),
-                                    counts.data<int32_t>(), coeff, ctx.stream().cuda_stream());
+                                    counts.data<int32_t>(), counted, coeff,
+                                    ctx.stream().cuda_stream());
 #endif
 }
 

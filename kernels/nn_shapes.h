@@ -115,6 +115,9 @@ struct RouterDims {
 // their gradient and the per-token terms are f32, f64 when the logits are f64.
 struct MoeLossDims {
   int64_t tokens = 0, experts = 0, top_k = 0, groups = 1;
+  // The balancing loss's runs as a whole: the tokens of each run over every rank holding a
+  // part of it (context parallelism splits the sequences; 0: the run is all here).
+  int64_t run_tokens = 0;
   bool sigmoid = false;      // sigmoid scores: normalized per token for the balancing loss
   DType dtype = DType::f32;  // logits and their gradient
 };

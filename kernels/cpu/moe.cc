@@ -224,20 +224,32 @@ void moe_unpermute_backward(const MoeRowsDims& d, void* dy_sorted, void* dweight
 
 // ---------------------------------------------------------------- auxiliary losses
 
+void moe_group_expert_counts(const MoeLossDims& d, int32_t* counts, const int32_t* indices) {
+  const int64_t pairs = d.tokens * d.top_k, per_group = pairs / d.groups;
+  check_indices(indices, pairs, d.experts, "moe_group_expert_counts");
+  std::fill(counts, counts + d.groups * d.experts, 0);
+  for (int64_t p = 0; p < pairs; ++p) counts[(p / per_group) * d.experts + indices[p]] += 1;
+}
+
 void moe_balancing_loss(const MoeLossDims& d, void* per_token, void* dscores, const void* scores,
-                        const int32_t* indices, double coeff) {
+                        const int32_t* indices, double coeff, const int32_t* run_counts) {
   dispatch_compute(d.dtype, "moe_balancing_loss", [&](auto tag) {
     using S = StatsOf<decltype(tag)>;
     const int64_t N = d.tokens, E = d.experts, k = d.top_k, n = N / d.groups;
+    const int64_t whole = d.run_tokens > 0 ? d.run_tokens : n;  // the run's tokens everywhere
     check_indices(indices, N * k, E, "moe_balancing_loss");
     const double weight = 1.0 / double(d.groups);  // the mean over the runs
     std::vector<double> c(static_cast<size_t>(E));
     for (int64_t g = 0; g < d.groups; ++g) {
       // c_e = d loss / d P_e / n = E f_e / n = E count_e / (n n k): every token's score of e
-      // counts 1 / n in P_e.
+      // counts 1 / n in P_e (n: the whole run's tokens).
       std::fill(c.begin(), c.end(), 0.0);
-      for (int64_t i = g * n * k; i < (g + 1) * n * k; ++i) c[size_t(indices[i])] += 1.0;
-      for (double& ce : c) ce *= double(E) / (double(n) * double(n) * double(k));
+      if (run_counts) {
+        for (int64_t e = 0; e < E; ++e) c[size_t(e)] = double(run_counts[g * E + e]);
+      } else {
+        for (int64_t i = g * n * k; i < (g + 1) * n * k; ++i) c[size_t(indices[i])] += 1.0;
+      }
+      for (double& ce : c) ce *= double(E) / (double(whole) * double(whole) * double(k));
       for (int64_t t = g * n; t < (g + 1) * n; ++t) {
         const S* s = static_cast<const S*>(scores) + t * E;  // (E)
         S* ds = static_cast<S*>(dscores) + t * E;             // (E)

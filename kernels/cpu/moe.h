@@ -20,12 +20,17 @@ void moe_router_forward(const RouterDims& d, int32_t* indices, void* weights, vo
 void moe_router_backward(const RouterDims& d, void* dlogits, const void* dweights,
                          const void* dscores, const void* scores, const int32_t* indices);
 
+// counts (groups, E) = the choices of each run of N / groups tokens (indices (N, k)), by
+// expert.
+void moe_group_expert_counts(const MoeLossDims& d, int32_t* counts, const int32_t* indices);
 // The load-balancing loss: for each run of n = N / groups tokens, E sum_e f_e P_e with f_e
 // the run's share of choices that went to e and P_e the run's mean (normalized) score of e,
 // weighted 1 / groups. per_token (N) S: each token's term (the loss is their sum); dscores
-// (N, E) S = coeff times the loss's gradient. Both overwritten.
+// (N, E) S = coeff times the loss's gradient. Both overwritten. With run_counts (groups, E)
+// given, f_e and P_e are those of whole runs of d.run_tokens tokens spread over several
+// ranks, whose choices run_counts sums (this rank's tokens then give their terms of it).
 void moe_balancing_loss(const MoeLossDims& d, void* per_token, void* dscores, const void* scores,
-                        const int32_t* indices, double coeff);
+                        const int32_t* indices, double coeff, const int32_t* run_counts = nullptr);
 // The z-loss, the mean over tokens of logsumexp(logits)^2: per_token (N) S = lse^2 / N,
 // dlogits (N, E) of d.dtype = coeff times its gradient (2 lse softmax / N). Overwritten.
 void moe_z_loss(const MoeLossDims& d, void* per_token, void* dlogits, const void* logits,

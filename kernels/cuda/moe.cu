@@ -428,16 +428,18 @@ __global__ void count_group_experts_kernel(int32_t* counts, const int32_t* indic
     atomicAdd(&counts[(p / per_group) * E + indices[p]], 1);  // integers: any order
 }
 
+// n: each run's tokens here; whole: the run's tokens on every rank holding a part of it.
 __global__ void balancing_loss_kernel(float* per_token, float* dscores, const float* scores,
-                                      const int32_t* counts, int64_t N, int E, int64_t n, int k,
-                                      double weight, double coeff, bool sigmoid_score) {
+                                      const int32_t* counts, int64_t N, int E, int64_t n,
+                                      int64_t whole, int k, double weight, double coeff,
+                                      bool sigmoid_score) {
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t t = int64_t(blockIdx.x) * warps + warp;
   if (t >= N) return;
   const int32_t* c = counts + (t / n) * E;  // (E) the run's choices
   const float* s = scores + t * E;          // (E)
   // c_e = E count_e / (n n k): the balancing loss's gradient by each score, unnormalized.
-  const double scale = double(E) / (double(n) * double(n) * double(k));
+  const double scale = double(E) / (double(whole) * double(whole) * double(k));
   double sum = 1.0;
   if (sigmoid_score) {
     double a = 0;
@@ -475,20 +477,28 @@ __global__ void z_loss_kernel(float* per_token, T* dlogits, const T* logits, int
 
 }  // namespace
 
+void moe_group_expert_counts(const MoeLossDims& d, int32_t* counts, const int32_t* indices,
+                             stream_t stream) {
+  if (d.groups * d.experts == 0) return;
+  FSDP_CALL(cudaMemsetAsync(counts, 0, size_t(d.groups * d.experts) * sizeof(int32_t), stream));
+  const int64_t pairs = d.tokens * d.top_k;
+  if (pairs == 0) return;
+  count_group_experts_kernel<<<grid_for(pairs, kThreads), kThreads, 0, stream>>>(
+      counts, indices, pairs, pairs / d.groups, int(d.experts));
+  FSDP_CHECK_LAUNCH();
+}
+
 void moe_balancing_loss(const MoeLossDims& d, float* per_token, float* dscores,
                         const float* scores, const int32_t* indices, int32_t* counts,
-                        double coeff, stream_t stream) {
+                        bool counted, double coeff, stream_t stream) {
   if (d.tokens == 0 || d.experts == 0) return;
-  const int64_t n = d.tokens / d.groups, pairs = d.tokens * d.top_k;
-  FSDP_CALL(cudaMemsetAsync(counts, 0, size_t(d.groups * d.experts) * sizeof(int32_t), stream));
-  count_group_experts_kernel<<<grid_for(pairs, kThreads), kThreads, 0, stream>>>(
-      counts, indices, pairs, n * d.top_k, int(d.experts));
-  FSDP_CHECK_LAUNCH();
+  const int64_t n = d.tokens / d.groups;
+  if (!counted) moe_group_expert_counts(d, counts, indices, stream);
   const int warps = kThreads / kWarp;
   const unsigned blocks = unsigned((d.tokens + warps - 1) / warps);
   balancing_loss_kernel<<<blocks, kThreads, 0, stream>>>(
-      per_token, dscores, scores, counts, d.tokens, int(d.experts), n, int(d.top_k),
-      1.0 / double(d.groups), coeff, d.sigmoid);
+      per_token, dscores, scores, counts, d.tokens, int(d.experts), n,
+      d.run_tokens > 0 ? d.run_tokens : n, int(d.top_k), 1.0 / double(d.groups), coeff, d.sigmoid);
   FSDP_CHECK_LAUNCH();
 }
 

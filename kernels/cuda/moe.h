@@ -25,11 +25,15 @@ void moe_router_backward(const RouterDims& d, void* dlogits, const float* dweigh
                          const float* dscores, const float* scores, const int32_t* indices,
                          stream_t stream);
 
-// As kernels::cpu::moe_balancing_loss (f32 scores); counts: a (groups, E) i32 workspace.
+// As kernels::cpu::moe_group_expert_counts (counts (groups, E) i32 on the device).
+void moe_group_expert_counts(const MoeLossDims& d, int32_t* counts, const int32_t* indices,
+                             stream_t stream);
+// As kernels::cpu::moe_balancing_loss (f32 scores): counts (groups, E) i32 holds the runs'
+// choices when `counted` (run_counts), and is otherwise a workspace this counts them into.
 // One warp per token, its sums in double.
 void moe_balancing_loss(const MoeLossDims& d, float* per_token, float* dscores,
                         const float* scores, const int32_t* indices, int32_t* counts,
-                        double coeff, stream_t stream);
+                        bool counted, double coeff, stream_t stream);
 // As kernels::cpu::moe_z_loss (per_token f32). One warp per token, its sums in double.
 void moe_z_loss(const MoeLossDims& d, float* per_token, void* dlogits, const void* logits,
                 double coeff, stream_t stream);

@@ -28,8 +28,9 @@ void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, cons
 
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& o, const Tensor& expert_bias,
-           MoeStats* stats, bool recompute_activation, ExpertParallelGroup* ep) {
+           MoeStats* stats, bool recompute_activation, const MoeGroups& groups) {
   Context& ctx = g.ctx();
+  ExpertParallelGroup* ep = groups.experts;
   const Tensor& w_router = router.checked_data();  // (E, C)
   const Tensor& w_fc = fc.checked_data();          // (E, F or 2F, C)
   const Tensor& w_proj = proj.checked_data();      // (E, C, F)
@@ -106,6 +107,7 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   lo.balancing = o.balancing;
   lo.aux_coeff = o.aux_loss_coeff;
   lo.z_coeff = o.z_loss_coeff;
+  lo.token_group = groups.tokens;
   const MoeLosses losses = moe_losses(ctx, scores, logits, indices, lo);
   if (stats && !g.recomputing()) {
     stats->forwards++;
@@ -230,7 +232,7 @@ Tensor MoELayer::compute(Graph& g, const Tensor& x) {
   if (options_.expert_bias && !expert_bias_.defined())
     expert_bias_ = ops::zeros(g.ctx(), Shape{options_.experts}, DType::f32);
   Tensor y = moe(g, x, router.weight(), experts.fc(), experts.proj(), activation_, options_,
-                 expert_bias_, &stats_, recompute_activation, expert_group_);  // (..., C)
+                 expert_bias_, &stats_, recompute_activation, groups_);  // (..., C)
   if (shared_expert) y = add(g, y, (*shared_expert)(g, x));
   return y;
 }

@@ -69,11 +69,19 @@ struct MoeStats {
 // The routed experts as one differentiable op: x (..., C) -> (..., C). Experts are
 // SwiGLU (fc = gate_up (E, 2F, C)) or GELU (fc (E, F, C)); proj (E, C, F); no biases.
 // expert_bias (E) f32 or undefined. Adds to `stats` (when given) unless the graph is
-// re-running a forward for activation recompute. `sequences`: how many sequences the
-// leading dimensions hold (for seq_aux_loss): x.size(0) for (B, T, C).
+// re-running a forward for activation recompute. The leading dimensions of x are its
+// sequences (for seq_aux_loss): x.size(0) for (B, T, C).
+//
+// The groups a plan from outside splits the layer's work over: the expert-parallel ranks
+// (each holding E / ep of the experts, fc and proj their slices), and the context-parallel
+// ranks (each holding a part of every sequence; MoeLossOptions::token_group).
+struct MoeGroups {
+  ExpertParallelGroup* experts = nullptr;
+  TensorParallelGroup* tokens = nullptr;
+};
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& options, const Tensor& expert_bias,
-           MoeStats* stats, bool recompute_activation = false);
+           MoeStats* stats, bool recompute_activation = false, const MoeGroups& groups = {});
 
 // The expert weights of one layer, as one module so that they are named experts.*.
 class ExpertWeights : public Module {
@@ -110,8 +118,11 @@ class MoELayer : public MLP {
   void update_expert_bias(Context& ctx, const std::vector<double>& counts, double rate);
   // Expert parallelism (set by a plan from outside, with the experts' weights sliced to this
   // rank's E / ep): the layer exchanges its rows with the group. Null: none.
-  void set_expert_parallel(ExpertParallelGroup* group) { expert_group_ = group; }
-  ExpertParallelGroup* expert_parallel() const { return expert_group_; }
+  void set_expert_parallel(ExpertParallelGroup* group) { groups_.experts = group; }
+  ExpertParallelGroup* expert_parallel() const { return groups_.experts; }
+  // Context parallelism (set by its plan): this rank holds a part of every sequence, and
+  // the balancing loss counts the choices of every part. Null: none.
+  void set_context_parallel(TensorParallelGroup* group) { groups_.tokens = group; }
 
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;
@@ -121,7 +132,7 @@ class MoELayer : public MLP {
   MlpActivation activation_;
   Tensor expert_bias_;
   MoeStats stats_;
-  ExpertParallelGroup* expert_group_ = nullptr;
+  MoeGroups groups_;
 };
 
 }  // namespace fsdp::nn

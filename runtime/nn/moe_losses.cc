@@ -3,6 +3,7 @@
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
+#include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn {
 
@@ -35,9 +36,20 @@ MoeLosses moe_losses(Context& ctx, const Tensor& scores, const Tensor& logits,
                " tokens are not ", groups, " whole sequences");
     const Tensor per_token = ctx.empty(Shape{N}, scores.dtype());  // (N)
     out.dscores = ctx.empty(Shape{N, E}, scores.dtype());         // (N, E)
-    ops::moe_balancing_loss(ctx, per_token, out.dscores, scores, indices, groups, o.sigmoid,
-                            o.aux_coeff);
+    const int cp = o.token_group ? o.token_group->size() : 1;
+    if (cp > 1) {
+      // The whole sequences' choices (groups, E), and this rank's terms of their loss.
+      const Tensor run_counts = ctx.empty(Shape{groups, E}, DType::i32);
+      ops::moe_group_expert_counts(ctx, run_counts, indices, groups);
+      o.token_group->all_reduce_sum(ctx, run_counts);
+      ops::moe_balancing_loss(ctx, per_token, out.dscores, scores, indices, groups, o.sigmoid,
+                              o.aux_coeff * cp, run_counts, N / groups * cp);
+    } else {
+      ops::moe_balancing_loss(ctx, per_token, out.dscores, scores, indices, groups, o.sigmoid,
+                              o.aux_coeff);
+    }
     out.aux = ops::sum(ctx, per_token);
+    if (cp > 1) ops::scale(ctx, out.aux, out.aux, double(cp));
   }
   if (o.z_coeff > 0) {
     const Tensor per_token = ctx.empty(Shape{N}, scores.dtype());  // (N)

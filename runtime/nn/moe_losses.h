@@ -21,12 +21,21 @@ enum class MoeBalancing : uint8_t {
 const char* moe_balancing_name(MoeBalancing b);        // "none", "aux_loss", "seq_aux_loss"
 MoeBalancing moe_balancing_from_name(const std::string& name);  // throws ConfigError
 
+class TensorParallelGroup;
+
 struct MoeLossOptions {
   int64_t sequences = 1;  // the N tokens are this many sequences of N / sequences, in order
   bool sigmoid = false;   // sigmoid scores: normalized per token before the balancing loss
   MoeBalancing balancing = MoeBalancing::None;
   double aux_coeff = 0;   // the balancing loss's weight in the objective
   double z_coeff = 0;     // the z-loss's weight in the objective (0: not computed)
+  // The context-parallel ranks, each holding cp of the 2 cp chunks of every sequence, or
+  // null. The balancing loss is then the loss of the whole sequences: their choices are
+  // summed over the group first. As every rank's LM loss is its tokens' mean, which the
+  // gradient reduction over the data- and context-parallel ranks averages, each rank's
+  // terms are cp times its part of the whole loss (the z-loss, a mean over tokens, is
+  // already so).
+  TensorParallelGroup* token_group = nullptr;
 };
 
 // On the device, without waiting for it: the values are () tensors of the scores' dtype,

@@ -2,6 +2,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/nn/layers.h"
+#include "runtime/nn/moe.h"
 
 namespace fsdp {
 
@@ -25,6 +26,9 @@ std::vector<std::string> apply_context_parallel(nn::Module& model,
       report.push_back(a->name() + (comm == nn::ContextParallelComm::ring
                                         ? ": context-parallel (keys and values around a ring)"
                                         : ": context-parallel (keys and values all-gathered)"));
+    } else if (auto* moe = dynamic_cast<nn::MoELayer*>(m)) {
+      moe->set_context_parallel(&group);
+      report.push_back(moe->name() + ": balancing loss over the whole sequences");
     }
   }
   if (vocabulary.positions) {

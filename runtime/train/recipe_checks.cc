@@ -86,12 +86,10 @@ void check_moe(const Recipe& r) {
   FSDP_CHECK(m.moe_router_topk <= m.num_moe_experts, ConfigError, "'model.moe_router_topk' (",
              m.moe_router_topk, ") must not exceed 'model.num_moe_experts' (", m.num_moe_experts,
              ")");
-  for (const auto& [key, n] : {std::pair<const char*, int>{"model.tensor_model_parallel_size",
-                                                          m.tensor_model_parallel_size},
-                               {"model.context_parallel_size", m.context_parallel_size}})
-    FSDP_CHECK(n == 1, ConfigError, "'", key, "' ", n, " with 'model.num_moe_experts' ",
-               m.num_moe_experts, " is not supported yet (the MoE layer runs on whole tokens of "
-               "one rank)");
+  FSDP_CHECK(m.tensor_model_parallel_size == 1, ConfigError, "'model.tensor_model_parallel_size' ",
+             m.tensor_model_parallel_size, " with 'model.num_moe_experts' ", m.num_moe_experts,
+             " is not supported yet (the MoE layer runs on whole tokens of one rank, and its "
+             "experts are not split over tensor-parallel ranks)");
   FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with 'model.num_moe_experts' "
              "is not supported: the MoE layer reads its expert counts on the host every forward");
 }

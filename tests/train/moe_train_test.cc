@@ -8,7 +8,9 @@
 // data-parallel group, which has one rank under EP4 and EP2 on 2 ranks), whose all-to-alls
 // and expert-group collectives are counted. A checkpoint saved at one layout (EP2 among
 // them) resumes at others (EP1, EP4; and EP1 into EP2) on the same curve within 1e-12,
-// expert biases included.
+// expert biases included. Context parallelism (CP2, CP2 x DP2, CP2 x EP2) too: each rank
+// holds half of every sequence, and the balancing loss (aux_loss and seq_aux_loss) counts
+// the choices of both halves, as the single process does.
 //
 // The same micro-batch size on both sides: the load-balancing loss of a micro-batch is not
 // the mean of its halves' (f_e P_e is a product of two means), so, as in Megatron, the
@@ -51,12 +53,14 @@ struct Layout {
   std::string strategy;
   int micro_batch;  // of the global batch of 8 sequences
   int ep = 1;       // model.expert_model_parallel_size
+  int cp = 1;       // model.context_parallel_size
 };
 
 TrainResult train(const std::string& name, const Layout& layout, bool alone,
                   const std::vector<std::string>& extra = {}) {
   const std::string tag = name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) +
-                          "_ep" + std::to_string(layout.ep) + (alone ? "_alone" : "") + "_rank" +
+                          "_ep" + std::to_string(layout.ep) + "_cp" + std::to_string(layout.cp) +
+                          (alone ? "_alone" : "") + "_rank" +
                           std::to_string(testing::world_rank());
   std::vector<std::string> overrides = {
       "dataset.train_path=" + testing::byte_tokens_shard("moe"), "run.output_dir=" + testing::scratch_dir(tag),
@@ -64,6 +68,7 @@ TrainResult train(const std::string& name, const Layout& layout, bool alone,
       "ddp.data_parallel_sharding_strategy=" + layout.strategy,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
       "model.expert_model_parallel_size=" + std::to_string(layout.ep),
+      "model.context_parallel_size=" + std::to_string(layout.cp),
       "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
       "scheduler.lr_decay_iters=" + std::to_string(kSteps)};
   const std::vector<std::string> moe = moe_overrides(name);
@@ -82,11 +87,11 @@ std::vector<Layout> layouts() {
     case 1: return {{"no_shard", 4}, {"optim_grads_params", 2}};
     case 2:
       return {{"optim_grads_params", 2}, {"optim", 2}, {"optim_grads_params", 4},
-              {"optim_grads_params", 2, 2}, {"optim", 1, 2}};
+              {"optim_grads_params", 2, 2}, {"optim", 1, 2}, {"optim_grads_params", 2, 1, 2}};
     case 4:
       return {{"optim_grads_params", 1}, {"optim", 1}, {"optim_grads_params", 2},
               {"optim_grads_params", 1, 2}, {"optim", 1, 2}, {"optim_grads_params", 1, 4},
-              {"optim", 2, 4}};
+              {"optim", 2, 4}, {"optim", 1, 1, 2}, {"optim_grads_params", 1, 2, 2}};
     default: return {};
   }
 }
@@ -102,7 +107,8 @@ int moe_layers(const std::string& name) { return name == "llama_tiny" ? 2 : 1; }
 // of one rank the FSDP collectives do not run.
 void check_expert_counts(const std::string& name, const Layout& layout, const TrainResult& r) {
   const uint64_t steps = kSteps, layers = uint64_t(moe_layers(name));
-  const uint64_t accum = uint64_t(8 / (layout.micro_batch * testing::world_size()));
+  // The data-parallel ranks: those that do not split a sequence among them.
+  const uint64_t accum = uint64_t(8 / (layout.micro_batch * testing::world_size() / layout.cp));
   const int expert_dp = testing::world_size() / layout.ep;
   INFO("expert collectives: " << r.expert_all_to_alls << " all-to-alls, " << r.expert_all_gathers
                               << " all-gathers, " << r.expert_reduce_scatters << " reduce-scatters");
@@ -126,7 +132,8 @@ void check_model(const std::string& name) {
     if (testing::world_rank() == 0) reference = train(name, {"no_shard", layout.micro_batch}, true);
     const TrainResult got = train(name, layout, false);
     INFO(name << " on " << testing::world_size() << " rank(s), " << layout.strategy
-              << ", micro-batch " << layout.micro_batch << ", ep " << layout.ep);
+              << ", micro-batch " << layout.micro_batch << ", ep " << layout.ep << ", cp "
+              << layout.cp);
     check_expert_counts(name, layout, got);
     REQUIRE(got.losses.size() == size_t(kSteps));
     REQUIRE(got.moe_aux_losses.size() == size_t(kSteps));

@@ -270,6 +270,25 @@ void losses_case(int64_t E, int64_t k, bool sigmoid, int64_t groups, DType dt) {
     s.output("dscores", dscores, kStats);
     s.output("balancing loss", ops::sum(ctx, per_token),
              Tolerance::scaled(1e-5, "f32 sums of 4096 terms in another order"));
+    // The first half of each run, as a context-parallel rank holds it, with the whole runs'
+    // choices: its tokens' terms of the whole loss, the whole run's terms of those tokens.
+    const int64_t n = N / groups, half = n / 2;
+    const Tensor counts = s.empty(Shape{groups, E}, DType::i32);
+    ops::moe_group_expert_counts(ctx, counts, indices, groups);
+    s.output("run counts", counts, Tolerance::exact("integer counts"));
+    auto first_halves = [&](const Tensor& t) {  // (N, W) -> (groups * half, W)
+      const int64_t w = t.size(1);
+      return ops::contiguous(ctx, t.view(Shape{groups, n, w}).narrow(1, 0, half)).view(Shape{groups * half, w});
+    };
+    const Tensor part_per_token = s.empty(Shape{groups * half}, DType::f32);
+    const Tensor part_dscores = s.empty(Shape{groups * half, E}, DType::f32);
+    ops::moe_balancing_loss(ctx, part_per_token, part_dscores, first_halves(scores),
+                            first_halves(indices), groups, sigmoid, 0.01, counts, n);
+    s.output("part dscores", part_dscores, kStats);
+    const Tensor whole_per_token = first_halves(per_token.view(Shape{N, 1})).flatten();
+    s.expect(s.values(part_per_token) == s.values(whole_per_token) &&
+                 s.values(part_dscores) == s.values(first_halves(dscores)),
+             "a run's part with the whole run's counts gives the whole run's terms bit for bit");
     const Tensor z_per_token = s.empty(Shape{N}, DType::f32);
     const Tensor dlogits = s.empty(Shape{N, E}, dt);
     ops::moe_z_loss(ctx, z_per_token, dlogits, logits, 0.001);

@@ -459,9 +459,10 @@ std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor
       const std::optional<nn::ParallelSlice> none;
       const auto& slice = param.expert_parallel ? none : param.parallel_slice();
       Tensor slot = (un.plan().experts ? expert_sums : sums).narrow(0, first_param[u] + s.param, 1);
-      // A whole replicated parameter counts on tp rank 0; a slice of which this rank holds
-      // no shared rows counts whole here; otherwise only the runs this rank owns.
-      const bool whole = slice ? slice->replicas.empty() : tp_rank == 0 || param.expert_parallel;
+      // A whole replicated parameter (experts included: each tensor-parallel rank holds
+      // them all) counts on tp rank 0; a slice of which this rank holds no shared rows
+      // counts whole here; otherwise only the runs this rank owns.
+      const bool whole = slice ? slice->replicas.empty() : tp_rank == 0;
       if (whole) {
         ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
         continue;

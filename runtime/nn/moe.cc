@@ -107,7 +107,8 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   lo.balancing = o.balancing;
   lo.aux_coeff = o.aux_loss_coeff;
   lo.z_coeff = o.z_loss_coeff;
-  lo.token_group = groups.tokens;
+  lo.context_group = groups.context;
+  lo.sequence_group = groups.sequence;
   const MoeLosses losses = moe_losses(ctx, scores, logits, indices, lo);
   if (stats && !g.recomputing()) {
     stats->forwards++;

@@ -73,11 +73,13 @@ struct MoeStats {
 // sequences (for seq_aux_loss): x.size(0) for (B, T, C).
 //
 // The groups a plan from outside splits the layer's work over: the expert-parallel ranks
-// (each holding E / ep of the experts, fc and proj their slices), and the context-parallel
-// ranks (each holding a part of every sequence; MoeLossOptions::token_group).
+// (each holding E / ep of the experts, fc and proj their slices), and the ranks that split
+// every sequence with this one (context parallelism, and tensor parallelism's sequence
+// split; MoeLossOptions).
 struct MoeGroups {
   ExpertParallelGroup* experts = nullptr;
-  TensorParallelGroup* tokens = nullptr;
+  TensorParallelGroup* context = nullptr;
+  TensorParallelGroup* sequence = nullptr;
 };
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& options, const Tensor& expert_bias,
@@ -120,9 +122,13 @@ class MoELayer : public MLP {
   // rank's E / ep): the layer exchanges its rows with the group. Null: none.
   void set_expert_parallel(ExpertParallelGroup* group) { groups_.experts = group; }
   ExpertParallelGroup* expert_parallel() const { return groups_.experts; }
-  // Context parallelism (set by its plan): this rank holds a part of every sequence, and
-  // the balancing loss counts the choices of every part. Null: none.
-  void set_context_parallel(TensorParallelGroup* group) { groups_.tokens = group; }
+  // Context parallelism, and tensor parallelism with its sequence split (set by their
+  // plans): this rank holds a part of every sequence, and the balancing loss counts the
+  // choices of every part. Null: none. Under tensor parallelism the router and the experts
+  // are whole on every rank, each running its own T / tp tokens (their gradients are summed
+  // over the group), and the shared expert is split as a dense MLP is.
+  void set_context_parallel(TensorParallelGroup* group) { groups_.context = group; }
+  void set_sequence_parallel(TensorParallelGroup* group) { groups_.sequence = group; }
 
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;

@@ -27,6 +27,8 @@ MoeBalancing moe_balancing_from_name(const std::string& name) {
 MoeLosses moe_losses(Context& ctx, const Tensor& scores, const Tensor& logits,
                      const Tensor& indices, const MoeLossOptions& o) {
   const int64_t N = scores.size(0), E = scores.size(1);
+  const int cp = o.context_group ? o.context_group->size() : 1;
+  const int sp = o.sequence_group ? o.sequence_group->size() : 1;
   MoeLosses out;
   if (N == 0) return out;
   if (o.balancing != MoeBalancing::None) {
@@ -36,25 +38,25 @@ MoeLosses moe_losses(Context& ctx, const Tensor& scores, const Tensor& logits,
                " tokens are not ", groups, " whole sequences");
     const Tensor per_token = ctx.empty(Shape{N}, scores.dtype());  // (N)
     out.dscores = ctx.empty(Shape{N, E}, scores.dtype());         // (N, E)
-    const int cp = o.token_group ? o.token_group->size() : 1;
-    if (cp > 1) {
+    if (cp * sp > 1) {
       // The whole sequences' choices (groups, E), and this rank's terms of their loss.
       const Tensor run_counts = ctx.empty(Shape{groups, E}, DType::i32);
       ops::moe_group_expert_counts(ctx, run_counts, indices, groups);
-      o.token_group->all_reduce_sum(ctx, run_counts);
+      if (cp > 1) o.context_group->all_reduce_sum(ctx, run_counts);
+      if (sp > 1) o.sequence_group->all_reduce_sum(ctx, run_counts);
       ops::moe_balancing_loss(ctx, per_token, out.dscores, scores, indices, groups, o.sigmoid,
-                              o.aux_coeff * cp, run_counts, N / groups * cp);
+                              o.aux_coeff * cp, run_counts, N / groups * cp * sp);
     } else {
       ops::moe_balancing_loss(ctx, per_token, out.dscores, scores, indices, groups, o.sigmoid,
                               o.aux_coeff);
     }
     out.aux = ops::sum(ctx, per_token);
-    if (cp > 1) ops::scale(ctx, out.aux, out.aux, double(cp));
+    if (cp * sp > 1) ops::scale(ctx, out.aux, out.aux, double(cp * sp));
   }
   if (o.z_coeff > 0) {
     const Tensor per_token = ctx.empty(Shape{N}, scores.dtype());  // (N)
     out.dlogits = ctx.empty(Shape{N, E}, logits.dtype());         // (N, E)
-    ops::moe_z_loss(ctx, per_token, out.dlogits, logits, o.z_coeff);
+    ops::moe_z_loss(ctx, per_token, out.dlogits, logits, o.z_coeff / sp);
     out.z = ops::sum(ctx, per_token);
   }
   return out;

@@ -29,13 +29,18 @@ struct MoeLossOptions {
   MoeBalancing balancing = MoeBalancing::None;
   double aux_coeff = 0;   // the balancing loss's weight in the objective
   double z_coeff = 0;     // the z-loss's weight in the objective (0: not computed)
-  // The context-parallel ranks, each holding cp of the 2 cp chunks of every sequence, or
-  // null. The balancing loss is then the loss of the whole sequences: their choices are
-  // summed over the group first. As every rank's LM loss is its tokens' mean, which the
-  // gradient reduction over the data- and context-parallel ranks averages, each rank's
-  // terms are cp times its part of the whole loss (the z-loss, a mean over tokens, is
-  // already so).
-  TensorParallelGroup* token_group = nullptr;
+  // The ranks that split every sequence with this one, or null: the context-parallel ranks
+  // (each holding 2 of its 2 cp chunks), and under sequence parallelism the
+  // tensor-parallel ones (each holding T / tp of the rank's tokens). The balancing loss is
+  // then the loss of the whole sequences: their choices are summed over both groups first.
+  // Each rank's terms are weighted as its gradients are reduced: the data- and
+  // context-parallel reduction averages (every rank's LM loss is its tokens' mean), the
+  // tensor-parallel one sums (the layer's weights see only the rank's tokens). So the
+  // balancing loss's terms count cp times the rank's part of the whole loss, and the
+  // z-loss's, a mean over the rank's tokens (cp times its part already), 1 / tp of it. The
+  // reported values count as every rank's do, summed over all ranks and divided by them.
+  TensorParallelGroup* context_group = nullptr;
+  TensorParallelGroup* sequence_group = nullptr;
 };
 
 // On the device, without waiting for it: the values are () tensors of the scores' dtype,

@@ -4,6 +4,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/nn/layers.h"
+#include "runtime/nn/moe.h"
 
 namespace fsdp {
 
@@ -195,6 +196,22 @@ void mark_sequence_parallel_grads(nn::Module& model, std::vector<std::string>& r
   }
 }
 
+// A mixture-of-experts layer runs whole on every rank, on the rank's part of the sequence
+// (its shared expert, a dense MLP, is split as the others are): the router's and the
+// experts' gradients are then partial sums over the group, and the balancing loss counts
+// every part's choices.
+void run_moe_on_sequence_parts(nn::MoELayer& moe, nn::TensorParallelGroup& group, bool sequence,
+                               std::vector<std::string>& report) {
+  FSDP_CHECK(sequence, ConfigError, moe.name(), ": a mixture-of-experts layer under tensor "
+             "parallelism needs sequence parallelism ('model.sequence_parallel'): its router "
+             "and experts run on each rank's part of the sequence");
+  moe.set_sequence_parallel(&group);
+  for (nn::Parameter* p : {&moe.router.weight(), &moe.experts.fc(), &moe.experts.proj()}) {
+    p->tensor_parallel_grad_sum = true;
+    report.push_back(p->name() + ": on this rank's tokens, gradient summed over tp");
+  }
+}
+
 // Rows [r Vp/tp, (r+1) Vp/tp) of a vocabulary table, read by the ops as a shard.
 void split_vocabulary(nn::Parameter& table, nn::TensorParallelGroup& group,
                       std::vector<std::string>& report) {
@@ -228,6 +245,8 @@ std::vector<std::string> apply_tensor_parallel(nn::Module& model,
       split_mlp(g->fc, 1, g->proj, group, sequence_parallel, report);
     } else if (auto* s = dynamic_cast<nn::SwiGLUMLP*>(m)) {
       split_mlp(s->gate_up, 2, s->proj, group, sequence_parallel, report);
+    } else if (auto* moe = dynamic_cast<nn::MoELayer*>(m)) {
+      run_moe_on_sequence_parts(*moe, group, sequence_parallel, report);
     }
     if (!first_block && m->kind() == "block") first_block = dynamic_cast<nn::UnaryModule*>(m);
   }

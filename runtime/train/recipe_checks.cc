@@ -86,10 +86,11 @@ void check_moe(const Recipe& r) {
   FSDP_CHECK(m.moe_router_topk <= m.num_moe_experts, ConfigError, "'model.moe_router_topk' (",
              m.moe_router_topk, ") must not exceed 'model.num_moe_experts' (", m.num_moe_experts,
              ")");
-  FSDP_CHECK(m.tensor_model_parallel_size == 1, ConfigError, "'model.tensor_model_parallel_size' ",
-             m.tensor_model_parallel_size, " with 'model.num_moe_experts' ", m.num_moe_experts,
-             " is not supported yet (the MoE layer runs on whole tokens of one rank, and its "
-             "experts are not split over tensor-parallel ranks)");
+  FSDP_CHECK(m.tensor_model_parallel_size == 1 || m.sequence_parallel, ConfigError,
+             "'model.tensor_model_parallel_size' ", m.tensor_model_parallel_size,
+             " with 'model.num_moe_experts' ", m.num_moe_experts, " needs "
+             "'model.sequence_parallel' true: the MoE layers run whole on every tensor-parallel "
+             "rank, each on its part of the sequence");
   FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with 'model.num_moe_experts' "
              "is not supported: the MoE layer reads its expert counts on the host every forward");
 }

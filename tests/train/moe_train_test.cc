@@ -8,9 +8,10 @@
 // data-parallel group, which has one rank under EP4 and EP2 on 2 ranks), whose all-to-alls
 // and expert-group collectives are counted. A checkpoint saved at one layout (EP2 among
 // them) resumes at others (EP1, EP4; and EP1 into EP2) on the same curve within 1e-12,
-// expert biases included. Context parallelism (CP2, CP2 x DP2, CP2 x EP2) too: each rank
-// holds half of every sequence, and the balancing loss (aux_loss and seq_aux_loss) counts
-// the choices of both halves, as the single process does.
+// expert biases included. Context parallelism (CP2, CP2 x DP2, CP2 x EP2) and tensor
+// parallelism with its sequence split (TP2, TP2 x EP2, TP2 x CP2) too: each rank holds a
+// part of every sequence, and the balancing loss (aux_loss and seq_aux_loss) counts the
+// choices of every part, as the single process does.
 //
 // The same micro-batch size on both sides: the load-balancing loss of a micro-batch is not
 // the mean of its halves' (f_e P_e is a product of two means), so, as in Megatron, the
@@ -54,12 +55,13 @@ struct Layout {
   int micro_batch;  // of the global batch of 8 sequences
   int ep = 1;       // model.expert_model_parallel_size
   int cp = 1;       // model.context_parallel_size
+  int tp = 1;       // model.tensor_model_parallel_size, with sequence parallelism
 };
 
 TrainResult train(const std::string& name, const Layout& layout, bool alone,
                   const std::vector<std::string>& extra = {}) {
   const std::string tag = name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) +
-                          "_ep" + std::to_string(layout.ep) + "_cp" + std::to_string(layout.cp) +
+                          "_ep" + std::to_string(layout.ep) + "_cp" + std::to_string(layout.cp) + "_tp" + std::to_string(layout.tp) +
                           (alone ? "_alone" : "") + "_rank" +
                           std::to_string(testing::world_rank());
   std::vector<std::string> overrides = {
@@ -69,6 +71,8 @@ TrainResult train(const std::string& name, const Layout& layout, bool alone,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
       "model.expert_model_parallel_size=" + std::to_string(layout.ep),
       "model.context_parallel_size=" + std::to_string(layout.cp),
+      "model.tensor_model_parallel_size=" + std::to_string(layout.tp),
+      std::string("model.sequence_parallel=") + (layout.tp > 1 ? "true" : "false"),
       "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
       "scheduler.lr_decay_iters=" + std::to_string(kSteps)};
   const std::vector<std::string> moe = moe_overrides(name);
@@ -87,11 +91,13 @@ std::vector<Layout> layouts() {
     case 1: return {{"no_shard", 4}, {"optim_grads_params", 2}};
     case 2:
       return {{"optim_grads_params", 2}, {"optim", 2}, {"optim_grads_params", 4},
-              {"optim_grads_params", 2, 2}, {"optim", 1, 2}, {"optim_grads_params", 2, 1, 2}};
+              {"optim_grads_params", 2, 2}, {"optim", 1, 2}, {"optim_grads_params", 2, 1, 2},
+              {"optim_grads_params", 2, 1, 1, 2}};
     case 4:
       return {{"optim_grads_params", 1}, {"optim", 1}, {"optim_grads_params", 2},
               {"optim_grads_params", 1, 2}, {"optim", 1, 2}, {"optim_grads_params", 1, 4},
-              {"optim", 2, 4}, {"optim", 1, 1, 2}, {"optim_grads_params", 1, 2, 2}};
+              {"optim", 2, 4}, {"optim", 1, 1, 2}, {"optim_grads_params", 1, 2, 2},
+              {"optim", 1, 2, 1, 2}, {"optim_grads_params", 2, 1, 2, 2}};
     default: return {};
   }
 }
@@ -108,8 +114,9 @@ int moe_layers(const std::string& name) { return name == "llama_tiny" ? 2 : 1; }
 void check_expert_counts(const std::string& name, const Layout& layout, const TrainResult& r) {
   const uint64_t steps = kSteps, layers = uint64_t(moe_layers(name));
   // The data-parallel ranks: those that do not split a sequence among them.
-  const uint64_t accum = uint64_t(8 / (layout.micro_batch * testing::world_size() / layout.cp));
-  const int expert_dp = testing::world_size() / layout.ep;
+  const int dp = testing::world_size() / (layout.cp * layout.tp);
+  const uint64_t accum = uint64_t(8 / (layout.micro_batch * dp));
+  const int expert_dp = testing::world_size() / (layout.ep * layout.tp);
   INFO("expert collectives: " << r.expert_all_to_alls << " all-to-alls, " << r.expert_all_gathers
                               << " all-gathers, " << r.expert_reduce_scatters << " reduce-scatters");
   if (layout.ep == 1) {
@@ -133,7 +140,7 @@ void check_model(const std::string& name) {
     const TrainResult got = train(name, layout, false);
     INFO(name << " on " << testing::world_size() << " rank(s), " << layout.strategy
               << ", micro-batch " << layout.micro_batch << ", ep " << layout.ep << ", cp "
-              << layout.cp);
+              << layout.cp << ", tp " << layout.tp);
     check_expert_counts(name, layout, got);
     REQUIRE(got.losses.size() == size_t(kSteps));
     REQUIRE(got.moe_aux_losses.size() == size_t(kSteps));
@@ -173,7 +180,8 @@ std::string shared_dir(const std::string& name) {
 }
 
 std::string describe(const Layout& l) {
-  return l.strategy + " micro-batch " + std::to_string(l.micro_batch) + " ep " + std::to_string(l.ep);
+  return l.strategy + " micro-batch " + std::to_string(l.micro_batch) + " ep " + std::to_string(l.ep) +
+         " cp " + std::to_string(l.cp) + " tp " + std::to_string(l.tp);
 }
 
 // `name` trained at layout `saving` for kSteps, saving at step 15, then resumed from that
@@ -181,7 +189,8 @@ std::string describe(const Layout& l) {
 // each continues the saving run's losses within 1e-12 and its routing (the largest expert
 // load, from counts: exact), whatever the expert-parallel size on either side.
 void check_resumes(const std::string& name, const Layout& saving, const std::vector<Layout>& resumes) {
-  const std::string save = shared_dir(name + "_" + saving.strategy + "_ep" + std::to_string(saving.ep));
+  const std::string save = shared_dir(name + "_" + saving.strategy + "_ep" + std::to_string(saving.ep) +
+                                      "_cp" + std::to_string(saving.cp) + "_tp" + std::to_string(saving.tp));
   const TrainResult whole =
       train(name, saving, false, {"checkpoint.save=" + save, "checkpoint.save_interval=15"});
   REQUIRE(whole.losses.size() == size_t(kSteps));
@@ -214,6 +223,10 @@ TEST_CASE("an MoE run resumes from its checkpoint on the same curve", "[train][m
       check_resumes("llama_tiny", {"optim_grads_params", 2, 2}, {{"optim", 2, 1}});
       check_resumes("gpt2_tiny", {"optim_grads_params", 2, 2}, {{"optim_grads_params", 2, 1}});
       check_resumes("llama_tiny", {"optim_grads_params", 2, 1}, {{"optim", 2, 2}});
+      // Saved under tensor parallelism (router and experts whole on each rank, the shared
+      // expert split), resumed without it and under context parallelism.
+      check_resumes("llama_tiny", {"optim_grads_params", 2, 1, 1, 2},
+                    {{"optim", 2, 1}, {"optim_grads_params", 2, 1, 2}});
       break;
     case 4:
       // EP2 with ZeRO-3 over the experts' group of 2 (and ZeRO-1, and no_shard, whose files
@@ -222,6 +235,9 @@ TEST_CASE("an MoE run resumes from its checkpoint on the same curve", "[train][m
                     {{"optim", 1, 1}, {"optim_grads_params", 1, 4}, {"optim", 1, 4}});
       check_resumes("gpt2_tiny", {"optim", 1, 2}, {{"optim_grads_params", 1, 4}, {"optim_grads_params", 1, 1}});
       check_resumes("gpt2_tiny", {"no_shard", 1, 2}, {{"optim", 1, 4}});
+      // Experts split over 2 expert-parallel ranks and whole on 2 tensor-parallel ones.
+      check_resumes("llama_tiny", {"optim_grads_params", 1, 2, 1, 2},
+                    {{"optim", 1, 4}, {"optim_grads_params", 1, 1, 2}});
       break;
     default:
       break;

@@ -247,7 +247,9 @@ TEST_CASE("MoE recipes refuse what this build cannot run, by key", "[recipe][moe
   CHECK_NOTHROW(parse_recipe(moe, {"model.expert_model_parallel_size=2", "checkpoint.save=/tmp/x",
                                    "checkpoint.load=latest"}));
   CHECK_THAT(config_error(moe, {"model.tensor_model_parallel_size=2"}),
-             Catch::Contains("'model.tensor_model_parallel_size' 2 with 'model.num_moe_experts'"));
+             Catch::Contains("'model.tensor_model_parallel_size' 2 with 'model.num_moe_experts' 4 "
+                             "needs 'model.sequence_parallel' true"));
+  CHECK_NOTHROW(parse_recipe(moe, {"model.tensor_model_parallel_size=2", "model.sequence_parallel=true"}));
   // Context parallelism splits the sequences; the MoE layer's balancing loss sums their
   // parts' choices (moe_train_test).
   CHECK_NOTHROW(parse_recipe(moe, {"model.context_parallel_size=2"}));

@@ -48,6 +48,38 @@ void check_quantize_args(const Context& ctx, const Tensor& x, bool rows, bool co
   check_shape(add_column_sums, Shape{x.size(1)}, what);
 }
 
+// The bias gradient beside a cast: add_column_sums (C) += the column sums of x (R, C). On
+// the CPU a pass of its own (add_column_sums_cpu); on CUDA the cast kernel writes each row
+// tile's sums into partials (tiles, C), which ColumnSumPartials then adds (deterministic:
+// a fixed order), so x is read once.
+void add_column_sums_cpu(const Tensor& add_column_sums, const Tensor& x) {
+  if (!add_column_sums.defined()) return;
+  kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
+                              x.dtype(), x.size(0), x.size(1), true);
+}
+
+#if FSDP_WITH_CUDA
+class ColumnSumPartials {
+ public:
+  // For a cast of x (R, C) in row tiles of `tiles` (none without add_column_sums).
+  ColumnSumPartials(Context& ctx, const Tensor& add_column_sums, int64_t tiles, int64_t c)
+      : sums_(add_column_sums), tiles_(tiles) {
+    if (sums_.defined()) partials_ = ctx.empty(Shape{tiles, c}, DType::f32);
+  }
+  float* data() const { return partials_.defined() ? partials_.data<float>() : nullptr; }
+  void finish(Context& ctx) const {
+    if (!sums_.defined()) return;
+    kernels::cuda::finish_column_sums(partials_.data<float>(), tiles_, partials_.size(1),
+                                      sums_.data_ptr(), sums_.dtype(), true,
+                                      ctx.stream().cuda_stream());
+  }
+
+ private:
+  Tensor sums_, partials_;
+  int64_t tiles_;
+};
+#endif
+
 // Scaled by block or by row: one inverse scale per block or per row (a grid of them).
 bool block_scaled(const Fp8Matrix& m) { return m.granularity != Fp8Granularity::tensor; }
 bool row_scaled(const Fp8Matrix& m) { return m.granularity == Fp8Granularity::row; }
@@ -168,7 +200,6 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
   check_quantize_args(ctx, x, rows, columns, add_column_sums, what);
   check_dense(ctx, amax, Shape{1}, DType::f32, what);
   const int64_t r = x.size(0), c = x.size(1);
-  const bool sums = add_column_sums.defined();
   if (record_amax.defined()) check_dense(ctx, record_amax, Shape{1}, DType::f32, what);
   auto* record = static_cast<float*>(data_or_null(record_amax));
   Fp8Quantized q;
@@ -186,23 +217,15 @@ Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8
     kernels::cpu::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
                                *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
                                record);
-    if (sums)
-      kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
-                                  x.dtype(), r, c, true);
+    add_column_sums_cpu(add_column_sums, x);
     return q;
   }
 #if FSDP_WITH_CUDA
-  CUstream_st* stream = ctx.stream().cuda_stream();
-  const int64_t tiles = kernels::cuda::fp8_column_sum_tiles(r);
-  const Tensor partials = sums ? ctx.empty(Shape{tiles, c}, DType::f32) : Tensor();
+  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c);
   kernels::cuda::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
                               static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
-                              sums ? static_cast<float*>(partials.data_ptr()) : nullptr, record,
-                              stream);
-  if (sums)
-    kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
-                                      add_column_sums.data_ptr(), add_column_sums.dtype(), true,
-                                      stream);
+                              partials.data(), record, ctx.stream().cuda_stream());
+  partials.finish(ctx);
 #endif
   return q;
 }
@@ -270,7 +293,6 @@ Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format
   FSDP_CHECK(granularity != Fp8Granularity::tensor, ValueError, what,
              ": tensor-wise scaling goes through fp8_quantize");
   const int64_t r = x.size(0), c = x.size(1);
-  const bool sums = add_column_sums.defined();
   Fp8Quantized q;
   auto make = [&](int64_t rr, int64_t cc) {  // a (rr, cc) matrix, K = cc, and its scales
     const kernels::Fp8ScaleGrid g = kernels::fp8_scale_grid(granularity, rr, cc);
@@ -292,22 +314,14 @@ Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format
   if (ctx.device().is_cpu()) {
     kernels::cpu::fp8_quantize_blocks(x.data_ptr(), x.dtype(), r, c, format, granularity, qp, qs,
                                       qtp, qts);
-    if (sums)
-      kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
-                                  x.dtype(), r, c, true);
+    add_column_sums_cpu(add_column_sums, x);
     return q;
   }
 #if FSDP_WITH_CUDA
-  CUstream_st* stream = ctx.stream().cuda_stream();
-  const int64_t tiles = kernels::cuda::fp8_block_column_sum_tiles(r);
-  const Tensor partials = sums ? ctx.empty(Shape{tiles, c}, DType::f32) : Tensor();
+  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_block_column_sum_tiles(r), c);
   kernels::cuda::fp8_quantize_blocks(x.data_ptr(), x.dtype(), r, c, format, granularity, qp, qs,
-                                     qtp, qts, sums ? static_cast<float*>(partials.data_ptr()) : nullptr,
-                                     stream);
-  if (sums)
-    kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
-                                      add_column_sums.data_ptr(), add_column_sums.dtype(), true,
-                                      stream);
+                                     qtp, qts, partials.data(), ctx.stream().cuda_stream());
+  partials.finish(ctx);
 #endif
   return q;
 }
@@ -357,7 +371,6 @@ Fp8Quantized fp8_quantize_rowwise(Context& ctx, const Tensor& x, Fp8Format forma
   const int64_t r = x.size(0), c = x.size(1);
   if (rows) check_dense(ctx, row_amax, Shape{r}, DType::f32, what);
   if (columns) check_dense(ctx, column_amax, Shape{c}, DType::f32, what);
-  const bool sums = add_column_sums.defined();
   Fp8Quantized q;
   auto make = [&](int64_t rr, int64_t cc) {  // a (rr, cc) matrix, K = cc, one scale per row
     const kernels::Fp8ScaleGrid g = kernels::fp8_scale_grid(Fp8Granularity::row, rr, cc);
@@ -378,22 +391,14 @@ Fp8Quantized fp8_quantize_rowwise(Context& ctx, const Tensor& x, Fp8Format forma
   const auto* ca = static_cast<const float*>(data_or_null(column_amax));
   if (ctx.device().is_cpu()) {
     kernels::cpu::fp8_quantize_rowwise(x.data_ptr(), x.dtype(), r, c, format, ra, qp, qs, ca, qtp, qts);
-    if (sums)
-      kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
-                                  x.dtype(), r, c, true);
+    add_column_sums_cpu(add_column_sums, x);
     return q;
   }
 #if FSDP_WITH_CUDA
-  CUstream_st* stream = ctx.stream().cuda_stream();
-  const int64_t tiles = kernels::cuda::fp8_rowwise_column_sum_tiles(r);
-  const Tensor partials = sums ? ctx.empty(Shape{tiles, c}, DType::f32) : Tensor();
+  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_rowwise_column_sum_tiles(r), c);
   kernels::cuda::fp8_quantize_rowwise(x.data_ptr(), x.dtype(), r, c, format, ra, qp, qs, ca, qtp,
-                                      qts, sums ? static_cast<float*>(partials.data_ptr()) : nullptr,
-                                      stream);
-  if (sums)
-    kernels::cuda::finish_column_sums(static_cast<const float*>(partials.data_ptr()), tiles, c,
-                                      add_column_sums.data_ptr(), add_column_sums.dtype(), true,
-                                      stream);
+                                      qts, partials.data(), ctx.stream().cuda_stream());
+  partials.finish(ctx);
 #endif
   return q;
 }

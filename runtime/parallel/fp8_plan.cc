@@ -1,7 +1,10 @@
 #include "runtime/parallel/fp8_plan.h"
 
 #include "runtime/core/error.h"
+#include <set>
+
 #include "runtime/nn/layers.h"
+#include "runtime/nn/moe.h"
 
 namespace fsdp {
 
@@ -45,9 +48,13 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan)
       report.bf16_blocks.push_back(block.name());
       continue;
     }
+    // An MoE layer's router is a Linear whose product the layer computes itself (in bf16).
+    std::set<nn::Module*> routers;
+    for (nn::Module* m : block.modules())
+      if (auto* moe = dynamic_cast<nn::MoELayer*>(m)) routers.insert(&moe->router);
     for (nn::Module* m : block.modules()) {
       auto* linear = dynamic_cast<nn::Linear*>(m);
-      if (!linear) continue;
+      if (!linear || routers.count(linear)) continue;
       if (replicates_rows(*linear)) {
         report.bf16_layers.push_back(linear->name() + " (replicated key/value heads)");
         continue;

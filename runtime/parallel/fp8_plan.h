@@ -1,11 +1,12 @@
 // FP8 training applied from outside a model, as the other plans are: apply_fp8() marks the
 // linear layers of the transformer blocks (attention qkv and proj, MLP fc / gate_up and
 // proj) to run their products in FP8 (nn::Fp8Recipe on the weight); their layers then
-// quantize inputs, weights and output gradients tensor-wise around each product
-// (runtime/nn/fp8_linear.h). What stays in bf16, as Transformer Engine recipes keep it:
+// quantize inputs, weights and output gradients around each product, as the recipe scales
+// them (runtime/nn/fp8_linear.h). What stays in bf16, as Transformer Engine recipes keep it:
 // the embedding and the classifier (never marked), the first and last blocks by default
 // (their inputs and gradients have the widest ranges), attention's softmax products, the
-// norms, and the MoE experts' grouped products.
+// norms, and the MoE routers and experts' grouped products (an MoE layer's shared expert is
+// a dense MLP and runs in FP8).
 //
 // Under tensor parallelism the column- and row-parallel layers run in FP8 too: the amax of
 // every operand split over the group (nn::Fp8Recipe::split) is the maximum over

@@ -181,6 +181,26 @@ TEST_CASE("a run with fp8_param resumes with and without it on the same curve", 
   }
 }
 
+TEST_CASE("fp8 with experts: the router stays in bf16 and fp8_param gathers the rest",
+          "[train][fp8][mpi]") {
+  if (testing::world_size() != 2) return;
+  // 16 experts (a router of FP8-sized (16, 32)) and a shared expert: the router's product is
+  // the MoE layer's own (not a linear layer's), so it is not an FP8 layer; the attention's
+  // and the shared expert's layers are.
+  const std::vector<std::string> moe = {
+      "model.num_moe_experts=16", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=32",
+      "model.moe_shared_expert_intermediate_size=32", "model.moe_aux_loss_coeff=0.01",
+      "mixed_precision.fp8=hybrid"};
+  const TrainResult plain = train("llama_tiny", "p_moe_plain", moe);
+  const TrainResult got = train("llama_tiny", "p_moe_param", with(moe, {"mixed_precision.fp8_param=true"}));
+  const std::vector<std::string> layers = {"layers.0.attn.qkv", "layers.0.attn.proj",
+                                           "layers.0.mlp.shared_expert.gate_up",
+                                           "layers.0.mlp.shared_expert.proj"};
+  REQUIRE(got.fp8_layers.size() == 8);
+  CHECK(std::vector<std::string>(got.fp8_layers.begin(), got.fp8_layers.begin() + 4) == layers);
+  check_same_losses(got, plain, "llama MoE fp8_param");
+}
+
 TEST_CASE("fp8_param is refused where it cannot gather FP8 weights, naming the key", "[train][fp8]") {
   if (testing::world_size() != 1) return;
   auto refused = [](const std::vector<std::string>& extra, const std::string& message) {

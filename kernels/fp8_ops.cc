@@ -80,6 +80,19 @@ class ColumnSumPartials {
 };
 #endif
 
+// An (rows, k) FP8 matrix (K = k) and its grid of inverse scales, scaled by block or by row
+// (kernels/fp8_format.h); the grid's padding holds 1s, which the cast kernels do not write.
+Fp8Matrix scaled_matrix(Context& ctx, int64_t rows, int64_t k, Fp8Format format, Fp8Granularity g) {
+  const kernels::Fp8ScaleGrid grid = kernels::fp8_scale_grid(g, rows, k);
+  // The entries along the grid's inner size that hold scales: its rows' (1x128, row) or
+  // its blocks' along K (128x128).
+  const int64_t used = g == Fp8Granularity::block_128x128 ? kernels::fp8_blocks(k) : rows;
+  const Shape shape{grid.outer, grid.inner};
+  return Fp8Matrix{ctx.empty(Shape{rows, k}, DType::u8),
+                   used < grid.inner ? ops::full(ctx, shape, DType::f32, 1.0) : ctx.empty(shape, DType::f32),
+                   format, g};
+}
+
 // Scaled by block or by row: one inverse scale per block or per row (a grid of them).
 bool block_scaled(const Fp8Matrix& m) { return m.granularity != Fp8Granularity::tensor; }
 bool row_scaled(const Fp8Matrix& m) { return m.granularity == Fp8Granularity::row; }
@@ -294,18 +307,8 @@ Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format
              ": tensor-wise scaling goes through fp8_quantize");
   const int64_t r = x.size(0), c = x.size(1);
   Fp8Quantized q;
-  auto make = [&](int64_t rr, int64_t cc) {  // a (rr, cc) matrix, K = cc, and its scales
-    const kernels::Fp8ScaleGrid g = kernels::fp8_scale_grid(granularity, rr, cc);
-    // The grid's padding (kernels/fp8_format.h) holds 1s, which the kernels do not write.
-    const bool padded = granularity == Fp8Granularity::block_1x128 ? rr % 4 != 0
-                                                                   : kernels::fp8_blocks(cc) % 4 != 0;
-    const Shape shape{g.outer, g.inner};
-    return Fp8Matrix{ctx.empty(Shape{rr, cc}, DType::u8),
-                     padded ? ops::full(ctx, shape, DType::f32, 1.0) : ctx.empty(shape, DType::f32),
-                     format, granularity};
-  };
-  if (rows) q.rows = make(r, c);
-  if (columns) q.columns = make(c, r);
+  if (rows) q.rows = scaled_matrix(ctx, r, c, format, granularity);
+  if (columns) q.columns = scaled_matrix(ctx, c, r, format, granularity);
   if (r == 0 || c == 0) return q;
   auto* qp = rows ? static_cast<uint8_t*>(q.rows.data.data_ptr()) : nullptr;
   auto* qs = rows ? static_cast<float*>(q.rows.scale_inv.data_ptr()) : nullptr;
@@ -372,16 +375,8 @@ Fp8Quantized fp8_quantize_rowwise(Context& ctx, const Tensor& x, Fp8Format forma
   if (rows) check_dense(ctx, row_amax, Shape{r}, DType::f32, what);
   if (columns) check_dense(ctx, column_amax, Shape{c}, DType::f32, what);
   Fp8Quantized q;
-  auto make = [&](int64_t rr, int64_t cc) {  // a (rr, cc) matrix, K = cc, one scale per row
-    const kernels::Fp8ScaleGrid g = kernels::fp8_scale_grid(Fp8Granularity::row, rr, cc);
-    // The grid's padding (kernels/fp8_format.h) holds 1s, which the kernels do not write.
-    const Shape shape{g.outer, g.inner};
-    return Fp8Matrix{ctx.empty(Shape{rr, cc}, DType::u8),
-                     rr % 4 != 0 ? ops::full(ctx, shape, DType::f32, 1.0) : ctx.empty(shape, DType::f32),
-                     format, Fp8Granularity::row};
-  };
-  if (rows) q.rows = make(r, c);
-  if (columns) q.columns = make(c, r);
+  if (rows) q.rows = scaled_matrix(ctx, r, c, format, Fp8Granularity::row);
+  if (columns) q.columns = scaled_matrix(ctx, c, r, format, Fp8Granularity::row);
   if (r == 0 || c == 0) return q;
   auto* qp = rows ? static_cast<uint8_t*>(q.rows.data.data_ptr()) : nullptr;
   auto* qs = rows ? static_cast<float*>(q.rows.scale_inv.data_ptr()) : nullptr;
@@ -395,7 +390,7 @@ Fp8Quantized fp8_quantize_rowwise(Context& ctx, const Tensor& x, Fp8Format forma
     return q;
   }
 #if FSDP_WITH_CUDA
-  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_rowwise_column_sum_tiles(r), c);
+  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c);
   kernels::cuda::fp8_quantize_rowwise(x.data_ptr(), x.dtype(), r, c, format, ra, qp, qs, ca, qtp,
                                       qts, partials.data(), ctx.stream().cuda_stream());
   partials.finish(ctx);

@@ -22,9 +22,8 @@ void fp8_column_amax(const void* x, DType dtype, int64_t rows, int64_t cols, flo
 // fp8_scale_for_amax(row_amax[r]) and q_scale_inv[r] its inverse; qt (cols, rows), the
 // transpose, with its row c scaled by that of column_amax[c] and qt_scale_inv[c] its
 // inverse. Either of q and qt may be null (with its amaxes and scales). When partials is not
-// null it receives (fp8_rowwise_column_sum_tiles(rows), cols) f32: each row tile's column
-// sums of x, for column_sum.h's finish_column_sums (a bias gradient from the same read).
-int64_t fp8_rowwise_column_sum_tiles(int64_t rows);
+// null it receives (fp8_column_sum_tiles(rows), cols) f32 (fp8.h: the same tiles as
+// fp8_quantize's), for column_sum.h's finish_column_sums (a bias gradient from the same read).
 void fp8_quantize_rowwise(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
                           const float* row_amax, uint8_t* q, float* q_scale_inv,
                           const float* column_amax, uint8_t* qt, float* qt_scale_inv,

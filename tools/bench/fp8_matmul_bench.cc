@@ -201,6 +201,9 @@ int run_fp8_matmul_bench(const std::vector<std::string>& args) {
   std::printf("quantize (%lld x %lld) bf16: amax %.3f ms (%.0f GB/s), rows+columns %.3f ms "
               "(%.0f GB/s), rows %.3f ms (%.0f GB/s)\n", (long long)rows, (long long)cols, t_amax,
               2 * bytes / t_amax / 1e6, t_both, 4 * bytes / t_both / 1e6, t_rows, 3 * bytes / t_rows / 1e6);
+  if (rowwise)
+    std::printf("  (rowwise: each cast's time includes its amax passes, one read per layout, which "
+                "the GB/s above do not count as bytes)\n");
   return 0;
 }
 

@@ -48,6 +48,19 @@ inline bool fp8_shape_ok(int64_t m, int64_t n, int64_t k) {
 // contiguous. A product's two operands then scale its output by the outer product of their
 // vectors: activations per token, weights per output feature in the forward.
 enum class Fp8Granularity : uint8_t { tensor, block_1x128, block_128x128, row };
+
+// What a tensor-wise cast reads: a tensor, or a value computed from an activation's tensors
+// as the cast reads them, each element rounded to their dtype as the activation's kernel
+// stores it, and never stored itself. swiglu: x (R, 2F) = [gate | up] gives silu(gate) * up
+// (R, F), the activation; gelu_grad: the gradient at GELU's input from dout (R, C), the
+// gradient at its output, and x (R, C), its input, gives (R, C); swiglu_grad: dout (R, F)
+// and x (R, 2F) give (R, 2F) = [d gate | d up].
+enum class Fp8CastSource : uint8_t { tensor, swiglu, gelu_grad, swiglu_grad };
+
+// The columns of a cast source's values, given those of its x.
+inline int64_t fp8_source_cols(Fp8CastSource source, int64_t x_cols) {
+  return source == Fp8CastSource::swiglu ? x_cols / 2 : x_cols;
+}
 constexpr int64_t kFp8Block = 128;
 
 inline const char* fp8_granularity_name(Fp8Granularity g) {

@@ -35,7 +35,8 @@ void check_fp8_matrix(const Context& ctx, const Fp8Matrix& m, const char* what) 
 // The arguments both casts share: x (R, C) floating and contiguous, at least one layout
 // asked for, and the optional column sums (C) beside them.
 void check_quantize_args(const Context& ctx, const Tensor& x, bool rows, bool columns,
-                         const Tensor& add_column_sums, const char* what) {
+                         const Tensor& add_column_sums, const char* what,
+                         Fp8CastSource source = Fp8CastSource::tensor) {
   check_on_ctx(ctx, x, what);
   check_floating(x, what);
   check_contiguous(x, what);
@@ -45,7 +46,7 @@ void check_quantize_args(const Context& ctx, const Tensor& x, bool rows, bool co
   check_on_ctx(ctx, add_column_sums, what);
   check_floating(add_column_sums, what);
   check_contiguous(add_column_sums, what);
-  check_shape(add_column_sums, Shape{x.size(1)}, what);
+  check_shape(add_column_sums, Shape{kernels::fp8_source_cols(source, x.size(1))}, what);
 }
 
 // The bias gradient beside a cast: add_column_sums (C) += the column sums of x (R, C). On
@@ -190,6 +191,111 @@ bool fp8_available(Context& ctx, std::string* why) {
   return false;
 }
 
+namespace {
+
+// A cast's source (kernels/fp8_format.h): x itself, or values computed from an activation's
+// input x (and dout, the gradient at its output).
+struct CastSource {
+  Fp8CastSource kind = Fp8CastSource::tensor;
+  Tensor x, dout;
+};
+
+void check_source(const Context& ctx, const CastSource& s, const char* what) {
+  check_on_ctx(ctx, s.x, what);
+  check_floating(s.x, what);
+  check_contiguous(s.x, what);
+  FSDP_CHECK(s.x.dim() == 2, ShapeError, what, ": expected a 2-D (rows, cols) tensor, got ", s.x.str());
+  if (s.kind == Fp8CastSource::tensor) return;
+  const bool swiglu = s.kind != Fp8CastSource::gelu_grad;
+  FSDP_CHECK(!swiglu || s.x.size(1) % 2 == 0, ShapeError, what, ": the SwiGLU input ", s.x.str(),
+             " does not have an even number of columns");
+  if (s.kind == Fp8CastSource::swiglu) return;
+  check_dense(ctx, s.dout, Shape{s.x.size(0), swiglu ? s.x.size(1) / 2 : s.x.size(1)}, s.x.dtype(),
+              what);
+}
+
+// The (R, C) of a source's values.
+int64_t source_rows(const CastSource& s) { return s.x.size(0); }
+int64_t source_cols(const CastSource& s) { return kernels::fp8_source_cols(s.kind, s.x.size(1)); }
+
+// On the CPU a computed source is computed (as ops::swiglu_forward, gelu_backward and
+// swiglu_backward store it) and then cast: the reference the CUDA kernels' fused read equals.
+Tensor cpu_values(Context& ctx, const CastSource& s) {
+  if (s.kind == Fp8CastSource::tensor) return s.x;
+  const Tensor v = ctx.empty(Shape{source_rows(s), source_cols(s)}, s.x.dtype());
+  if (s.kind == Fp8CastSource::swiglu)
+    swiglu_forward(ctx, v, s.x);
+  else if (s.kind == Fp8CastSource::gelu_grad)
+    gelu_backward(ctx, v, s.dout, s.x);
+  else
+    swiglu_backward(ctx, v, s.dout, s.x);
+  return v;
+}
+
+void amax_of(Context& ctx, const Tensor& amax, const CastSource& s, const char* what) {
+  check_dense(ctx, amax, Shape{1}, DType::f32, what);
+  if (ctx.device().is_cpu()) {
+    const Tensor v = cpu_values(ctx, s);
+    *static_cast<float*>(amax.data_ptr()) = kernels::cpu::fp8_amax(v.data_ptr(), v.dtype(), v.numel());
+    return;
+  }
+#if FSDP_WITH_CUDA
+  kernels::cuda::fp8_amax(static_cast<float*>(amax.data_ptr()), s.x.data_ptr(), data_or_null(s.dout),
+                          s.kind, s.x.dtype(), source_rows(s), source_cols(s), ctx.stream().cuda_stream());
+#endif
+}
+
+Fp8Quantized quantize_tensorwise(Context& ctx, const CastSource& s, const Tensor& amax,
+                                 Fp8Format format, bool rows, bool columns,
+                                 const Tensor& add_column_sums, const Tensor& record_amax,
+                                 const char* what) {
+  check_quantize_args(ctx, s.x, rows, columns, add_column_sums, what, s.kind);
+  check_dense(ctx, amax, Shape{1}, DType::f32, what);
+  const int64_t r = source_rows(s), c = source_cols(s);
+  if (record_amax.defined()) check_dense(ctx, record_amax, Shape{1}, DType::f32, what);
+  auto* record = static_cast<float*>(data_or_null(record_amax));
+  Fp8Quantized q;
+  const Tensor scale_inv = ctx.empty(Shape{1}, DType::f32);
+  if (rows) q.rows = Fp8Matrix{ctx.empty(Shape{r, c}, DType::u8), scale_inv, format};
+  if (columns) q.columns = Fp8Matrix{ctx.empty(Shape{c, r}, DType::u8), scale_inv, format};
+  auto* qp = rows ? static_cast<uint8_t*>(q.rows.data.data_ptr()) : nullptr;
+  auto* qtp = columns ? static_cast<uint8_t*>(q.columns.data.data_ptr()) : nullptr;
+  auto* sinv = static_cast<float*>(scale_inv.data_ptr());
+  if (r == 0 || c == 0) {
+    ops::fill(ctx, scale_inv, 1.0);
+    return q;
+  }
+  if (ctx.device().is_cpu()) {
+    const Tensor v = cpu_values(ctx, s);
+    kernels::cpu::fp8_quantize(v.data_ptr(), v.dtype(), r, c,
+                               *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
+                               record);
+    add_column_sums_cpu(add_column_sums, v);
+    return q;
+  }
+#if FSDP_WITH_CUDA
+  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c);
+  kernels::cuda::fp8_quantize(s.x.data_ptr(), data_or_null(s.dout), s.kind, s.x.dtype(), r, c,
+                              static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
+                              partials.data(), record, ctx.stream().cuda_stream());
+  partials.finish(ctx);
+#endif
+  return q;
+}
+
+CastSource activation_source(Fp8CastSource kind, const Tensor& dout, const Tensor& x,
+                             const char* what) {
+  FSDP_CHECK(kind != Fp8CastSource::tensor, ValueError, what, ": an activation's source "
+             "(swiglu, gelu_grad or swiglu_grad) expected");
+  FSDP_CHECK(x.defined(), ValueError, what, ": undefined activation input");
+  FSDP_CHECK(dout.defined() == (kind != Fp8CastSource::swiglu), ValueError, what,
+             kind == Fp8CastSource::swiglu ? ": the activation itself takes no gradient"
+                                           : ": undefined gradient at the activation's output");
+  return CastSource{kind, x, dout};
+}
+
+}  // namespace
+
 void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
   const char* what = "fp8_amax";
   check_on_ctx(ctx, x, what);
@@ -206,41 +312,29 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
 #endif
 }
 
+void fp8_amax_activation(Context& ctx, const Tensor& amax, Fp8CastSource kind,
+                              const Tensor& dout, const Tensor& x) {
+  const char* what = "fp8_amax_activation";
+  const CastSource s = activation_source(kind, dout, x, what);
+  check_source(ctx, s, what);
+  amax_of(ctx, amax, s, what);
+}
+
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
                           bool rows, bool columns, const Tensor& add_column_sums,
                           const Tensor& record_amax) {
-  const char* what = "fp8_quantize";
-  check_quantize_args(ctx, x, rows, columns, add_column_sums, what);
-  check_dense(ctx, amax, Shape{1}, DType::f32, what);
-  const int64_t r = x.size(0), c = x.size(1);
-  if (record_amax.defined()) check_dense(ctx, record_amax, Shape{1}, DType::f32, what);
-  auto* record = static_cast<float*>(data_or_null(record_amax));
-  Fp8Quantized q;
-  const Tensor scale_inv = ctx.empty(Shape{1}, DType::f32);
-  if (rows) q.rows = Fp8Matrix{ctx.empty(Shape{r, c}, DType::u8), scale_inv, format};
-  if (columns) q.columns = Fp8Matrix{ctx.empty(Shape{c, r}, DType::u8), scale_inv, format};
-  auto* qp = rows ? static_cast<uint8_t*>(q.rows.data.data_ptr()) : nullptr;
-  auto* qtp = columns ? static_cast<uint8_t*>(q.columns.data.data_ptr()) : nullptr;
-  auto* sinv = static_cast<float*>(scale_inv.data_ptr());
-  if (r == 0 || c == 0) {
-    ops::fill(ctx, scale_inv, 1.0);
-    return q;
-  }
-  if (ctx.device().is_cpu()) {
-    kernels::cpu::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
-                               *static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
-                               record);
-    add_column_sums_cpu(add_column_sums, x);
-    return q;
-  }
-#if FSDP_WITH_CUDA
-  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c);
-  kernels::cuda::fp8_quantize(x.data_ptr(), x.dtype(), r, c,
-                              static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
-                              partials.data(), record, ctx.stream().cuda_stream());
-  partials.finish(ctx);
-#endif
-  return q;
+  return quantize_tensorwise(ctx, CastSource{Fp8CastSource::tensor, x, Tensor()}, amax, format,
+                             rows, columns, add_column_sums, record_amax, "fp8_quantize");
+}
+
+Fp8Quantized fp8_quantize_activation(Context& ctx, Fp8CastSource kind, const Tensor& dout,
+                                          const Tensor& x, const Tensor& amax, Fp8Format format,
+                                          bool rows, bool columns, const Tensor& add_column_sums,
+                                          const Tensor& record_amax) {
+  const char* what = "fp8_quantize_activation";
+  const CastSource s = activation_source(kind, dout, x, what);
+  check_source(ctx, s, what);
+  return quantize_tensorwise(ctx, s, amax, format, rows, columns, add_column_sums, record_amax, what);
 }
 
 void fp8_quantize_flat(Context& ctx, const Tensor& q, const Tensor& x, const Tensor& amax,

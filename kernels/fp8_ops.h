@@ -12,6 +12,7 @@ namespace fsdp::ops {
 
 using Fp8Format = kernels::Fp8Format;
 using Fp8Granularity = kernels::Fp8Granularity;
+using Fp8CastSource = kernels::Fp8CastSource;
 
 // An FP8 matrix: bytes (rows, cols) u8, K-major (cols is the K of the products reading it),
 // and the inverses of their scales, f32 on the same device. Tensor-wise: scale_inv is (1)
@@ -53,6 +54,22 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x);
 Fp8Quantized fp8_quantize(Context& ctx, const Tensor& x, const Tensor& amax, Fp8Format format,
                           bool rows, bool columns, const Tensor& add_column_sums = Tensor(),
                           const Tensor& record_amax = Tensor());
+
+// fp8_amax and fp8_quantize of values computed from an activation's tensors (kind, see
+// kernels/fp8_format.h): swiglu, the activation silu(gate) * up (R, F) of x (R, 2F), dout
+// undefined; gelu_grad and swiglu_grad, the gradient at the activation's input from dout,
+// the gradient at its output, and x, its input (GELU: (R, C) both; SwiGLU: dout (R, F), x (R,
+// 2F)). Each value is rounded to x's dtype as ops::swiglu_forward, gelu_backward or
+// swiglu_backward store it: the same amax, bytes, column sums and recorded amax as that op
+// followed by fp8_amax / fp8_quantize of its result, which is never stored (on CUDA one read
+// of the activation's tensors instead of the op's pass and the cast's read of its result).
+void fp8_amax_activation(Context& ctx, const Tensor& amax, Fp8CastSource kind, const Tensor& dout,
+                         const Tensor& x);
+Fp8Quantized fp8_quantize_activation(Context& ctx, Fp8CastSource kind, const Tensor& dout,
+                                     const Tensor& x, const Tensor& amax, Fp8Format format,
+                                     bool rows, bool columns,
+                                     const Tensor& add_column_sums = Tensor(),
+                                     const Tensor& record_amax = Tensor());
 
 // Quantizes the elements of x (contiguous, any shape) into q (u8, as many elements,
 // contiguous) with the scale of `amax` (1) f32, element by element as fp8_quantize does: the

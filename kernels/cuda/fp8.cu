@@ -28,10 +28,34 @@ __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
 
 namespace tile = fp8_tile;
 
-// q and qt of one (64, 128) tile (kernels/cuda/fp8_tile.cuh), every byte by one scale; with
-// kSums the tile's column sums of x (unscaled) go to partials.
-template <typename T, bool kVec, bool kSums>
-__global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const float* amax,
+// The amax of an activation's gradient (rows, cols) (tile::source_value), each thread
+// folding groups of 8 columns (kVec) or single elements.
+template <Fp8CastSource kSource, typename T, bool kVec>
+__global__ void source_amax_kernel(const T* x, const T* dout, int64_t rows, int64_t cols,
+                                   unsigned* amax_bits) {
+  float m = 0.0f;
+  const int64_t per_row = kVec ? cols / 8 : cols, n = rows * per_row;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, c = (i % per_row) * (kVec ? 8 : 1);
+    if constexpr (kVec) {
+      float v[8];
+      tile::load_source8<kSource, true>(x, dout, r, c, cols, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+    } else {
+      m = fmaxf(m, fabsf(tile::source_value<kSource>(x, dout, r, c, cols)));
+    }
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
+
+// q and qt of one (64, 128) tile (kernels/cuda/fp8_tile.cuh) of the source (x, or an
+// activation's gradient from x and dout), every byte by one scale; with kSums the tile's
+// column sums of the source (unscaled) go to partials.
+template <Fp8CastSource kSource, typename T, bool kVec, bool kSums>
+__global__ void quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t cols, const float* amax,
                                 Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
                                 float* partials, unsigned* record_amax_bits) {
   __shared__ __align__(8) tile::Bytes bytes;
@@ -46,7 +70,7 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
     const int64_t r = r0 + rr, c = c0 + col8;
     if (r >= rows) break;
     float v[8];
-    tile::load8<kVec>(x, r, c, cols, v);
+    tile::load_source8<kSource, kVec>(x, dout, r, c, cols, v);
     uint8_t b[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -63,6 +87,23 @@ __global__ void quantize_kernel(const T* x, int64_t rows, int64_t cols, const fl
   }
   if constexpr (kSums) tile::column_sums(sums, acc, sub, col8, cols, partials);
   if (qt) tile::store_transposed<kVec>(bytes, qt, rows, cols);
+}
+
+// Whether the source's rows split into whole groups of 8 (for swiglu_grad, each half too; a
+// swiglu source's rows are F long).
+bool source_vectorizes(Fp8CastSource source, int64_t cols) {
+  return cols % 8 == 0 && (source != Fp8CastSource::swiglu_grad || (cols / 2) % 8 == 0);
+}
+
+// f(std::integral_constant<Fp8CastSource, source>{}).
+template <typename F>
+void dispatch_source(Fp8CastSource source, F&& f) {
+  switch (source) {
+    case Fp8CastSource::tensor: f(std::integral_constant<Fp8CastSource, Fp8CastSource::tensor>{}); return;
+    case Fp8CastSource::swiglu: f(std::integral_constant<Fp8CastSource, Fp8CastSource::swiglu>{}); return;
+    case Fp8CastSource::gelu_grad: f(std::integral_constant<Fp8CastSource, Fp8CastSource::gelu_grad>{}); return;
+    case Fp8CastSource::swiglu_grad: f(std::integral_constant<Fp8CastSource, Fp8CastSource::swiglu_grad>{}); return;
+  }
 }
 
 __global__ void scalars_kernel(float* alpha_beta, const float* sa, const float* sb, float alpha,
@@ -95,30 +136,65 @@ void fp8_amax(float* amax, const void* x, DType dtype, int64_t n, stream_t strea
   FSDP_CHECK_LAUNCH();
 }
 
+void fp8_amax(float* amax, const void* x, const void* dout, Fp8CastSource source, DType dtype,
+              int64_t rows, int64_t cols, stream_t stream) {
+  if (source == Fp8CastSource::tensor) return fp8_amax(amax, x, dtype, rows * cols, stream);
+  FSDP_CALL(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+  if (rows == 0 || cols == 0) return;
+  const bool vec = source_vectorizes(source, cols) && aligned16(x) && aligned16(dout);
+  tile::dispatch_cast_input(dtype, "fp8_amax", [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto source_tag, auto vec_tag) {
+      constexpr bool kVec = decltype(vec_tag)::value;
+      const int64_t n = rows * (kVec ? cols / 8 : cols);
+      const int64_t blocks = std::min<int64_t>((n + 255) / 256, 2048);
+      source_amax_kernel<decltype(source_tag)::value, T, kVec><<<unsigned(blocks), 256, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols,
+          reinterpret_cast<unsigned*>(amax));
+    };
+    dispatch_source(source, [&](auto source_tag) {
+      if (vec) launch(source_tag, std::true_type{});
+      else launch(source_tag, std::false_type{});
+    });
+  });
+  FSDP_CHECK_LAUNCH();
+}
+
 int64_t fp8_column_sum_tiles(int64_t rows) { return (rows + tile::kRows - 1) / tile::kRows; }
+
+void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType dtype,
+                  int64_t rows, int64_t cols, const float* amax, Fp8Format format, uint8_t* q,
+                  uint8_t* qt, float* scale_inv, float* partials, float* record_amax,
+                  stream_t stream) {
+  const dim3 grid = tile::grid(rows, cols, "fp8_quantize");
+  // Whole 8-element groups: rows of the inputs start 16-byte aligned, those of q and qt 8-byte.
+  const bool vec = source_vectorizes(source, cols) && aligned16(x) && aligned16(dout) &&
+                   uintptr_t(q) % 8 == 0 && uintptr_t(qt) % 8 == 0;
+  tile::dispatch_cast_input(dtype, "fp8_quantize", [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto source_tag, auto vec_tag, auto sums_tag) {
+      quantize_kernel<decltype(source_tag)::value, T, decltype(vec_tag)::value,
+                      decltype(sums_tag)::value><<<grid, tile::kThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q, qt,
+          scale_inv, partials, reinterpret_cast<unsigned*>(record_amax));
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    dispatch_source(source, [&](auto source_tag) {
+      if (vec && partials) launch(source_tag, yes{}, yes{});
+      else if (vec) launch(source_tag, yes{}, no{});
+      else if (partials) launch(source_tag, no{}, yes{});
+      else launch(source_tag, no{}, no{});
+    });
+  });
+  FSDP_CHECK_LAUNCH();
+}
 
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
                   float* record_amax, stream_t stream) {
-  const dim3 grid = tile::grid(rows, cols, "fp8_quantize");
-  // Whole 8-element groups: rows of x start 16-byte aligned, those of q and qt 8-byte.
-  const bool vec = cols % 8 == 0 && aligned16(x) && uintptr_t(q) % 8 == 0 && uintptr_t(qt) % 8 == 0;
-  tile::dispatch_cast_input(dtype, "fp8_quantize", [&](auto tag) {
-    using T = decltype(tag);
-    auto launch = [&](auto vec_tag, auto sums_tag) {
-      quantize_kernel<T, decltype(vec_tag)::value, decltype(sums_tag)::value>
-          <<<grid, tile::kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols, amax, format, q,
-                                          qt, scale_inv, partials,
-                                          reinterpret_cast<unsigned*>(record_amax));
-    };
-    using yes = std::true_type;
-    using no = std::false_type;
-    if (vec && partials) launch(yes{}, yes{});
-    else if (vec) launch(yes{}, no{});
-    else if (partials) launch(no{}, yes{});
-    else launch(no{}, no{});
-  });
-  FSDP_CHECK_LAUNCH();
+  fp8_quantize(x, nullptr, Fp8CastSource::tensor, dtype, rows, cols, amax, format, q, qt,
+               scale_inv, partials, record_amax, stream);
 }
 
 namespace {

@@ -29,6 +29,17 @@ void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const 
                   Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
                   float* record_amax, stream_t stream);
 
+// fp8_amax and fp8_quantize of a cast source's values (kernels/fp8_format.h) of (rows,
+// cols): x itself (dout null), or computed from an activation's x (and dout) as they are
+// read, never stored: the same amax, bytes, sums and recorded amax as the cast of what
+// swiglu_forward, gelu_backward or swiglu_backward store (activation.h), from one read.
+void fp8_amax(float* amax, const void* x, const void* dout, Fp8CastSource source, DType dtype,
+              int64_t rows, int64_t cols, stream_t stream);
+void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType dtype,
+                  int64_t rows, int64_t cols, const float* amax, Fp8Format format, uint8_t* q,
+                  uint8_t* qt, float* scale_inv, float* partials, float* record_amax,
+                  stream_t stream);
+
 // scale_inv[i] = 1 / fp8_scale_for_amax(amax[i]) for n amaxes, f32 on the device (the twin
 // of cpu::fp8_scale_inverses; the same bits as fp8_quantize's *scale_inv).
 void fp8_scale_inverses(const float* amax, int64_t n, Fp8Format format, float* scale_inv,

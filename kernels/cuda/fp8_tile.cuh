@@ -12,6 +12,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8_encode.cuh"
 #include "kernels/cuda/vec.cuh"
+#include "kernels/fp8_format.h"
+#include "kernels/scalar_math.h"
 
 namespace fsdp::kernels::cuda::fp8_tile {
 
@@ -34,6 +36,75 @@ __device__ __forceinline__ void load8(const T* x, int64_t r, int64_t c, int64_t 
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = c + j < cols ? to_float(x[r * cols + c + j]) : 0.0f;
+}
+
+// The value at (r, c) of a cast's source (Fp8CastSource) of `cols` columns: x itself, or a
+// value from an activation's x (and dout), rounded to T as swiglu_forward, gelu_backward and
+// swiglu_backward (kernels/cuda/activation.cu) store it, with the same float expressions, so
+// that the cast equals the cast of the stored tensor bit for bit.
+template <Fp8CastSource kSource, typename T>
+__device__ __forceinline__ float source_value(const T* x, const T* dout, int64_t r, int64_t c,
+                                             int64_t cols) {
+  if constexpr (kSource == Fp8CastSource::tensor) {
+    return to_float(x[r * cols + c]);
+  } else if constexpr (kSource == Fp8CastSource::swiglu) {  // x (rows, 2 cols)
+    const float g = to_float(x[r * 2 * cols + c]), u = to_float(x[r * 2 * cols + cols + c]);
+    return to_float(from_float<T>(silu(g) * u));
+  } else if constexpr (kSource == Fp8CastSource::gelu_grad) {
+    const float d = to_float(dout[r * cols + c]), h = to_float(x[r * cols + c]);
+    return to_float(from_float<T>(d * gelu_tanh_grad(h)));
+  } else {  // swiglu_grad: x (rows, 2F) = [gate | up], dout (rows, F)
+    const int64_t f_dim = cols / 2, f = c < f_dim ? c : c - f_dim;
+    const float g = to_float(x[r * cols + f]), d = to_float(dout[r * f_dim + f]);
+    if (c >= f_dim) return to_float(from_float<T>(d * silu(g)));
+    const float u = to_float(x[r * cols + f_dim + f]);
+    return to_float(from_float<T>(d * u * silu_grad(g)));
+  }
+}
+
+// v = the 8 values of the source at row r from column c (0 past the row's end). kVec: whole
+// 16-byte-aligned groups of 8 (and, for swiglu and swiglu_grad, F a multiple of 8, so a
+// group lies in one half of x).
+template <Fp8CastSource kSource, bool kVec, typename T>
+__device__ __forceinline__ void load_source8(const T* x, const T* dout, int64_t r, int64_t c,
+                                             int64_t cols, float (&v)[8]) {
+  if constexpr (kSource == Fp8CastSource::tensor) {
+    load8<kVec>(x, r, c, cols, v);
+    return;
+  }
+  if (!kVec || c + 7 >= cols) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      v[j] = c + j < cols ? source_value<kSource>(x, dout, r, c + j, cols) : 0.0f;
+    return;
+  }
+  if constexpr (kSource == Fp8CastSource::swiglu) {
+    float u[8];
+    load_floats<8>(x + r * 2 * cols + c, v);
+    load_floats<8>(x + r * 2 * cols + cols + c, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_float(from_float<T>(silu(v[j]) * u[j]));
+  } else if constexpr (kSource == Fp8CastSource::gelu_grad) {
+    float h[8];
+    load_floats<8>(dout + r * cols + c, v);
+    load_floats<8>(x + r * cols + c, h);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_float(from_float<T>(v[j] * gelu_tanh_grad(h[j])));
+  } else if constexpr (kSource == Fp8CastSource::swiglu_grad) {
+    const int64_t f_dim = cols / 2, f = c < f_dim ? c : c - f_dim;
+    float g[8];
+    load_floats<8>(x + r * cols + f, g);
+    load_floats<8>(dout + r * f_dim + f, v);
+    if (c >= f_dim) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = to_float(from_float<T>(v[j] * silu(g[j])));
+    } else {
+      float u[8];
+      load_floats<8>(x + r * cols + f_dim + f, u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = to_float(from_float<T>(v[j] * u[j] * silu_grad(g[j])));
+    }
+  }
 }
 
 // b into q's row r from column c (clipped at the row's end).

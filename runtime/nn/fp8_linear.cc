@@ -40,16 +40,34 @@ ops::Fp8Quantized quantize_rowwise(Context& ctx, const Tensor& t, const Fp8Recip
   return ops::fp8_quantize_rowwise(ctx, t, f, row_amax, column_amax, add_column_sums);
 }
 
-// t (R, C), operand `op` of weight's layer, quantized with the scale its recipe gives:
-// tensor-wise from t's own amax (taken over the ranks that hold other tokens or other
-// features of the operand), or delayed from the amax history, recording t's amax for the
-// next steps in the same read (in the first step, with no history yet, from t's own amax
-// too); or by block or by row. add_column_sums (C) += t's column sums from the same read,
-// when defined.
-ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weight, Fp8Operand op,
+// The values of a computed source (an activation's, kernels/fp8_format.h), stored.
+Tensor computed(Context& ctx, const Source& s) {
+  const int64_t cols = kernels::fp8_source_cols(s.kind, s.x.size(-1));
+  const Tensor v = ctx.empty(Shape{s.x.numel() / s.x.size(-1), cols}, s.x.dtype());
+  if (s.kind == ops::Fp8CastSource::swiglu)
+    ops::swiglu_forward(ctx, v, s.x);
+  else if (s.kind == ops::Fp8CastSource::gelu_grad)
+    ops::gelu_backward(ctx, v, s.dout, s.x);
+  else
+    ops::swiglu_backward(ctx, v, s.dout, s.x);
+  return v;
+}
+
+// Operand `op` of weight's layer (R, C), from source s, quantized with the scale its recipe
+// gives: tensor-wise from its own amax (taken over the ranks that hold other tokens or other
+// features of the operand), or delayed from the amax history, recording its amax for the
+// next steps in the same read (in the first step, with no history yet, from its own amax
+// too); or by block or by row. add_column_sums (C) += its column sums from the same read,
+// when defined. A computed source is read directly by the tensor-wise and delayed casts
+// (its values never stored); the block and row casts get its values computed first.
+ops::Fp8Quantized quantize(Context& ctx, const Source& s, const Parameter& weight, Fp8Operand op,
                            bool rows, bool columns, const Tensor& add_column_sums = Tensor()) {
   const Fp8Recipe& r = *weight.fp8;
   const kernels::Fp8Format f = op == Fp8Operand::output_grad ? r.backward : r.forward;
+  const bool fused = s.kind != ops::Fp8CastSource::tensor;
+  const bool by_parts = r.scaling == Fp8Scaling::blockwise || r.scaling == Fp8Scaling::rowwise;
+  if (fused && by_parts) return quantize(ctx, Source(computed(ctx, s)), weight, op, rows, columns, add_column_sums);
+  const Tensor& t = s.x;
   if (r.scaling == Fp8Scaling::blockwise)  // weights 128x128, inputs and gradients 1x128
     return ops::fp8_quantize_blocks(ctx, t, f,
                                     op == Fp8Operand::weight ? ops::Fp8Granularity::block_128x128
@@ -57,16 +75,21 @@ ops::Fp8Quantized quantize(Context& ctx, const Tensor& t, const Parameter& weigh
                                     rows, columns, add_column_sums);
   if (r.scaling == Fp8Scaling::rowwise)
     return quantize_rowwise(ctx, t, r, op, f, rows, columns, add_column_sums);
+  auto cast = [&](const Tensor& amax, const Tensor& record) {
+    return fused ? ops::fp8_quantize_activation(ctx, s.kind, s.dout, s.x, amax, f, rows, columns,
+                                                add_column_sums, record)
+                 : ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
+  };
   const bool delayed = r.scaling == Fp8Scaling::delayed;
   const Tensor record = delayed ? r.delayed.step_amax.narrow(0, int(op), 1) : Tensor();
-  if (delayed && *r.delayed.primed) {
-    const Tensor amax = r.delayed.scale_amax.narrow(0, int(op), 1);
-    return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
-  }
+  if (delayed && *r.delayed.primed) return cast(r.delayed.scale_amax.narrow(0, int(op), 1), record);
   const Tensor amax = ctx.empty(Shape{1}, DType::f32);
-  ops::fp8_amax(ctx, amax, t);
+  if (fused)
+    ops::fp8_amax_activation(ctx, amax, s.kind, s.dout, s.x);
+  else
+    ops::fp8_amax(ctx, amax, t);
   reduce_amax(ctx, amax, r, op != Fp8Operand::weight, r.split[size_t(op)] != Fp8Split::none);
-  return ops::fp8_quantize(ctx, t, amax, f, rows, columns, add_column_sums, record);
+  return cast(amax, record);
 }
 
 }  // namespace
@@ -92,7 +115,7 @@ ops::Fp8Matrix gathered_rows(const Parameter& weight) {
 
 }  // namespace
 
-ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Parameter& weight,
+ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Source& x, const Parameter& weight,
                        const Tensor& bias, ops::Epilogue epilogue, const Tensor& aux,
                        bool keep_input) {
   const ops::Fp8Quantized qx =
@@ -109,7 +132,7 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Tensor& x, const Par
   return qx.columns;
 }
 
-ops::Fp8Matrix input_columns(Context& ctx, const Tensor& x, const Parameter& weight) {
+ops::Fp8Matrix input_columns(Context& ctx, const Source& x, const Parameter& weight) {
   return quantize(ctx, x, weight, Fp8Operand::input, false, true).columns;
 }
 
@@ -117,6 +140,13 @@ ops::Fp8Quantized quantize_output_grad(Context& ctx, const Tensor& dy, const Par
                                        Parameter* bias) {
   const Tensor db = bias ? bias->grad_for_accumulation(ctx) : Tensor();
   return quantize(ctx, dy, weight, Fp8Operand::output_grad, true, true, db);
+}
+
+ops::Fp8Quantized quantize_activation_grad(Context& ctx, ops::Fp8CastSource activation,
+                                           const Tensor& da, const Tensor& h,
+                                           const Parameter& weight, Parameter* bias) {
+  const Tensor db = bias ? bias->grad_for_accumulation(ctx) : Tensor();
+  return quantize(ctx, Source(activation, h, da), weight, Fp8Operand::output_grad, true, true, db);
 }
 
 void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, const Parameter& weight,

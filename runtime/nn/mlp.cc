@@ -63,28 +63,35 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   const bool records = g.should_record({&x}, true);
   // out (N, out) = in @ W^T [+ b] [Gelu: aux], in FP8 or not; in FP8, with keep_input, the
   // input's transposed FP8 copy for the weight gradient is returned.
-  auto product = [&](const Tensor& out, const Tensor& in, const Parameter& w, bool in_fp8,
+  auto product = [&](const Tensor& out, const fp8::Source& in, const Parameter& w, bool in_fp8,
                      const Tensor& b, ops::Epilogue ep, const Tensor& aux, bool keep_input) {
     if (in_fp8) return fp8::forward(ctx, out, in, w, b, ep, aux, keep_input);
-    ops::matmul(ctx, out, in, w.checked_data(), false, true, 1.0, 0.0, b, ep, aux);
+    ops::matmul(ctx, out, in.x, w.checked_data(), false, true, 1.0, 0.0, b, ep, aux);
     return ops::Fp8Matrix();
   };
   ops::Fp8Matrix x_columns, a_columns;  // (C, N), (F, N) FP8: for the FP8 weight gradients
   Tensor h = ctx.empty(Shape{n, h_f}, x.dtype());  // (N, F or 2F): the activation's input
-  Tensor a = ctx.empty(Shape{n, f}, x.dtype());    // (N, F): the activation
+  Tensor a;                                          // (N, F): the activation
+  // SwiGLU before an FP8 proj is computed by proj's cast as it reads h: `a` is not stored.
+  const bool swiglu_in_cast = !gelu && proj_fp8;
   // fc's input in FP8 is kept as its transposed FP8 copy, but under sequence parallelism,
   // which keeps only this rank's part of it (see saved_x).
   const bool keep_x = records && !gathered;
   if (gelu) {
+    a = ctx.empty(Shape{n, f}, x.dtype());
     x_columns = product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, keep_x);
   } else {
     x_columns = product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor(), keep_x);
-    ops::swiglu_forward(ctx, a, h);
+    if (!swiglu_in_cast) {
+      a = ctx.empty(Shape{n, f}, x.dtype());
+      ops::swiglu_forward(ctx, a, h);
+    }
   }
   Tensor y = ctx.empty(with_last(whole.shape(), c), x.dtype());  // (..., C)
   // The activation's FP8 copy is kept unless it is recomputed in backward.
-  a_columns = product(y.view(Shape{n, c}), a, proj_weight, proj_fp8, b_proj, ops::Epilogue::None,
-                      Tensor(), records && !recompute_activation);
+  a_columns = product(y.view(Shape{n, c}),
+                      swiglu_in_cast ? fp8::Source(ops::Fp8CastSource::swiglu, h) : fp8::Source(a), proj_weight,
+                      proj_fp8, b_proj, ops::Epilogue::None, Tensor(), records && !recompute_activation);
   if (!records) return y;
 
   y = Graph::track(y);
@@ -96,7 +103,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved_x, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
             &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered, fc_fp8,
-            proj_fp8, x_columns, a_columns, whole_shape = whole.shape()](Graph& g) {
+            proj_fp8, x_columns, a_columns, gelu, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -105,18 +112,23 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              std::optional<SequenceExchange> regather;
              if (gathered) regather = SequenceExchange::start_gather(ctx, saved_x, *column.group);
              dy = rows(ctx, dy, c);  // (N, C)
+             // The activation for proj's weight gradient: saved, its FP8 copy, or recomputed
+             // (before an FP8 proj, SwiGLU within the cast).
              Tensor a = saved_a;
-             if (!a.defined() && !a_columns.defined()) {
+             const bool swiglu_in_cast = activation == MlpActivation::SwiGLU && proj_fp8;
+             if (!a.defined() && !a_columns.defined() && !swiglu_in_cast) {
                a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
                activation_forward(ctx, activation, a, h);
              }
+             const fp8::Source a_source =
+                 swiglu_in_cast ? fp8::Source(ops::Fp8CastSource::swiglu, h) : fp8::Source(a);
              // dW_proj (C, F) += dy^T (C, N) @ a (N, F); db_proj (C) += column sums of dy
              std::optional<ops::Fp8Quantized> qdy;
              if (proj_fp8) {
                qdy = fp8::quantize_output_grad(ctx, dy, proj_weight, proj_bias);
                fp8::weight_grad(ctx, proj_weight, *qdy,
                                 a_columns.defined() ? a_columns
-                                                    : fp8::input_columns(ctx, a, proj_weight));
+                                                    : fp8::input_columns(ctx, a_source, proj_weight));
              } else {
                weight_and_bias_grad(ctx, proj_weight, proj_bias, dy, a);
              }
@@ -129,19 +141,31 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                  ops::matmul(ctx, out, dy, proj_weight.checked_data(), false, false, 1.0, 0.0,
                              Tensor(), ep, aux);
              };
-             // dh (N, F or 2F): the gradient at the activation's input.
-             Tensor dh = ctx.empty(Shape{n, h_f}, dy.dtype());
-             if (activation == MlpActivation::Gelu) {
-               input_grad(dh, ops::Epilogue::DGelu, h);
-             } else {
-               Tensor da = ctx.empty(Shape{n, f}, dy.dtype());
-               input_grad(da, ops::Epilogue::None, Tensor());
-               ops::swiglu_backward(ctx, dh, da, h);
-             }
-             qdy.reset();
-             // In FP8, dh quantized once for both of fc's products (db_fc from the same read).
+             // dh (N, F or 2F): the gradient at the activation's input. In FP8, dh quantized
+             // once for both of fc's products (db_fc from the same read), by a cast that
+             // computes it as it reads da (N, F) and h, rather than after a pass of its own;
+             // but a bf16 proj has the GELU gradient in its matmul's epilogue.
+             Tensor dh;
              std::optional<ops::Fp8Quantized> qdh;
-             if (fc_fp8) qdh = fp8::quantize_output_grad(ctx, dh, fc_weight, fc_bias);
+             if (fc_fp8 && (qdy || !gelu)) {
+               const Tensor da = ctx.empty(Shape{n, f}, dy.dtype());
+               input_grad(da, ops::Epilogue::None, Tensor());
+               qdy.reset();
+               qdh = fp8::quantize_activation_grad(
+                   ctx, gelu ? ops::Fp8CastSource::gelu_grad : ops::Fp8CastSource::swiglu_grad, da,
+                   h, fc_weight, fc_bias);
+             } else {
+               dh = ctx.empty(Shape{n, h_f}, dy.dtype());
+               if (gelu) {
+                 input_grad(dh, ops::Epilogue::DGelu, h);
+               } else {
+                 Tensor da = ctx.empty(Shape{n, f}, dy.dtype());
+                 input_grad(da, ops::Epilogue::None, Tensor());
+                 ops::swiglu_backward(ctx, dh, da, h);
+               }
+               qdy.reset();
+               if (fc_fp8) qdh = fp8::quantize_output_grad(ctx, dh, fc_weight, fc_bias);
+             }
              // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
              auto fc_input_grad = [&](const Tensor& dx, double beta) {
                if (qdh)
@@ -156,7 +180,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                const autograd::GradSink sx = g.grad_sink(tx);
                if (sx.defined()) fc_input_grad(sx.buffer.view(Shape{n, c}), sx.accumulate ? 1.0 : 0.0);
              } else if (tx.defined()) {
-               const Tensor part = ctx.empty(whole_shape, dh.dtype());  // (..., C)
+               const Tensor part = ctx.empty(whole_shape, dy.dtype());  // (..., C)
                fc_input_grad(part.view(Shape{n, c}), 0.0);
                dx = ColumnInputGrad::start(ctx, part, column);
              }

@@ -405,6 +405,26 @@ TEST_CASE("blockwise fp8 under context parallelism gives the single-process loss
 const std::vector<std::string> kRowwise = {"mixed_precision.fp8=hybrid",
                                            "mixed_precision.fp8_recipe=rowwise"};
 
+// The MLP's activation recomputed in backward (selective recompute) gives the losses of the
+// activation kept, under every recipe: before an FP8 proj, SwiGLU is computed inside proj's
+// cast both times (never stored), and GELU's and SwiGLU's gradients inside fc's output
+// gradient cast; the block and row recipes compute those values first.
+TEST_CASE("fp8 with the MLP activation recomputed gives the same losses", "[train][fp8]") {
+  if (testing::world_size() != 1) return;
+  for (const std::string model : {"gpt2_tiny", "llama_tiny"})
+    for (const std::string recipe : {"tensorwise", "delayed", "blockwise", "rowwise"}) {
+      std::vector<std::string> o = {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_recipe=" + recipe};
+      if (recipe == "blockwise") o = with(o, kBlockSizes);
+      const TrainResult kept = train(model, "act_kept", o, true);
+      const TrainResult recomputed =
+          train(model, "act_recomputed", with(o, {"model.activation_recompute=selective"}), true);
+      INFO(model << " " << recipe);
+      REQUIRE(kept.losses.size() == size_t(kSteps));
+      CHECK(kept.fp8_layers.size() == 8);
+      CHECK(recomputed.losses == kept.losses);
+    }
+}
+
 TEST_CASE("rowwise fp8 training follows the unquantized curve on the CPU simulation",
           "[train][fp8]") {
   if (testing::world_size() != 1) return;

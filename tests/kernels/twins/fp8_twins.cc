@@ -135,6 +135,62 @@ void recording_case(int64_t rows, int64_t cols, double before, bool sums) {
   }});
 }
 
+// The casts that compute an FP8 MLP's operands from the activation's tensors as they read
+// them: SwiGLU's output (proj's input, from x (N, 2F)), and the gradient at the activation's
+// input (fc's output gradient, from dout (N, F) and x (N, F) for GELU, (N, 2F) for SwiGLU).
+// On each side they must equal, bit for bit, the cast of what swiglu_forward, gelu_backward
+// or swiglu_backward store; the CUDA side against the CPU's differs only where f32 and f64
+// round a value to different bf16 neighbours. With `scaled_by` > 0 the cast scales by that
+// amax (delayed scaling) and records the values'.
+void activation_case(ops::Fp8CastSource kind, int64_t rows, int64_t f, double scaled_by, bool sums) {
+  using ops::Fp8CastSource;
+  const bool gelu = kind == Fp8CastSource::gelu_grad, forward = kind == Fp8CastSource::swiglu;
+  const int64_t x_cols = gelu ? f : 2 * f, cols = forward ? f : x_cols;  // x's, the values'
+  const std::string name = str_cat(
+      "quantize ", forward ? "SwiGLU's output " : gelu ? "the GELU gradient " : "the SwiGLU gradient ",
+      rows, "x", cols, scaled_by > 0 ? str_cat(" scaled by ", scaled_by) : " measured",
+      sums ? " with column sums" : "");
+  register_twin({"fp8", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor dout = forward ? Tensor() : s.random(Shape{rows, f}, DType::bf16, 101);  // (N, F)
+    const Tensor x = s.random(Shape{rows, x_cols}, DType::bf16, 102, -4, 4);  // the activation's input
+    const Tensor db = sums ? s.random(Shape{cols}, DType::f32, 103) : Tensor();
+    const Tensor db_stored = sums ? s.empty(Shape{cols}, DType::f32) : Tensor();
+    if (sums) ops::copy(ctx, db_stored, db);
+    const Tensor amax = s.empty(Shape{1}, DType::f32);
+    ops::fp8_amax_activation(ctx, amax, kind, dout, x);
+    const Tensor record = s.full(Shape{1}, DType::f32, 0.0), record_stored = s.full(Shape{1}, DType::f32, 0.0);
+    const Tensor scale = scaled_by > 0 ? s.full(Shape{1}, DType::f32, scaled_by) : amax;
+    const Fp8Format format = forward ? Fp8Format::e4m3 : Fp8Format::e5m2;
+    const ops::Fp8Quantized q =
+        ops::fp8_quantize_activation(ctx, kind, dout, x, scale, format, true, true, db, record);
+    // The same from the stored values, on the same side.
+    const Tensor v = s.empty(Shape{rows, cols}, DType::bf16);
+    if (forward)
+      ops::swiglu_forward(ctx, v, x);
+    else if (gelu)
+      ops::gelu_backward(ctx, v, dout, x);
+    else
+      ops::swiglu_backward(ctx, v, dout, x);
+    const Tensor amax_stored = s.empty(Shape{1}, DType::f32);
+    ops::fp8_amax(ctx, amax_stored, v);
+    const ops::Fp8Quantized stored =
+        ops::fp8_quantize(ctx, v, scale, format, true, true, db_stored, record_stored);
+    s.expect(s.values(amax) == s.values(amax_stored), "the amax of the stored values");
+    s.expect(s.values(q.rows.data) == s.values(stored.rows.data) &&
+                 s.values(q.columns.data) == s.values(stored.columns.data),
+             "the bytes of the stored values' cast");
+    s.expect(s.values(record) == s.values(record_stored), "the recorded amax of the stored values");
+    if (sums) s.expect(s.values(db) == s.values(db_stored), "the column sums of the stored values");
+    const Tolerance neighbours = Tolerance::mismatched(
+        1e-3, "values rounded to bf16 from f32 (CUDA) or f64 (CPU): rare neighbours, then their bytes");
+    s.output("amax", amax, Tolerance::scaled(8e-3, "at most one bf16 neighbour of the maximum"));
+    s.output("rows", q.rows.data, neighbours);
+    s.output("columns", q.columns.data, neighbours);
+    if (sums) s.output("column sums", db, Tolerance::scaled(1e-4, "f32 sums of values a few bf16 neighbours apart"));
+  }});
+}
+
 // The histories' update after a step: every layer's operands rolled (or not), the scale
 // amaxes by "max" or "most_recent", times a margin.
 void histories_case(bool roll, bool use_max, int margin) {
@@ -183,6 +239,16 @@ void register_fp8_twins() {
   recording_case(256, 768, 50.0, true); // the earlier maximum stays
   for (bool roll : {true, false})
     for (bool use_max : {true, false}) histories_case(roll, use_max, roll ? 0 : 3);
+  using ops::Fp8CastSource;
+  activation_case(Fp8CastSource::gelu_grad, 1000, 768, 0.0, true);    // a partial last row tile
+  activation_case(Fp8CastSource::gelu_grad, 256, 3072, 0.5, false);   // delayed: some saturate
+  activation_case(Fp8CastSource::gelu_grad, 100, 77, 0.0, true);      // byte-wise, partial tiles
+  activation_case(Fp8CastSource::swiglu_grad, 1000, 704, 0.0, true);  // F not a multiple of 128
+  activation_case(Fp8CastSource::swiglu_grad, 256, 1024, 0.5, false);
+  activation_case(Fp8CastSource::swiglu_grad, 100, 36, 0.0, true);    // F not a multiple of 8
+  activation_case(Fp8CastSource::swiglu, 1000, 704, 0.0, false);
+  activation_case(Fp8CastSource::swiglu, 256, 1024, 2.0, true);
+  activation_case(Fp8CastSource::swiglu, 100, 36, 0.0, false);
   column_sums_case(1000, 768, DType::f32);  // a partial last row tile
   column_sums_case(256, 100, DType::f32);   // a partial column tile, byte-wise stores
   for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})

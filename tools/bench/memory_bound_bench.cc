@@ -127,6 +127,28 @@ int run_memory_bound_bench(const std::vector<std::string>& args) {
                      (void)ops::fp8_quantize(ctx, x, amax, ops::Fp8Format::e4m3, true, true, Tensor(),
                                              record);
                    }});
+  // The MLP's casts that compute their operand as they read the activation's tensors
+  // (delayed scaling: a given amax, the step's recorded): fc's output gradient from da and
+  // h, both layouts, with fc's bias gradient; SwiGLU's output, proj's input, both layouts.
+  const ops::Fp8CastSource grad_source =
+      gpt2 ? ops::Fp8CastSource::gelu_grad : ops::Fp8CastSource::swiglu_grad;
+  table.push_back({std::string("FP8 cast of the ") + (gpt2 ? "GELU" : "SwiGLU") + " gradient, both layouts",
+                   rf * 2 + double(rows) * double(act_in) * 4, [&] {
+                     (void)ops::fp8_quantize_activation(ctx, grad_source, da, h, amax,
+                                                        ops::Fp8Format::e5m2, true, true,
+                                                        gpt2 ? dbias_f : Tensor(), record);
+                   }});
+  if (!gpt2)
+    table.push_back({"FP8 cast of SwiGLU's output, both layouts", rf * 6, [&] {
+                       (void)ops::fp8_quantize_activation(ctx, ops::Fp8CastSource::swiglu, Tensor(), h,
+                                                          amax, ops::Fp8Format::e4m3, true, true,
+                                                          Tensor(), record);
+                     }});
+  // Block scaling (the blockwise recipe): one scale per 1 x 128 block of each layout.
+  table.push_back({"FP8 block cast 1x128, both layouts (rows, C)", rc * 4, [&] {
+                     (void)ops::fp8_quantize_blocks(ctx, x, ops::Fp8Format::e4m3,
+                                                    ops::Fp8Granularity::block_1x128, true, true);
+                   }});
   // f32 master, gradient and moments read; master and moments written; the bf16 copy.
   table.push_back({"AdamW, 64M parameters", double(params) * 30, [&] {
                      ops::adamw_step(ctx, p, g, m1, m2, adam, p_copy);

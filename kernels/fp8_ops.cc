@@ -301,15 +301,8 @@ void fp8_amax(Context& ctx, const Tensor& amax, const Tensor& x) {
   check_on_ctx(ctx, x, what);
   check_floating(x, what);
   check_contiguous(x, what);
-  check_dense(ctx, amax, Shape{1}, DType::f32, what);
-  if (ctx.device().is_cpu()) {
-    *static_cast<float*>(amax.data_ptr()) = kernels::cpu::fp8_amax(x.data_ptr(), x.dtype(), x.numel());
-    return;
-  }
-#if FSDP_WITH_CUDA
-  kernels::cuda::fp8_amax(static_cast<float*>(amax.data_ptr()), x.data_ptr(), x.dtype(), x.numel(),
-                          ctx.stream().cuda_stream());
-#endif
+  // Any shape: its elements as one row.
+  amax_of(ctx, amax, CastSource{Fp8CastSource::tensor, x.view(Shape{1, x.numel()}), Tensor()}, what);
 }
 
 void fp8_amax_activation(Context& ctx, const Tensor& amax, Fp8CastSource kind,

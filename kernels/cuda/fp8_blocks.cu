@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8_encode.cuh"
+#include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {
@@ -198,14 +199,7 @@ void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols,
     else if (partials) launch(tag, no{}, yes{});
     else launch(tag, no{}, no{});
   };
-  switch (dtype) {
-    case DType::f32: with_sums(float{}); break;
-    case DType::bf16: with_sums(bf16_t{}); break;
-    case DType::f16: with_sums(f16_t{}); break;
-    default:
-      FSDP_THROW(DTypeError, "fp8_quantize_blocks: bf16, f16 or f32 input expected, got ",
-                 dtype_name(dtype));
-  }
+  fp8_tile::dispatch_cast_input(dtype, "fp8_quantize_blocks", with_sums);
   FSDP_CHECK_LAUNCH();
 }
 

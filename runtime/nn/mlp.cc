@@ -103,7 +103,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved_x, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
             &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered, fc_fp8,
-            proj_fp8, x_columns, a_columns, gelu, whole_shape = whole.shape()](Graph& g) {
+            proj_fp8, x_columns, a_columns, gelu, swiglu_in_cast, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -115,7 +115,6 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              // The activation for proj's weight gradient: saved, its FP8 copy, or recomputed
              // (before an FP8 proj, SwiGLU within the cast).
              Tensor a = saved_a;
-             const bool swiglu_in_cast = activation == MlpActivation::SwiGLU && proj_fp8;
              if (!a.defined() && !a_columns.defined() && !swiglu_in_cast) {
                a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
                activation_forward(ctx, activation, a, h);

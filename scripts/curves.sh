@@ -28,6 +28,8 @@
 #           bf16, hybrid, e4m3 and hybrid with delayed scaling, the Llama in bf16 and hybrid,
 #           and the ~1B Llama of configs/llama-1b.json in bf16, hybrid and hybrid delayed,
 #           each from the same weights and batches; the table of their validation losses
+#   fp8all  the same with FP8 in every block (first_last_layers_bf16=false): GPT-2 d12 with
+#           tensorwise, delayed and blockwise scaling, and the ~1B Llama with the same three
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -124,15 +126,16 @@ if want noise; then
   train llama_f32_mb8 "${GPT2[@]}" "${LLAMA[@]}" mixed_precision.compute_dtype=f32 train.micro_batch_size=8
 fi
 
+# The ~1B Llama of configs/llama-1b.json (16 x 2048, 8 kv heads) on the same tokens and
+# schedule, at sequences of 1024.
+L1B=(--config configs/llama-1b.json dataset.type=llmc model.seq_length=1024 "${GPT2[@]:2}")
+
 if want fp8; then
   train gpt2_bf16_ref "${GPT2[@]}"
   for f in hybrid e4m3; do train gpt2_fp8_$f "${GPT2[@]}" mixed_precision.fp8=$f; done
   train gpt2_fp8_delayed "${GPT2[@]}" mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=delayed
   train llama_bf16_ref "${GPT2[@]}" "${LLAMA[@]}"
   train llama_fp8_hybrid "${GPT2[@]}" "${LLAMA[@]}" mixed_precision.fp8=hybrid
-  # The ~1B Llama of configs/llama-1b.json (16 x 2048, 8 kv heads) on the same tokens and
-  # schedule, at sequences of 1024.
-  L1B=(--config configs/llama-1b.json dataset.type=llmc model.seq_length=1024 "${GPT2[@]:2}")
   train llama1b_bf16_ref "${L1B[@]}"
   train llama1b_fp8_hybrid "${L1B[@]}" mixed_precision.fp8=hybrid
   train llama1b_fp8_delayed "${L1B[@]}" mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=delayed
@@ -142,6 +145,26 @@ if want fp8; then
     llama_bf16="$L/llama_bf16_ref" llama_fp8_hybrid="$L/llama_fp8_hybrid" \
     llama1b_bf16="$L/llama1b_bf16_ref" llama1b_fp8_hybrid="$L/llama1b_fp8_hybrid" \
     llama1b_fp8_delayed="$L/llama1b_fp8_delayed" | tee "$L/fp8_table.txt"
+fi
+
+if want fp8all; then
+  # FP8 in every block (mixed_precision.first_last_layers_bf16=false; the classifier stays
+  # bf16), against the bf16 runs of the fp8 part when it ran in this call.
+  ALL=(mixed_precision.fp8=hybrid mixed_precision.first_last_layers_bf16=false)
+  [ -d "$L/gpt2_bf16_ref" ] || train gpt2_bf16_ref "${GPT2[@]}"
+  for r in tensorwise delayed blockwise; do
+    train gpt2_fp8all_$r "${GPT2[@]}" "${ALL[@]}" mixed_precision.fp8_recipe=$r
+  done
+  [ -d "$L/llama1b_bf16_ref" ] || train llama1b_bf16_ref "${L1B[@]}"
+  for r in tensorwise delayed blockwise; do
+    train llama1b_fp8all_$r "${L1B[@]}" "${ALL[@]}" mixed_precision.fp8_recipe=$r
+  done
+  curve table --steps 50,100,150,200,250,300 gpt2_bf16="$L/gpt2_bf16_ref" \
+    gpt2_fp8all_tensorwise="$L/gpt2_fp8all_tensorwise" gpt2_fp8all_delayed="$L/gpt2_fp8all_delayed" \
+    gpt2_fp8all_blockwise="$L/gpt2_fp8all_blockwise" llama1b_bf16="$L/llama1b_bf16_ref" \
+    llama1b_fp8all_tensorwise="$L/llama1b_fp8all_tensorwise" \
+    llama1b_fp8all_delayed="$L/llama1b_fp8all_delayed" \
+    llama1b_fp8all_blockwise="$L/llama1b_fp8all_blockwise" | tee "$L/fp8all_table.txt"
 fi
 
 # One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).

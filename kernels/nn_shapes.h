@@ -39,6 +39,17 @@ struct HeadStrides {
   int64_t b = 0, t = 0, h = 0;
 };
 
+// Rotary position embeddings ("rotate half"): out (B, T, H, D) = x rotated pair by pair,
+// (i, i + D/2) of row t by the angle (position_offset + t) * theta^(-2i/D) (its opposite
+// when inverse). out is x itself (in place) or does not overlap it.
+struct RopeDims {
+  int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
+  HeadStrides x, out;
+  double theta = 0;
+  bool inverse = false;
+  int64_t position_offset = 0;
+};
+
 // Causal grouped-query attention: H query heads share Hkv key/value heads (head h reads
 // key/value head h / (H / Hkv)).
 struct AttentionDims {

@@ -1,10 +1,8 @@
 #include "kernels/cpu/embedding.h"
 
-#include <cmath>
 #include <vector>
 
 #include "kernels/cpu/float_types.h"
-#include "kernels/scalar_math.h"
 
 namespace fsdp::kernels::cpu {
 
@@ -60,29 +58,6 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
         for (int64_t i = 0; i < d.seq * C; ++i) store_or_add(dp[i], sums[size_t(i)], true);
       }
     });
-  });
-}
-
-void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                const HeadStrides& s, double theta, bool inverse, int64_t position_offset) {
-  dispatch_compute(dtype, "rope_apply", [&](auto tag) {
-    using T = decltype(tag);
-    const int64_t half = head_dim / 2;
-    const double sign = inverse ? -1.0 : 1.0;
-    for (int64_t t = 0; t < seq; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = double(position_offset + t) * rope_inv_freq(i, head_dim, theta);
-        const double c = std::cos(angle), sn = sign * std::sin(angle);
-        for (int64_t b = 0; b < batch; ++b) {
-          for (int64_t h = 0; h < heads; ++h) {
-            T* v = static_cast<T*>(x) + b * s.b + t * s.t + h * s.h;  // (D)
-            const double x1 = double(v[i]), x2 = double(v[i + half]);
-            v[i] = T(x1 * c - x2 * sn);
-            v[i + half] = T(x2 * c + x1 * sn);
-          }
-        }
-      }
-    }
   });
 }
 

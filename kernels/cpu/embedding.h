@@ -1,4 +1,4 @@
-// CPU token and position embeddings, and rotary position embeddings.
+// CPU token and position embeddings.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +16,5 @@ void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, co
 // dwte[idx[b, t]] += dout[b, t] in (b, t) order; dwpe[t] += sum over b (null: skipped).
 void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const void* dout,
                         const int32_t* idx);
-
-// Rotates pairs (i, i + D/2) of every head of x (B, T, H, D) in place by
-// (position_offset + t) * theta^(-2i/D) (the opposite angle when inverse).
-void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                const HeadStrides& strides, double theta, bool inverse, int64_t position_offset);
 
 }  // namespace fsdp::kernels::cpu

@@ -1,4 +1,4 @@
-// Token/position embeddings and rotary embeddings on CUDA .
+// Token and position embeddings on CUDA.
 //
 // The token-embedding gradient is a scatter-add that must not depend on thread timing, so
 // it never adds floats atomically. Instead: (1) count each token id's occurrences and scan
@@ -12,7 +12,6 @@
 
 #include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/embedding.h"
-#include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/vec.cuh"
 
 namespace fsdp::kernels::cuda {
@@ -129,28 +128,6 @@ __global__ void accumulate_rows_kernel(G* dwte, const T* dout, const int32_t* of
       }
     }
     __syncthreads();
-  }
-}
-
-template <typename T>
-__global__ void rope_kernel(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t D,
-                            HeadStrides s, double theta, float sign, int64_t position_offset) {
-  const int64_t half = D / 2, n = batch * seq * heads * half;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = i % half, h = (i / half) % heads, t = (i / (half * heads)) % seq,
-                  b = i / (half * heads * seq);
-    // The angle in double, reduced to [-pi, pi] before the f32 sine and cosine: t * freq
-    // reaches thousands of radians at long positions.
-    const double a = double(position_offset + t) * rope_inv_freq(p, D, theta);
-    const float ar = float(a - 6.283185307179586 * rint(a / 6.283185307179586));
-    float sn, cs;
-    sincosf(ar, &sn, &cs);
-    sn *= sign;
-    T* v = x + b * s.b + t * s.t + h * s.h;  // (D)
-    const float x1 = to_float(v[p]), x2 = to_float(v[p + half]);
-    v[p] = from_float<T>(x1 * cs - x2 * sn);
-    v[p + half] = from_float<T>(x2 * cs + x1 * sn);
   }
 }
 
@@ -281,20 +258,6 @@ void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const vo
     column_partials(dout, d.dtype, d.batch, n, s.partials, stream);
     finish_column_sums(s.partials, column_row_blocks(d.batch), n, dwpe, d.grad_dtype, true, stream);
   }
-}
-
-void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                const HeadStrides& strides, double theta, bool inverse, int64_t position_offset,
-                stream_t stream) {
-  const int64_t n = batch * seq * heads * (head_dim / 2);
-  if (n == 0) return;
-  dispatch_compute(dtype, "rope_apply", [&](auto tag) {
-    using T = decltype(tag);
-    rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(x), batch, seq, heads, head_dim, strides, theta, inverse ? -1.f : 1.f,
-        position_offset);
-    FSDP_CHECK_LAUNCH();
-  });
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -1,4 +1,4 @@
-// CUDA kernels: token and position embeddings, and rotary embeddings (the twins of kernels/cpu/embedding.h).
+// CUDA kernels: token and position embeddings (the twins of kernels/cpu/embedding.h).
 // Raw pointers, sizes and a stream; nothing here synchronizes with the host. Compute dtypes
 // are bf16 and f32, computed and accumulated in f32; statistics (mean, rstd, lse, losses) are
 // f32. Scratch memory is passed in by the caller (sizes from the *_workspace_bytes helpers),
@@ -24,11 +24,5 @@ void embedding_forward(const EmbeddingDims& d, void* out, const int32_t* idx, co
 size_t embedding_backward_workspace_bytes(const EmbeddingDims& d);
 void embedding_backward(const EmbeddingDims& d, void* dwte, void* dwpe, const void* dout,
                         const int32_t* idx, void* workspace, stream_t stream);
-
-// ---- rotary embeddings, in place on a strided (B, T, H, D) tensor
-void rope_apply(void* x, DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                const HeadStrides& strides, double theta, bool inverse, int64_t position_offset,
-                stream_t stream);
-
 
 }  // namespace fsdp::kernels::cuda

@@ -12,8 +12,8 @@ Tensor rope(Graph& g, const Tensor& x, double theta) {
   FSDP_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, ShapeError, "rope: input ", x.str(),
              " must be (B, T, H, D) with an even D");
   FSDP_CHECK(theta > 0, ValueError, "rope: theta must be positive, got ", theta);
-  Tensor out = ops::clone(ctx, x);  // (B, T, H, D)
-  ops::rope_apply(ctx, out, theta, false);
+  Tensor out = ctx.empty(x.shape(), x.dtype());  // (B, T, H, D)
+  ops::rope(ctx, out, x, theta, false);
   if (!g.should_record({&x}, false)) return out;
 
   out = Graph::track(out);
@@ -22,8 +22,9 @@ Tensor rope(Graph& g, const Tensor& x, double theta) {
              const Tensor dout = Graph::grad_of(om);
              if (!dout.defined()) return;
              // The rotation is orthogonal: its backward is the inverse rotation.
-             Tensor dx = ops::clone(g.ctx(), dout);
-             ops::rope_apply(g.ctx(), dx, theta, true);
+             const Tensor dx = g.ctx().empty(dout.shape(), dout.dtype());
+             ops::rope(g.ctx(), dx, dout.stride(3) == 1 ? dout : ops::contiguous(g.ctx(), dout),
+                       theta, true);
              g.accumulate(tx, dx);
            });
   return out;
@@ -43,11 +44,13 @@ Tensor causal_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_k
   Tensor q = fused.slice(2, 0, n_head);
   Tensor k = fused.slice(2, n_head, n_head + n_kv_head);
   const Tensor v = fused.slice(2, n_head + n_kv_head, heads);
-  if (rope_theta > 0) {
-    q = ops::contiguous(ctx, q);  // copies: the strided views force one
-    k = ops::contiguous(ctx, k);
-    ops::rope_apply(ctx, q, rope_theta, false);
-    ops::rope_apply(ctx, k, rope_theta, false);
+  if (rope_theta > 0) {  // rotated copies, contiguous, each written in one pass over the view
+    const Tensor q_rotated = ctx.empty(q.shape(), q.dtype());  // (B, T, H, D)
+    const Tensor k_rotated = ctx.empty(k.shape(), k.dtype());  // (B, T, Hkv, D)
+    ops::rope(ctx, q_rotated, q, rope_theta, false);
+    ops::rope(ctx, k_rotated, k, rope_theta, false);
+    q = q_rotated;
+    k = k_rotated;
   }
   Tensor out = ctx.empty(Shape{b, t, n_head, d}, qkv.dtype());            // (B, T, H, D)
   const Tensor lse = ctx.empty(Shape{b, n_head, t}, stat_dtype(qkv.dtype()));  // (B, H, T)

@@ -36,12 +36,14 @@ ContextParallelLayout ContextParallelLayout::make(int64_t seq, int cp, int rank)
 
 namespace {
 
-// Rotates the two local chunks of x (B, 2c, heads, D) at their positions in the sequence.
-void rope_chunks(Context& ctx, const Tensor& x, const ContextParallelLayout& layout, double theta,
-                 bool inverse) {
+// out = the two local chunks of x (B, 2c, heads, D) rotated at their positions in the
+// sequence (out is x, or shares no memory with it).
+void rope_chunks(Context& ctx, const Tensor& out, const Tensor& x,
+                 const ContextParallelLayout& layout, double theta, bool inverse) {
   const int64_t c = layout.chunk();
   for (int i = 0; i < 2; ++i)
-    ops::rope_apply(ctx, x.narrow(1, i * c, c), theta, inverse, layout.chunk_begin(i));
+    ops::rope(ctx, out.narrow(1, i * c, c), x.narrow(1, i * c, c), theta, inverse,
+              layout.chunk_begin(i));
 }
 
 // acc += block, in acc's dtype (the statistics dtype: f32 beside bf16 blocks).
@@ -158,8 +160,8 @@ Tensor ring_attention(Graph& g, const Tensor& qkv, const Tensor& q, const Tensor
                  ops::copy(ctx, dv.narrow(1, i * c, c), dkv.select(0, 1).select(0, i));
                }
                if (rope_theta > 0) {  // gradients of the rotated q, k -> of the unrotated ones
-                 rope_chunks(ctx, dq, layout, rope_theta, true);
-                 rope_chunks(ctx, dk, layout, rope_theta, true);
+                 rope_chunks(ctx, dq, dq, layout, rope_theta, true);
+                 rope_chunks(ctx, dk, dk, layout, rope_theta, true);
                }
              });
            });
@@ -184,16 +186,21 @@ Tensor context_parallel_attention(Graph& g, const Tensor& qkv, int64_t n_head, i
   const int64_t b = qkv.size(0), tl = qkv.size(1), d = qkv.size(2) / heads;
   const int64_t c = layout.chunk(), t = layout.seq, cp = layout.cp;
   const Tensor fused = ops::contiguous(ctx, qkv).view(Shape{b, tl, heads, d});
-  const Tensor q = ops::contiguous(ctx, fused.slice(2, 0, n_head));  // (B, 2c, H, D)
-  // This rank's keys and values, packed for the all-gather: (2, B, 2c, Hkv, D).
+  // The queries (B, 2c, H, D), and this rank's keys and values packed for the all-gather
+  // (2, B, 2c, Hkv, D): copies of the fused projection's slices, the queries and keys
+  // rotated as they are copied.
+  const Tensor q = ctx.empty(Shape{b, tl, n_head, d}, qkv.dtype());
   const Shape kv_shape{2, b, tl, n_kv_head, d};
   const Tensor kv = ctx.empty(kv_shape, qkv.dtype());
-  ops::copy(ctx, kv.select(0, 0), fused.slice(2, n_head, n_head + n_kv_head));
-  ops::copy(ctx, kv.select(0, 1), fused.slice(2, n_head + n_kv_head, heads));
+  const Tensor q_in = fused.slice(2, 0, n_head), k_in = fused.slice(2, n_head, n_head + n_kv_head);
   if (rope_theta > 0) {
-    rope_chunks(ctx, q, layout, rope_theta, false);
-    rope_chunks(ctx, kv.select(0, 0), layout, rope_theta, false);
+    rope_chunks(ctx, q, q_in, layout, rope_theta, false);
+    rope_chunks(ctx, kv.select(0, 0), k_in, layout, rope_theta, false);
+  } else {
+    ops::copy(ctx, q, q_in);
+    ops::copy(ctx, kv.select(0, 0), k_in);
   }
+  ops::copy(ctx, kv.select(0, 1), fused.slice(2, n_head + n_kv_head, heads));
   if (comm == ContextParallelComm::ring)
     return ring_attention(g, qkv, q, kv, n_head, n_kv_head, rope_theta, layout, group);
   const int64_t kv_numel = kv.numel();
@@ -264,8 +271,8 @@ Tensor context_parallel_attention(Graph& g, const Tensor& qkv, int64_t n_head, i
                const Tensor mine = ctx.empty(kv_shape, keys.dtype());
                grp->reduce_scatter_sum(ctx, mine.view(Shape{kv_numel}), packed);
                if (rope_theta > 0) {  // gradients of the rotated q, k -> of the unrotated ones
-                 rope_chunks(ctx, dq, layout, rope_theta, true);
-                 rope_chunks(ctx, mine.select(0, 0), layout, rope_theta, true);
+                 rope_chunks(ctx, dq, dq, layout, rope_theta, true);
+                 rope_chunks(ctx, mine.select(0, 0), mine.select(0, 0), layout, rope_theta, true);
                }
                ops::copy(ctx, dfused.slice(2, n_head, n_head + n_kv_head), mine.select(0, 0));
                ops::copy(ctx, dfused.slice(2, n_head + n_kv_head, heads), mine.select(0, 1));

@@ -333,6 +333,34 @@ TEST_CASE("gelu and swiglu match their formulas and finite differences", "[kerne
   CHECK_THROWS_AS(ops::swiglu_forward(ctx, ops::empty(ctx, Shape{2, 3, F + 1}, dt), gu), ShapeError);
 }
 
+TEST_CASE("rope from a strided view into a tensor of its own equals the view rotated in place",
+          "[kernels][nn]") {
+  Context ctx;
+  const int64_t B = 2, T = 5, H = 3, Hkv = 1, D = 8;
+  for (DType dt : {DType::f32, DType::f64}) {
+    const Tensor qkv = random_tensor(ctx, Shape{B, T, (H + 2 * Hkv) * D}, dt, 2);
+    const Tensor q = qkv.view(Shape{B, T, H + 2 * Hkv, D}).slice(2, 0, H);  // (B, T, H, D)
+    for (int64_t offset : {0, 7}) {
+      for (bool inverse : {false, true}) {
+        const Tensor out = ops::empty(ctx, q.shape(), dt);
+        ops::rope(ctx, out, q, 500.0, inverse, offset);
+        const Tensor rotated = ops::contiguous(ctx, q);
+        ops::rope_apply(ctx, rotated, 500.0, inverse, offset);
+        CHECK(values(ctx, out) == values(ctx, rotated));
+      }
+    }
+    // The input is left as it was.
+    const auto before = values(ctx, qkv);
+    ops::rope(ctx, ops::empty(ctx, q.shape(), dt), q, 500.0, false);
+    CHECK(values(ctx, qkv) == before);
+    // An output that overlaps the input without being it is refused; so is another shape.
+    const Tensor k = qkv.view(Shape{B, T, H + 2 * Hkv, D}).slice(2, 1, H + 1);
+    CHECK_THROWS_AS(ops::rope(ctx, k, q, 500.0, false), ValueError);
+    CHECK_THROWS_AS(ops::rope(ctx, ops::empty(ctx, Shape{B, T, H, D + 2}, dt), q, 500.0, false),
+                    ShapeError);
+  }
+}
+
 TEST_CASE("rope rotates strided q/k views by position; inverse undoes it", "[kernels][nn]") {
   Context ctx;
   const int64_t B = 2, T = 5, H = 3, Hkv = 1, D = 8;

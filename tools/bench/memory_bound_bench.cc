@@ -119,6 +119,22 @@ int run_memory_bound_bench(const std::vector<std::string>& args) {
     table.push_back({"SwiGLU forward", rf * 6, [&] { ops::swiglu_forward(ctx, a, h); }});
     table.push_back({"SwiGLU backward", rf * 10, [&] { ops::swiglu_backward(ctx, dh, da, h); }});
   }
+  // Rotary embeddings (Llama): q and k rotated out of the fused projection into tensors of
+  // their own, as the attention does (each element read once and written once).
+  const int64_t heads = m.n_head, kv_heads = m.n_kv_head;
+  const int64_t head_dim = c / heads;
+  const Tensor qkv = gpt2 ? Tensor()
+                          : tensor(Shape{int64_t(recipe.train.micro_batch_size), m.seq_length,
+                                         heads + 2 * kv_heads, head_dim},
+                                   bf16, 10);  // (B, T, H + 2 Hkv, D)
+  const Tensor q_rot = gpt2 ? Tensor() : ctx.empty(qkv.slice(2, 0, heads).shape(), bf16);
+  const Tensor k_rot = gpt2 ? Tensor() : ctx.empty(qkv.slice(2, heads, heads + kv_heads).shape(), bf16);
+  if (!gpt2)
+    table.push_back({"RoPE of q and k, out of the fused projection",
+                     double(rows) * double((heads + kv_heads) * head_dim) * 4, [&] {
+                       ops::rope(ctx, q_rot, qkv.slice(2, 0, heads), m.rope_theta, false);
+                       ops::rope(ctx, k_rot, qkv.slice(2, heads, heads + kv_heads), m.rope_theta, false);
+                     }});
   table.push_back({"FP8 amax (rows, C)", rc * 2, [&] { ops::fp8_amax(ctx, record, x); }});
   table.push_back({"FP8 cast, both layouts (rows, C)", rc * 4, [&] {
                      (void)ops::fp8_quantize(ctx, x, amax, ops::Fp8Format::e4m3, true, true);

@@ -1,7 +1,7 @@
-// Token and position embeddings and rotary embeddings (kernels/cuda/embedding.h) against the
+// Token and position embeddings and rotary embeddings (kernels/cuda/embedding.h, rope.h) against the
 // CPU: the forward gather, the deterministic scatter-add backward at GPT-2 124M's shapes
 // (skewed ids, a bucket too large for shared memory), bf16 tables into an f32 residual
-// stream, and rope on strided q/k views of a fused projection.
+// stream, and rope on strided q/k views of a fused projection, in place and into copies.
 #include <vector>
 
 #include "kernels/nn_ops.h"
@@ -40,6 +40,37 @@ void rope_case(DType dt, bool inverse, int64_t position_offset) {
     s.output("qkv", qkv,
              dt == DType::bf16 ? Tolerance::scaled(5e-3, "one bf16 rounding of the rotation")
                                : Tolerance::scaled(1e-5, "f32 sin/cos of a double-reduced angle"));
+  }});
+}
+
+// q and k rotated out of the fused projection into tensors of their own (the attention's
+// path: one pass, no copy first), at Llama ~1B's head size (D = 64: 32-pair halves, 16-byte
+// packs) and at a head size no pack divides (D = 6: one pair at a time). On each device the
+// copies equal, bit for bit, the views rotated in place.
+void rope_copy_case(DType dt, int64_t H, int64_t Hkv, int64_t D) {
+  const int64_t B = 2, T = 512;
+  const std::string name = str_cat("rope B", B, " T", T, " H", H, " Hkv", Hkv, " D", D, " ",
+                                   dtype_name(dt), " from the fused projection into copies");
+  register_twin({"embedding", name, [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor qkv = s.random(Shape{B, T, (H + 2 * Hkv) * D}, dt, 6);  // (B, T, (H + 2 Hkv) D)
+    const Tensor heads = qkv.view(Shape{B, T, H + 2 * Hkv, D});
+    const Tensor q = s.empty(Shape{B, T, H, D}, dt), k = s.empty(Shape{B, T, Hkv, D}, dt);
+    ops::rope(ctx, q, heads.slice(2, 0, H), 500000.0, false);
+    ops::rope(ctx, k, heads.slice(2, H, H + Hkv), 500000.0, false);
+    const Tensor in_place = ops::clone(ctx, qkv);
+    const Tensor in_place_heads = in_place.view(Shape{B, T, H + 2 * Hkv, D});
+    ops::rope_apply(ctx, in_place_heads.slice(2, 0, H), 500000.0, false);
+    ops::rope_apply(ctx, in_place_heads.slice(2, H, H + Hkv), 500000.0, false);
+    s.expect(s.values(q) == s.values(ops::contiguous(ctx, in_place_heads.slice(2, 0, H))) &&
+                 s.values(k) == s.values(ops::contiguous(ctx, in_place_heads.slice(2, H, H + Hkv))),
+             "the copies equal the views rotated in place");
+    // As rope_case: CUDA's f32 sin/cos of a double-reduced angle, one bf16 rounding.
+    const Tolerance tol = dt == DType::bf16
+                              ? Tolerance::scaled(5e-3, "one bf16 rounding of the rotation")
+                              : Tolerance::scaled(1e-5, "f32 sin/cos of a double-reduced angle");
+    s.output("q", q, tol);
+    s.output("k", k, tol);
   }});
 }
 
@@ -149,6 +180,8 @@ void register_embedding_twins() {
   }
   // Rows after a key/value cache's (generation): the angle starts at the offset.
   rope_case(DType::f32, false, 4000);
+  for (DType dt : {DType::bf16, DType::f32}) rope_copy_case(dt, 32, 8, 64);
+  rope_copy_case(DType::bf16, 3, 1, 6);
   for (DType dt : {DType::bf16, DType::f32}) gpt2_embedding_case(dt);
   large_bucket_case();
   f32_stream_case();

@@ -36,6 +36,60 @@ __global__ void copy_same_kernel(T* dst, StridedLayout dl, const T* src, Strided
     dst[dst_contig ? i : dl.offset_of(i)] = src[src_contig ? i : sl.offset_of(i)];
 }
 
+// A same-type strided copy whose last dimension is contiguous on both sides, as rows of
+// `packs` 16-byte packs: `outer` lays out the rows (the other dimensions) of each side, so the
+// index arithmetic runs once per pack instead of once per element (views of fused
+// projections, the parallel layers' packed exchanges).
+template <typename T>
+__global__ void copy_rows_kernel(T* dst, StridedLayout dst_outer, const T* src,
+                                 StridedLayout src_outer, int64_t rows, int64_t packs) {
+  constexpr int kP = Pack<T>::kSize;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < rows * packs;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = k / packs, col = (k % packs) * kP;
+    store_pack(dst + dst_outer.offset_of(row) + col, load_pack(src + src_outer.offset_of(row) + col));
+  }
+}
+
+// dst (rows, cols) contiguous = src read column-major (element (r, c) at src[r + c * ld]): the
+// transposed view of a (cols, ld) matrix made contiguous. A (32, 32) tile passes through
+// shared memory (a padded row, so the column reads hit distinct banks), so both the global
+// reads and the writes run along rows.
+constexpr int kTransposeTile = 32, kTransposeRows = 8;
+template <typename T>
+__global__ void transpose_kernel(T* dst, const T* src, int64_t rows, int64_t cols, int64_t ld) {
+  constexpr int kPitch = kTransposeTile + 1;
+  __shared__ alignas(T) unsigned char storage[kTransposeTile * kPitch * sizeof(T)];
+  T* tile = reinterpret_cast<T*>(storage);  // [kTransposeTile][kPitch]
+  const int64_t r0 = int64_t(blockIdx.y) * kTransposeTile, c0 = int64_t(blockIdx.x) * kTransposeTile;
+  // Read: consecutive threads take consecutive r (contiguous in src).
+  for (int j = threadIdx.y; j < kTransposeTile; j += kTransposeRows) {
+    const int64_t r = r0 + threadIdx.x, c = c0 + j;
+    if (r < rows && c < cols) tile[j * kPitch + threadIdx.x] = src[r + c * ld];
+  }
+  __syncthreads();
+  // Write: consecutive threads take consecutive c (contiguous in dst).
+  for (int j = threadIdx.y; j < kTransposeTile; j += kTransposeRows) {
+    const int64_t r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) dst[r * cols + c] = tile[threadIdx.x * kPitch + j];
+  }
+}
+
+// The rows of l (all but its last dimension) when that dimension is contiguous and it and
+// every other stride are whole 16-byte packs of `element` bytes; rank 0 otherwise.
+StridedLayout outer_rows(const StridedLayout& l, size_t element) {
+  StridedLayout outer;
+  if (l.rank < 2 || l.strides[l.rank - 1] != 1 || (l.shape[l.rank - 1] * element) % 16 != 0)
+    return outer;
+  for (int d = 0; d + 1 < l.rank; ++d) {
+    if ((l.strides[d] * element) % 16 != 0) return StridedLayout{};
+    outer.shape[d] = l.shape[d];
+    outer.strides[d] = l.strides[d];
+  }
+  outer.rank = l.rank - 1;
+  return outer;
+}
+
 bool is_contiguous(const StridedLayout& l) {
   int64_t expected = 1;
   for (int d = l.rank - 1; d >= 0; --d) {
@@ -185,8 +239,36 @@ void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const voi
                                 cudaMemcpyDeviceToDevice, stream));
       return;
     }
+    const size_t element = dtype_size(dst_dtype);
+    const StridedLayout dst_rows = outer_rows(dst_layout, element);
+    const StridedLayout src_rows = outer_rows(src_layout, element);
+    const int64_t last = dst_layout.rank > 0 ? dst_layout.shape[dst_layout.rank - 1] : 0;
+    const bool by_rows = dst_rows.rank > 0 && src_rows.rank > 0 && aligned16(dst) &&
+                         aligned16(src) && src_layout.shape[src_layout.rank - 1] == last;
+    // A 2-D transpose into a contiguous matrix (a transposed weight's bytes, say).
+    const bool transpose = dc && dst_layout.rank == 2 && src_layout.rank == 2 &&
+                           src_layout.shape[0] == dst_layout.shape[0] &&
+                           src_layout.strides[0] == 1 && src_layout.shape[0] > 1 &&
+                           src_layout.strides[1] >= src_layout.shape[0] &&
+                           dst_layout.shape[0] < 65535 * int64_t(kTransposeTile);
     dispatch_device_dtype(dst_dtype, [&](auto tag) {
       using T = decltype(tag);
+      if (transpose) {
+        const int64_t rows = dst_layout.shape[0], cols = dst_layout.shape[1];
+        const dim3 grid(unsigned((cols + kTransposeTile - 1) / kTransposeTile),
+                        unsigned((rows + kTransposeTile - 1) / kTransposeTile));
+        transpose_kernel<T><<<grid, dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
+            static_cast<T*>(dst), static_cast<const T*>(src), rows, cols, src_layout.strides[1]);
+        FSDP_CHECK_LAUNCH();
+        return;
+      }
+      if (by_rows) {
+        const int64_t rows = n / last, packs = last / Pack<T>::kSize;
+        copy_rows_kernel<T><<<grid_for(rows * packs, kBlock), kBlock, 0, stream>>>(
+            static_cast<T*>(dst), dst_rows, static_cast<const T*>(src), src_rows, rows, packs);
+        FSDP_CHECK_LAUNCH();
+        return;
+      }
       copy_same_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(
           static_cast<T*>(dst), dst_layout, static_cast<const T*>(src), src_layout, n, dc, sc);
       FSDP_CHECK_LAUNCH();

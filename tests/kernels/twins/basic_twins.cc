@@ -54,6 +54,26 @@ void elementwise_and_reductions_case(DType dt) {
   }});
 }
 
+// Copies of views whose last dimension is contiguous (by rows of 16-byte packs on CUDA when
+// every stride allows, one element at a time otherwise): a head slice of a fused
+// projection, a permutation of the outer dimensions, and a slice into a slice; rows of whole
+// packs and rows no pack divides.
+void strided_copy_case(DType dt, int64_t d) {
+  register_twin({"basic", str_cat("strided copies of rows of ", d, " ", dtype_name(dt)), [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const int64_t b = 2, t = 96, heads = 12;
+    const Tensor fused = s.random_native(Shape{b, t, heads, d}, dt, 3, -2, 2);  // (B, T, heads, D)
+    const Tensor slice = fused.slice(2, 4, 10);                                  // (B, T, 6, D)
+    s.output("contiguous(head slice)", ops::contiguous(ctx, slice), Tolerance::exact("a copy"));
+    s.output("contiguous(outer permutation)", ops::contiguous(ctx, fused.permute({1, 0, 2, 3})),
+             Tolerance::exact("a copy"));
+    const Tensor into = s.empty(Shape{b, t, 16, d}, dt);
+    ops::fill(ctx, into, 0.0);
+    ops::copy(ctx, into.slice(2, 3, 9), slice);  // strided on both sides
+    s.output("head slice into a head slice", into, Tolerance::exact("a copy"));
+  }});
+}
+
 // f32 a plus bf16 b of odd and even lengths, at offset 0 (aligned: the packed path where
 // the length allows) and at offset 1 (misaligned: the scalar path).
 void mixed_add_case(int64_t len, int64_t offset) {
@@ -85,6 +105,10 @@ void register_basic_twins() {
   for (int64_t len : {int64_t(1001), int64_t(4096)}) {
     for (int64_t offset : {int64_t(0), int64_t(1)}) mixed_add_case(len, offset);
   }
+  strided_copy_case(DType::bf16, 64);
+  strided_copy_case(DType::f32, 64);
+  strided_copy_case(DType::f64, 2);
+  strided_copy_case(DType::bf16, 6);
   // GPT-2 width (8-wide packs: two 128-bit f32 loads per bf16 pack) and an odd width.
   stream_add_case(4096, 768);
   stream_add_case(300, 100);

@@ -74,6 +74,17 @@ void strided_copy_case(DType dt, int64_t d) {
   }});
 }
 
+// The transposed bytes of a matrix (fp8_param's weights for the input gradient): a tiled
+// transpose on CUDA, of sizes that leave partial tiles.
+void byte_transpose_case() {
+  register_twin({"basic", "contiguous transpose of a (300, 1000) byte matrix", [=](TwinSide& s) {
+    Context& ctx = s.ctx();
+    const Tensor bytes = s.random_native(Shape{300, 500}, DType::bf16, 4, -2, 2).as_bytes();
+    const Tensor m = bytes.view(Shape{300, 1000});  // (300, 1000) u8
+    s.output("contiguous(m^T)", ops::contiguous(ctx, m.transpose(0, 1)), Tolerance::exact("a copy"));
+  }});
+}
+
 // f32 a plus bf16 b of odd and even lengths, at offset 0 (aligned: the packed path where
 // the length allows) and at offset 1 (misaligned: the scalar path).
 void mixed_add_case(int64_t len, int64_t offset) {
@@ -109,6 +120,7 @@ void register_basic_twins() {
   strided_copy_case(DType::f32, 64);
   strided_copy_case(DType::f64, 2);
   strided_copy_case(DType::bf16, 6);
+  byte_transpose_case();
   // GPT-2 width (8-wide packs: two 128-bit f32 loads per bf16 pack) and an odd width.
   stream_add_case(4096, 768);
   stream_add_case(300, 100);

@@ -22,7 +22,7 @@ Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const Opt
     layout.add(r.main.numel());
     on_host += r.main.device().is_cpu() ? 1 : 0;
   }
-  const bool offload = ctx.is_cuda() && on_host > 0;
+  const bool offload = (ctx.is_cuda() || config.offload_on_cpu) && on_host > 0;
   FSDP_CHECK(!offload || on_host == ranges_.size(), ValueError,
              "optimizer: some ranges' master weights are on the host and some on the device");
   FSDP_CHECK(!offload || config.kind == OptimizerKind::adamw, ConfigError,

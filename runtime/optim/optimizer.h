@@ -41,6 +41,9 @@ struct OptimizerConfig {
   double weight_decay = 0.0;
   DType moments_dtype = DType::f32;
   OffloadOptions offload;  // CPU offload only: staging and host threads
+  // Tests only: run the offloaded AdamW on a CPU context too (its copies synchronous), so
+  // layouts that need a GPU per rank can prove its numbers on CPU ranks.
+  bool offload_on_cpu = false;
 };
 
 class Optimizer {

@@ -75,6 +75,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   Fp8Report fp8;
   if (recipe.mixed_precision.fp8) fp8 = apply_fp8(model->blocks(), fp8_plan_of(recipe));
   const FsdpOptions fo = fsdp_options_of(recipe);
+  check_offload_device(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);
   const ShardingPlan& plan = p.plan;
   const MemoryBreakdown& mem = p.fsdp;

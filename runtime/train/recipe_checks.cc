@@ -56,8 +56,6 @@ void check_model_parallel(const Recipe& r) {
   for (const auto& [key, n] : {std::pair<const char*, int>{"model.tensor_model_parallel_size", tp},
                                {"model.context_parallel_size", cp}}) {
     if (n == 1) continue;
-    FSDP_CHECK(!r.optimizer.cpu_offload, ConfigError, "'optimizer.cpu_offload' with '", key,
-               "' ", n, " is not supported yet");
     FSDP_CHECK(!r.train.cuda_graphs, ConfigError, "'train.cuda_graphs' with '", key, "' ", n,
                " is not supported yet (the model-parallel collectives run inside the captured "
                "forward and backward)");

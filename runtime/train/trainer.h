@@ -60,6 +60,9 @@ struct TrainerOptions {
   // Tests only: run mixed_precision.fp8 on the CPU, whose kernels simulate FP8 with the
   // GPU's bytes and scales (kernels/fp8_ops.h); a CPU run refuses fp8 otherwise.
   bool simulate_fp8_on_cpu = false;
+  // Tests only: run optimizer.cpu_offload on the CPU through the offloaded optimizer
+  // (OptimizerConfig::offload_on_cpu); a CPU run refuses cpu_offload otherwise.
+  bool offload_on_cpu = false;
   // Called once with the first communication failure's message (WorldOptions::on_failure).
   std::function<void(const std::string&)> on_comm_failure;
 };

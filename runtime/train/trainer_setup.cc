@@ -38,6 +38,12 @@ models::ModelConfig model_config_of(const Recipe& r) {
   return c.resolved();
 }
 
+void check_offload_device(const Recipe& r, bool offload_on_cpu) {
+  FSDP_CHECK(!r.optimizer.cpu_offload || device_type_of(r) == DeviceType::CUDA || offload_on_cpu,
+             ConfigError, "optimizer.cpu_offload needs dist.device=cuda (on the CPU every buffer "
+             "is in host memory already)");
+}
+
 FsdpOptions fsdp_options_of(const Recipe& r) {
   FsdpOptions o;
   o.strategy = strategy_from_name(r.ddp.data_parallel_sharding_strategy);
@@ -58,9 +64,6 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   o.seed = uint64_t(r.run.seed);
   o.overlap_gather = r.ddp.overlap_param_gather;
   o.overlap_reduce = r.ddp.overlap_grad_reduce;
-  FSDP_CHECK(!r.optimizer.cpu_offload || gpu, ConfigError,
-             "optimizer.cpu_offload needs dist.device=cuda (on the CPU every buffer is in host "
-             "memory already)");
   o.offload_main = r.optimizer.cpu_offload;
   o.fp8_param = r.mixed_precision.fp8 && r.mixed_precision.fp8_param;
   // The MPI backend registers nothing: on the CPU the option would only round buffers up.

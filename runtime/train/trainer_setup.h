@@ -20,6 +20,9 @@ namespace fsdp::train {
 models::ModelConfig model_config_of(const Recipe& r);
 // FSDP options for a recipe whose device has been resolved.
 FsdpOptions fsdp_options_of(const Recipe& r);
+// ConfigError for optimizer.cpu_offload on the CPU (every buffer is in host memory there),
+// unless offload_on_cpu (tests only: TrainerOptions::offload_on_cpu).
+void check_offload_device(const Recipe& r, bool offload_on_cpu = false);
 OptimizerConfig optimizer_config_of(const Recipe& r);
 models::Recompute recompute_of(const Recipe& r);
 // The device a recipe runs on, once resolved (dist.device "cpu" or "cuda", not "auto").

@@ -22,6 +22,7 @@ void Trainer::State::setup_world() {
   const Mesh planned(mesh_sizes_of(recipe), launch.size);
   (void)model_config_of(recipe);
   (void)fsdp_options_of(recipe);
+  check_offload_device(recipe, options.offload_on_cpu);
   (void)optimizer_config_of(recipe);
   const int planned_dp = recipe.dist.dp_outer * recipe.dist.dp_shard;
   const CudaGraphPlan graph_plan =
@@ -146,6 +147,7 @@ void Trainer::State::setup_model_and_sharding() {
   fsdp_options.time_collectives = options.time_collectives;
   sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, fsdp_options.strategy), fsdp_options);
   OptimizerConfig optimizer_config = optimizer_config_of(recipe);
+  optimizer_config.offload_on_cpu = options.offload_on_cpu && recipe.optimizer.cpu_offload;
   // CPU offload: the ranks on this host share its cores.
   optimizer_config.offload.threads = host_threads_per_process(world->local_size());
   if (recipe.optimizer.overlap_cpu_offload) {

@@ -17,6 +17,7 @@
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/expert_parallel_layout.h"
+#include "runtime/nn/pending_transfer.h"
 
 namespace fsdp::nn {
 
@@ -35,6 +36,13 @@ class ExpertParallelGroup {
   // stream.
   virtual void exchange_rows(Context& ctx, const Tensor& send, const std::vector<size_t>& send_rows,
                              const Tensor& recv, const std::vector<size_t>& recv_rows) = 0;
+  // exchange_rows, started now and finished by the returned transfer: on a GPU it runs beside
+  // ctx's stream, so that the caller computes meanwhile (neither tensor may be read or
+  // written until finish()). By default, and on the CPU, it completes here.
+  virtual std::unique_ptr<PendingTransfer> start_exchange_rows(Context& ctx, const Tensor& send,
+                                                               const std::vector<size_t>& send_rows,
+                                                               const Tensor& recv,
+                                                               const std::vector<size_t>& recv_rows);
 };
 
 // One dispatch's plan, shared with the combine that returns its rows.
@@ -58,6 +66,22 @@ Tensor rows_to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExc
                        const Tensor& x);
 Tensor rows_from_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& exchange,
                          const Tensor& y);
+
+// rows_to_experts in two halves, so that the caller computes while the rows travel (the MoE
+// layer's shared expert): start() sends x's rows, finish() makes ctx's stream wait for them
+// and returns them regrouped expert-major (R', C). Keeps x's rows and the plan alive until
+// finish().
+class RowsToExperts {
+ public:
+  static RowsToExperts start(Context& ctx, ExpertParallelGroup& group,
+                             std::shared_ptr<const ExpertExchange> exchange, const Tensor& x);
+  Tensor finish(Context& ctx);
+
+ private:
+  std::shared_ptr<const ExpertExchange> exchange_;
+  Tensor send_, recv_;
+  std::unique_ptr<PendingTransfer> pending_;
+};
 
 // x_sorted (R, C) with counts (E) rows per expert -> (R', C) and the plan (into *exchange).
 // Backward: the gradient goes back the same way. The counts are exchanged first.

@@ -28,7 +28,8 @@ void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, cons
 
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& o, const Tensor& expert_bias,
-           MoeStats* stats, bool recompute_activation, const MoeGroups& groups) {
+           MoeStats* stats, bool recompute_activation, const MoeGroups& groups,
+           const std::function<void()>& beside_dispatch) {
   Context& ctx = g.ctx();
   ExpertParallelGroup* ep = groups.experts;
   const Tensor& w_router = router.checked_data();  // (E, C)
@@ -87,7 +88,11 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   if (ep) {
     exchange = plan_expert_exchange(ctx, counts, layout, *ep);
     local_counts = exchange->regroup.expert_counts;
-    xe = rows_to_experts(ctx, *ep, *exchange, xs);
+    RowsToExperts dispatch = RowsToExperts::start(ctx, *ep, exchange, xs);
+    if (beside_dispatch) beside_dispatch();
+    xe = dispatch.finish(ctx);
+  } else if (beside_dispatch) {
+    beside_dispatch();
   }
   const int64_t Re = xe.size(0);
   const Tensor h = ctx.empty(Shape{Re, h_f}, cd);  // (R', F or 2F) the activation's input
@@ -232,9 +237,13 @@ MoELayer::MoELayer(int64_t dim, const MoeOptions& options, int64_t shared_hidden
 Tensor MoELayer::compute(Graph& g, const Tensor& x) {
   if (options_.expert_bias && !expert_bias_.defined())
     expert_bias_ = ops::zeros(g.ctx(), Shape{options_.experts}, DType::f32);
+  // The shared expert runs while the routed rows travel to their experts.
+  Tensor shared;  // (..., C)
+  std::function<void()> run_shared;
+  if (shared_expert) run_shared = [&] { shared = (*shared_expert)(g, x); };
   Tensor y = moe(g, x, router.weight(), experts.fc(), experts.proj(), activation_, options_,
-                 expert_bias_, &stats_, recompute_activation, groups_);  // (..., C)
-  if (shared_expert) y = add(g, y, (*shared_expert)(g, x));
+                 expert_bias_, &stats_, recompute_activation, groups_, run_shared);  // (..., C)
+  if (shared.defined()) y = add(g, y, shared);
   return y;
 }
 

@@ -24,6 +24,8 @@
 // device (the step reads them once).
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -76,6 +78,11 @@ struct MoeStats {
 // (each holding E / ep of the experts, fc and proj their slices), and the ranks that split
 // every sequence with this one (context parallelism, and tensor parallelism's sequence
 // split; MoeLossOptions).
+//
+// `beside_dispatch`, when given, runs while the rows travel to their experts' ranks (under
+// expert parallelism on GPUs the exchange runs beside it; elsewhere the rows have arrived):
+// the layer computes its shared expert there. It runs at that point with or without expert
+// parallelism, so every layout records the same tape.
 struct MoeGroups {
   ExpertParallelGroup* experts = nullptr;
   TensorParallelGroup* context = nullptr;
@@ -83,7 +90,8 @@ struct MoeGroups {
 };
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& options, const Tensor& expert_bias,
-           MoeStats* stats, bool recompute_activation = false, const MoeGroups& groups = {});
+           MoeStats* stats, bool recompute_activation = false, const MoeGroups& groups = {},
+           const std::function<void()>& beside_dispatch = {});
 
 // The expert weights of one layer, as one module so that they are named experts.*.
 class ExpertWeights : public Module {

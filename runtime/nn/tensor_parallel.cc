@@ -100,12 +100,6 @@ Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group) {
   return record(g, x, gather_sequence(g.ctx(), x, group), "sequence_gather", group, split_sequence);
 }
 
-namespace {
-struct CompletedTransfer : PendingTransfer {
-  void finish(Context&) override {}
-};
-}  // namespace
-
 std::unique_ptr<PendingTransfer> TensorParallelGroup::start_send_recv(Context& ctx,
                                                                       const Tensor& send, int to,
                                                                       const Tensor& recv, int from) {

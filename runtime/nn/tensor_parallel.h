@@ -22,18 +22,11 @@
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/parameter.h"
+#include "runtime/nn/pending_transfer.h"
 
 namespace fsdp::nn {
 
 using autograd::Graph;
-
-// A ring step started by TensorParallelGroup::start_send_recv. finish() makes ctx's stream
-// wait for it: the received tensor is then ready and the sent one may be written again.
-class PendingTransfer {
- public:
-  virtual ~PendingTransfer() = default;
-  virtual void finish(Context& ctx) = 0;
-};
 
 class TensorParallelGroup {
  public:

@@ -23,6 +23,24 @@ void CommunicatorExpertParallelGroup::exchange_rows(Context& ctx, const Tensor& 
                                                     const std::vector<size_t>& send_rows,
                                                     const Tensor& recv,
                                                     const std::vector<size_t>& recv_rows) {
+  issue_exchange_rows(send, send_rows, recv, recv_rows, ctx.stream());
+}
+
+std::unique_ptr<nn::PendingTransfer> CommunicatorExpertParallelGroup::start_exchange_rows(
+    Context& ctx, const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
+    const std::vector<size_t>& recv_rows) {
+  if (!ctx.is_cuda())
+    return nn::ExpertParallelGroup::start_exchange_rows(ctx, send, send_rows, recv, recv_rows);
+  auto t = std::make_unique<CommunicatorTransfer>();
+  t->work.push_back(issue_exchange_rows(send, send_rows, recv, recv_rows, transfers_.after(ctx)));
+  return t;
+}
+
+Work CommunicatorExpertParallelGroup::issue_exchange_rows(const Tensor& send,
+                                                          const std::vector<size_t>& send_rows,
+                                                          const Tensor& recv,
+                                                          const std::vector<size_t>& recv_rows,
+                                                          const Stream& stream) {
   FSDP_CHECK(send.is_contiguous() && recv.is_contiguous() && send.dim() == 2 && recv.dim() == 2 &&
                  send.size(1) == recv.size(1) && send.dtype() == recv.dtype(),
              ShapeError, "exchange_rows on group '", comm_.name(), "': ", send.str(), " and ",
@@ -31,8 +49,9 @@ void CommunicatorExpertParallelGroup::exchange_rows(Context& ctx, const Tensor& 
   std::vector<size_t> send_counts, recv_counts;
   for (size_t r : send_rows) send_counts.push_back(r * width);
   for (size_t r : recv_rows) recv_counts.push_back(r * width);
-  comm_.all_to_all(send.numel() ? send.data_ptr() : nullptr, send_counts,
-                   recv.numel() ? recv.data_ptr() : nullptr, recv_counts, send.dtype(), ctx.stream());
+  return comm_.all_to_all(send.numel() ? send.data_ptr() : nullptr, send_counts,
+                          recv.numel() ? recv.data_ptr() : nullptr, recv_counts, send.dtype(),
+                          stream);
 }
 
 std::vector<int64_t> PlanningExpertParallelGroup::exchange_counts(Context&,

@@ -11,6 +11,7 @@
 #include "collectives/communicator.h"
 #include "runtime/nn/expert_parallel.h"
 #include "runtime/nn/module.h"
+#include "runtime/parallel/transfer_stream.h"
 
 namespace fsdp {
 
@@ -23,9 +24,21 @@ class CommunicatorExpertParallelGroup : public nn::ExpertParallelGroup {
   std::vector<int64_t> exchange_counts(Context& ctx, const std::vector<int64_t>& counts) override;
   void exchange_rows(Context& ctx, const Tensor& send, const std::vector<size_t>& send_rows,
                      const Tensor& recv, const std::vector<size_t>& recv_rows) override;
+  // On a GPU: the all-to-all on the group's own stream, after what ctx's stream has queued
+  // so far (the MoE layer's shared expert runs meanwhile).
+  std::unique_ptr<nn::PendingTransfer> start_exchange_rows(Context& ctx, const Tensor& send,
+                                                           const std::vector<size_t>& send_rows,
+                                                           const Tensor& recv,
+                                                           const std::vector<size_t>& recv_rows) override;
 
  private:
+  // The all-to-all of exchange_rows, queued on `stream`.
+  Work issue_exchange_rows(const Tensor& send, const std::vector<size_t>& send_rows,
+                           const Tensor& recv, const std::vector<size_t>& recv_rows,
+                           const Stream& stream);
+
   Communicator& comm_;
+  TransferStream transfers_;  // the overlapped exchanges' stream
 };
 
 // A group that only plans (the dry run, memory estimates): rank `rank` of `size`, never

@@ -45,13 +45,6 @@ std::vector<Work> issue_send_recv(Communicator& comm, const Tensor& send, int to
   return work;
 }
 
-struct CommunicatorTransfer : nn::PendingTransfer {
-  std::vector<Work> work;
-  void finish(Context& ctx) override {
-    for (const Work& w : work) w.wait(ctx.stream());
-  }
-};
-
 }  // namespace
 
 void CommunicatorTensorParallelGroup::send_recv(Context& ctx, const Tensor& send, int to,
@@ -60,22 +53,12 @@ void CommunicatorTensorParallelGroup::send_recv(Context& ctx, const Tensor& send
   issue_send_recv(comm_, send, to, recv, from, ctx.stream());
 }
 
-const Stream& CommunicatorTensorParallelGroup::transfer_stream_after(Context& ctx) {
-  if (!transfer_stream_.is_cuda())
-    transfer_stream_ = Stream::create_cuda(ctx.device().index, -1);
-  // The transfer starts once ctx's stream has produced what it sends.
-  Event ready;
-  ready.record(ctx.stream());
-  transfer_stream_.wait(ready);
-  return transfer_stream_;
-}
-
 std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_send_recv(
     Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) {
   if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_send_recv(ctx, send, to, recv, from);
   check_transfer(comm_, send, recv);
   auto t = std::make_unique<CommunicatorTransfer>();
-  t->work = issue_send_recv(comm_, send, to, recv, from, transfer_stream_after(ctx));
+  t->work = issue_send_recv(comm_, send, to, recv, from, transfers_.after(ctx));
   return t;
 }
 
@@ -83,7 +66,7 @@ std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_all_
     Context& ctx, const Tensor& out, const Tensor& in) {
   if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_all_gather(ctx, out, in);
   auto t = std::make_unique<CommunicatorTransfer>();
-  t->work.push_back(comm_.all_gather(out, in, transfer_stream_after(ctx)));
+  t->work.push_back(comm_.all_gather(out, in, transfers_.after(ctx)));
   return t;
 }
 
@@ -91,7 +74,7 @@ std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_redu
     Context& ctx, const Tensor& out, const Tensor& in) {
   if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_reduce_scatter_sum(ctx, out, in);
   auto t = std::make_unique<CommunicatorTransfer>();
-  t->work.push_back(comm_.reduce_scatter(out, in, ReduceOp::Sum, transfer_stream_after(ctx)));
+  t->work.push_back(comm_.reduce_scatter(out, in, ReduceOp::Sum, transfers_.after(ctx)));
   return t;
 }
 
@@ -99,7 +82,7 @@ std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_all_
     Context& ctx, const Tensor& t) {
   if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_all_reduce_sum(ctx, t);
   auto transfer = std::make_unique<CommunicatorTransfer>();
-  transfer->work.push_back(comm_.all_reduce(t, ReduceOp::Sum, transfer_stream_after(ctx)));
+  transfer->work.push_back(comm_.all_reduce(t, ReduceOp::Sum, transfers_.after(ctx)));
   return transfer;
 }
 

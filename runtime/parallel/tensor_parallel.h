@@ -40,6 +40,7 @@
 #include "collectives/communicator.h"
 #include "runtime/nn/module.h"
 #include "runtime/nn/tensor_parallel.h"
+#include "runtime/parallel/transfer_stream.h"
 
 namespace fsdp {
 
@@ -67,11 +68,8 @@ class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
   std::unique_ptr<nn::PendingTransfer> start_all_reduce_sum(Context& ctx, const Tensor& t) override;
 
  private:
-  // The group's own stream, waiting for what ctx's stream has queued so far.
-  const Stream& transfer_stream_after(Context& ctx);
-
   Communicator& comm_;
-  Stream transfer_stream_;  // created at the first GPU transfer
+  TransferStream transfers_;  // the overlapped transfers' stream
 };
 
 // A group that only plans (the dry run, memory estimates): rank `rank` of `size`, never

@@ -2,13 +2,16 @@
 // differences in f64 (input, router, experts, shared expert; every balancing loss and the
 // z-loss, softmax and sigmoid scores, k = 1 and 2, an expert that gets no token, an expert
 // bias), the losses' values on hand-made routings, the expert-bias update, and one expert
-// with k = 1 equal to the dense MLP.
+// with k = 1 equal to the dense MLP; under expert parallelism, the shared expert between
+// the dispatch's start and its end.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/ops.h"
+#include "runtime/nn/expert_parallel.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/init.h"
 #include "runtime/nn/moe.h"
@@ -203,6 +206,74 @@ TEST_CASE("moe layer: one expert with k = 1 is the dense MLP", "[nn][moe]") {
   autograd::NoGradGuard no_grad(g);
   const ops::Difference d = ops::compare(ctx, layer(g, x), dense(g, x));
   CHECK(d.max_abs < 1e-14);
+}
+
+// An expert-parallel group of one that copies and writes down what the layer asks of it.
+struct RecordingExpertGroup : nn::ExpertParallelGroup {
+  std::vector<std::string>* events;
+  explicit RecordingExpertGroup(std::vector<std::string>* e) : events(e) {}
+  int size() const override { return 1; }
+  int rank() const override { return 0; }
+  std::vector<int64_t> exchange_counts(Context&, const std::vector<int64_t>& counts) override {
+    events->push_back("counts");
+    return counts;
+  }
+  void exchange_rows(Context& ctx, const Tensor& send, const std::vector<size_t>&,
+                     const Tensor& recv, const std::vector<size_t>&) override {
+    events->push_back("rows");
+    ops::copy(ctx, recv, send);
+  }
+  struct Pending : nn::PendingTransfer {
+    std::vector<std::string>* events;
+    explicit Pending(std::vector<std::string>* e) : events(e) {}
+    void finish(Context&) override { events->push_back("rows arrived"); }
+  };
+  std::unique_ptr<nn::PendingTransfer> start_exchange_rows(
+      Context& ctx, const Tensor& send, const std::vector<size_t>&, const Tensor& recv,
+      const std::vector<size_t>&) override {
+    events->push_back("rows started");
+    ops::copy(ctx, recv, send);
+    return std::make_unique<Pending>(events);
+  }
+};
+
+// Under expert parallelism the shared expert runs between the dispatch's start and its end
+// (on GPUs the all-to-all runs beside it), and the layer computes what it computes without
+// the group; backward exchanges the rows' gradients both ways.
+TEST_CASE("moe layer: the shared expert runs while the rows travel to their experts",
+          "[nn][moe]") {
+  Context ctx;
+  MoeOptions o;
+  o.experts = kE;
+  o.top_k = 2;
+  o.hidden = kF;
+  const nn::InitRule init = nn::InitRule::normal(0, 0.5);
+  nn::MoELayer plain(kC, o, kShared, MlpActivation::SwiGLU, init, init);
+  nn::MoELayer parallel(kC, o, kShared, MlpActivation::SwiGLU, init, init);
+  setup(ctx, plain, 4);
+  setup(ctx, parallel, 4);
+  std::vector<std::string> events;
+  RecordingExpertGroup group(&events);
+  parallel.set_expert_parallel(&group);
+  parallel.shared_expert->add_hook(nn::HookPoint::PreForward, [&](nn::Module&, Graph& g) {
+    if (!g.recomputing()) events.push_back("shared expert");
+  });
+  const Tensor x = inputs(ctx, 6);
+  auto run = [&](nn::MoELayer& layer) {
+    Graph g(ctx);
+    const Tensor xl = Graph::leaf(ops::clone(ctx, x));
+    const Tensor y = layer(g, xl);
+    Tensor dy = ctx.empty(y.shape(), DType::f64);
+    fill_random(ctx, dy, 8, 1.0);
+    if (&layer == &parallel) events.push_back("backward");
+    g.backward(y, dy);
+    return std::make_pair(ops::clone(ctx, y), ops::clone(ctx, Graph::grad(xl)));
+  };
+  const auto want = run(plain), got = run(parallel);
+  CHECK(events == std::vector<std::string>{"counts", "rows started", "shared expert",
+                                           "rows arrived", "rows", "backward", "rows", "rows"});
+  CHECK(ops::compare(ctx, got.first, want.first).max_abs == 0.0);
+  CHECK(ops::compare(ctx, got.second, want.second).max_abs == 0.0);
 }
 
 TEST_CASE("moe layer: the expert bias moves toward the mean count", "[nn][moe]") {

@@ -15,6 +15,8 @@
 #include "kernels/ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/nn/expert_parallel.h"
+#include "runtime/nn/init.h"
+#include "runtime/nn/moe.h"
 #include "runtime/parallel/expert_parallel.h"
 #include "tests/mpi_world.h"
 #include "tests/test_support.h"
@@ -185,6 +187,46 @@ TEST_CASE("CUDA expert dispatch and combine over NCCL match the CPU's", "[parall
   REQUIRE(got.second.size() == want.second.size());
   for (size_t i = 0; i < want.first.size(); ++i) CHECK(got.first[i] == Approx(want.first[i]).margin(1e-4));
   for (size_t i = 0; i < want.second.size(); ++i) CHECK(got.second[i] == Approx(want.second[i]).margin(1e-4));
+}
+
+// The MoE layer on one GPU with its shared expert computed while the rows travel over a real
+// NCCL group of one (the all-to-all on the group's own stream): the output and the input's
+// gradient are the layer's without the group.
+TEST_CASE("CUDA MoE layer with the shared expert beside the dispatch matches it without",
+          "[parallel][gpu]") {
+  FSDP_REQUIRE_GPU();
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  World world(options);
+  if (world.size() != 1) return;  // a group of one: this process alone
+  CommunicatorExpertParallelGroup nccl_group(world.comm());
+  Context gpu(world.device());
+  nn::MoeOptions o;
+  o.experts = 8;
+  o.top_k = 2;
+  o.hidden = 96;
+  const int64_t B = 2, T = 64, C = 128;
+  const nn::InitRule init = nn::InitRule::normal(0, 0.05);
+  std::vector<double> xs(static_cast<size_t>(B * T * C)), dys(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37 * double(i));
+  for (size_t i = 0; i < dys.size(); ++i) dys[i] = std::cos(0.11 * double(i));
+  auto run = [&](nn::ExpertParallelGroup* group) {
+    nn::MoELayer layer(C, o, 160, nn::MlpActivation::SwiGLU, init, init);
+    nn::materialize(gpu, layer, DType::f32, 7);
+    if (group) layer.set_expert_parallel(group);
+    autograd::Graph g(gpu);
+    const Tensor x = autograd::Graph::leaf(ops::from_vector(gpu, xs, Shape{B, T, C}, DType::f32));
+    const Tensor y = layer(g, x);
+    g.backward(y, ops::from_vector(gpu, dys, Shape{B, T, C}, DType::f32));
+    return std::make_pair(ops::to_vector<float>(gpu, y),
+                          ops::to_vector<float>(gpu, autograd::Graph::grad(x)));
+  };
+  const auto want = run(nullptr), got = run(&nccl_group);
+  REQUIRE(got.first.size() == want.first.size());
+  REQUIRE(got.second.size() == want.second.size());
+  for (size_t i = 0; i < want.first.size(); ++i) CHECK(got.first[i] == Approx(want.first[i]).margin(1e-6));
+  for (size_t i = 0; i < want.second.size(); ++i) CHECK(got.second[i] == Approx(want.second[i]).margin(1e-6));
 }
 
 }  // namespace

@@ -20,20 +20,6 @@ Tensor gather_rows(Context& ctx, const Tensor& x, const Tensor& map) {
   return out;
 }
 
-// The buffer that receives recv_rows[s] rows of x's width from each rank s.
-Tensor received_rows(Context& ctx, const Tensor& x, const std::vector<size_t>& recv_rows) {
-  return ctx.empty(Shape{int64_t(total(recv_rows)), x.size(1)}, x.dtype());
-}
-
-// The rows of x (contiguous), send_rows[p] for rank p, exchanged: recv_rows[s] from rank s.
-Tensor exchange(Context& ctx, ExpertParallelGroup& group, const Tensor& x,
-                const std::vector<size_t>& send_rows, const std::vector<size_t>& recv_rows) {
-  const Tensor send = ops::contiguous(ctx, x);
-  const Tensor recv = received_rows(ctx, x, recv_rows);
-  group.exchange_rows(ctx, send, send_rows, recv, recv_rows);
-  return recv;
-}
-
 void check_rows(const Tensor& x, int64_t rows, const char* what, const char* role) {
   FSDP_CHECK(x.dim() == 2 && x.size(0) == rows, ShapeError, what, ": ", role, " ", x.str(),
              " must be (", rows, ", C)");
@@ -48,41 +34,47 @@ std::unique_ptr<PendingTransfer> ExpertParallelGroup::start_exchange_rows(
   return std::make_unique<CompletedTransfer>();
 }
 
+// The rows of x, send_rows[p] for rank p, on their way: recv_rows[s] from rank s.
+PendingRows::PendingRows(Context& ctx, ExpertParallelGroup& group, const Tensor& x,
+                         const std::vector<size_t>& send_rows,
+                         const std::vector<size_t>& recv_rows, Tensor regroup)
+    : send_(ops::contiguous(ctx, x)),
+      recv_(ctx.empty(Shape{int64_t(total(recv_rows)), x.size(1)}, x.dtype())),
+      regroup_(std::move(regroup)) {
+  pending_ = group.start_exchange_rows(ctx, send_, send_rows, recv_, recv_rows);
+}
+
 // From the rows' ranks to the experts' (source-major, then regrouped expert-major).
-Tensor rows_to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e,
-                       const Tensor& x) {
+PendingRows PendingRows::to_experts(Context& ctx, ExpertParallelGroup& group,
+                                    const ExpertExchange& e, const Tensor& x) {
   check_rows(x, int64_t(total(e.send_rows)), "rows_to_experts", "x");
-  return gather_rows(ctx, exchange(ctx, group, x, e.send_rows, e.regroup.recv_counts), e.gather);
+  return PendingRows(ctx, group, x, e.send_rows, e.regroup.recv_counts, e.gather);
 }
 
-RowsToExperts RowsToExperts::start(Context& ctx, ExpertParallelGroup& group,
-                                   std::shared_ptr<const ExpertExchange> exchange,
-                                   const Tensor& x) {
-  FSDP_CHECK(exchange != nullptr, ValueError, "RowsToExperts: no dispatch plan");
-  check_rows(x, int64_t(total(exchange->send_rows)), "RowsToExperts", "x");
-  RowsToExperts r;
-  r.send_ = ops::contiguous(ctx, x);
-  r.recv_ = received_rows(ctx, x, exchange->regroup.recv_counts);
-  r.pending_ = group.start_exchange_rows(ctx, r.send_, exchange->send_rows, r.recv_,
-                                         exchange->regroup.recv_counts);
-  r.exchange_ = std::move(exchange);
-  return r;
+// From the experts' ranks back to the rows' own (regrouped source-major before sending).
+PendingRows PendingRows::from_experts(Context& ctx, ExpertParallelGroup& group,
+                                      const ExpertExchange& e, const Tensor& y) {
+  check_rows(y, int64_t(e.regroup.gather.size()), "rows_from_experts", "y");
+  return PendingRows(ctx, group, gather_rows(ctx, ops::contiguous(ctx, y), e.scatter),
+                     e.regroup.recv_counts, e.send_rows, Tensor());
 }
 
-Tensor RowsToExperts::finish(Context& ctx) {
-  FSDP_CHECK(pending_ != nullptr, ValueError, "RowsToExperts::finish: not started, or finished");
+Tensor PendingRows::finish(Context& ctx) {
+  FSDP_CHECK(pending_ != nullptr, ValueError, "PendingRows::finish: already finished");
   pending_->finish(ctx);
   pending_.reset();
   send_ = Tensor();
-  return gather_rows(ctx, recv_, exchange_->gather);  // (R', C)
+  return regroup_.defined() ? gather_rows(ctx, recv_, regroup_) : recv_;
 }
 
-// From the experts' ranks back to the rows' own.
+Tensor rows_to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e,
+                       const Tensor& x) {
+  return PendingRows::to_experts(ctx, group, e, x).finish(ctx);
+}
+
 Tensor rows_from_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e,
                          const Tensor& y) {
-  check_rows(y, int64_t(e.regroup.gather.size()), "rows_from_experts", "y");
-  return exchange(ctx, group, gather_rows(ctx, ops::contiguous(ctx, y), e.scatter),
-                  e.regroup.recv_counts, e.send_rows);
+  return PendingRows::from_experts(ctx, group, e, y).finish(ctx);
 }
 
 std::shared_ptr<const ExpertExchange> plan_expert_exchange(Context& ctx,

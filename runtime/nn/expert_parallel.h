@@ -67,19 +67,24 @@ Tensor rows_to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExc
 Tensor rows_from_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& exchange,
                          const Tensor& y);
 
-// rows_to_experts in two halves, so that the caller computes while the rows travel (the MoE
-// layer's shared expert): start() sends x's rows, finish() makes ctx's stream wait for them
-// and returns them regrouped expert-major (R', C). Keeps x's rows and the plan alive until
-// finish().
-class RowsToExperts {
+// The same exchanges in two halves, so that the caller computes while the rows travel (the
+// MoE layer's shared expert, its router's backward): start sends, finish() makes ctx's stream
+// wait for the rows and returns them as the one-call version does. Keeps the rows it sends
+// alive until finish().
+class PendingRows {
  public:
-  static RowsToExperts start(Context& ctx, ExpertParallelGroup& group,
-                             std::shared_ptr<const ExpertExchange> exchange, const Tensor& x);
+  static PendingRows to_experts(Context& ctx, ExpertParallelGroup& group,
+                                const ExpertExchange& exchange, const Tensor& x);
+  static PendingRows from_experts(Context& ctx, ExpertParallelGroup& group,
+                                  const ExpertExchange& exchange, const Tensor& y);
   Tensor finish(Context& ctx);
 
  private:
-  std::shared_ptr<const ExpertExchange> exchange_;
+  PendingRows(Context& ctx, ExpertParallelGroup& group, const Tensor& x,
+              const std::vector<size_t>& send_rows, const std::vector<size_t>& recv_rows,
+              Tensor regroup);
   Tensor send_, recv_;
+  Tensor regroup_;  // to_experts: the map from source-major to expert-major rows
   std::unique_ptr<PendingTransfer> pending_;
 };
 

@@ -5,6 +5,7 @@
 #include "runtime/nn/moe.h"
 
 #include <cmath>
+#include <optional>
 
 #include "kernels/ops.h"
 #include "runtime/nn/expert_parallel.h"
@@ -88,7 +89,7 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   if (ep) {
     exchange = plan_expert_exchange(ctx, counts, layout, *ep);
     local_counts = exchange->regroup.expert_counts;
-    RowsToExperts dispatch = RowsToExperts::start(ctx, *ep, exchange, xs);
+    PendingRows dispatch = PendingRows::to_experts(ctx, *ep, *exchange, xs);
     if (beside_dispatch) beside_dispatch();
     xe = dispatch.finish(ctx);
   } else if (beside_dispatch) {
@@ -141,13 +142,24 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
              const Tensor dys = ctx.empty(Shape{R, C}, cd);
              const Tensor dweights = ctx.empty(weights.shape(), sd);
              ops::moe_unpermute_backward(ctx, dys, dweights, dy, ys, weights, dest);
-             // Expert parallelism: the rows' gradients go to their experts' ranks.
-             const Tensor dye = ep ? rows_to_experts(ctx, *ep, *exchange, dys) : dys;  // (R', C)
+             // Expert parallelism: the rows' gradients go to their experts' ranks while the
+             // activation is recomputed and the router's backward runs.
+             std::optional<PendingRows> to_experts;
+             if (ep) to_experts.emplace(PendingRows::to_experts(ctx, *ep, *exchange, dys));
              Tensor a = saved_a;
              if (!a.defined()) {
                a = ctx.empty(Shape{Re, f}, cd);  // (R', F), recomputed
                activation_forward(ctx, activation, a, h);
              }
+             // The router: dlogits (N, E) from the weights' gradient and the balancing loss's
+             // gradient of the scores, plus the z-loss's gradient of the logits.
+             const Tensor dlogits = ctx.empty(Shape{N, E}, cd);
+             ops::moe_router_backward(ctx, dlogits, dweights, scores, indices, ro, dscores);
+             if (dlogits_z.defined()) ops::axpby(ctx, dlogits, 1.0, dlogits_z, 1.0);
+             // drouter (E, C) += dlogits^T @ x
+             ops::matmul(ctx, router.grad_for_accumulation(ctx), dlogits, x2, true, false, 1.0,
+                         1.0);
+             const Tensor dye = to_experts ? to_experts->finish(ctx) : dys;  // (R', C)
              // proj: da (R', F) = dye_e @ proj_e; dproj_e (C, F) += dye_e^T @ a_e
              const Tensor da = ctx.empty(Shape{Re, f}, cd);
              ops::moe_grouped_matmul_backward(ctx, da, proj.grad_for_accumulation(ctx), dye, a,
@@ -164,14 +176,6 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
                                               fc.checked_data(), local_counts, true);
              // ... and the inputs' gradients come back to the rows' ranks (R, C).
              const Tensor dxs = ep ? rows_from_experts(ctx, *ep, *exchange, dxe) : dxe;
-             // The router: dlogits (N, E) from the weights' gradient and the balancing loss's
-             // gradient of the scores, plus the z-loss's gradient of the logits.
-             const Tensor dlogits = ctx.empty(Shape{N, E}, cd);
-             ops::moe_router_backward(ctx, dlogits, dweights, scores, indices, ro, dscores);
-             if (dlogits_z.defined()) ops::axpby(ctx, dlogits, 1.0, dlogits_z, 1.0);
-             // drouter (E, C) += dlogits^T @ x
-             ops::matmul(ctx, router.grad_for_accumulation(ctx), dlogits, x2, true, false, 1.0,
-                         1.0);
              const autograd::GradSink sx = g.grad_sink(tx);
              if (!sx.defined()) return;
              // dx (N, C) (+)= the sum of each token's k rows of dxs, + dlogits @ W_router

@@ -138,15 +138,20 @@ struct LocalExpertGroup : nn::ExpertParallelGroup {
   }
 };
 
+// The GPU cases' world: NCCL, quiet.
+WorldOptions nccl_options() {
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  return options;
+}
+
 // On one GPU through a real NCCL group of one (the counts through device memory, the rows by
 // grouped sends and receives to itself): dispatch, a grouped matmul and combine, forward and
 // backward, against the CPU's.
 TEST_CASE("CUDA expert dispatch and combine over NCCL match the CPU's", "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
-  WorldOptions options;
-  options.backend = Backend::Nccl;
-  options.print_summary = false;
-  World world(options);
+  World world(nccl_options());
   if (world.size() != 1) return;  // a group of one: this process alone
   CommunicatorExpertParallelGroup nccl_group(world.comm());
   LocalExpertGroup local_group;
@@ -195,10 +200,7 @@ TEST_CASE("CUDA expert dispatch and combine over NCCL match the CPU's", "[parall
 TEST_CASE("CUDA MoE layer with the shared expert beside the dispatch matches it without",
           "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
-  WorldOptions options;
-  options.backend = Backend::Nccl;
-  options.print_summary = false;
-  World world(options);
+  World world(nccl_options());
   if (world.size() != 1) return;  // a group of one: this process alone
   CommunicatorExpertParallelGroup nccl_group(world.comm());
   Context gpu(world.device());

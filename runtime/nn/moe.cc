@@ -102,9 +102,9 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   activation_forward(ctx, activation, a, h);
   Tensor ys = ctx.empty(Shape{Re, C}, cd);  // (R', C) each row's expert output
   ops::moe_grouped_matmul(ctx, ys, a, w_proj, local_counts);
-  if (ep) ys = rows_from_experts(ctx, *ep, *exchange, ys);  // (R, C)
-  Tensor y = ctx.empty(x.shape(), cd);  // (..., C)
-  ops::moe_unpermute(ctx, y.view(Shape{N, C}), ys, weights, dest);
+  // Expert parallelism: the outputs go home while the auxiliary losses are computed.
+  std::optional<PendingRows> combine;
+  if (ep) combine.emplace(PendingRows::from_experts(ctx, *ep, *exchange, ys));
 
   // The auxiliary losses and their gradients, on the device.
   MoeLossOptions lo;
@@ -116,6 +116,10 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   lo.context_group = groups.context;
   lo.sequence_group = groups.sequence;
   const MoeLosses losses = moe_losses(ctx, scores, logits, indices, lo);
+
+  if (combine) ys = combine->finish(ctx);  // (R, C)
+  Tensor y = ctx.empty(x.shape(), cd);  // (..., C)
+  ops::moe_unpermute(ctx, y.view(Shape{N, C}), ys, weights, dest);
   if (stats && !g.recomputing()) {
     stats->forwards++;
     stats->add_losses(ctx, losses.aux, losses.z);

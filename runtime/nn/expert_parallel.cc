@@ -1,5 +1,7 @@
 #include "runtime/nn/expert_parallel.h"
 
+#include <utility>
+
 #include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
@@ -38,7 +40,8 @@ std::unique_ptr<PendingTransfer> ExpertParallelGroup::start_exchange_rows(
 PendingRows::PendingRows(Context& ctx, ExpertParallelGroup& group, const Tensor& x,
                          const std::vector<size_t>& send_rows,
                          const std::vector<size_t>& recv_rows, Tensor regroup)
-    : send_(ops::contiguous(ctx, x)),
+    : ctx_(&ctx),
+      send_(ops::contiguous(ctx, x)),
       recv_(ctx.empty(Shape{int64_t(total(recv_rows)), x.size(1)}, x.dtype())),
       regroup_(std::move(regroup)) {
   pending_ = group.start_exchange_rows(ctx, send_, send_rows, recv_, recv_rows);
@@ -64,7 +67,16 @@ Tensor PendingRows::finish(Context& ctx) {
   pending_->finish(ctx);
   pending_.reset();
   send_ = Tensor();
-  return regroup_.defined() ? gather_rows(ctx, recv_, regroup_) : recv_;
+  const Tensor received = std::move(recv_);
+  return regroup_.defined() ? gather_rows(ctx, received, regroup_) : received;
+}
+
+PendingRows::~PendingRows() {
+  if (!pending_) return;
+  try {
+    pending_->finish(*ctx_);
+  } catch (...) {  // already failing: the first error is the one reported
+  }
 }
 
 Tensor rows_to_experts(Context& ctx, ExpertParallelGroup& group, const ExpertExchange& e,

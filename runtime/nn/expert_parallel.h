@@ -70,7 +70,8 @@ Tensor rows_from_experts(Context& ctx, ExpertParallelGroup& group, const ExpertE
 // The same exchanges in two halves, so that the caller computes while the rows travel (the
 // MoE layer's shared expert, its router's backward): start sends, finish() makes ctx's stream
 // wait for the rows and returns them as the one-call version does. Keeps the rows it sends
-// alive until finish().
+// alive until finish(); one never finished (an exception in between) makes ctx's stream wait
+// for it when destroyed, so its buffers are not reused while the transfer runs.
 class PendingRows {
  public:
   static PendingRows to_experts(Context& ctx, ExpertParallelGroup& group,
@@ -79,10 +80,15 @@ class PendingRows {
                                   const ExpertExchange& exchange, const Tensor& y);
   Tensor finish(Context& ctx);
 
+  PendingRows(PendingRows&&) = default;
+  PendingRows& operator=(PendingRows&&) = delete;
+  ~PendingRows();
+
  private:
   PendingRows(Context& ctx, ExpertParallelGroup& group, const Tensor& x,
               const std::vector<size_t>& send_rows, const std::vector<size_t>& recv_rows,
               Tensor regroup);
+  Context* ctx_;
   Tensor send_, recv_;
   Tensor regroup_;  // to_experts: the map from source-major to expert-major rows
   std::unique_ptr<PendingTransfer> pending_;

@@ -245,12 +245,13 @@ MoELayer::MoELayer(int64_t dim, const MoeOptions& options, int64_t shared_hidden
 Tensor MoELayer::compute(Graph& g, const Tensor& x) {
   if (options_.expert_bias && !expert_bias_.defined())
     expert_bias_ = ops::zeros(g.ctx(), Shape{options_.experts}, DType::f32);
-  // The shared expert runs while the routed rows travel to their experts.
+  // The shared expert runs while the routed rows travel to their experts, or after them.
   Tensor shared;  // (..., C)
   std::function<void()> run_shared;
-  if (shared_expert) run_shared = [&] { shared = (*shared_expert)(g, x); };
+  if (shared_expert && shared_expert_overlap_) run_shared = [&] { shared = (*shared_expert)(g, x); };
   Tensor y = moe(g, x, router.weight(), experts.fc(), experts.proj(), activation_, options_,
                  expert_bias_, &stats_, recompute_activation, groups_, run_shared);  // (..., C)
+  if (shared_expert && !shared.defined()) shared = (*shared_expert)(g, x);
   if (shared.defined()) y = add(g, y, shared);
   return y;
 }

@@ -81,8 +81,9 @@ struct MoeStats {
 //
 // `beside_dispatch`, when given, runs while the rows travel to their experts' ranks (under
 // expert parallelism on GPUs the exchange runs beside it; elsewhere the rows have arrived):
-// the layer computes its shared expert there. It runs at that point with or without expert
-// parallelism, so every layout records the same tape.
+// the layer computes its shared expert there when asked to (MoELayer::set_shared_expert_overlap).
+// It runs at that point with or without expert parallelism, so every layout records the same
+// tape.
 struct MoeGroups {
   ExpertParallelGroup* experts = nullptr;
   TensorParallelGroup* context = nullptr;
@@ -130,6 +131,12 @@ class MoELayer : public MLP {
   // rank's E / ep): the layer exchanges its rows with the group. Null: none.
   void set_expert_parallel(ExpertParallelGroup* group) { groups_.experts = group; }
   ExpertParallelGroup* expert_parallel() const { return groups_.experts; }
+  // The shared expert computed while the routed rows travel to their experts (moe()'s
+  // beside_dispatch; Megatron's moe_shared_expert_overlap), instead of after the routed
+  // experts. Its input gradient then sums in another order: set it alike in runs compared
+  // bit for bit.
+  void set_shared_expert_overlap(bool on) { shared_expert_overlap_ = on; }
+  bool shared_expert_overlap() const { return shared_expert_overlap_; }
   // Context parallelism, and tensor parallelism with its sequence split (set by their
   // plans): this rank holds a part of every sequence, and the balancing loss counts the
   // choices of every part. Null: none. Under tensor parallelism the router and the experts
@@ -147,6 +154,7 @@ class MoELayer : public MLP {
   Tensor expert_bias_;
   MoeStats stats_;
   MoeGroups groups_;
+  bool shared_expert_overlap_ = false;
 };
 
 }  // namespace fsdp::nn

@@ -29,7 +29,7 @@ void CommunicatorExpertParallelGroup::exchange_rows(Context& ctx, const Tensor& 
 std::unique_ptr<nn::PendingTransfer> CommunicatorExpertParallelGroup::start_exchange_rows(
     Context& ctx, const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
     const std::vector<size_t>& recv_rows) {
-  if (!ctx.is_cuda())
+  if (!ctx.is_cuda() || !overlap_)
     return nn::ExpertParallelGroup::start_exchange_rows(ctx, send, send_rows, recv, recv_rows);
   auto t = std::make_unique<CommunicatorTransfer>();
   t->work.push_back(issue_exchange_rows(send, send_rows, recv, recv_rows, transfers_.after(ctx)));

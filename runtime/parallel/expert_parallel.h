@@ -17,15 +17,18 @@ namespace fsdp {
 
 class CommunicatorExpertParallelGroup : public nn::ExpertParallelGroup {
  public:
-  explicit CommunicatorExpertParallelGroup(Communicator& comm) : comm_(comm) {}
+  // `overlap`: started exchanges run on the group's own stream on GPUs (the compute goes on
+  // meanwhile); otherwise every exchange runs in order on the compute stream.
+  explicit CommunicatorExpertParallelGroup(Communicator& comm, bool overlap = false)
+      : comm_(comm), overlap_(overlap) {}
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
   // On a GPU the counts go through device memory (NCCL) and the host waits for them.
   std::vector<int64_t> exchange_counts(Context& ctx, const std::vector<int64_t>& counts) override;
   void exchange_rows(Context& ctx, const Tensor& send, const std::vector<size_t>& send_rows,
                      const Tensor& recv, const std::vector<size_t>& recv_rows) override;
-  // On a GPU: the all-to-all on the group's own stream, after what ctx's stream has queued
-  // so far (the MoE layer's shared expert runs meanwhile).
+  // On a GPU with `overlap`: the all-to-all on the group's own stream, after what ctx's
+  // stream has queued so far (the MoE layer's shared expert runs meanwhile).
   std::unique_ptr<nn::PendingTransfer> start_exchange_rows(Context& ctx, const Tensor& send,
                                                            const std::vector<size_t>& send_rows,
                                                            const Tensor& recv,
@@ -38,6 +41,7 @@ class CommunicatorExpertParallelGroup : public nn::ExpertParallelGroup {
                            const Stream& stream);
 
   Communicator& comm_;
+  bool overlap_;
   TransferStream transfers_;  // the overlapped exchanges' stream
 };
 

@@ -55,6 +55,7 @@ struct ModelSection {
   double moe_aux_loss_coeff = 0;
   double moe_z_loss_coeff = 0;
   std::string moe_token_dispatcher_type;       // "alltoall" | "allgather" (expert parallelism)
+  bool moe_shared_expert_overlap = false;
   int expert_model_parallel_size = 0;
 };
 

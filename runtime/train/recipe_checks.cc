@@ -68,6 +68,11 @@ void check_moe(const Recipe& r) {
   const int ep = m.expert_model_parallel_size;
   FSDP_CHECK(ep == 1 || m.num_moe_experts > 0, ConfigError, "'model.expert_model_parallel_size' ",
              ep, " needs a mixture-of-experts model ('model.num_moe_experts' > 0)");
+  FSDP_CHECK(!m.moe_shared_expert_overlap ||
+                 (m.num_moe_experts > 0 && m.moe_shared_expert_intermediate_size > 0),
+             ConfigError, "'model.moe_shared_expert_overlap' true needs MoE layers with a shared "
+             "expert ('model.num_moe_experts' > 0 and 'model.moe_shared_expert_intermediate_size' "
+             "> 0): it overlaps that expert with the routed tokens' exchange");
   if (m.num_moe_experts == 0) return;
   FSDP_CHECK(m.num_moe_experts % ep == 0, ConfigError, "'model.num_moe_experts' (", m.num_moe_experts,
              ") must be a multiple of 'model.expert_model_parallel_size' (", ep,

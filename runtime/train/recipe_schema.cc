@@ -97,8 +97,13 @@ std::vector<FieldSpec> build_schema() {
       KEY(model.moe_token_dispatcher_type).one_of({"alltoall", "allgather"})
           .default_to("alltoall").help_text(
               "How tokens reach experts on other ranks under expert parallelism."),
+      KEY(model.moe_shared_expert_overlap).default_to(false).help_text(
+          "Compute the shared expert while the routed tokens travel to their experts' ranks "
+          "(on GPUs the all-to-alls then run on their own stream, beside the compute), "
+          "instead of after the routed experts."),
       KEY(model.expert_model_parallel_size).default_to(1).at_least(1).help_text(
-          "Expert-parallel ranks; only 1 for now (expert parallelism is built separately)."),
+          "Expert-parallel ranks: each holds num_moe_experts / this many experts of every MoE "
+          "layer, and the tokens reach them by all-to-all."),
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(

@@ -130,9 +130,12 @@ void Trainer::State::setup_model_and_sharding() {
   if (mesh->size(MeshAxis::ep) > 1) {
     // Each expert-parallel rank keeps its part of every MoE layer's experts; FSDP shards
     // them over the ranks that hold the same ones.
-    ep_group = std::make_unique<CommunicatorExpertParallelGroup>(comms->axis(MeshAxis::ep));
+    ep_group = std::make_unique<CommunicatorExpertParallelGroup>(
+        comms->axis(MeshAxis::ep), recipe.model.moe_shared_expert_overlap);
     apply_expert_parallel(*model, *ep_group);
   }
+  for (nn::MoELayer* layer : model->moe_layers())
+    layer->set_shared_expert_overlap(recipe.model.moe_shared_expert_overlap);
   if (recipe.mixed_precision.fp8) apply_fp8_plan();
   models::set_activation_recompute(*model, recompute_of(recipe));
   // A token runs through k of each MoE layer's E experts: the FLOPs count active parameters.

@@ -236,9 +236,10 @@ struct RecordingExpertGroup : nn::ExpertParallelGroup {
   }
 };
 
-// Under expert parallelism the shared expert runs between the dispatch's start and its end
-// (on GPUs the all-to-all runs beside it), and the layer computes what it computes without
-// the group, bit for bit; backward exchanges the rows' gradients both ways.
+// With the shared expert overlapped, under expert parallelism it runs between the dispatch's
+// start and its end (on GPUs the all-to-all runs beside it), and the layer computes what it
+// computes without the group, bit for bit; without the overlap it runs after the routed
+// experts. Backward exchanges the rows' gradients both ways.
 TEST_CASE("moe layer: the shared expert runs while the rows travel to their experts",
           "[nn][moe]") {
   Context ctx;
@@ -247,28 +248,30 @@ TEST_CASE("moe layer: the shared expert runs while the rows travel to their expe
   o.top_k = 2;
   o.hidden = kF;
   const nn::InitRule init = nn::InitRule::normal(0, 0.5);
-  nn::MoELayer plain(kC, o, kShared, MlpActivation::SwiGLU, init, init);
-  nn::MoELayer parallel(kC, o, kShared, MlpActivation::SwiGLU, init, init);
-  setup(ctx, plain, 4);
-  setup(ctx, parallel, 4);
-  std::vector<std::string> events;
-  RecordingExpertGroup group(&events);
-  parallel.set_expert_parallel(&group);
-  parallel.shared_expert->add_hook(nn::HookPoint::PreForward, [&](nn::Module&, Graph& g) {
-    if (!g.recomputing()) events.push_back("shared expert");
-  });
   const Tensor x = inputs(ctx, 6);
-  auto run = [&](nn::MoELayer& layer) {
+  std::vector<std::string> events;
+  // The layer's output and input gradient, with the group or without it.
+  auto run = [&](bool overlap, bool with_group) {
+    nn::MoELayer layer(kC, o, kShared, MlpActivation::SwiGLU, init, init);
+    setup(ctx, layer, 4);
+    layer.set_shared_expert_overlap(overlap);
+    RecordingExpertGroup group(&events);
+    if (with_group) layer.set_expert_parallel(&group);
+    layer.shared_expert->add_hook(nn::HookPoint::PreForward, [&](nn::Module&, Graph& g) {
+      if (!g.recomputing()) events.push_back("shared expert");
+    });
+    events.clear();
     Graph g(ctx);
     const Tensor xl = Graph::leaf(ops::clone(ctx, x));
     const Tensor y = layer(g, xl);
     Tensor dy = ctx.empty(y.shape(), DType::f64);
     fill_random(ctx, dy, 8, 1.0);
-    if (&layer == &parallel) events.push_back("backward");
+    events.push_back("backward");
     g.backward(y, dy);
     return std::make_pair(ops::clone(ctx, y), ops::clone(ctx, Graph::grad(xl)));
   };
-  const auto want = run(plain), got = run(parallel);
+  const auto want = run(true, false);
+  const auto got = run(true, true);
   // Forward: the dispatch beside the shared expert, then the combine. Backward: the rows'
   // gradients to the experts beside the router's backward, then the inputs' gradients home.
   CHECK(events == std::vector<std::string>{"counts", "rows started", "shared expert",
@@ -277,6 +280,15 @@ TEST_CASE("moe layer: the shared expert runs while the rows travel to their expe
                                            "rows started", "rows arrived"});
   CHECK(ops::compare(ctx, got.first, want.first).max_abs == 0.0);
   CHECK(ops::compare(ctx, got.second, want.second).max_abs == 0.0);
+  // Without the overlap: the shared expert after the routed experts' exchanges, the same
+  // output (its input gradient sums in another order).
+  const auto in_order = run(false, true);
+  CHECK(events == std::vector<std::string>{"counts", "rows started", "rows arrived",
+                                           "rows started", "rows arrived", "shared expert",
+                                           "backward", "rows started", "rows arrived",
+                                           "rows started", "rows arrived"});
+  CHECK(ops::compare(ctx, in_order.first, want.first).max_abs == 0.0);
+  CHECK(ops::compare(ctx, in_order.second, want.second).max_abs <= 1e-14);
 }
 
 TEST_CASE("moe layer: the expert bias moves toward the mean count", "[nn][moe]") {

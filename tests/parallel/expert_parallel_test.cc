@@ -195,14 +195,14 @@ TEST_CASE("CUDA expert dispatch and combine over NCCL match the CPU's", "[parall
 }
 
 // The MoE layer on one GPU with its shared expert computed while the rows travel over a real
-// NCCL group of one (the all-to-all on the group's own stream): the output and the input's
-// gradient are the layer's without the group.
+// NCCL group of one that overlaps (the all-to-alls on the group's own stream): the output and
+// the input's gradient are the layer's without the group.
 TEST_CASE("CUDA MoE layer with the shared expert beside the dispatch matches it without",
           "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
   World world(nccl_options());
   if (world.size() != 1) return;  // a group of one: this process alone
-  CommunicatorExpertParallelGroup nccl_group(world.comm());
+  CommunicatorExpertParallelGroup nccl_group(world.comm(), true);
   Context gpu(world.device());
   nn::MoeOptions o;
   o.experts = 8;
@@ -216,6 +216,7 @@ TEST_CASE("CUDA MoE layer with the shared expert beside the dispatch matches it 
   auto run = [&](nn::ExpertParallelGroup* group) {
     nn::MoELayer layer(C, o, 160, nn::MlpActivation::SwiGLU, init, init);
     nn::materialize(gpu, layer, DType::f32, 7);
+    layer.set_shared_expert_overlap(true);
     if (group) layer.set_expert_parallel(group);
     autograd::Graph g(gpu);
     const Tensor x = autograd::Graph::leaf(ops::from_vector(gpu, xs, Shape{B, T, C}, DType::f32));

@@ -11,7 +11,9 @@
 // expert biases included. Context parallelism (CP2, CP2 x DP2, CP2 x EP2) and tensor
 // parallelism with its sequence split (TP2, TP2 x EP2, TP2 x CP2) too: each rank holds a
 // part of every sequence, and the balancing loss (aux_loss and seq_aux_loss) counts the
-// choices of every part, as the single process does.
+// choices of every part, as the single process does. The Llama also trains with its shared
+// expert computed beside the dispatch (model.moe_shared_expert_overlap: one process, EP2,
+// EP4, EP2 x CP2), against the single process doing the same.
 //
 // The same micro-batch size on both sides: the load-balancing loss of a micro-batch is not
 // the mean of its halves' (f_e P_e is a product of two means), so, as in Megatron, the
@@ -56,13 +58,14 @@ struct Layout {
   int ep = 1;       // model.expert_model_parallel_size
   int cp = 1;       // model.context_parallel_size
   int tp = 1;       // model.tensor_model_parallel_size, with sequence parallelism
+  bool overlap = false;  // model.moe_shared_expert_overlap (the models with a shared expert)
 };
 
 TrainResult train(const std::string& name, const Layout& layout, bool alone,
                   const std::vector<std::string>& extra = {}) {
   const std::string tag = name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) +
                           "_ep" + std::to_string(layout.ep) + "_cp" + std::to_string(layout.cp) + "_tp" + std::to_string(layout.tp) +
-                          (alone ? "_alone" : "") + "_rank" +
+                          (layout.overlap ? "_overlap" : "") + (alone ? "_alone" : "") + "_rank" +
                           std::to_string(testing::world_rank());
   std::vector<std::string> overrides = {
       "dataset.train_path=" + testing::byte_tokens_shard("moe"), "run.output_dir=" + testing::scratch_dir(tag),
@@ -73,6 +76,7 @@ TrainResult train(const std::string& name, const Layout& layout, bool alone,
       "model.context_parallel_size=" + std::to_string(layout.cp),
       "model.tensor_model_parallel_size=" + std::to_string(layout.tp),
       std::string("model.sequence_parallel=") + (layout.tp > 1 ? "true" : "false"),
+      std::string("model.moe_shared_expert_overlap=") + (layout.overlap ? "true" : "false"),
       "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
       "scheduler.lr_decay_iters=" + std::to_string(kSteps)};
   const std::vector<std::string> moe = moe_overrides(name);
@@ -86,20 +90,32 @@ TrainResult train(const std::string& name, const Layout& layout, bool alone,
   return Trainer(recipe, options).run();
 }
 
-std::vector<Layout> layouts() {
+// The layouts run by a world of this size; those with the shared expert overlapped only for
+// a model that has one (its single-process reference overlaps it too).
+std::vector<Layout> layouts(bool shared_expert) {
+  std::vector<Layout> all;
   switch (testing::world_size()) {
-    case 1: return {{"no_shard", 4}, {"optim_grads_params", 2}};
+    case 1:
+      all = {{"no_shard", 4}, {"optim_grads_params", 2}, {"optim_grads_params", 2, 1, 1, 1, true}};
+      break;
     case 2:
-      return {{"optim_grads_params", 2}, {"optim", 2}, {"optim_grads_params", 4},
-              {"optim_grads_params", 2, 2}, {"optim", 1, 2}, {"optim_grads_params", 2, 1, 2},
-              {"optim_grads_params", 2, 1, 1, 2}};
+      all = {{"optim_grads_params", 2}, {"optim", 2}, {"optim_grads_params", 4},
+             {"optim_grads_params", 2, 2}, {"optim", 1, 2}, {"optim_grads_params", 2, 1, 2},
+             {"optim_grads_params", 2, 1, 1, 2}, {"optim_grads_params", 2, 2, 1, 1, true}};
+      break;
     case 4:
-      return {{"optim_grads_params", 1}, {"optim", 1}, {"optim_grads_params", 2},
-              {"optim_grads_params", 1, 2}, {"optim", 1, 2}, {"optim_grads_params", 1, 4},
-              {"optim", 2, 4}, {"optim", 1, 1, 2}, {"optim_grads_params", 1, 2, 2},
-              {"optim", 1, 2, 1, 2}, {"optim_grads_params", 2, 1, 2, 2}};
-    default: return {};
+      all = {{"optim_grads_params", 1}, {"optim", 1}, {"optim_grads_params", 2},
+             {"optim_grads_params", 1, 2}, {"optim", 1, 2}, {"optim_grads_params", 1, 4},
+             {"optim", 2, 4}, {"optim", 1, 1, 2}, {"optim_grads_params", 1, 2, 2},
+             {"optim", 1, 2, 1, 2}, {"optim_grads_params", 2, 1, 2, 2},
+             {"optim_grads_params", 1, 4, 1, 1, true}, {"optim", 1, 2, 2, 1, true}};
+      break;
+    default: break;
   }
+  std::vector<Layout> out;
+  for (const Layout& l : all)
+    if (shared_expert || !l.overlap) out.push_back(l);
+  return out;
 }
 
 // The MoE layers of the two tiny models (gpt2_tiny's first layer is dense).
@@ -132,15 +148,16 @@ void check_expert_counts(const std::string& name, const Layout& layout, const Tr
 }
 
 void check_model(const std::string& name) {
-  for (const Layout& layout : layouts()) {
+  for (const Layout& layout : layouts(name == "llama_tiny")) {
     // Rank 0 trains the single-process run alone first; the other ranks wait for it in the
     // layout's first collective.
     TrainResult reference;
-    if (testing::world_rank() == 0) reference = train(name, {"no_shard", layout.micro_batch}, true);
+    if (testing::world_rank() == 0)
+      reference = train(name, {"no_shard", layout.micro_batch, 1, 1, 1, layout.overlap}, true);
     const TrainResult got = train(name, layout, false);
     INFO(name << " on " << testing::world_size() << " rank(s), " << layout.strategy
               << ", micro-batch " << layout.micro_batch << ", ep " << layout.ep << ", cp "
-              << layout.cp << ", tp " << layout.tp);
+              << layout.cp << ", tp " << layout.tp << (layout.overlap ? ", shared expert overlapped" : ""));
     check_expert_counts(name, layout, got);
     REQUIRE(got.losses.size() == size_t(kSteps));
     REQUIRE(got.moe_aux_losses.size() == size_t(kSteps));

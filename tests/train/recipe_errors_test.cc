@@ -258,4 +258,13 @@ TEST_CASE("MoE recipes refuse what this build cannot run, by key", "[recipe][moe
   CHECK_THAT(config_error(moe, {"model.moe_token_dispatcher_type=flex"}),
              Catch::Contains("model.moe_token_dispatcher_type"));
   CHECK_NOTHROW(parse_recipe(moe, {"model.moe_token_dispatcher_type=allgather"}));
+  // The shared expert's overlap needs a shared expert.
+  CHECK_THAT(config_error(moe, {"model.moe_shared_expert_overlap=true"}),
+             Catch::Contains("'model.moe_shared_expert_overlap' true needs MoE layers with a "
+                             "shared expert"));
+  CHECK_THAT(config_error(R"({"model": {}})", {"model.moe_shared_expert_overlap=true"}),
+             Catch::Contains("'model.moe_shared_expert_overlap' true needs MoE layers"));
+  CHECK_NOTHROW(parse_recipe(moe, {"model.moe_shared_expert_overlap=true",
+                                   "model.moe_shared_expert_intermediate_size=32",
+                                   "model.expert_model_parallel_size=2"}));
 }

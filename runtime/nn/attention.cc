@@ -13,7 +13,8 @@ Tensor rope(Graph& g, const Tensor& x, double theta) {
              " must be (B, T, H, D) with an even D");
   FSDP_CHECK(theta > 0, ValueError, "rope: theta must be positive, got ", theta);
   Tensor out = ctx.empty(x.shape(), x.dtype());  // (B, T, H, D)
-  ops::rope(ctx, out, x, theta, false);
+  // The kernels read each head's D values contiguously; any other layout is copied first.
+  ops::rope(ctx, out, x.stride(3) == 1 ? x : ops::contiguous(ctx, x), theta, false);
   if (!g.should_record({&x}, false)) return out;
 
   out = Graph::track(out);

@@ -284,5 +284,16 @@ TEST_CASE("finite differences: whole GPT-2 and Llama models to the loss",
   }
 }
 
+// A view whose head dimension is strided (views of the graph's leaves carry no gradient, so
+// only a forward without one meets it): rotated as its contiguous copy is.
+TEST_CASE("rope of a view whose head dimension is strided", "[nn]") {
+  Context ctx;
+  Graph g(ctx);
+  autograd::NoGradGuard no_grad(g);
+  const Tensor x = random(ctx, Shape{2, 3, 8, 2}, 19).transpose(2, 3);  // (B, T, H, D) strided D
+  const Tensor want = nn::rope(g, ops::contiguous(ctx, x), 50.0);
+  CHECK(ops::compare(ctx, nn::rope(g, x, 50.0), want).max_abs == 0.0);
+}
+
 }  // namespace
 }  // namespace fsdp::testing

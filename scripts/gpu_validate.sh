@@ -30,6 +30,11 @@
 #      1M-256M unregistered / symmetric windows, GPT-2 124M ZeRO-1 and ZeRO-3 and GPT 1.3B
 #      ZeRO-3 (with the compute baseline) without and with it
 #  14. two GPUs, bucket size: GPT-2 124M at ZeRO-3 with 1, 2 and 4 blocks per unit
+#  15. one GPU, FP8 against our bf16 in one call (docs/PERFORMANCE.md's FP8 rows): GPT 1.3B
+#      (16 x 2048) and the Llama ~1B (8 x 2048), each in bf16, then mixed_precision.fp8=hybrid
+#      with each recipe of FP8_RECIPES (default "tensorwise delayed blockwise"), then delayed
+#      with the first and last blocks in FP8 too, then bf16 again (the machine's drift);
+#      twelve runs of under a minute each
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -298,6 +303,25 @@ for k in 1 2 4; do
     > "$L/bench_gpt2_z3_units$k.txt" 2>&1
   say "gpt2 2 gpus zero3 blocks_per_unit=$k rc=$?"
   grep -E "tokens/s total|MFU|peak alloc|all-gathers|reduce-scatters" "$L/bench_gpt2_z3_units$k.txt"
+done; pack
+fi
+if want 15; then
+# 15. FP8 against bf16, one GPU, one call
+fp8_bench() {  # name, workload, overrides...
+  local name="$1" workload="$2"; shift 2
+  timeout 150 "$B/tools/bench" train --workload "$workload" --steps 3 --warmup 1 \
+    ddp.data_parallel_sharding_strategy=no_shard "$@" > "$L/fp8_$name.txt" 2>&1
+  say "fp8 $name rc=$?"; grep -E "tokens/s|MFU|peak alloc|step time|fp8" "$L/fp8_$name.txt"
+}
+for w in "gpt-1.3b train.global_batch_size=32" "llama-1b train.global_batch_size=16"; do
+  set -- $w
+  fp8_bench "${1}_bf16" "$@"
+  for r in ${FP8_RECIPES:-tensorwise delayed blockwise}; do
+    fp8_bench "${1}_$r" "$@" mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=$r
+  done
+  fp8_bench "${1}_delayed_all_blocks" "$@" mixed_precision.fp8=hybrid \
+    mixed_precision.fp8_recipe=delayed mixed_precision.first_last_layers_bf16=false
+  fp8_bench "${1}_bf16_again" "$@"
 done; pack
 fi
 rm -rf "$work"

@@ -35,6 +35,8 @@
 #      with each recipe of FP8_RECIPES (default "tensorwise delayed blockwise"), then delayed
 #      with the first and last blocks in FP8 too, then bf16 again (the machine's drift);
 #      twelve runs of under a minute each
+#  16. one GPU, the kernel benches: bench memory-bound (each workload), bench fp8-matmul and
+#      bench grouped-matmul (docs/PERFORMANCE.md's kernel tables)
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -323,5 +325,18 @@ for w in "gpt-1.3b train.global_batch_size=32" "llama-1b train.global_batch_size
     mixed_precision.fp8_recipe=delayed mixed_precision.first_last_layers_bf16=false
   fp8_bench "${1}_bf16_again" "$@"
 done; pack
+fi
+if want 16; then
+# 16. the kernel benches, one GPU
+for w in gpt2-124m gpt-1.3b llama-1b; do
+  timeout 120 "$B/tools/bench" memory-bound --workload $w --reps 10 > "$L/memory_bound_$w.txt" 2>&1
+  say "memory-bound $w rc=$?"; cat "$L/memory_bound_$w.txt"
+done
+for w in gpt-1.3b llama-1b; do
+  timeout 120 "$B/tools/bench" fp8-matmul --workload $w > "$L/fp8_matmul_$w.txt" 2>&1
+  say "fp8-matmul $w rc=$?"; cat "$L/fp8_matmul_$w.txt"
+done
+timeout 120 "$B/tools/bench" grouped-matmul > "$L/grouped_matmul.txt" 2>&1
+say "grouped-matmul rc=$?"; cat "$L/grouped_matmul.txt"; pack
 fi
 rm -rf "$work"

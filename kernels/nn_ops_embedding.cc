@@ -110,8 +110,12 @@ void rope(Context& ctx, const Tensor& out, const Tensor& x, double theta, bool i
   FSDP_CHECK(x.size(3) % 2 == 0, ShapeError, what, ": the head dimension must be even, got ", x.str());
   FSDP_CHECK(theta > 0, ValueError, what, ": theta must be positive, got ", theta);
   FSDP_CHECK(position_offset >= 0, ValueError, what, ": negative position offset ", position_offset);
+  // In place: the same elements (strides of size-1 dimensions never address anything).
+  auto same_stride = [&](int64_t size, int64_t a, int64_t b) { return size == 1 || a == b; };
   const bool in_place = out.shares_storage(x) && out.offset() == x.offset() &&
-                        d.out.b == d.x.b && d.out.t == d.x.t && d.out.h == d.x.h;
+                        same_stride(x.size(0), d.out.b, d.x.b) &&
+                        same_stride(x.size(1), d.out.t, d.x.t) &&
+                        same_stride(x.size(2), d.out.h, d.x.h);
   FSDP_CHECK(in_place || !out.shares_storage(x), ValueError, what, ": the output ", out.str(),
              " shares memory with the input ", x.str(), " without being it");
   d.batch = x.size(0);

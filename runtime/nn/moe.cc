@@ -25,6 +25,27 @@ void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, cons
     ops::swiglu_forward(ctx, out, h);
 }
 
+// The routed path's input gradient: dx (N, C) (+)= the sum of each token's k rows of dxs
+// (R, C), + dlogits (N, E) @ W_router (E, C). dest (N, k): the row of each (token, expert).
+void write_input_grad(Graph& g, const autograd::GradTarget& tx, const Tensor& dxs,
+                      const Tensor& dlogits, const Tensor& dest, const Tensor& w_router) {
+  Context& ctx = g.ctx();
+  const autograd::GradSink sx = g.grad_sink(tx);
+  if (!sx.defined()) return;
+  const int64_t N = dlogits.size(0), C = w_router.size(1);
+  const Tensor dx = sx.buffer.view(Shape{N, C});
+  ops::moe_permute_backward(ctx, dx, dxs, dest, sx.accumulate);
+  ops::matmul(ctx, dx, dlogits, w_router, false, false, 1.0, 1.0);
+}
+
+// With the shared expert beside the dispatch, its backward runs while the inputs' gradients
+// travel home: the routed op's backward leaves them here (on their way under expert
+// parallelism) and a node recorded before the shared expert's, so run after it, writes them.
+struct InputGradOnItsWay {
+  std::optional<PendingRows> rows;  // dxs coming home (expert parallelism)
+  Tensor dxs, dlogits;              // dxs when it is here already
+};
+
 }  // namespace
 
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
@@ -85,6 +106,21 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   // after the experts ran (xe, ye: (R', C), this rank's experts' rows from every rank).
   std::shared_ptr<const ExpertExchange> exchange;
   std::vector<int64_t> local_counts = counts;  // (E_local) rows of each expert held here
+  // The node that writes the input gradient after the shared expert's backward, recorded
+  // before the shared expert runs.
+  std::shared_ptr<InputGradOnItsWay> on_its_way;
+  if (beside_dispatch && g.should_record({&x}, true)) {
+    on_its_way = std::make_shared<InputGradOnItsWay>();
+    g.record("moe_input_grad:" + router.name(), {},
+             [on_its_way, tx = Graph::target(x), dest, &router](Graph& g) {
+               InputGradOnItsWay& w = *on_its_way;
+               if (!w.dlogits.defined()) return;  // the routed op's backward did not run
+               const Tensor dxs = w.rows ? w.rows->finish(g.ctx()) : w.dxs;
+               w.rows.reset();
+               write_input_grad(g, tx, dxs, w.dlogits, dest, router.checked_data());
+               w.dxs = w.dlogits = Tensor();
+             });
+  }
   Tensor xe = xs;
   if (ep) {
     exchange = plan_expert_exchange(ctx, counts, layout, *ep);
@@ -136,7 +172,7 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   g.record("moe:" + router.name(), {y.autograd_meta()},
            [tx = Graph::target(x), ym = y.autograd_meta(), x2, indices, weights, scores, dest,
             local_counts, xe, h, saved_a, ys, dscores, dlogits_z, &router, &fc, &proj, activation,
-            ro, N, C, E, R, Re, h_f, f, ep, exchange](Graph& g) {
+            ro, N, C, E, R, Re, h_f, f, ep, exchange, on_its_way](Graph& g) {
              Context& ctx = g.ctx();
              const DType cd = xe.dtype(), sd = weights.dtype();
              // The auxiliary losses send gradients even where the output gets none.
@@ -178,14 +214,18 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
              const Tensor dxe = ctx.empty(Shape{Re, C}, cd);
              ops::moe_grouped_matmul_backward(ctx, dxe, fc.grad_for_accumulation(ctx), dh, xe,
                                               fc.checked_data(), local_counts, true);
-             // ... and the inputs' gradients come back to the rows' ranks (R, C).
+             // ... and the inputs' gradients come back to the rows' ranks (R, C): beside the
+             // shared expert's backward when it ran beside the dispatch.
+             if (on_its_way) {
+               if (ep)
+                 on_its_way->rows.emplace(PendingRows::from_experts(ctx, *ep, *exchange, dxe));
+               else
+                 on_its_way->dxs = dxe;
+               on_its_way->dlogits = dlogits;
+               return;
+             }
              const Tensor dxs = ep ? rows_from_experts(ctx, *ep, *exchange, dxe) : dxe;
-             const autograd::GradSink sx = g.grad_sink(tx);
-             if (!sx.defined()) return;
-             // dx (N, C) (+)= the sum of each token's k rows of dxs, + dlogits @ W_router
-             const Tensor dx = sx.buffer.view(Shape{N, C});
-             ops::moe_permute_backward(ctx, dx, dxs, dest, sx.accumulate);
-             ops::matmul(ctx, dx, dlogits, router.checked_data(), false, false, 1.0, 1.0);
+             write_input_grad(g, tx, dxs, dlogits, dest, router.checked_data());
            });
   return y;
 }

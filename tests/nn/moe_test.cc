@@ -1,7 +1,7 @@
 // The mixture-of-experts layer (runtime/nn/moe.h): its backward against central finite
 // differences in f64 (input, router, experts, shared expert; every balancing loss and the
 // z-loss, softmax and sigmoid scores, k = 1 and 2, an expert that gets no token, an expert
-// bias), the losses' values on hand-made routings, the expert-bias update, and one expert
+// bias, the shared expert beside the dispatch), the losses' values on hand-made routings, the expert-bias update, and one expert
 // with k = 1 equal to the dense MLP; under expert parallelism, the shared expert between
 // the dispatch's start and its end.
 #include <algorithm>
@@ -79,6 +79,7 @@ struct MoeCase {
   MlpActivation activation;
   bool shared;
   bool bias;
+  bool overlap = false;  // the shared expert beside the dispatch
 };
 
 void check_moe_case(Context& ctx, const MoeCase& mc) {
@@ -96,6 +97,7 @@ void check_moe_case(Context& ctx, const MoeCase& mc) {
   const nn::InitRule init = nn::InitRule::normal(0, 0.02);
   nn::MoELayer layer(kC, o, mc.shared ? kShared : 0, mc.activation, init, init);
   setup(ctx, layer, 11);
+  layer.set_shared_expert_overlap(mc.overlap);
   std::vector<float> bias;
   if (mc.bias) {
     bias = {0.3f, -0.2f, 0.1f, 0.0f};
@@ -145,6 +147,10 @@ TEST_CASE("moe layer: gradients against finite differences", "[nn][moe][gradchec
        true},
       {"sigmoid k=2 aux_loss, GELU experts, unnormalized", sig, 2, false, MoeBalancing::AuxLoss,
        0.3, gelu, true, false},
+      {"softmax k=2 aux_loss z, shared expert overlapped", soft, 2, true, MoeBalancing::AuxLoss,
+       0.3, swiglu, true, false, true},
+      {"sigmoid k=2 seq_aux_loss, GELU, shared expert overlapped", sig, 2, true,
+       MoeBalancing::SeqAuxLoss, 0.0, gelu, true, false, true},
   };
   for (const MoeCase& mc : cases) check_moe_case(ctx, mc);
 }
@@ -239,7 +245,8 @@ struct RecordingExpertGroup : nn::ExpertParallelGroup {
 // With the shared expert overlapped, under expert parallelism it runs between the dispatch's
 // start and its end (on GPUs the all-to-all runs beside it), and the layer computes what it
 // computes without the group, bit for bit; without the overlap it runs after the routed
-// experts. Backward exchanges the rows' gradients both ways.
+// experts. Backward exchanges the rows' gradients both ways, the inputs' gradients travelling
+// home beside the shared expert's backward when it is overlapped.
 TEST_CASE("moe layer: the shared expert runs while the rows travel to their experts",
           "[nn][moe]") {
   Context ctx;
@@ -260,6 +267,9 @@ TEST_CASE("moe layer: the shared expert runs while the rows travel to their expe
     layer.shared_expert->add_hook(nn::HookPoint::PreForward, [&](nn::Module&, Graph& g) {
       if (!g.recomputing()) events.push_back("shared expert");
     });
+    layer.shared_expert->add_hook(nn::HookPoint::PreBackward, [&](nn::Module&, Graph&) {
+      events.push_back("shared expert backward");
+    });
     events.clear();
     Graph g(ctx);
     const Tensor xl = Graph::leaf(ops::clone(ctx, x));
@@ -273,11 +283,13 @@ TEST_CASE("moe layer: the shared expert runs while the rows travel to their expe
   const auto want = run(true, false);
   const auto got = run(true, true);
   // Forward: the dispatch beside the shared expert, then the combine. Backward: the rows'
-  // gradients to the experts beside the router's backward, then the inputs' gradients home.
+  // gradients to the experts beside the router's backward, then the inputs' gradients home
+  // beside the shared expert's backward.
   CHECK(events == std::vector<std::string>{"counts", "rows started", "shared expert",
                                            "rows arrived", "rows started", "rows arrived",
                                            "backward", "rows started", "rows arrived",
-                                           "rows started", "rows arrived"});
+                                           "rows started", "shared expert backward",
+                                           "rows arrived"});
   CHECK(ops::compare(ctx, got.first, want.first).max_abs == 0.0);
   CHECK(ops::compare(ctx, got.second, want.second).max_abs == 0.0);
   // Without the overlap: the shared expert after the routed experts' exchanges, the same
@@ -285,8 +297,8 @@ TEST_CASE("moe layer: the shared expert runs while the rows travel to their expe
   const auto in_order = run(false, true);
   CHECK(events == std::vector<std::string>{"counts", "rows started", "rows arrived",
                                            "rows started", "rows arrived", "shared expert",
-                                           "backward", "rows started", "rows arrived",
-                                           "rows started", "rows arrived"});
+                                           "backward", "shared expert backward", "rows started",
+                                           "rows arrived", "rows started", "rows arrived"});
   CHECK(ops::compare(ctx, in_order.first, want.first).max_abs == 0.0);
   CHECK(ops::compare(ctx, in_order.second, want.second).max_abs <= 1e-14);
 }

@@ -7,14 +7,22 @@ namespace fsdp::nn {
 
 using detail::overwrite_grad;
 
+namespace {
+
+// t (B, T, H, D) with each head's D values contiguous, as the rotary kernels read them.
+Tensor heads_contiguous(Context& ctx, const Tensor& t) {
+  return t.stride(3) == 1 ? t : ops::contiguous(ctx, t);
+}
+
+}  // namespace
+
 Tensor rope(Graph& g, const Tensor& x, double theta) {
   Context& ctx = g.ctx();
   FSDP_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, ShapeError, "rope: input ", x.str(),
              " must be (B, T, H, D) with an even D");
   FSDP_CHECK(theta > 0, ValueError, "rope: theta must be positive, got ", theta);
   Tensor out = ctx.empty(x.shape(), x.dtype());  // (B, T, H, D)
-  // The kernels read each head's D values contiguously; any other layout is copied first.
-  ops::rope(ctx, out, x.stride(3) == 1 ? x : ops::contiguous(ctx, x), theta, false);
+  ops::rope(ctx, out, heads_contiguous(ctx, x), theta, false);
   if (!g.should_record({&x}, false)) return out;
 
   out = Graph::track(out);
@@ -24,8 +32,7 @@ Tensor rope(Graph& g, const Tensor& x, double theta) {
              if (!dout.defined()) return;
              // The rotation is orthogonal: its backward is the inverse rotation.
              const Tensor dx = g.ctx().empty(dout.shape(), dout.dtype());
-             ops::rope(g.ctx(), dx, dout.stride(3) == 1 ? dout : ops::contiguous(g.ctx(), dout),
-                       theta, true);
+             ops::rope(g.ctx(), dx, heads_contiguous(g.ctx(), dout), theta, true);
              g.accumulate(tx, dx);
            });
   return out;

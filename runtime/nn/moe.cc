@@ -121,16 +121,14 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
                w.dxs = w.dlogits = Tensor();
              });
   }
-  Tensor xe = xs;
+  std::optional<PendingRows> dispatch;
   if (ep) {
     exchange = plan_expert_exchange(ctx, counts, layout, *ep);
     local_counts = exchange->regroup.expert_counts;
-    PendingRows dispatch = PendingRows::to_experts(ctx, *ep, *exchange, xs);
-    if (beside_dispatch) beside_dispatch();
-    xe = dispatch.finish(ctx);
-  } else if (beside_dispatch) {
-    beside_dispatch();
+    dispatch.emplace(PendingRows::to_experts(ctx, *ep, *exchange, xs));
   }
+  if (beside_dispatch) beside_dispatch();
+  const Tensor xe = dispatch ? dispatch->finish(ctx) : xs;
   const int64_t Re = xe.size(0);
   const Tensor h = ctx.empty(Shape{Re, h_f}, cd);  // (R', F or 2F) the activation's input
   ops::moe_grouped_matmul(ctx, h, xe, w_fc, local_counts);

@@ -21,40 +21,29 @@
 #include "runtime/train/trainer.h"
 #include "runtime/train/trainer_setup.h"
 #include "tests/test_support.h"
-#include "tests/train/byte_tokens.h"
-#include "tests/train/scratch_dir.h"
+#include "tests/train/short_run.h"
 
 namespace fsdp::train {
 namespace {
 
-constexpr int kSteps = 12;
+using testing::with;
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+constexpr int kSteps = 12;
 
 Recipe recipe_of(const std::string& model, const std::string& tag,
                  const std::vector<std::string>& extra) {
-  std::vector<std::string> overrides = {
-      "dataset.train_path=" + testing::byte_tokens_shard("fp8_param"),
-      "run.output_dir=" + testing::scratch_dir(tag + "_rank" + std::to_string(testing::world_rank())),
-      "logger.samples_file=null", "logger.log_update_norms=false",
-      "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
-      "scheduler.lr_decay_iters=" + std::to_string(kSteps), "scheduler.lr_warmup_iters=2",
-      // ZeRO-3 with two micro-batches per rank, every block in FP8.
-      "ddp.data_parallel_sharding_strategy=optim_grads_params", "train.micro_batch_size=2",
-      "mixed_precision.first_last_layers_bf16=false"};
-  overrides.insert(overrides.end(), extra.begin(), extra.end());
-  return load_recipe("tests/train/golden/" + model + ".json", overrides);
+  const std::vector<std::string> overrides =
+      with(testing::short_run("fp8_param", tag, kSteps),
+           {"scheduler.lr_warmup_iters=2",
+            // ZeRO-3 with two micro-batches per rank, every block in FP8.
+            "ddp.data_parallel_sharding_strategy=optim_grads_params", "train.micro_batch_size=2",
+            "mixed_precision.first_last_layers_bf16=false"});
+  return load_recipe("tests/train/golden/" + model + ".json", with(overrides, extra));
 }
 
 TrainResult train(const std::string& model, const std::string& tag,
                   const std::vector<std::string>& extra, bool alone = false) {
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
-  options.alone = alone;
+  TrainerOptions options = testing::quiet_options(alone);
   options.simulate_fp8_on_cpu = true;
   return Trainer(recipe_of(model, tag, extra), options).run();
 }

@@ -27,34 +27,26 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
-#include "tests/train/byte_tokens.h"
-#include "tests/train/scratch_dir.h"
+#include "tests/train/short_run.h"
 
 namespace fsdp::train {
 namespace {
+
+using testing::with;
 
 constexpr int kSteps = 30;
 
 Recipe recipe_of(const std::string& model, const std::string& tag,
                  const std::vector<std::string>& extra) {
-  std::vector<std::string> overrides = {
-      "dataset.train_path=" + testing::byte_tokens_shard("fp8"),
-      "run.output_dir=" + testing::scratch_dir(tag + "_rank" + std::to_string(testing::world_rank())),
-      "logger.samples_file=null", "logger.log_update_norms=false",
-      "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
-      "scheduler.lr_decay_iters=" + std::to_string(kSteps),
-      // Both blocks of the tiny models in FP8 (the default keeps the first and last in bf16).
-      "mixed_precision.first_last_layers_bf16=false"};
-  overrides.insert(overrides.end(), extra.begin(), extra.end());
-  return load_recipe("tests/train/golden/" + model + ".json", overrides);
+  // Both blocks of the tiny models in FP8 (the default keeps the first and last in bf16).
+  const std::vector<std::string> overrides = with(testing::short_run("fp8", tag, kSteps),
+                                                  {"mixed_precision.first_last_layers_bf16=false"});
+  return load_recipe("tests/train/golden/" + model + ".json", with(overrides, extra));
 }
 
 TrainResult train(const std::string& model, const std::string& tag,
                   const std::vector<std::string>& extra, bool alone = false) {
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
-  options.alone = alone;
+  TrainerOptions options = testing::quiet_options(alone);
   options.simulate_fp8_on_cpu = true;
   return Trainer(recipe_of(model, tag, extra), options).run();
 }
@@ -89,11 +81,6 @@ TrainResult check_close_to_unquantized(const std::string& model, const std::stri
   CHECK(mean_of_last(q.losses, 5) < q.losses[0] - 1.0);
   CHECK(std::abs(mean_of_last(q.losses, 5) - mean_of_last(plain.losses, 5)) < 0.05);
   return q;
-}
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 TEST_CASE("fp8 training follows the unquantized curve on the CPU simulation", "[train][fp8]") {
@@ -460,9 +447,7 @@ TEST_CASE("rowwise fp8 under tensor x context parallelism gives the single-proce
 
 TEST_CASE("fp8 is refused where it cannot run, naming the key", "[train][fp8]") {
   if (testing::world_size() != 1) return;
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
+  const TrainerOptions options = testing::quiet_options();
   CHECK_THROWS_WITH(Trainer(recipe_of("gpt2_tiny", "fp8_cpu", {"mixed_precision.fp8=e4m3"}), options),
                     Catch::Matchers::Contains("'mixed_precision.fp8' \"e4m3\" needs a GPU"));
   CHECK_THROWS_WITH(recipe_of("gpt2_tiny", "fp8_fourwise",

@@ -29,6 +29,7 @@
 #include "tests/test_support.h"
 #include "tests/train/byte_tokens.h"
 #include "tests/train/scratch_dir.h"
+#include "tests/train/short_run.h"
 
 namespace fsdp::train {
 namespace {
@@ -101,10 +102,7 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
       std::string("model.cp_comm_type=") + (layout.ring ? "p2p" : "all_gather")};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   const Recipe recipe = load_recipe("tests/train/golden/" + name + ".json", overrides);
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
-  Trainer trainer(recipe, options);
+  Trainer trainer(recipe, testing::quiet_options());
   const TrainResult r = trainer.run();
 
   INFO(name << ", " << testing::world_size() << " rank(s), " << describe(layout) << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
@@ -187,11 +185,7 @@ std::string reference_checkpoint(const std::string& name) {
        "run.output_dir=" + testing::scratch_dir(name + "_reference"), "logger.samples_file=null",
        "train.micro_batch_size=8", "checkpoint.save=" + save, "checkpoint.save_interval=" +
       std::to_string(kEarlyStateStep), "checkpoint.most_recent_k=0"});
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
-  options.alone = true;
-  const TrainResult r = Trainer(recipe, options).run();
+  const TrainResult r = Trainer(recipe, testing::quiet_options(/*alone=*/true)).run();
   REQUIRE(r.steps == 200);
   return save;
 }

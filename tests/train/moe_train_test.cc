@@ -32,11 +32,12 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
-#include "tests/train/byte_tokens.h"
-#include "tests/train/scratch_dir.h"
+#include "tests/train/short_run.h"
 
 namespace fsdp::train {
 namespace {
+
+using testing::with;
 
 constexpr int kSteps = 30;
 
@@ -65,29 +66,18 @@ TrainResult train(const std::string& name, const Layout& layout, bool alone,
                   const std::vector<std::string>& extra = {}) {
   const std::string tag = name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) +
                           "_ep" + std::to_string(layout.ep) + "_cp" + std::to_string(layout.cp) + "_tp" + std::to_string(layout.tp) +
-                          (layout.overlap ? "_overlap" : "") + (alone ? "_alone" : "") + "_rank" +
-                          std::to_string(testing::world_rank());
-  std::vector<std::string> overrides = {
-      "dataset.train_path=" + testing::byte_tokens_shard("moe"), "run.output_dir=" + testing::scratch_dir(tag),
-      "logger.samples_file=null", "logger.log_update_norms=false",
+                          (layout.overlap ? "_overlap" : "") + (alone ? "_alone" : "");
+  const std::vector<std::string> overrides = with(testing::short_run("moe", tag, kSteps), {
       "ddp.data_parallel_sharding_strategy=" + layout.strategy,
       "train.micro_batch_size=" + std::to_string(layout.micro_batch),
       "model.expert_model_parallel_size=" + std::to_string(layout.ep),
       "model.context_parallel_size=" + std::to_string(layout.cp),
       "model.tensor_model_parallel_size=" + std::to_string(layout.tp),
       std::string("model.sequence_parallel=") + (layout.tp > 1 ? "true" : "false"),
-      std::string("model.moe_shared_expert_overlap=") + (layout.overlap ? "true" : "false"),
-      "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
-      "scheduler.lr_decay_iters=" + std::to_string(kSteps)};
-  const std::vector<std::string> moe = moe_overrides(name);
-  overrides.insert(overrides.end(), moe.begin(), moe.end());
-  overrides.insert(overrides.end(), extra.begin(), extra.end());
-  const Recipe recipe = load_recipe("tests/train/golden/" + name + ".json", overrides);
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
-  options.alone = alone;
-  return Trainer(recipe, options).run();
+      std::string("model.moe_shared_expert_overlap=") + (layout.overlap ? "true" : "false")});
+  const Recipe recipe = load_recipe("tests/train/golden/" + name + ".json",
+                                    with(with(overrides, moe_overrides(name)), extra));
+  return Trainer(recipe, testing::quiet_options(alone)).run();
 }
 
 // The layouts run by a world of this size; those with the shared expert overlapped only for
@@ -268,13 +258,9 @@ TEST_CASE("the MoE metrics reach metrics.jsonl", "[train][moe]") {
                                         "run.output_dir=" + out, "logger.samples_file=null",
                                         "train.train_iters=3", "train.eval_interval=0",
                                         "scheduler.lr_warmup_iters=1"};
-  const std::vector<std::string> moe = moe_overrides("llama_tiny");
-  overrides.insert(overrides.end(), moe.begin(), moe.end());
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
-  const TrainResult r = Trainer(load_recipe("tests/train/golden/llama_tiny.json", overrides),
-                                options).run();
+  const TrainResult r = Trainer(load_recipe("tests/train/golden/llama_tiny.json",
+                                            with(overrides, moe_overrides("llama_tiny"))),
+                                testing::quiet_options()).run();
   const std::vector<StepMetrics> records = read_metrics_file(out + "/metrics.jsonl");
   REQUIRE(records.size() == 3);
   for (size_t i = 0; i < records.size(); ++i) {

@@ -21,8 +21,7 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
-#include "tests/train/byte_tokens.h"
-#include "tests/train/scratch_dir.h"
+#include "tests/train/short_run.h"
 
 namespace fsdp::train {
 namespace {
@@ -32,23 +31,16 @@ constexpr double kTolerance = 2e-6;
 
 TrainResult train(const std::string& model, const std::string& tag,
                   const std::vector<std::string>& layout, bool offload, bool alone = false) {
-  std::vector<std::string> overrides = {
-      "dataset.train_path=" + testing::byte_tokens_shard("offload_layouts"),
-      "run.output_dir=" + testing::scratch_dir(tag + "_rank" + std::to_string(testing::world_rank())),
-      "logger.samples_file=null", "logger.log_update_norms=false",
-      "train.train_iters=" + std::to_string(kSteps), "train.eval_interval=0",
-      "scheduler.lr_decay_iters=" + std::to_string(kSteps), "scheduler.lr_warmup_iters=2",
-      "mixed_precision.compute_dtype=f32", "mixed_precision.main_params_dtype=f32",
-      "mixed_precision.grad_reduce_dtype=f32", "optimizer.moments_dtype=f32",
-      "train.micro_batch_size=2",
-      std::string("optimizer.cpu_offload=") + (offload ? "true" : "false")};
-  overrides.insert(overrides.end(), layout.begin(), layout.end());
-  TrainerOptions options;
-  options.out = nullptr;
-  options.print_sample = false;
-  options.alone = alone;
+  const std::vector<std::string> overrides = testing::with(
+      testing::short_run("offload_layouts", tag, kSteps),
+      {"scheduler.lr_warmup_iters=2", "mixed_precision.compute_dtype=f32",
+       "mixed_precision.main_params_dtype=f32", "mixed_precision.grad_reduce_dtype=f32",
+       "optimizer.moments_dtype=f32", "train.micro_batch_size=2",
+       std::string("optimizer.cpu_offload=") + (offload ? "true" : "false")});
+  TrainerOptions options = testing::quiet_options(alone);
   options.offload_on_cpu = true;
-  return Trainer(load_recipe("tests/train/golden/" + model + ".json", overrides), options).run();
+  return Trainer(load_recipe("tests/train/golden/" + model + ".json", testing::with(overrides, layout)),
+                 options).run();
 }
 
 void check_close(const TrainResult& got, const TrainResult& want, const std::string& what) {

@@ -1,37 +1,47 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/gpu_bundle.sh on a GPU machine (no Bazel needed there):
-# every test binary (the multi-process ones under mpirun with their rank counts), writing one
-# log per binary to LOG_DIR and printing a summary table last.
+# every test binary's GPU cases (the multi-process ones under mpirun with their rank counts),
+# writing one log per binary to LOG_DIR and one summary line per binary as it finishes (also
+# appended to LOG_DIR/summary.txt, so a run stopped early keeps the lines of what finished).
 #
-#   scripts/gpu_run.sh [BUNDLE_DIR] [LOG_DIR]
+#   [ONLY=REGEX] [SPEC='[gpu]'] [TEST_TIMEOUT=S] scripts/gpu_run.sh [BUNDLE_DIR] [LOG_DIR]
+#
+# SPEC is the Catch test spec every binary runs: by default its [gpu] cases only, since the
+# CPU cases are the CI's (SPEC= runs every case). ONLY keeps the binaries whose names match
+# (e.g. 'kernel_twins' or 'parallel|train'), to split the run over several calls. Each
+# binary stops after TEST_TIMEOUT seconds (default 400); its line then says rc=124.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
 logs="${2:-${OUT:-/tmp}/gpu-logs}"
 mkdir -p "$logs"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+spec=("${SPEC-[gpu]}")
+[ -z "${spec[0]}" ] && spec=()
+only="${ONLY:-}"
+limit="${TEST_TIMEOUT:-400}"
 
-summary=()
+line() { echo "$1" | tee -a "$logs/summary.txt"; }
 run_one() {  # name, command...
   local name="$1"; shift
   local start=$SECONDS
-  "$@" > "$logs/$name.log" 2>&1
+  timeout "$limit" "$@" "${spec[@]}" > "$logs/$name.log" 2>&1
   local rc=$?
   local cases
   cases=$(grep -E "^(test cases|All tests passed)" "$logs/$name.log" | tail -1)
-  summary+=("$(printf '%-50s rc=%-3d %4ds  %s' "$name" "$rc" $((SECONDS - start)) "$cases")")
+  line "$(printf '%-50s rc=%-3d %4ds  %s' "$name" "$rc" $((SECONDS - start)) "$cases")"
 }
 
 for t in "$bundle"/tests/*; do
   name=$(basename "$t")
+  [ -n "$only" ] && ! [[ "$name" =~ $only ]] && continue
   run_one "$name" "$t"
   # The same binary under mpirun, for each rank count its sh_tests declare (if GPUs allow).
   for n in $(awk -v f="$name" '$1 == f { print $2 }' "$bundle/mpi.txt" 2>/dev/null); do
     # One GPU per rank (NCCL refuses two ranks on one device).
     if [ "$n" -gt "$ngpu" ]; then
-      summary+=("$(printf '%-50s skipped: needs %d GPUs' "${name}_np$n" "$n")")
+      line "$(printf '%-50s skipped: needs %d GPUs' "${name}_np$n" "$n")"
       continue
     fi
     run_one "${name}_np$n" mpirun --allow-run-as-root -np "$n" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE "$t"
   done
 done
-printf '%s\n' "${summary[@]}"

@@ -89,6 +89,76 @@ __global__ void quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t
   if (qt) tile::store_transposed<kVec>(bytes, qt, rows, cols);
 }
 
+// The SwiGLU gradient's cast with each (gate, up) pair read once. quantize_kernel's tiles
+// each cover one half of the (rows, 2 f_dim) gradient, so the gate half's tiles read gate, up
+// and dout and the up half's read gate and dout again: 14 bytes per pair where 10 do. Here a
+// block covers a (64, 128) tile of the gate half's columns and the same columns of the up
+// half, computing both gradients from one read (tile::swiglu_grad8), with the same bytes.
+// Whole groups of 8 only (f_dim % 8 == 0, rows 16-byte aligned); no column sums (SwiGLU's
+// gate and up have no bias).
+template <typename T>
+__global__ void swiglu_grad_quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t f_dim,
+                                            const float* amax, Fp8Format format, uint8_t* q,
+                                            uint8_t* qt, float* scale_inv,
+                                            unsigned* record_amax_bits) {
+  __shared__ __align__(8) tile::Bytes gate_bytes;
+  __shared__ __align__(8) tile::Bytes up_bytes;
+  float seen = 0.0f;  // max |value| over this thread's elements of both halves
+  const float scale = fp8_scale_for_amax(*amax, format);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  const int64_t cols = 2 * f_dim, r0 = tile::first_row(), c0 = tile::first_col();  // c0 < f_dim
+  const int col8 = (threadIdx.x % 16) * 8, sub = threadIdx.x / 16;  // 16 rows per pass
+  const int64_t c = c0 + col8;
+  if (c < f_dim) {
+    for (int rr = sub; rr < tile::kRows; rr += tile::kRowGroups) {
+      const int64_t r = r0 + rr;
+      if (r >= rows) break;
+      float dg[8], du[8];
+      tile::swiglu_grad8(x, dout, r, c, f_dim, dg, du);
+      uint8_t bg[8], bu[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        bg[j] = fp8_encode_satfinite(__fmul_rn(dg[j], scale), format);
+        bu[j] = fp8_encode_satfinite(__fmul_rn(du[j], scale), format);
+        seen = fmaxf(seen, fmaxf(fabsf(dg[j]), fabsf(du[j])));
+      }
+      *reinterpret_cast<uint2*>(&gate_bytes[rr][col8]) = fp8_pack8(bg);
+      *reinterpret_cast<uint2*>(&up_bytes[rr][col8]) = fp8_pack8(bu);
+      if (q) {
+        *reinterpret_cast<uint2*>(q + r * cols + c) = fp8_pack8(bg);
+        *reinterpret_cast<uint2*>(q + r * cols + f_dim + c) = fp8_pack8(bu);
+      }
+    }
+  }
+  if (record_amax_bits) {  // the same for the whole block
+    seen = block_max(seen);
+    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
+  }
+  if (qt) {
+    const int64_t n_cols = f_dim - c0 < tile::kCols ? f_dim - c0 : tile::kCols;
+    tile::store_transposed_at<true>(gate_bytes, qt, rows, c0, n_cols);
+    tile::store_transposed_at<true>(up_bytes, qt, rows, f_dim + c0, n_cols);
+  }
+}
+
+// The amax of the SwiGLU gradient (both halves) with each (gate, up) pair read once (as
+// swiglu_grad_quantize_kernel), each thread folding groups of 8 pairs.
+template <typename T>
+__global__ void swiglu_grad_amax_kernel(const T* x, const T* dout, int64_t rows, int64_t f_dim,
+                                        unsigned* amax_bits) {
+  float m = 0.0f;
+  const int64_t per_row = f_dim / 8, n = rows * per_row;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float dg[8], du[8];
+    tile::swiglu_grad8(x, dout, i / per_row, (i % per_row) * 8, f_dim, dg, du);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(fabsf(dg[j]), fabsf(du[j])));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
+
 // Whether the source's rows split into whole groups of 8 (for swiglu_grad, each half too; a
 // swiglu source's rows are F long).
 bool source_vectorizes(Fp8CastSource source, int64_t cols) {
@@ -144,6 +214,13 @@ void fp8_amax(float* amax, const void* x, const void* dout, Fp8CastSource source
   const bool vec = source_vectorizes(source, cols) && aligned16(x) && aligned16(dout);
   tile::dispatch_cast_input(dtype, "fp8_amax", [&](auto tag) {
     using T = decltype(tag);
+    if (source == Fp8CastSource::swiglu_grad && vec) {
+      const int64_t f_dim = cols / 2, blocks = std::min<int64_t>((rows * (f_dim / 8) + 255) / 256, 2048);
+      swiglu_grad_amax_kernel<T><<<unsigned(blocks), 256, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(dout), rows, f_dim,
+          reinterpret_cast<unsigned*>(amax));
+      return;
+    }
     auto launch = [&](auto source_tag, auto vec_tag) {
       constexpr bool kVec = decltype(vec_tag)::value;
       const int64_t n = rows * (kVec ? cols / 8 : cols);
@@ -172,6 +249,12 @@ void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType d
                    uintptr_t(q) % 8 == 0 && uintptr_t(qt) % 8 == 0;
   tile::dispatch_cast_input(dtype, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
+    if (source == Fp8CastSource::swiglu_grad && vec && !partials) {
+      swiglu_grad_quantize_kernel<T><<<tile::grid(rows, cols / 2, "fp8_quantize"), tile::kThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols / 2, amax, format, q,
+          qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+      return;
+    }
     auto launch = [&](auto source_tag, auto vec_tag, auto sums_tag) {
       quantize_kernel<decltype(source_tag)::value, T, decltype(vec_tag)::value,
                       decltype(sums_tag)::value><<<grid, tile::kThreads, 0, stream>>>(

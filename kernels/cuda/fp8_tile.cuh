@@ -107,6 +107,23 @@ __device__ __forceinline__ void load_source8(const T* x, const T* dout, int64_t 
   }
 }
 
+// The SwiGLU gradient of the 8 (gate, up) pairs of row r from column c of the gate half
+// (whole groups: c + 7 < f_dim, rows 16-byte aligned), x (rows, 2 f_dim) = [gate | up] and
+// dout (rows, f_dim), read once: dg and du as load_source8 computes each half, bit for bit.
+template <typename T>
+__device__ __forceinline__ void swiglu_grad8(const T* x, const T* dout, int64_t r, int64_t c,
+                                             int64_t f_dim, float (&dg)[8], float (&du)[8]) {
+  float g[8], u[8], d[8];
+  load_floats<8>(x + r * 2 * f_dim + c, g);
+  load_floats<8>(x + r * 2 * f_dim + f_dim + c, u);
+  load_floats<8>(dout + r * f_dim + c, d);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    dg[j] = to_float(from_float<T>(d[j] * u[j] * silu_grad(g[j])));
+    du[j] = to_float(from_float<T>(d[j] * silu(g[j])));
+  }
+}
+
 // b into q's row r from column c (clipped at the row's end).
 template <bool kVec>
 __device__ __forceinline__ void store8(uint8_t* q, int64_t r, int64_t c, int64_t cols,
@@ -134,18 +151,19 @@ __device__ __forceinline__ void column_sums(float (*sums)[kCols], const float (&
   }
 }
 
-// The tile's bytes, transposed, into qt (cols, rows). Every thread of the block calls it,
-// after writing its bytes into `tile`.
+// The first n_cols columns of the tile's bytes, transposed, into qt's rows from qt_row0 (qt
+// has `rows` columns). Every thread of the block calls it, after writing its bytes into
+// `tile`.
 template <bool kVec>
-__device__ __forceinline__ void store_transposed(const Bytes& tile, uint8_t* qt, int64_t rows,
-                                                 int64_t cols) {
+__device__ __forceinline__ void store_transposed_at(const Bytes& tile, uint8_t* qt, int64_t rows,
+                                                    int64_t qt_row0, int64_t n_cols) {
   __syncthreads();
-  const int64_t r0 = first_row(), c0 = first_col();
+  const int64_t r0 = first_row();
   const bool vec_qt = kVec && rows % 8 == 0;
   const int row8 = (threadIdx.x % 8) * 8, csub = threadIdx.x / 8;  // 32 columns per pass
   for (int cc = csub; cc < kCols; cc += kThreads / 8) {
-    const int64_t c = c0 + cc, r = r0 + row8;
-    if (c >= cols) break;
+    const int64_t c = qt_row0 + cc, r = r0 + row8;
+    if (cc >= n_cols) break;
     if (r >= rows) continue;
     uint8_t b[8];
 #pragma unroll
@@ -156,6 +174,14 @@ __device__ __forceinline__ void store_transposed(const Bytes& tile, uint8_t* qt,
       for (int j = 0; j < 8 && r + j < rows; ++j) qt[c * rows + r + j] = b[j];
     }
   }
+}
+
+// The tile's bytes, transposed, into qt (cols, rows): this block's columns of x.
+template <bool kVec>
+__device__ __forceinline__ void store_transposed(const Bytes& tile, uint8_t* qt, int64_t rows,
+                                                 int64_t cols) {
+  const int64_t c0 = first_col();
+  store_transposed_at<kVec>(tile, qt, rows, c0, cols - c0 < kCols ? cols - c0 : kCols);
 }
 
 // f(T{}) for the input dtypes the casts take: f32, bf16, f16 (DTypeError naming `what`

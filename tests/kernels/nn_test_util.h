@@ -20,19 +20,34 @@ constexpr double kFdTol = 1e-7;
 inline std::vector<double> uniform_values(int64_t n, uint32_t seed, double lo = -1, double hi = 1) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> d(lo, hi);
-  std::vector<double> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
+  std::vector<double> v;
+  v.reserve(static_cast<size_t>(n));  // not zeroed first: the twins draw tensors of 10^8 values
+  for (int64_t i = 0; i < n; ++i) v.push_back(d(rng));
   return v;
 }
 
-inline Tensor random_tensor(Context& ctx, const Shape& shape, DType dtype, uint32_t seed,
-                            double lo = -1, double hi = 1) {
-  return ops::from_vector(ctx, uniform_values(shape.numel(), seed, lo, hi), shape, dtype);
+// A contiguous host f64 tensor over `values` (no copy: valid while they are unchanged).
+inline Tensor host_view(std::vector<double>& values, const Shape& shape) {
+  return Tensor::from_storage(
+      Storage::wrap(values.data(), values.size() * sizeof(double), Device::cpu()), shape,
+      DType::f64);
 }
 
-// Every element of t (any device, layout, floating dtype) as doubles, in logical order.
+// ops::from_vector of uniform values, converted straight from them (one pass, no f64 copy).
+inline Tensor random_tensor(Context& ctx, const Shape& shape, DType dtype, uint32_t seed,
+                            double lo = -1, double hi = 1) {
+  if (shape.numel() == 0) return ops::from_vector(ctx, {}, shape, dtype);
+  std::vector<double> v = uniform_values(shape.numel(), seed, lo, hi);
+  const Tensor host = ops::cast(ctx, host_view(v, shape), dtype);
+  return ctx.device().is_cpu() ? host : ops::to_device(ctx, host, ctx.device());
+}
+
+// Every element of t (any device, layout, floating dtype) as doubles, in logical order,
+// converted straight into the vector returned.
 inline std::vector<double> values(Context& ctx, const Tensor& t) {
-  return ops::to_vector<double>(ctx, ops::cast(ctx, ops::to_host(ctx, t), DType::f64));
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  if (!out.empty()) ops::copy(ctx, host_view(out, t.shape()), ops::to_host(ctx, t));
+  return out;
 }
 
 // Largest |a - b| / max(|b|, floor) over two equally long value lists.

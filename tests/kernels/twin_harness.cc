@@ -93,6 +93,8 @@ DType TwinSide::dtype(DType dt) const {
 }
 
 Tensor TwinSide::place(const Tensor& host_in_dt) const {
+  // The reference side computes on the host tensor itself when it is of its dtype already.
+  if (reference_ && dtype(host_in_dt.dtype()) == host_in_dt.dtype()) return host_in_dt;
   if (reference_) return ops::cast(ctx_, host_in_dt, dtype(host_in_dt.dtype()));
   return ops::to_device(ctx_, host_in_dt, ctx_.device());
 }

@@ -18,6 +18,10 @@
 #   bf16    the gpt2 part's first replay only (the defaults): the quick check after a change
 #   llama   a Llama of the same size (12 x 768, 12 heads sharing 4 kv heads, untied), same
 #           weights and batches, in bf16 (LLAMA_PRECISIONS="bf16 f32" adds f32)
+#   rope32  the llama part's bf16 run replayed twice: by the twin as it is (Hugging Face's
+#           rotary embedding in bf16) and with its rotary embedding in f32 rounded once, as
+#           fsdp.cpp computes it (curve.py replay --rotary-f32): how much of the bf16 gap
+#           between the two is the rotation's rounding
 #   noise   the noise floor of an f32 comparison: fsdp.cpp's f32 GPT-2 and Llama runs again
 #           with micro-batches of 8 (two per step), a change of rounding only; compare their
 #           metrics with the f32 runs' (curve.py table); the GPT-2 one is also replayed by the
@@ -67,9 +71,15 @@ replay() {
   local name=$1 precision=$2; shift 2
   train "$name" "$@" "${REPLAY[@]}" mixed_precision.compute_dtype="$precision"
   "$B/tools/convert" init "$L/$name/init.safetensors" "$@" > /dev/null
+  twin "$name" curve.json
+}
+
+# twin NAME OUT [CURVE_ARGS...]: the PyTorch twin's replay of run NAME into $L/NAME/OUT.
+twin() {
+  local name=$1 out=$2; shift 2
   timeout 580 python3 tools/parity/curve.py replay "$L/$name" --weights "$L/$name/init.safetensors" \
-    --out "$L/$name/curve.json" --svg "$L/$name/curve.svg" > "$L/$name/replay.log" 2>&1
-  say "replay $name rc=$?"; tail -1 "$L/$name/replay.log"
+    --out "$L/$name/$out" --svg "$L/$name/${out%.json}.svg" "$@" > "$L/$name/${out%.json}.log" 2>&1
+  say "replay $name $* rc=$?"; tail -1 "$L/$name/${out%.json}.log"
 }
 
 if want golden; then
@@ -116,6 +126,11 @@ want bf16 && replay gpt2_bf16 bf16 "${GPT2[@]}"
 want f32 && replay gpt2_f32 f32 "${GPT2[@]}"
 if want llama; then
   for p in ${LLAMA_PRECISIONS:-bf16}; do replay llama_$p $p "${GPT2[@]}" "${LLAMA[@]}"; done
+fi
+
+if want rope32; then
+  replay llama_bf16_rope32 bf16 "${GPT2[@]}" "${LLAMA[@]}"
+  twin llama_bf16_rope32 curve_rotary_f32.json --rotary-f32
 fi
 
 want mb8 && replay llama_f32_mb8_replay f32 "${GPT2[@]}" "${LLAMA[@]}" train.micro_batch_size=8
@@ -168,12 +183,13 @@ if want fp8all; then
 fi
 
 # One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).
-for f in "$L"/*/curve.json; do
+for f in "$L"/*/curve.json "$L"/*/curve_*.json; do
   [ -f "$f" ] || continue
   python3 - "$f" <<'PY'
-import json, sys
+import json, os, sys
 c = json.load(open(sys.argv[1])); s = c["summary"]
-print(f"{sys.argv[1].split('/')[-2]:<32} {c['precision']:>5}  val diff "
+run, name = sys.argv[1].split('/')[-2], os.path.basename(sys.argv[1])[len("curve"):-len(".json")]
+print(f"{run + name:<32} {c['precision']:>5}  val diff "
       + " ".join(f"@{k} {v:+.4f}" for k, v in s["val_loss_diff"].items())
       + f"  |train diff| max {s['max_abs_loss_diff']:.3f}, mean last 50 {s['mean_loss_diff_last_50']:+.4f}")
 PY

@@ -404,6 +404,7 @@ def cmd_replay(args):
     steps = {r["step"]: r for r in read_jsonl(os.path.join(args.run_dir, samples_file))}
     weights, meta = read_safetensors(args.weights)
     cfg = config_of(meta)
+    cfg["rotary_f32"] = args.rotary_f32
     data = Data(recipe)
     ours = fsdp_curve(args.run_dir, recipe)
     device = torch.device(args.device)
@@ -506,6 +507,9 @@ def main():
     r.add_argument("--golden", help="also write the twin's curve alone, as a golden-curve file")
     r.add_argument("--device", default=default_device)
     r.add_argument("--precision", default="recipe", choices=["recipe", "bf16", "f32", "f64"])
+    r.add_argument("--rotary-f32", action="store_true",
+                   help="the twin's rotary embedding in f32, rounded once (fsdp.cpp's arithmetic) "
+                        "instead of Hugging Face's in the compute dtype")
     r.set_defaults(run=cmd_replay)
     i = sub.add_parser("independent")
     i.add_argument("run_dir", help="an fsdp.cpp run directory: its recipe is used")

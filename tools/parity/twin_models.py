@@ -35,12 +35,18 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rotary(x, theta):
-    """Hugging Face Llama's rotary embedding of x (B, H, T, D)."""
+def rotary(x, theta, in_f32=False):
+    """Hugging Face Llama's rotary embedding of x (B, H, T, D): in x's dtype (its cosines,
+    sines and products rounded to bf16 under autocast), or, with in_f32, in f32 rounded once
+    to x's dtype, as fsdp.cpp computes it (a diagnostic: which of the two a bf16 curve
+    follows)."""
     d, t = x.shape[-1], x.shape[-2]
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d))
     freqs = torch.outer(torch.arange(t, dtype=torch.float64, device=x.device), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
+    if in_f32 and x.dtype != torch.float64:
+        xf = x.float()
+        return (xf * emb.cos().float() + rotate_half(xf) * emb.sin().float()).to(x.dtype)
     return x * emb.cos().to(x.dtype) + rotate_half(x) * emb.sin().to(x.dtype)
 
 
@@ -52,6 +58,7 @@ class Attention(nn.Module):
         self.h, self.hkv = cfg["n_head"], cfg["n_kv_head"]
         self.d = cfg["d_model"] // self.h
         self.rope_theta = rope_theta
+        self.rotary_f32 = bool(cfg.get("rotary_f32", False))
         self.sdpa = sdpa
         self.qkv = nn.Linear(cfg["d_model"], (self.h + 2 * self.hkv) * self.d, bias=bias)
         self.proj = nn.Linear(self.h * self.d, cfg["d_model"], bias=bias)
@@ -63,7 +70,8 @@ class Attention(nn.Module):
         k = k.view(b, t, self.hkv, self.d).transpose(1, 2)   # (B, Hkv, T, D)
         v = v.view(b, t, self.hkv, self.d).transpose(1, 2)
         if self.rope_theta:
-            q, k = rotary(q, self.rope_theta), rotary(k, self.rope_theta)
+            q = rotary(q, self.rope_theta, self.rotary_f32)
+            k = rotary(k, self.rope_theta, self.rotary_f32)
         rep = self.h // self.hkv  # Hugging Face's repeat_kv: query head i uses kv head i // rep
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)

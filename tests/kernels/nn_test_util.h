@@ -26,7 +26,8 @@ inline std::vector<double> uniform_values(int64_t n, uint32_t seed, double lo = 
   return v;
 }
 
-// A contiguous host f64 tensor over `values` (no copy: valid while they are unchanged).
+// A contiguous host f64 tensor over `values` (no copy: valid while the vector lives and is
+// not reallocated).
 inline Tensor host_view(std::vector<double>& values, const Shape& shape) {
   return Tensor::from_storage(
       Storage::wrap(values.data(), values.size() * sizeof(double), Device::cpu()), shape,

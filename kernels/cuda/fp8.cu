@@ -214,20 +214,21 @@ void fp8_amax(float* amax, const void* x, const void* dout, Fp8CastSource source
   const bool vec = source_vectorizes(source, cols) && aligned16(x) && aligned16(dout);
   tile::dispatch_cast_input(dtype, "fp8_amax", [&](auto tag) {
     using T = decltype(tag);
-    if (source == Fp8CastSource::swiglu_grad && vec) {
-      const int64_t f_dim = cols / 2, blocks = std::min<int64_t>((rows * (f_dim / 8) + 255) / 256, 2048);
-      swiglu_grad_amax_kernel<T><<<unsigned(blocks), 256, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(dout), rows, f_dim,
-          reinterpret_cast<unsigned*>(amax));
-      return;
-    }
     auto launch = [&](auto source_tag, auto vec_tag) {
+      constexpr Fp8CastSource kSource = decltype(source_tag)::value;
       constexpr bool kVec = decltype(vec_tag)::value;
-      const int64_t n = rows * (kVec ? cols / 8 : cols);
+      constexpr bool kPairs = kSource == Fp8CastSource::swiglu_grad && kVec;  // 8 pairs a thread
+      const int64_t n = rows * (kPairs ? cols / 16 : kVec ? cols / 8 : cols);
       const int64_t blocks = std::min<int64_t>((n + 255) / 256, 2048);
-      source_amax_kernel<decltype(source_tag)::value, T, kVec><<<unsigned(blocks), 256, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols,
-          reinterpret_cast<unsigned*>(amax));
+      if constexpr (kPairs) {
+        swiglu_grad_amax_kernel<T><<<unsigned(blocks), 256, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols / 2,
+            reinterpret_cast<unsigned*>(amax));
+      } else {
+        source_amax_kernel<kSource, T, kVec><<<unsigned(blocks), 256, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols,
+            reinterpret_cast<unsigned*>(amax));
+      }
     };
     dispatch_source(source, [&](auto source_tag) {
       if (vec) launch(source_tag, std::true_type{});
@@ -249,17 +250,19 @@ void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType d
                    uintptr_t(q) % 8 == 0 && uintptr_t(qt) % 8 == 0;
   tile::dispatch_cast_input(dtype, "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
-    if (source == Fp8CastSource::swiglu_grad && vec && !partials) {
-      swiglu_grad_quantize_kernel<T><<<tile::grid(rows, cols / 2, "fp8_quantize"), tile::kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols / 2, amax, format, q,
-          qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
-      return;
-    }
     auto launch = [&](auto source_tag, auto vec_tag, auto sums_tag) {
-      quantize_kernel<decltype(source_tag)::value, T, decltype(vec_tag)::value,
-                      decltype(sums_tag)::value><<<grid, tile::kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q, qt,
-          scale_inv, partials, reinterpret_cast<unsigned*>(record_amax));
+      constexpr Fp8CastSource kSource = decltype(source_tag)::value;
+      constexpr bool kVec = decltype(vec_tag)::value, kSums = decltype(sums_tag)::value;
+      if constexpr (kSource == Fp8CastSource::swiglu_grad && kVec && !kSums) {
+        // A block per tile of the gate half's columns, with the same columns of the up half.
+        swiglu_grad_quantize_kernel<T><<<tile::grid(rows, cols / 2, "fp8_quantize"), tile::kThreads, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols / 2, amax, format,
+            q, qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+      } else {
+        quantize_kernel<kSource, T, kVec, kSums><<<grid, tile::kThreads, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q,
+            qt, scale_inv, partials, reinterpret_cast<unsigned*>(record_amax));
+      }
     };
     using yes = std::true_type;
     using no = std::false_type;

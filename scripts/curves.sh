@@ -34,6 +34,9 @@
 #           each from the same weights and batches; the table of their validation losses
 #   fp8all  the same with FP8 in every block (first_last_layers_bf16=false): GPT-2 d12 with
 #           tensorwise, delayed and blockwise scaling, and the ~1B Llama with the same three
+#   rowwise GPT-2 d12 and the ~1B Llama with row scaling (fp8_recipe=rowwise, hybrid, the
+#           first and last blocks in bf16) against their bf16 runs (those of the fp8 part
+#           when it ran in this call)
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -180,6 +183,17 @@ if want fp8all; then
     llama1b_fp8all_tensorwise="$L/llama1b_fp8all_tensorwise" \
     llama1b_fp8all_delayed="$L/llama1b_fp8all_delayed" \
     llama1b_fp8all_blockwise="$L/llama1b_fp8all_blockwise" | tee "$L/fp8all_table.txt"
+fi
+
+if want rowwise; then
+  RW=(mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=rowwise)
+  [ -d "$L/gpt2_bf16_ref" ] || train gpt2_bf16_ref "${GPT2[@]}"
+  train gpt2_fp8_rowwise "${GPT2[@]}" "${RW[@]}"
+  [ -d "$L/llama1b_bf16_ref" ] || train llama1b_bf16_ref "${L1B[@]}"
+  train llama1b_fp8_rowwise "${L1B[@]}" "${RW[@]}"
+  curve table --steps 50,100,150,200,250,300 gpt2_bf16="$L/gpt2_bf16_ref" \
+    gpt2_fp8_rowwise="$L/gpt2_fp8_rowwise" llama1b_bf16="$L/llama1b_bf16_ref" \
+    llama1b_fp8_rowwise="$L/llama1b_fp8_rowwise" | tee "$L/rowwise_table.txt"
 fi
 
 # One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).

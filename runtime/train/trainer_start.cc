@@ -86,12 +86,6 @@ void Trainer::State::apply_fp8_plan() {
                "\": ", why);
     FSDP_CHECK(mp.compute_dtype == "bf16", ConfigError, "'mixed_precision.fp8' needs "
                "'mixed_precision.compute_dtype' \"bf16\", not \"", mp.compute_dtype, "\"");
-    // Its CUDA kernels (kernels/cuda/fp8_rows.cu, cuBLASLt's OUTER_VEC_32F products) are
-    // built but have not been checked against their CPU twins on a GPU yet.
-    FSDP_CHECK(mp.fp8_recipe != "rowwise", ConfigError, "'mixed_precision.fp8_recipe' "
-               "\"rowwise\" runs on the CPU simulation only in this build: its GPU kernels "
-               "have not been validated on a GPU yet; use \"tensorwise\", \"delayed\" or "
-               "\"blockwise\"");
   } else {
     FSDP_CHECK(options.simulate_fp8_on_cpu, ConfigError, "'mixed_precision.fp8' \"", *mp.fp8,
                "\" needs a GPU with FP8 tensor cores (compute capability 8.9 or newer); "

@@ -207,7 +207,11 @@ void activation_case(ops::Fp8CastSource kind, int64_t rows, int64_t f, double sc
     s.output("rows that differ", qb.rows.data, few);
     s.output("columns", qb.columns.data, one_step);
     s.output("columns that differ", qb.columns.data, few);
-    if (sums) s.output("column sums", db_b, Tolerance::scaled(1e-4, "f32 sums of values a few bf16 neighbours apart"));
+    // A value one bf16 step apart moves its column's sum by that step: 2^-6 for a value in
+    // [2, 4), 1.4e-4 of the sums' scale at 1000 x 1408 (measured on an H100, one such value).
+    if (sums)
+      s.output("column sums", db_b,
+               Tolerance::scaled(1e-3, "f32 sums over rows of which a few values are one bf16 step apart"));
   }});
 }
 

@@ -47,6 +47,11 @@ B="$bundle"
 work="$(mktemp -d)"
 PARTS="${PARTS:-golden seeds gpt2 f32 llama}"
 want() { [[ " $PARTS " == *" $1 "* ]]; }
+# A run is started in the background and waited for, so that a TERM or INT sent to this
+# script (an outer `timeout`) stops it at once and passes on to the run, which would
+# otherwise keep the GPU busy after the script is gone.
+waited() { "$@" & wait $!; }
+trap 'pkill -TERM -P $$; exit 143' TERM INT
 say() { echo "== $* ($(date +%T))"; }
 curve() { python3 tools/parity/curve.py "$@"; }
 
@@ -64,7 +69,7 @@ REPLAY=(logger.samples_file=samples.jsonl logger.log_update_norms=true)
 # train NAME ARGS...: one fsdp.cpp run into $L/NAME (its step lines in $L/NAME.log).
 train() {
   local name=$1; shift
-  timeout 580 "$B/tools/train" "$@" run.output_dir="$L/$name" > "$L/$name.log" 2>&1
+  waited timeout 580 "$B/tools/train" "$@" run.output_dir="$L/$name" > "$L/$name.log" 2>&1
   say "fsdp.cpp $name rc=$? $(grep -E '^step 300/' "$L/$name.log" | cut -c1-80)"
 }
 
@@ -80,7 +85,7 @@ replay() {
 # twin NAME OUT [CURVE_ARGS...]: the PyTorch twin's replay of run NAME into $L/NAME/OUT.
 twin() {
   local name=$1 out=$2; shift 2
-  timeout 580 python3 tools/parity/curve.py replay "$L/$name" --weights "$L/$name/init.safetensors" \
+  waited timeout 580 python3 tools/parity/curve.py replay "$L/$name" --weights "$L/$name/init.safetensors" \
     --out "$L/$name/$out" --svg "$L/$name/${out%.json}.svg" "$@" > "$L/$name/${out%.json}.log" 2>&1
   say "replay $name $* rc=$?"; tail -1 "$L/$name/${out%.json}.log"
 }
@@ -95,9 +100,9 @@ open(sys.argv[1], "wb").write(header.tobytes() + tokens.tobytes())
 PY
   for m in gpt2_tiny llama_tiny; do
     R=(--config tests/train/golden/$m.json dataset.train_path="$work/austen_bytes.bin")
-    timeout 120 "$B/tools/train" "${R[@]}" run.output_dir="$L/golden/$m" > "$L/golden/$m.log" 2>&1
+    waited timeout 120 "$B/tools/train" "${R[@]}" run.output_dir="$L/golden/$m" > "$L/golden/$m.log" 2>&1
     "$B/tools/convert" init "$L/golden/$m/init.safetensors" "${R[@]}" > /dev/null
-    CUDA_VISIBLE_DEVICES= timeout 300 python3 tools/parity/curve.py replay "$L/golden/$m" \
+    CUDA_VISIBLE_DEVICES= waited timeout 300 python3 tools/parity/curve.py replay "$L/golden/$m" \
       --weights "$L/golden/$m/init.safetensors" --device cpu --out "$L/golden/$m/curve.json" \
       --golden "$L/golden/${m}_curve.json" > "$L/golden/$m.replay.log" 2>&1
     say "golden $m rc=$?"; tail -1 "$L/golden/$m.replay.log"
@@ -109,7 +114,7 @@ if want seeds; then
     train "seed$s" "${GPT2[@]}" run.seed=$s dataset.seed=$s
     train "text_seed$s" "${GPT2[@]}" run.seed=$s dataset.seed=$s dataset.type=text \
       dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0.05
-    timeout 580 python3 tools/parity/curve.py independent "$L/seed$s" --seed $s --precision bf16 \
+    waited timeout 580 python3 tools/parity/curve.py independent "$L/seed$s" --seed $s --precision bf16 \
       --out "$L/torch_seed$s.json" > "$L/torch_seed$s.log" 2>&1
     say "pytorch seed $s rc=$?"
   done

@@ -47,11 +47,7 @@ B="$bundle"
 work="$(mktemp -d)"
 PARTS="${PARTS:-golden seeds gpt2 f32 llama}"
 want() { [[ " $PARTS " == *" $1 "* ]]; }
-# A run is started in the background and waited for, so that a TERM or INT sent to this
-# script (an outer `timeout`) stops it at once and passes on to the run, which would
-# otherwise keep the GPU busy after the script is gone.
-waited() { "$@" & wait $!; }
-trap 'pkill -TERM -P $$; exit 143' TERM INT
+trap 'pkill -TERM -P $$; exit 143' TERM INT  # runs started with `waited` (gpu_env.sh) stop too
 say() { echo "== $* ($(date +%T))"; }
 curve() { python3 tools/parity/curve.py "$@"; }
 

@@ -13,3 +13,8 @@ nv="${FSDP_NVIDIA_LIBS:-}"
 [ -n "$nv" ] && [ -d "$nv/cudnn/lib" ] && export LD_LIBRARY_PATH="$nv/cudnn/lib:$nv/nccl/lib:${LD_LIBRARY_PATH:-}"
 # No core binding: the CPU-offloaded optimizer spreads over the host's cores.
 MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
+# waited CMD...: runs CMD in the background and waits for it. A script that traps TERM and
+# INT with `pkill -TERM -P $$` then stops CMD when an outer `timeout` stops the script; bash
+# runs no trap while a foreground command runs, so CMD would otherwise outlive the script
+# and keep the GPU busy.
+waited() { "$@" & wait $!; }

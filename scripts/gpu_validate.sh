@@ -49,6 +49,7 @@ L="${2:-${OUT:-/tmp}/gpu-validate}"
 mkdir -p "$L"
 B="$bundle"
 work="$(mktemp -d)"
+trap 'pkill -TERM -P $$; exit 143' TERM INT  # runs started with `waited` (gpu_env.sh) stop too
 pack() { tar czf "$L.tgz" -C "$(dirname "$L")" "$(basename "$L")"; }
 say() { echo "== $* ($(date +%T))"; }
 CHECKS="${CHECKS:-1 2 3 4 5 6 7 8}"
@@ -58,9 +59,9 @@ if want 1; then
 # 1. PyTorch parity
 for m in gpt2-d12 llama-small; do for dt in bf16 f32; do
   d="$work/parity/${m}_$dt"
-  timeout 60 "$B/tools/parity_dump" --model $m --device cuda --dtype $dt --batch 4 --seq 64 \
+  waited timeout 60 "$B/tools/parity_dump" --model $m --device cuda --dtype $dt --batch 4 --seq 64 \
     --steps 10 --out "$d" > "$L/pdump_${m}_$dt.log" 2>&1
-  timeout 90 python3 tools/parity/parity.py "$d" --device cuda --json "$L/parity_${m}_$dt.json" \
+  waited timeout 90 python3 tools/parity/parity.py "$d" --device cuda --json "$L/parity_${m}_$dt.json" \
     > "$L/parity_${m}_$dt.txt" 2>&1
   say "parity $m $dt rc=$?"; grep -E "^RESULT" "$L/parity_${m}_$dt.txt"
 done; done; pack
@@ -73,9 +74,9 @@ C=(--config configs/gpt2-124m.json dataset.type=text dataset.train_path=third_pa
    train.global_batch_size=16 train.eval_interval=0 logger.log_interval=1
    scheduler.lr_warmup_iters=10 ddp.data_parallel_sharding_strategy=optim_grads_params
    checkpoint.load=null)
-timeout 150 "$B/tools/train" "${C[@]}" run.output_dir="$L/z3_1gpu" checkpoint.save=null \
+waited timeout 150 "$B/tools/train" "${C[@]}" run.output_dir="$L/z3_1gpu" checkpoint.save=null \
   > "$L/z3_1gpu.log" 2>&1; say "zero3 1 gpu rc=$?"
-timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/train" "${C[@]}" run.output_dir="$L/z3_2gpu" \
+waited timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/train" "${C[@]}" run.output_dir="$L/z3_2gpu" \
   checkpoint.save="$work/ck" > "$L/z3_2gpu.log" 2>&1; say "zero3 2 gpus rc=$?"
 python3 - "$L" <<'PY'
 import json, sys
@@ -93,19 +94,19 @@ if want 3; then
 # 3. GPT-2 124M, 1 GPU
 # with the residual stream in f32 (the default) and in bf16 (llm.c's numerics)
 for res in true false; do
-  timeout 150 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
+  waited timeout 150 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
     ddp.data_parallel_sharding_strategy=no_shard model.fp32_residual_connection=$res \
     > "$L/bench_gpt2_1gpu_res_$res.txt" 2>&1
   say "gpt2 1 gpu, fp32 residual $res rc=$?"; cat "$L/bench_gpt2_1gpu_res_$res.txt"
 done
 # Its peer in the same call: the same shapes in PyTorch with torch.compile.
-timeout 300 python3 tools/peer/torch_peer.py --workload gpt2-124m > "$L/peer_gpt2_1gpu.txt" 2>&1
+waited timeout 300 python3 tools/peer/torch_peer.py --workload gpt2-124m > "$L/peer_gpt2_1gpu.txt" 2>&1
 say "gpt2 1 gpu, PyTorch + torch.compile rc=$?"; cat "$L/peer_gpt2_1gpu.txt"; pack
 fi
 
 if want 4; then
 # 4. GPT 1.3B, ZeRO-3, 2 GPUs, micro-batch 16
-timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
+waited timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
   --compute-baseline train.global_batch_size=32 > "$L/bench_1.3b.txt" 2>&1
 say "gpt 1.3b rc=$?"; cat "$L/bench_1.3b.txt"; pack
 # Where the exposed communication comes from: the step time with gradients reduced in bf16
@@ -113,7 +114,7 @@ say "gpt 1.3b rc=$?"; cat "$L/bench_1.3b.txt"; pack
 for v in ddp.grad_reduce_in_fp32=false ddp.prefetch_units=2 \
          "ddp.overlap_grad_reduce=false ddp.overlap_param_gather=false"; do
   f="$L/bench_1.3b_$(echo "$v" | tr ' =' '__').txt"
-  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
+  waited timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
     train.global_batch_size=32 $v > "$f" 2>&1
   say "gpt 1.3b, $v rc=$?"; grep -E "per GPU|MFU|step time|peak alloc" "$f"
 done; pack
@@ -121,19 +122,19 @@ fi
 
 if want 5; then
 # 5. Hugging Face export of the 2-GPU checkpoint
-timeout 150 "$B/tools/convert" export "$work/ck" "$work/hf" > "$L/export.log" 2>&1; say "export rc=$?"
-timeout 120 python3 tools/convert/check_hf_export.py "$work/hf" > "$L/hf_check.txt" 2>&1
+waited timeout 150 "$B/tools/convert" export "$work/ck" "$work/hf" > "$L/export.log" 2>&1; say "export rc=$?"
+waited timeout 120 python3 tools/convert/check_hf_export.py "$work/hf" > "$L/hf_check.txt" 2>&1
 say "transformers check rc=$?"; tail -4 "$L/hf_check.txt"
 # A Mixtral: configs/moe-tiny.json (Llama family, 8 experts, top 2) without its shared
 # expert, which Mixtral has not. In bf16 the check holds the positions routed as in f32 to
 # the tolerance (check_hf_export.py: a near tie in a router reroutes a token).
-timeout 120 "$B/tools/train" --config configs/moe-tiny.json model.moe_shared_expert_intermediate_size=0 \
+waited timeout 120 "$B/tools/train" --config configs/moe-tiny.json model.moe_shared_expert_intermediate_size=0 \
   dist.device=cpu train.train_iters=3 train.eval_interval=0 run.output_dir="$work/moe_run" \
   checkpoint.save="$work/moe_ck" > "$L/moe_train.log" 2>&1; say "moe train (cpu) rc=$?"
-timeout 150 "$B/tools/convert" export "$work/moe_ck" "$work/hf_moe" > "$L/export_moe.log" 2>&1
+waited timeout 150 "$B/tools/convert" export "$work/moe_ck" "$work/hf_moe" > "$L/export_moe.log" 2>&1
 say "mixtral export rc=$?"
 for dt in float32:1e-5 bfloat16:1e-2; do
-  timeout 180 python3 tools/convert/check_hf_export.py "$work/hf_moe" --dtype ${dt%:*} \
+  waited timeout 180 python3 tools/convert/check_hf_export.py "$work/hf_moe" --dtype ${dt%:*} \
     --tolerance ${dt#*:} > "$L/hf_check_mixtral_${dt%:*}.txt" 2>&1
   say "transformers check mixtral ${dt%:*} rc=$?"; grep -E "^(routing|routed|max rel|argmax)" "$L/hf_check_mixtral_${dt%:*}.txt"
 done; pack
@@ -142,7 +143,7 @@ fi
 if want 6; then
 # 6. GPT-2 124M on 2 GPUs
 for st in optim optim_grads_params; do
-  timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 5 --warmup 2 \
+  waited timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 5 --warmup 2 \
     ddp.data_parallel_sharding_strategy=$st > "$L/bench_gpt2_2gpu_$st.txt" 2>&1
   say "gpt2 2 gpus $st rc=$?"; grep -E "tokens/s|MFU|peak alloc" "$L/bench_gpt2_2gpu_$st.txt"
 done; pack
@@ -151,7 +152,7 @@ fi
 if want 7; then
 # 7. The largest GPT at ZeRO-3 on 2 GPUs: width 6144, 48 heads; 50 layers (23.0B), else 48 (22.1B)
 for nl in 50 48; do
-  timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 2 --warmup 1 \
+  waited timeout 240 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 2 --warmup 1 \
     model.n_layer=$nl model.d_model=6144 model.n_head=48 model.d_ff=0 \
     model.activation_recompute=full train.micro_batch_size=1 train.global_batch_size=2 \
     optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false > "$L/bench_largest_$nl.txt" 2>&1
@@ -165,10 +166,10 @@ if want 8; then
 # 8. Launch without MPI, and the NCCL tests
 for r in 0 1; do
   RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
-    timeout 60 "$B/tools/bench" collectives --min-bytes 256M --max-bytes 256M --iters 10 --rounds 1 \
+    waited timeout 60 "$B/tools/bench" collectives --min-bytes 256M --max-bytes 256M --iters 10 --rounds 1 \
     > "$L/env_launch_$r.log" 2>&1 &
 done; wait; say "env launch"; grep -E "^  (all|reduce)" "$L/env_launch_0.log"
-timeout 120 "${MPIRUN[@]}" -np 2 "$B/tests/tests_collectives__nccl_test" > "$L/nccl_test.log" 2>&1
+waited timeout 120 "${MPIRUN[@]}" -np 2 "$B/tests/tests_collectives__nccl_test" > "$L/nccl_test.log" 2>&1
 say "nccl_test rc=$?"; grep -E "^(test cases|All tests)" "$L/nccl_test.log" | tail -1; pack
 # A training job with a stuck rank (SIGSTOP) ends on every rank within the timeout
 bash scripts/stuck_rank.sh "$work/stuck" "$B/tools/train" "${MPIRUN[@]:1}" -- \
@@ -180,7 +181,7 @@ fi
 if want 9; then
 # 9. CPU offload
 for off in false true; do
-  timeout 120 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
+  waited timeout 120 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
     dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0 \
     train.train_iters=20 train.micro_batch_size=8 train.global_batch_size=8 train.eval_interval=0 \
     logger.log_interval=1 checkpoint.save=null run.output_dir="$work/off_$off" \
@@ -191,7 +192,7 @@ done
 # are not bitwise reproducible (step 1's gradient norm, before any overlap, differs in the
 # 6th digit between runs), so the comparison is the largest relative loss difference.
 for ov in false true; do
-  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
+  waited timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
     dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0 \
     train.train_iters=20 train.micro_batch_size=8 train.global_batch_size=16 train.eval_interval=0 \
     logger.log_interval=1 checkpoint.save=null run.output_dir="$L/overlap_$ov" \
@@ -208,14 +209,14 @@ r = [abs(x - y) / abs(x) for x, y in zip(a, b)]
 print("steps %d/%d, max relative loss difference %.2e, last %.6f %.6f" % (len(a), len(b), max(r), a[-1], b[-1]))
 PY
 for ov in false true; do
-  timeout 200 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
+  waited timeout 200 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
     train.global_batch_size=32 optimizer.cpu_offload=true optimizer.overlap_cpu_offload=$ov \
     > "$L/bench_1.3b_offload_$ov.txt" 2>&1
   say "1.3b offload overlap=$ov rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|optimizer " "$L/bench_1.3b_offload_$ov.txt"
 done; pack
 # (24.3B took 89 s to start, pinning 91 GiB of host memory per rank, and 5.8 s per step.)
 for nl in ${OFFLOAD_LAYERS:-53 58}; do
-  timeout "${OFFLOAD_LIMIT:-300}" "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --verbose \
+  waited timeout "${OFFLOAD_LIMIT:-300}" "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --verbose \
     --workload gpt-1.3b --steps 2 --warmup 1 model.n_layer=$nl model.d_model=6144 \
     model.n_head=48 model.d_ff=0 model.activation_recompute=full train.micro_batch_size=1 \
     train.global_batch_size=2 optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false \
@@ -239,7 +240,7 @@ fi
 if want 11; then
 # 11. bf16 Adam moments against f32 ones: loss (GPT-2 d12, 300 steps) and speed (1.3B)
 for m in f32 bf16; do
-  timeout 150 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
+  waited timeout 150 "$B/tools/train" --config configs/gpt2-124m.json dataset.type=text \
     dataset.train_path=third_party/text/austen.txt dataset.val_path=null dataset.val_fraction=0 \
     train.train_iters=300 train.micro_batch_size=8 train.global_batch_size=16 train.eval_interval=0 \
     logger.log_interval=1 checkpoint.save=null run.output_dir="$L/moments_$m" \
@@ -257,7 +258,7 @@ print("steps %d/%d; max rel loss diff %.3e at step %d; mean of last 50: f32 %.4f
       % (len(a), len(b), max(r), r.index(max(r)) + 1, tail(a), tail(b)))
 PY
 for m in f32 bf16; do
-  timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
+  waited timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 3 --warmup 1 \
     train.global_batch_size=32 optimizer.moments_dtype=$m > "$L/bench_1.3b_moments_$m.txt" 2>&1
   say "1.3b moments $m rc=$?"; grep -E "tokens/s per|peak alloc|optimizer  " "$L/bench_1.3b_moments_$m.txt"
 done; pack
@@ -266,7 +267,7 @@ if want 12; then
 # 12. The chunked classifier and CUDA graphs, one GPU
 g2() {  # name, extra bench arguments...
   local name="$1"; shift
-  timeout 120 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
+  waited timeout 120 "$B/tools/bench" train --workload gpt2-124m --steps 8 --warmup 2 \
     ddp.data_parallel_sharding_strategy=no_shard "$@" > "$L/bench_gpt2_$name.txt" 2>&1
   say "gpt2 $name rc=$?"; grep -E "tokens/s total|MFU|peak alloc|step time|forward" "$L/bench_gpt2_$name.txt"
 }
@@ -281,18 +282,18 @@ fi
 if want 13; then
 # 13. NCCL user-buffer registration, two GPUs
 for r in none symmetric; do
-  timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" collectives --ops ag,rs --min-bytes 1M \
+  waited timeout 150 "${MPIRUN[@]}" -np 2 "$B/tools/bench" collectives --ops ag,rs --min-bytes 1M \
     --max-bytes 256M --register $r --check > "$L/coll_$r.txt" 2>&1
   say "collectives register=$r rc=$?"; grep -E "^ *(all_gather|reduce_scatter|all-gather|reduce-scatter)" "$L/coll_$r.txt" | head -12
 done
 for st in optim optim_grads_params; do for ub in false true; do
   [ $st = optim ] && [ $ub = true ] && continue
-  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 4 --warmup 2 \
+  waited timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 4 --warmup 2 \
     ddp.data_parallel_sharding_strategy=$st ddp.nccl_ub=$ub > "$L/bench_gpt2_2gpu_${st}_ub$ub.txt" 2>&1
   say "gpt2 2 gpus $st nccl_ub=$ub rc=$?"; grep -E "tokens/s total|MFU|all-gathers|reduce-scatters" "$L/bench_gpt2_2gpu_${st}_ub$ub.txt"
 done; done
 for ub in false true; do
-  timeout 180 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
+  waited timeout 180 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt-1.3b --steps 4 --warmup 2 \
     --compute-baseline train.global_batch_size=32 ddp.nccl_ub=$ub > "$L/bench_1.3b_ub$ub.txt" 2>&1
   say "1.3b nccl_ub=$ub rc=$?"; grep -E "tokens/s per|MFU|peak alloc|step time|compute|exposed|all-gathers|reduce-scatters" "$L/bench_1.3b_ub$ub.txt"
 done; pack
@@ -300,7 +301,7 @@ fi
 if want 14; then
 # 14. Blocks per FSDP unit (the bucket of each all-gather and reduce-scatter), two GPUs
 for k in 1 2 4; do
-  timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 4 --warmup 2 \
+  waited timeout 120 "${MPIRUN[@]}" -np 2 "$B/tools/bench" train --workload gpt2-124m --steps 4 --warmup 2 \
     ddp.data_parallel_sharding_strategy=optim_grads_params ddp.blocks_per_unit=$k \
     > "$L/bench_gpt2_z3_units$k.txt" 2>&1
   say "gpt2 2 gpus zero3 blocks_per_unit=$k rc=$?"
@@ -311,7 +312,7 @@ if want 15; then
 # 15. FP8 against bf16, one GPU, one call
 fp8_bench() {  # name, workload, overrides...
   local name="$1" workload="$2"; shift 2
-  timeout 150 "$B/tools/bench" train --workload "$workload" --steps 3 --warmup 1 \
+  waited timeout 150 "$B/tools/bench" train --workload "$workload" --steps 3 --warmup 1 \
     ddp.data_parallel_sharding_strategy=no_shard "$@" > "$L/fp8_$name.txt" 2>&1
   say "fp8 $name rc=$?"; grep -E "tokens/s|MFU|peak alloc|step time|fp8" "$L/fp8_$name.txt"
 }
@@ -329,14 +330,14 @@ fi
 if want 16; then
 # 16. the kernel benches, one GPU
 for w in gpt2-124m gpt-1.3b llama-1b; do
-  timeout 120 "$B/tools/bench" memory-bound --workload $w --reps 10 > "$L/memory_bound_$w.txt" 2>&1
+  waited timeout 120 "$B/tools/bench" memory-bound --workload $w --reps 10 > "$L/memory_bound_$w.txt" 2>&1
   say "memory-bound $w rc=$?"; cat "$L/memory_bound_$w.txt"
 done
 for w in gpt-1.3b llama-1b; do
-  timeout 120 "$B/tools/bench" fp8-matmul --workload $w > "$L/fp8_matmul_$w.txt" 2>&1
+  waited timeout 120 "$B/tools/bench" fp8-matmul --workload $w > "$L/fp8_matmul_$w.txt" 2>&1
   say "fp8-matmul $w rc=$?"; cat "$L/fp8_matmul_$w.txt"
 done
-timeout 120 "$B/tools/bench" grouped-matmul > "$L/grouped_matmul.txt" 2>&1
+waited timeout 120 "$B/tools/bench" grouped-matmul > "$L/grouped_matmul.txt" 2>&1
 say "grouped-matmul rc=$?"; cat "$L/grouped_matmul.txt"; pack
 fi
 rm -rf "$work"

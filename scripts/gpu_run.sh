@@ -19,12 +19,13 @@ spec=("${SPEC-[gpu]}")
 [ -z "${spec[0]}" ] && spec=()
 only="${ONLY:-}"
 limit="${TEST_TIMEOUT:-400}"
+trap 'pkill -TERM -P $$; exit 143' TERM INT  # runs started with `waited` (gpu_env.sh) stop too
 
 line() { echo "$1" | tee -a "$logs/summary.txt"; }
 run_one() {  # name, command...
   local name="$1"; shift
   local start=$SECONDS
-  timeout "$limit" "$@" "${spec[@]}" > "$logs/$name.log" 2>&1
+  waited timeout "$limit" "$@" "${spec[@]}" > "$logs/$name.log" 2>&1
   local rc=$?
   local cases
   cases=$(grep -E "^(test cases|All tests passed)" "$logs/$name.log" | tail -1)

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "kernels/fp8_attention.h"
 #include "kernels/nn_shapes.h"
 #include "runtime/core/context.h"
 
@@ -33,6 +34,19 @@ class CudnnAttention {
                const void* v);
   void backward(const AttentionDims& d, void* dq, void* dk, void* dv, const void* dout,
                 const void* out, const float* lse, const void* q, const void* k, const void* v);
+
+  // FP8 attention (see Fp8AttentionTypes): whether cuDNN builds a plan for it (Hopper or
+  // newer, causal, no past keys, a head size that is a multiple of 16 up to 128).
+  bool supports_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, bool backward);
+  // q, k, v, out and dout are FP8 bytes in the layouts d's strides give (out bf16 in the
+  // forward when !types.out_fp8; dq, dk, dv bf16 unless types.grads_fp8); scales
+  // (kFp8ScalarCount) and amaxes (kFp8AmaxCount) are f32 on the device.
+  void forward_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, void* out, float* lse,
+                   const void* q, const void* k, const void* v, const float* scales,
+                   float* amaxes);
+  void backward_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, void* dq, void* dk,
+                    void* dv, const void* dout, const void* out, const float* lse, const void* q,
+                    const void* k, const void* v, const float* scales, float* amaxes);
 
  private:
   struct Impl;

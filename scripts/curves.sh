@@ -36,7 +36,7 @@
 #           tensorwise, delayed and blockwise scaling, and the ~1B Llama with the same three
 #   rowwise GPT-2 d12 and the ~1B Llama with row scaling (fp8_recipe=rowwise, hybrid, the
 #           first and last blocks in bf16) against their bf16 runs (those of the fp8 part
-#           when it ran in this call)
+#           when it ran in this call); ROWWISE_MODELS="gpt2 llama1b" (default) picks the models
 #
 #   PARTS="golden seeds gpt2 f32 llama" scripts/curves.sh [BUNDLE_DIR] [LOG_DIR]
 set -u
@@ -188,13 +188,18 @@ fi
 
 if want rowwise; then
   RW=(mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=rowwise)
-  [ -d "$L/gpt2_bf16_ref" ] || train gpt2_bf16_ref "${GPT2[@]}"
-  train gpt2_fp8_rowwise "${GPT2[@]}" "${RW[@]}"
-  [ -d "$L/llama1b_bf16_ref" ] || train llama1b_bf16_ref "${L1B[@]}"
-  train llama1b_fp8_rowwise "${L1B[@]}" "${RW[@]}"
-  curve table --steps 50,100,150,200,250,300 gpt2_bf16="$L/gpt2_bf16_ref" \
-    gpt2_fp8_rowwise="$L/gpt2_fp8_rowwise" llama1b_bf16="$L/llama1b_bf16_ref" \
-    llama1b_fp8_rowwise="$L/llama1b_fp8_rowwise" | tee "$L/rowwise_table.txt"
+  rows=()
+  if [[ " ${ROWWISE_MODELS:-gpt2 llama1b} " == *" gpt2 "* ]]; then
+    [ -d "$L/gpt2_bf16_ref" ] || train gpt2_bf16_ref "${GPT2[@]}"
+    train gpt2_fp8_rowwise "${GPT2[@]}" "${RW[@]}"
+    rows+=(gpt2_bf16="$L/gpt2_bf16_ref" gpt2_fp8_rowwise="$L/gpt2_fp8_rowwise")
+  fi
+  if [[ " ${ROWWISE_MODELS:-gpt2 llama1b} " == *" llama1b "* ]]; then
+    [ -d "$L/llama1b_bf16_ref" ] || train llama1b_bf16_ref "${L1B[@]}"
+    train llama1b_fp8_rowwise "${L1B[@]}" "${RW[@]}"
+    rows+=(llama1b_bf16="$L/llama1b_bf16_ref" llama1b_fp8_rowwise="$L/llama1b_fp8_rowwise")
+  fi
+  curve table --steps 50,100,150,200,250,300 "${rows[@]}" | tee "$L/rowwise_table.txt"
 fi
 
 # One line per replay: the validation-loss differences (fsdp.cpp - PyTorch).

@@ -134,6 +134,18 @@ void register_basic_twins() {
     s.output("y", y, Tolerance::elementwise(1e-6, "one multiply-add on both sides, in f32"));
   }});
 
+  // Zeros over data (the memset path on CUDA), and -0, which keeps its sign bit.
+  register_twin({"basic", "fill zeros over data, f32 and bf16", [](TwinSide& s) {
+    Context& ctx = s.ctx();
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Tensor z = s.random_native(Shape{1000, 37}, dt, 5, -2, 2);
+      ops::fill(ctx, z, 0.0);
+      s.output(str_cat("zeros ", dtype_name(dt)), z, Tolerance::exact("zero bits"));
+      ops::fill(ctx, z, -0.0);
+      s.expect(std::signbit(ops::item(ctx, ops::min(ctx, z))), "-0 fills keep the sign bit");
+    }
+  }});
+
   // Fills through strided views, and a NaN reported by max, never hidden.
   register_twin({"basic", "fill strided views 4x4 bf16", [](TwinSide& s) {
     Context& ctx = s.ctx();

@@ -56,19 +56,7 @@ std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionD
   TensorRef neg_inf = d.causal ? g.scalar(kNegInf, kF32) : TensorRef{};
 
   TensorRef scores = masked_scores(g, d, s, q, kt, scale, neg_inf);
-  TensorRef max = g.virtual_tensor(s.rows, s.rows_strides, kF32);
-  g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, max);
-  TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
-  g.pointwise(CUDNN_POINTWISE_SUB, scores, max, shifted);
-  TensorRef e = g.virtual_tensor(s.scores, s.scores_strides, kF32);
-  g.pointwise(CUDNN_POINTWISE_EXP, shifted, {}, e);
-  TensorRef z = g.virtual_tensor(s.rows, s.rows_strides, kF32);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
-  TensorRef log_z = g.virtual_tensor(s.rows, s.rows_strides, kF32);
-  g.pointwise(CUDNN_POINTWISE_LOG, z, {}, log_z);
-  g.pointwise(CUDNN_POINTWISE_ADD, max, log_z, lse);
-  TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, kBf16);  // P enters P @ V in bf16
-  g.pointwise(CUDNN_POINTWISE_DIV, e, z, p);
+  TensorRef p = softmax_with_stats(g, s, scores, lse, kBf16);  // P enters P @ V in bf16
   g.matmul(p, v, o);
   return g.build();
 }

@@ -66,6 +66,28 @@ inline TensorRef causal_mask(GraphBuilder& g, const AttentionDims& d, const Shap
   return y;
 }
 
+// P = softmax(scores) over each row of the (B, H, T, L) f32 scores, with its statistics
+// lse = max + log(sum exp(scores - max)) written into `lse` (B, H, T, 1): the softmax cuDNN's
+// flash attention recognizes. P has `p_type` (what the product with V reads).
+inline TensorRef softmax_with_stats(GraphBuilder& g, const Shapes& s, TensorRef scores, TensorRef lse,
+                                    cudnnDataType_t p_type) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  TensorRef max = g.virtual_tensor(s.rows, s.rows_strides, f32);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, max);
+  TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, f32);
+  g.pointwise(CUDNN_POINTWISE_SUB, scores, max, shifted);
+  TensorRef e = g.virtual_tensor(s.scores, s.scores_strides, f32);
+  g.pointwise(CUDNN_POINTWISE_EXP, shifted, {}, e);
+  TensorRef z = g.virtual_tensor(s.rows, s.rows_strides, f32);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  TensorRef log_z = g.virtual_tensor(s.rows, s.rows_strides, f32);
+  g.pointwise(CUDNN_POINTWISE_LOG, z, {}, log_z);
+  g.pointwise(CUDNN_POINTWISE_ADD, max, log_z, lse);
+  TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, p_type);
+  g.pointwise(CUDNN_POINTWISE_DIV, e, z, p);
+  return p;
+}
+
 // Ids of the tensors an FP8 graph's caller supplies at execution: the tensors, the by-value
 // softmax scale and -inf, then kFp8Scale + Fp8AttentionScalar and kFp8Amax + Fp8AttentionAmax.
 enum Fp8Uid : int64_t {

@@ -93,21 +93,7 @@ std::unique_ptr<cudnn::Plan> fp8_forward_plan(cudnnHandle_t handle, const Attent
   TensorRef o = g.tensor(kFp8O, bhtd(d, d.heads), strides_of(d.out), types.out_fp8 ? in : kBf16);
   TensorRef lse = g.tensor(kFp8Stats, s.rows, s.rows_strides, kF32);
 
-  // Softmax with its statistics, as cuDNN's flash attention computes it.
-  TensorRef x = scores(f, d, s, q, kt);
-  TensorRef max = g.virtual_tensor(s.rows, s.rows_strides, kF32);
-  g.reduction(CUDNN_REDUCE_TENSOR_MAX, x, max);
-  TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
-  g.pointwise(CUDNN_POINTWISE_SUB, x, max, shifted);
-  TensorRef e = g.virtual_tensor(s.scores, s.scores_strides, kF32);
-  g.pointwise(CUDNN_POINTWISE_EXP, shifted, {}, e);
-  TensorRef z = g.virtual_tensor(s.rows, s.rows_strides, kF32);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
-  TensorRef log_z = g.virtual_tensor(s.rows, s.rows_strides, kF32);
-  g.pointwise(CUDNN_POINTWISE_LOG, z, {}, log_z);
-  g.pointwise(CUDNN_POINTWISE_ADD, max, log_z, lse);
-  TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, kF32);
-  g.pointwise(CUDNN_POINTWISE_DIV, e, z, p);
+  TensorRef p = softmax_with_stats(g, s, scores(f, d, s, q, kt), lse, kF32);
   g.reduction(CUDNN_REDUCE_TENSOR_AMAX, p, f.amax(kFp8AmaxS));
 
   // O = fp8(P * scale_S) @ V, descaled (and scaled again when stored in FP8).

@@ -1,6 +1,8 @@
 // FP8 attention at the Tensor level (kernels/fp8_attention.h has the formats, the scale
 // slots and the rules): cuDNN's FP8 flash-attention graphs on a Hopper GPU; on the CPU the
-// simulation of kernels/cpu/fp8_attention.h (tests).
+// simulation of kernels/cpu/fp8_attention.h (tests). Training keeps bf16 attention: with
+// cuDNN 9.19 these graphs take head size 128 only and are slower than bf16's there
+// (`bench fp8-attention`, docs/PERFORMANCE.md "FP8 attention").
 #pragma once
 
 #include <string>

@@ -1,7 +1,8 @@
 // cuDNN fused scaled-dot-product attention (flash attention) through cuDNN's backend graph
 // API, for one CUDA context: the handle, and one forward and one backward execution plan per
-// problem shape and stride pattern, with their workspaces. A Context extension:
-// ctx.extension<kernels::cuda::CudnnAttention>().
+// problem shape, stride pattern and precision (bf16; or FP8, kernels/cuda/cudnn_fp8_attention.cu,
+// which training does not use: slower than bf16 on Hopper, docs/PERFORMANCE.md), with their
+// workspaces. A Context extension: ctx.extension<kernels::cuda::CudnnAttention>().
 #pragma once
 
 #include <initializer_list>

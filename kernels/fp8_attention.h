@@ -7,11 +7,15 @@
 // kernels, before their amax is known, so their scales come from bounds that hold by
 // construction and need no history:
 //   P = softmax(S) lies in [0, 1]                         -> scale_S = scale for amax 1;
-//   O = P V is a convex combination of V's rows           -> scale_O = scale_V;
-//   dS = P (dP - Delta) * softmax_scale, |dP| <= D |dO|max |V|max and |Delta| <= max |dP|
-//                                                         -> bound 2 D |dO|max |V|max scale.
-// A bound above the true amax only shifts the values down the format's range; e5m2's 32
-// binades leave the gradients' magnitudes room either way.
+//   O = fp8(P) V: P's rounded values sum to at most 1 + 2^-4 (plus the subnormals' few
+//     2^-10 steps), so O is within 9/8 of a convex combination of V's rows
+//                                                         -> bound 9/8 |V|max;
+//   dS = P (dP - Delta) * softmax_scale, |dP| <= D |dO|max |V|max and |Delta| <= D |dO|max
+//     |O|max                                              -> bound 2 (9/8) D |dO|max |V|max
+//                                                            softmax_scale;
+// and the stored gradients likewise, each with the 9/8 of one rounding of its FP8 operand.
+// A bound above the true amax only shifts the values down the format's range (e5m2's 32
+// binades leave the gradients' magnitudes room); one below it would saturate them.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +45,10 @@ enum Fp8AttentionAmax : int {
   kFp8AmaxS, kFp8AmaxO, kFp8AmaxDS, kFp8AmaxDQ, kFp8AmaxDK, kFp8AmaxDV, kFp8AmaxCount
 };
 
+// How far one rounding to FP8 can raise a magnitude (2^-4 in e4m3, 2^-3 in e5m2), and so a
+// sum of rounded terms: the headroom of the bounds below (9/8, exact in f32).
+constexpr float kFp8RoundingHeadroom = 1.125f;
+
 // 1 / fp8_scale_for_amax: the same bits as fp8_quantize's scale_inv.
 FSDP_HD float fp8_descale_for_amax(float amax, Fp8Format f) {
   return 1.0f / fp8_scale_for_amax(amax, f);
@@ -56,19 +64,20 @@ FSDP_HD void fp8_attention_scales(float* s, float amax_q, float amax_k, float am
   s[kFp8DescaleV] = fp8_descale_for_amax(amax_v, t.forward);
   s[kFp8ScaleS] = fp8_scale_for_amax(1.0f, t.forward);
   s[kFp8DescaleS] = fp8_descale_for_amax(1.0f, t.forward);
-  s[kFp8ScaleO] = t.out_fp8 ? fp8_scale_for_amax(amax_v, t.forward) : 1.0f;
+  s[kFp8ScaleO] = t.out_fp8 ? fp8_scale_for_amax(kFp8RoundingHeadroom * amax_v, t.forward) : 1.0f;
   s[kFp8DescaleO] = s[kFp8DescaleV];
   if (amax_dout < 0.0f) return;
   s[kFp8DescaleDO] = fp8_descale_for_amax(amax_dout, t.backward);
-  const float ds_bound = 2.0f * float(head_dim) * amax_dout * amax_v * softmax_scale;
+  const float ds_bound = 2.0f * kFp8RoundingHeadroom * float(head_dim) * amax_dout * amax_v * softmax_scale;
   s[kFp8ScaleDS] = fp8_scale_for_amax(ds_bound, t.backward);
   s[kFp8DescaleDS] = fp8_descale_for_amax(ds_bound, t.backward);
   // Stored gradients (grads_fp8): dV = P^T dO sums at most L rows of dO; dQ = dS K and
   // dK = dS^T Q sum L (T) products of dS with K's (Q's) values. bf16 outputs: scale 1.
   const bool g = t.grads_fp8;
-  s[kFp8ScaleDV] = g ? fp8_scale_for_amax(float(keys) * amax_dout, t.backward) : 1.0f;
-  s[kFp8ScaleDQ] = g ? fp8_scale_for_amax(float(keys) * ds_bound * amax_k, t.backward) : 1.0f;
-  s[kFp8ScaleDK] = g ? fp8_scale_for_amax(float(keys) * ds_bound * amax_q, t.backward) : 1.0f;
+  const float h = kFp8RoundingHeadroom;
+  s[kFp8ScaleDV] = g ? fp8_scale_for_amax(h * float(keys) * amax_dout, t.backward) : 1.0f;
+  s[kFp8ScaleDQ] = g ? fp8_scale_for_amax(h * float(keys) * ds_bound * amax_k, t.backward) : 1.0f;
+  s[kFp8ScaleDK] = g ? fp8_scale_for_amax(h * float(keys) * ds_bound * amax_q, t.backward) : 1.0f;
 }
 
 }  // namespace fsdp::kernels

@@ -64,8 +64,11 @@ FSDP_HD void fp8_attention_scales(float* s, float amax_q, float amax_k, float am
   s[kFp8DescaleV] = fp8_descale_for_amax(amax_v, t.forward);
   s[kFp8ScaleS] = fp8_scale_for_amax(1.0f, t.forward);
   s[kFp8DescaleS] = fp8_descale_for_amax(1.0f, t.forward);
-  s[kFp8ScaleO] = t.out_fp8 ? fp8_scale_for_amax(kFp8RoundingHeadroom * amax_v, t.forward) : 1.0f;
-  s[kFp8DescaleO] = s[kFp8DescaleV];
+  // O's FP8 scale: the one its backward reads O with, whether the forward stored O in FP8
+  // (scale_O) or in bf16 (scale 1, and the caller quantizes it for the backward).
+  const float o_bound = kFp8RoundingHeadroom * amax_v;
+  s[kFp8ScaleO] = t.out_fp8 ? fp8_scale_for_amax(o_bound, t.forward) : 1.0f;
+  s[kFp8DescaleO] = fp8_descale_for_amax(o_bound, t.forward);
   if (amax_dout < 0.0f) return;
   s[kFp8DescaleDO] = fp8_descale_for_amax(amax_dout, t.backward);
   const float ds_bound = 2.0f * kFp8RoundingHeadroom * float(head_dim) * amax_dout * amax_v * softmax_scale;

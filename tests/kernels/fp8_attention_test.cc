@@ -103,17 +103,18 @@ TEST_CASE("FP8 attention's CPU simulation is attention on its inputs within FP8 
 
     // lse comes from exact products of FP8 values summed in f32: f32 rounding only.
     CHECK(testing::max_rel_diff(testing::values(ctx, lse), testing::values(ctx, lse_ref), 1.0) < 1e-5);
-    // The bounds below are the measured errors with room (O 0.037 / 0.026 with O in FP8 /
-    // bf16; dQ 0.148 / 0.066, dK 0.142 / 0.062, dV 0.059 / 0.025); a wrong scale, layout or
-    // grouping gives errors of order 1.
+    // The bounds below are the measured errors with a third of room (O 0.037 / 0.026 with O
+    // in FP8 / bf16; dQ 0.084 / 0.065, dK 0.080 / 0.062, dV 0.059 / 0.025). A wrong scale,
+    // layout or grouping gives errors of order 1; reading O with a descale 8/9 off (the
+    // backward's Delta off by 1/8) gave dQ 0.148 and dK 0.142.
     // O: P rounded to e4m3 (relative steps of 1/16 to 1/8), then O itself when stored in e4m3.
     const double o_err = relative_l2(stood_for(ctx, out, Fp8Format::e4m3, float(s[kernels::kFp8ScaleO])),
                                      testing::values(ctx, out_ref));
-    CHECK(o_err < 0.06);
+    CHECK(o_err < 0.05);
     CHECK(o_err > 1e-4);  // P really is rounded to FP8
     // The gradients: dS rounded to e5m2 (steps of 1/8 to 1/4), then the stored values too.
     const Fp8Format g = Fp8Format::e5m2;
-    const double qk_bound = fp8_outputs ? 0.2 : 0.1, v_bound = fp8_outputs ? 0.09 : 0.04;
+    const double qk_bound = fp8_outputs ? 0.115 : 0.09, v_bound = fp8_outputs ? 0.08 : 0.035;
     CHECK(relative_l2(stood_for(ctx, dq, g, float(s[kernels::kFp8ScaleDQ])), testing::values(ctx, dq_ref)) < qk_bound);
     CHECK(relative_l2(stood_for(ctx, dk, g, float(s[kernels::kFp8ScaleDK])), testing::values(ctx, dk_ref)) < qk_bound);
     CHECK(relative_l2(stood_for(ctx, dv, g, float(s[kernels::kFp8ScaleDV])), testing::values(ctx, dv_ref)) < v_bound);

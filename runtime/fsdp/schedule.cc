@@ -58,7 +58,14 @@ void ShardedModel::attach_hooks() {
 
 // ---------------------------------------------------------------- the step
 
+void ShardedModel::clear_fp8_weight_casts() {
+  for (nn::Parameter* p : model_.named_parameters()) p->fp8_weight_cast.reset();
+}
+
 void ShardedModel::start_step() {
+  // A cast made since the update (an evaluation's) is made again, so that the step's
+  // first product records the weight's amax under delayed scaling.
+  clear_fp8_weight_casts();
   shared_.calls.reset_counts();
   micro_batches_ = 0;
   step_grads_finished_ = false;
@@ -239,6 +246,7 @@ double ShardedModel::grad_norm() {
 void ShardedModel::install_weights() {
   shared_.params_updated = mark(shared_.ctx.stream());
   fp8_stale_ = true;  // (fp8_param: requantized before the next gather)
+  clear_fp8_weight_casts();  // (Fp8Recipe::cache_weight: cast again from the new weights)
   if (shared_.zero3() || shared_.options.strategy == ShardingStrategy::NoShard) return;
   // ZeRO-1/2: every rank updated its slice of the full compute weights; gather the rest in
   // place, and let each unit's forward wait for its own gather only.

@@ -190,6 +190,8 @@ class ShardedModel {
   // whether the FP8 shards predate the compute shards.
   Tensor fp8_weight_amax_;
   bool fp8_stale_ = true;
+  // Drops every parameter's cached FP8 weight casts (nn::Fp8Recipe::cache_weight).
+  void clear_fp8_weight_casts();
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
   // Last: deregistered before any buffer they cover can be freed.
   std::vector<Registration> registrations_;

@@ -113,6 +113,18 @@ ops::Fp8Matrix gathered_rows(const Parameter& weight) {
   return ops::Fp8Matrix{weight.fp8_bytes, weight.fp8_scale_inv, weight.fp8->forward};
 }
 
+// The weight quantized for the forward (rows, (out, in)) or the input gradient (columns,
+// (in, out)): cast for this product alone, or under cache_weight both layouts at the first
+// product after an update, kept for the products until the next.
+ops::Fp8Matrix weight_operand(Context& ctx, const Parameter& weight, bool rows) {
+  if (!weight.fp8->cache_weight)
+    return rows ? quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows
+                : quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, false, true).columns;
+  if (!weight.fp8_weight_cast)
+    weight.fp8_weight_cast = quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, true);
+  return rows ? weight.fp8_weight_cast->rows : weight.fp8_weight_cast->columns;
+}
+
 }  // namespace
 
 ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Source& x, const Parameter& weight,
@@ -123,7 +135,7 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Source& x, const Par
   const ops::Fp8Matrix qw =
       weight.fp8_bytes.defined()
           ? gathered_rows(weight)
-          : quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows;  // (out, in)
+          : weight_operand(ctx, weight, true);  // (out, in)
   // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
   // keep the more exact accumulation. Block- and row-scaled products have none to offer.
   const bool fast_accum = weight.fp8->scaling != Fp8Scaling::blockwise &&
@@ -158,7 +170,7 @@ void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, con
     qwt = gathered_rows(weight);
     qwt.data = ops::contiguous(ctx, qwt.data.transpose(0, 1));
   } else {
-    qwt = quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, false, true).columns;
+    qwt = weight_operand(ctx, weight, false);
   }
   ops::fp8_matmul(ctx, dx, dy.rows, qwt, 1.0, beta, Tensor(), epilogue, aux);
 }

@@ -2,7 +2,7 @@
 //
 // One node for the whole MLP lets backward (1) recompute the activation from its saved input
 // instead of keeping it (the "selective" activation recompute: F values per token fewer for
-// one elementwise pass), and (2) fuse GELU's gradient into the matmul that produces the
+// one elementwise pass; before an FP8 proj its one-byte FP8 copy is kept instead), and (2) fuse GELU's gradient into the matmul that produces the
 // gradient at its output (Epilogue::DGelu), so it is never written and read back.
 #include <optional>
 
@@ -88,10 +88,14 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
     }
   }
   Tensor y = ctx.empty(with_last(whole.shape(), c), x.dtype());  // (..., C)
-  // The activation's FP8 copy is kept unless it is recomputed in backward.
+  // Before an FP8 proj the activation's transposed FP8 copy is kept even under selective
+  // recompute: one byte per element, half of the bf16 activation that recompute avoids
+  // keeping, written by the forward's cast in the same read, where recomputing it would
+  // read the activation's input again (2F values per token for SwiGLU) and, for GELU,
+  // write and read the activation too.
   a_columns = product(y.view(Shape{n, c}),
                       swiglu_in_cast ? fp8::Source(ops::Fp8CastSource::swiglu, h) : fp8::Source(a), proj_weight,
-                      proj_fp8, b_proj, ops::Epilogue::None, Tensor(), records && !recompute_activation);
+                      proj_fp8, b_proj, ops::Epilogue::None, Tensor(), records);
   if (!records) return y;
 
   y = Graph::track(y);
@@ -103,7 +107,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   g.record("mlp:" + fc_weight.name(), {y.autograd_meta()},
            [tx = Graph::target(x), saved_x, h, saved_a, ym = y.autograd_meta(), &fc_weight, fc_bias,
             &proj_weight, proj_bias, activation, n, c, h_f, f, column, gathered, fc_fp8,
-            proj_fp8, x_columns, a_columns, gelu, swiglu_in_cast, whole_shape = whole.shape()](Graph& g) {
+            proj_fp8, x_columns, a_columns, gelu, whole_shape = whole.shape()](Graph& g) {
              Tensor dy = Graph::grad_of(ym);
              if (!dy.defined()) return;
              Context& ctx = g.ctx();
@@ -112,22 +116,18 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              std::optional<SequenceExchange> regather;
              if (gathered) regather = SequenceExchange::start_gather(ctx, saved_x, *column.group);
              dy = rows(ctx, dy, c);  // (N, C)
-             // The activation for proj's weight gradient: saved, its FP8 copy, or recomputed
-             // (before an FP8 proj, SwiGLU within the cast).
+             // The activation for proj's weight gradient: its FP8 copy (an FP8 proj), or
+             // saved, or recomputed.
              Tensor a = saved_a;
-             if (!a.defined() && !a_columns.defined() && !swiglu_in_cast) {
+             if (!a.defined() && !proj_fp8) {
                a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
                activation_forward(ctx, activation, a, h);
              }
-             const fp8::Source a_source =
-                 swiglu_in_cast ? fp8::Source(ops::Fp8CastSource::swiglu, h) : fp8::Source(a);
              // dW_proj (C, F) += dy^T (C, N) @ a (N, F); db_proj (C) += column sums of dy
              std::optional<ops::Fp8Quantized> qdy;
              if (proj_fp8) {
                qdy = fp8::quantize_output_grad(ctx, dy, proj_weight, proj_bias);
-               fp8::weight_grad(ctx, proj_weight, *qdy,
-                                a_columns.defined() ? a_columns
-                                                    : fp8::input_columns(ctx, a_source, proj_weight));
+               fp8::weight_grad(ctx, proj_weight, *qdy, a_columns);
              } else {
                weight_and_bias_grad(ctx, proj_weight, proj_bias, dy, a);
              }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "runtime/core/context.h"
+#include "kernels/fp8_ops.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/context_parallel_layout.h"
 #include "runtime/nn/fp8_recipe.h"
@@ -107,6 +108,12 @@ class Parameter {
   // its bytes fp8_bytes (out, in) u8 in the recipe's forward format and fp8_scale_inv (1)
   // f32. The layer reads them instead of quantizing the weight.
   Tensor fp8_bytes, fp8_scale_inv;
+  // Under Fp8Recipe::cache_weight, the weight's FP8 casts for the forward (rows) and the
+  // input gradient (columns), made by its first product after an update and read by the
+  // rest; the owner clears it when it writes new weights (and at each step's start, so
+  // that the step's first cast records the weight's amax under delayed scaling).
+  // (mutable: a cache of the weight's value, filled by products that read the weight.)
+  mutable std::optional<ops::Fp8Quantized> fp8_weight_cast;
 
  private:
   friend class Module;

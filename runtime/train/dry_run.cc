@@ -111,6 +111,9 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  fo.offload_main && recipe.optimizer.overlap_cpu_offload ? " (gradient snapshot)" : "",
                  "\n",
                  "  activations       ", format_bytes(act), " (estimate)\n",
+                 p.fp8_weight_casts ? str_cat("  fp8 weight casts  ", format_bytes(p.fp8_weight_casts),
+                                              " (both layouts, once per step)\n")
+                                    : std::string(),
                  "  predicted peak    ", format_bytes(p.device_peak()), "\n");
   if (fo.offload_main) {
     // Beside the master weights and moments: the staging buffers the shard streams through.

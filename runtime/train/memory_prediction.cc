@@ -47,6 +47,7 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
                                             recipe.model.seq_length / cp, fo.compute_dtype,
                                             recompute_of(recipe), tp,
                                             recipe.model.sequence_parallel, fp8_block_count(model));
+  p.fp8_weight_casts = fp8_weight_cast_bytes(model);
   if (cp > 1) {
     const int64_t kv_heads = std::max<int64_t>(1, (mc.n_kv_head ? mc.n_kv_head : mc.n_head) / tp);
     p.activations += mc.n_layer * 2 * recipe.train.micro_batch_size * recipe.model.seq_length *

@@ -21,8 +21,11 @@ struct MemoryPrediction {
   size_t optimizer_state = 0;   // Adam's moments wherever they live
   int64_t activations = 0;      // one micro-batch's, estimated
   int64_t offload_staging = 0;  // CPU offload: the pinned gradient and weight staging
+  int64_t fp8_weight_casts = 0; // FP8 weights cast once per step: both layouts, held for it
 
-  int64_t device_peak() const { return int64_t(fsdp.total() + optimizer) + activations; }
+  int64_t device_peak() const {
+    return int64_t(fsdp.total() + optimizer) + activations + fp8_weight_casts;
+  }
 };
 
 // For a recipe with its device and world resolved, and the model it builds (specs).

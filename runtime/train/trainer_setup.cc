@@ -137,6 +137,12 @@ Fp8Plan fp8_plan_of(const Recipe& r) {
   if (mp.fp8_recipe == "rowwise") plan.recipe.scaling = nn::Fp8Scaling::rowwise;
   plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
   plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
+  // Each weight cast once per step where FSDP keeps the whole weights between updates. Not
+  // under ZeRO-3 (two bytes per element held for the step would undo its sharding; with
+  // fp8_param it gathers FP8 bytes anyway), nor with CUDA graphs (a replay repeats the
+  // captured micro-batch's casts, or misses them).
+  plan.recipe.cache_weight = r.ddp.data_parallel_sharding_strategy != "optim_grads_params" &&
+                             !r.train.cuda_graphs;
   return plan;
 }
 
@@ -165,6 +171,13 @@ int fp8_block_count(models::LanguageModel& model) {
     n += fp8;
   }
   return n;
+}
+
+int64_t fp8_weight_cast_bytes(models::LanguageModel& model) {
+  int64_t bytes = 0;
+  for (nn::Parameter* w : model.named_parameters())
+    if (w->fp8 && w->fp8->cache_weight) bytes += 2 * w->numel();
+  return bytes;
 }
 
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
@@ -210,13 +223,14 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // gradients: of a norm output in place of it (under sequence parallelism the
   // column-parallel layers keep the rank's part of their input as in bf16, and cast it
   // again); of the attention output beside it (attention's backward reads it too); of the
-  // MLP's activation in place of it, unless it is recomputed. An MoE block's experts stay
+  // MLP's activation in place of it (kept under selective recompute too, where the bf16
+  // activation would not be; nn::mlp says why). An MoE block's experts stay
   // in bf16: only its attention changes (the MLP part is counted for the dense blocks, as
   // many of the FP8 blocks as there are).
   const int64_t norm_output = sequence_parallel ? 0 : -C * (e - 1);
   const int64_t fp8_attention = n * (norm_output + C / tp);
   const int64_t fp8_mlp =
-      n * (norm_output + (recompute == models::Recompute::selective ? 0 : -F / tp * (e - 1)));
+      n * (norm_output + (recompute == models::Recompute::selective ? F / tp : -F / tp * (e - 1)));
   const int64_t moe_layers = c.num_moe_layers();
   const int64_t fp8_dense_blocks = std::min<int64_t>(fp8_blocks, L - moe_layers);
   int64_t fp8_change = fp8_blocks * fp8_attention + fp8_dense_blocks * fp8_mlp;

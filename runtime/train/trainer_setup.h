@@ -41,6 +41,9 @@ Fp8Plan fp8_plan_of(const Recipe& r);
 std::string fp8_summary(const Recipe& r, const Fp8Report& report);
 // How many of the model's blocks have linear layers an FP8 plan marked.
 int fp8_block_count(models::LanguageModel& model);
+// Bytes of the FP8 weight casts held for a step (nn::Fp8Recipe::cache_weight): one byte per
+// element of each such weight in each of its two layouts.
+int64_t fp8_weight_cast_bytes(models::LanguageModel& model);
 
 // Bytes of activations one micro-batch keeps for backward on one rank (an estimate from the
 // tensors the model's ops save, and the chunked classifier's logits buffer). Under tensor

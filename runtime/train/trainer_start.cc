@@ -228,6 +228,7 @@ void Trainer::State::print_startup_report() const {
                                                 recipe.model.tensor_model_parallel_size,
                                                 recipe.model.sequence_parallel,
                                                 fp8_block_count(*model));
+  const int64_t casts = fp8_weight_cast_bytes(*model);
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()
@@ -237,8 +238,10 @@ void Trainer::State::print_startup_report() const {
                               format_bytes(int64_t(optimizer->offload()->staging_bytes())),
                               " of it staging)")
                     : std::string(),
-                "\n  activations      ", format_bytes(act), " (estimate)\n  predicted peak   ",
-                format_bytes(int64_t(mem.total() + opt_bytes) + act)));
+                "\n  activations      ", format_bytes(act), " (estimate)",
+                casts ? str_cat("\n  fp8 weight casts ", format_bytes(casts), " (both layouts, once per step)")
+                      : std::string(),
+                "\n  predicted peak   ", format_bytes(int64_t(mem.total() + opt_bytes) + act + casts)));
 }
 
 void Trainer::State::prepare_sample() {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "runtime/train/dry_run.h"
+#include "runtime/train/metrics_line.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer_setup.h"
 #include "tests/test_support.h"
@@ -27,9 +28,31 @@ TEST_CASE("the dry run applies the FP8 plan: its layers and FP8 units", "[train]
   // Each FP8 block's weights form a unit gathered in FP8 after the block's own.
   CHECK_THAT(with_fp8, Contains("h.1.fp8"));
   CHECK_THAT(with_fp8, !Contains("h.0.fp8"));
+  // ZeRO-3 casts the weights at each product: no casts held.
+  CHECK_THAT(with_fp8, !Contains("fp8 weight casts"));
   const std::string without = dry_run_report(plain, 2, true);
   CHECK_THAT(without, !Contains("linear layers of the blocks"));
   CHECK_THAT(without, !Contains("h.1.fp8"));
+}
+
+TEST_CASE("the dry run counts the FP8 weight casts held for a step where weights stay whole",
+          "[train][fp8]") {
+  // no_shard: each FP8 weight cast once per step, both layouts (one byte each) held for it.
+  // The 88 FP8 layers of GPT 1.3B's 22 middle blocks: qkv 3C x C, proj C x C, fc 4C x C,
+  // MLP proj C x 4C.
+  const Recipe r = load_recipe("configs/gpt-1.3b.json",
+                               {"mixed_precision.fp8=hybrid",
+                                "ddp.data_parallel_sharding_strategy=no_shard"});
+  const int64_t C = 2048, weights = 22 * 12 * C * C;
+  const std::string report = dry_run_report(r, 1, true);
+  INFO(report);
+  CHECK_THAT(report, Contains("fp8 weight casts  " + format_bytes(2 * weights)));
+  // Not with CUDA graphs, whose replays repeat the captured casts.
+  const std::string graphed = dry_run_report(
+      load_recipe("configs/gpt-1.3b.json", {"mixed_precision.fp8=hybrid", "train.cuda_graphs=true",
+                                            "ddp.data_parallel_sharding_strategy=no_shard"}),
+      1, true);
+  CHECK_THAT(graphed, !Contains("fp8 weight casts"));
 }
 
 TEST_CASE("the activation estimate counts the FP8 layers' copies", "[train][fp8]") {
@@ -41,12 +64,13 @@ TEST_CASE("the activation estimate counts the FP8 layers' copies", "[train][fp8]
   };
   const auto selective = models::Recompute::selective, none = models::Recompute::none;
   // Per FP8 block and token: the two norm outputs (2 bytes each per channel) replaced by
-  // FP8 copies (1 byte), the attention output's FP8 copy beside it (1 byte).
-  CHECK(estimate(selective, 1, false, 0) - estimate(selective, 1, false, 22) == 22 * n * C);
-  // Without recompute the MLP's activation (F) is kept as an FP8 copy too.
+  // FP8 copies (1 byte), the attention output's FP8 copy beside it (1 byte); under
+  // selective recompute the MLP's activation, not kept in bf16, gains its FP8 copy (F).
+  CHECK(estimate(selective, 1, false, 22) - estimate(selective, 1, false, 0) == 22 * n * (F - C));
+  // Without recompute the MLP's activation (F) is kept as an FP8 copy in place of its bf16.
   CHECK(estimate(none, 1, false, 0) - estimate(none, 1, false, 22) == 22 * n * (C + F));
   // Sequence parallelism keeps the norm outputs' parts in bf16: only the copies are added.
-  CHECK(estimate(selective, 2, true, 22) - estimate(selective, 2, true, 0) == 22 * n * C / 2);
+  CHECK(estimate(selective, 2, true, 22) - estimate(selective, 2, true, 0) == 22 * n * (C + F) / 2);
   // Full recompute keeps only the block inputs.
   CHECK(estimate(models::Recompute::full, 1, false, 22) == estimate(models::Recompute::full, 1, false, 0));
 }

@@ -34,6 +34,10 @@
 #           each from the same weights and batches; the table of their validation losses
 #   fp8all  the same with FP8 in every block (first_last_layers_bf16=false): GPT-2 d12 with
 #           tensorwise, delayed and blockwise scaling, and the ~1B Llama with the same three
+#   fp8cls  the classifier in FP8 too (mixed_precision.fp8_classifier, delayed scaling, the
+#           first and last blocks in bf16): GPT-2 d12 and the ~1B Llama in bf16, FP8 blocks
+#           (delayed) and FP8 blocks and classifier, each from the same weights and batches
+#           (bf16 runs of the fp8 part reused when it ran in this call)
 #   rowwise GPT-2 d12 and the ~1B Llama with row scaling (fp8_recipe=rowwise, hybrid, the
 #           first and last blocks in bf16) against their bf16 runs (those of the fp8 part
 #           when it ran in this call); ROWWISE_MODELS="gpt2 llama1b" (default) picks the models
@@ -184,6 +188,20 @@ if want fp8all; then
     llama1b_fp8all_tensorwise="$L/llama1b_fp8all_tensorwise" \
     llama1b_fp8all_delayed="$L/llama1b_fp8all_delayed" \
     llama1b_fp8all_blockwise="$L/llama1b_fp8all_blockwise" | tee "$L/fp8all_table.txt"
+fi
+
+if want fp8cls; then
+  DL=(mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=delayed)
+  [ -d "$L/gpt2_bf16_ref" ] || train gpt2_bf16_ref "${GPT2[@]}"
+  [ -d "$L/gpt2_fp8_delayed" ] || train gpt2_fp8_delayed "${GPT2[@]}" "${DL[@]}"
+  train gpt2_fp8cls_delayed "${GPT2[@]}" "${DL[@]}" mixed_precision.fp8_classifier=true
+  [ -d "$L/llama1b_bf16_ref" ] || train llama1b_bf16_ref "${L1B[@]}"
+  [ -d "$L/llama1b_fp8_delayed" ] || train llama1b_fp8_delayed "${L1B[@]}" "${DL[@]}"
+  train llama1b_fp8cls_delayed "${L1B[@]}" "${DL[@]}" mixed_precision.fp8_classifier=true
+  curve table --steps 50,100,150,200,250,300 gpt2_bf16="$L/gpt2_bf16_ref" \
+    gpt2_fp8_delayed="$L/gpt2_fp8_delayed" gpt2_fp8cls_delayed="$L/gpt2_fp8cls_delayed" \
+    llama1b_bf16="$L/llama1b_bf16_ref" llama1b_fp8_delayed="$L/llama1b_fp8_delayed" \
+    llama1b_fp8cls_delayed="$L/llama1b_fp8cls_delayed" | tee "$L/fp8cls_table.txt"
 fi
 
 if want rowwise; then

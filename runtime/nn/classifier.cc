@@ -6,9 +6,15 @@
 // chunk's share of dW follow at once, and the buffer moves on to the next chunk. The gradient
 // is computed in the forward for an upstream gradient of 1; it is linear in that gradient,
 // so backward only scales what the forward kept (dx and dW) and hands it on.
+//
+// A head marked for FP8 (Parameter::fp8, mixed_precision.fp8_classifier) runs the chunk's
+// three products in FP8 as a linear layer does (runtime/nn/fp8_linear.h): x_c and W
+// quantized for the logits (x_c's transposed copy kept for dW), d loss / d logits quantized
+// once for dx_c and dW; the loss itself reads bf16 logits, as in bf16.
 #include <algorithm>
 
 #include "kernels/ops.h"
+#include "runtime/nn/fp8_linear.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/op_support.h"
 #include "runtime/nn/tensor_parallel.h"
@@ -70,7 +76,14 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
     const Tensor xc = x2.narrow(0, start, m);      // (m, C)
     const Tensor lg = buffer.narrow(0, 0, m);      // (m, Vp)
     const Tensor tc = tgt.narrow(0, start, m);     // (m)
-    ops::matmul(ctx, lg, xc, w, false, true);      // logits = x_c W^T
+    // FP8 where the head is marked and the chunk's sizes fit (not under vocabulary
+    // parallelism, which the plan leaves in bf16).
+    const bool chunk_fp8 = !group && fp8::applies(weight, m);
+    ops::Fp8Matrix x_columns;                      // (C, m) FP8, for dW
+    if (chunk_fp8)                                 // logits = x_c W^T
+      x_columns = fp8::forward(ctx, lg, xc, weight, Tensor(), ops::Epilogue::None, Tensor(), record);
+    else
+      ops::matmul(ctx, lg, xc, w, false, true);
     if (group) {
       // The rows' losses from every rank's statistics (one all-gather), then this rank's
       // columns of d loss / d logits. x's gradient below is this rank's part of it: the
@@ -91,6 +104,12 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
                                           inv_valid, record);
     }
     if (!record) continue;
+    if (chunk_fp8) {
+      const ops::Fp8Quantized q = fp8::quantize_output_grad(ctx, lg, weight, nullptr);
+      if (want_dx) fp8::input_grad(ctx, dx.narrow(0, start, m), q, weight, 0.0);
+      fp8::weight_grad_into(ctx, dw, q, x_columns, start == 0 ? 0.0 : 1.0);
+      continue;
+    }
     if (want_dx)  // dx_c (m, C) = dlogits_c (m, Vp) @ W (Vp, C)
       ops::matmul(ctx, dx.narrow(0, start, m), lg, w, false, false);
     // dW (Vp, C) (+)= dlogits_c^T (Vp, m) @ x_c (m, C); the first chunk overwrites.

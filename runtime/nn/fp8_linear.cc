@@ -177,7 +177,12 @@ void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, con
 
 void weight_grad(Context& ctx, Parameter& weight, const ops::Fp8Quantized& dy,
                  const ops::Fp8Matrix& x_columns) {
-  ops::fp8_matmul(ctx, weight.grad_for_accumulation(ctx), dy.columns, x_columns, 1.0, 1.0);
+  weight_grad_into(ctx, weight.grad_for_accumulation(ctx), dy, x_columns, 1.0);
+}
+
+void weight_grad_into(Context& ctx, const Tensor& dw, const ops::Fp8Quantized& dy,
+                      const ops::Fp8Matrix& x_columns, double beta) {
+  ops::fp8_matmul(ctx, dw, dy.columns, x_columns, 1.0, beta);
 }
 
 }  // namespace fsdp::nn::fp8

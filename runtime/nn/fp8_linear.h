@@ -66,5 +66,8 @@ void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, con
 // keep_input, or input_columns).
 void weight_grad(Context& ctx, Parameter& weight, const ops::Fp8Quantized& dy,
                  const ops::Fp8Matrix& x_columns);
+// The same into dw (out, in) (f32 or bf16), dw = dy^T @ x + beta * dw.
+void weight_grad_into(Context& ctx, const Tensor& dw, const ops::Fp8Quantized& dy,
+                      const ops::Fp8Matrix& x_columns, double beta);
 
 }  // namespace fsdp::nn::fp8

@@ -37,7 +37,8 @@ void mark_split_operands(nn::Linear& linear, nn::Fp8Recipe& r) {
 
 }  // namespace
 
-Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan) {
+Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
+                    nn::Parameter* head) {
   FSDP_CHECK(plan.bf16_first_blocks >= 0 && plan.bf16_last_blocks >= 0, ConfigError,
              "fp8: the numbers of blocks kept in bf16 must not be negative");
   Fp8Report report;
@@ -64,6 +65,24 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan)
       mark_split_operands(*linear, r);
       report.fp8_layers.push_back(linear->name());
       report.fp8_weights.push_back(&linear->weight());
+    }
+  }
+  if (plan.classifier) {
+    FSDP_CHECK(head != nullptr, ConfigError, "fp8: the plan puts the classifier in FP8 but no "
+               "head weight was given");
+    const std::string& name = head->name();
+    const std::string layer = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
+                                  ? name.substr(0, name.size() - 7)
+                                  : name;
+    if (head->vocab_parallel) {
+      // Its logits' softmax spans the ranks' vocabulary slices (nn::classifier_loss).
+      report.bf16_layers.push_back(layer + " (vocabulary-parallel)");
+    } else {
+      nn::Fp8Recipe& r = head->fp8.emplace(plan.recipe);
+      r.token_group = plan.token_group;
+      report.fp8_layers.push_back(layer);
+      report.fp8_weights.push_back(head);
+      report.classifier = layer;
     }
   }
   return report;

@@ -3,7 +3,7 @@
 // proj) to run their products in FP8 (nn::Fp8Recipe on the weight); their layers then
 // quantize inputs, weights and output gradients around each product, as the recipe scales
 // them (runtime/nn/fp8_linear.h). What stays in bf16, as Transformer Engine recipes keep it:
-// the embedding and the classifier (never marked), the first and last blocks by default
+// the embedding and the classifier (unless the plan asks for it), the first and last blocks by default
 // (their inputs and gradients have the widest ranges), attention's softmax products, the
 // norms, and the MoE routers and experts' grouped products (an MoE layer's shared expert is
 // a dense MLP and runs in FP8).
@@ -28,6 +28,7 @@ struct Fp8Plan {
   nn::Fp8Recipe recipe;
   int bf16_first_blocks = 1;  // the first blocks kept in bf16
   int bf16_last_blocks = 1;   // the last blocks kept in bf16
+  bool classifier = false;    // the output head (apply_fp8's `head`) in FP8 too
   // The context-parallel group, when the sequence is split (nn::Fp8Recipe::token_group).
   nn::TensorParallelGroup* token_group = nullptr;
 };
@@ -39,12 +40,16 @@ struct Fp8Report {
   std::vector<nn::Parameter*> fp8_weights;  // the marked layers' weights, as fp8_layers
   std::vector<std::string> bf16_blocks;
   // Linear layers of the FP8 blocks kept in bf16, with why ("h.1.attn.qkv (replicated
-  // key/value heads)").
+  // key/value heads)"), and an output head the plan wanted in FP8 but kept in bf16.
   std::vector<std::string> bf16_layers;
+  // The output head's layer name when it runs in FP8 ("lm_head"; also in fp8_layers, last).
+  std::string classifier;
 };
 
 // Marks the linear layers of `blocks` (a model's transformer blocks in forward order) but
-// the first and last ones the plan keeps in bf16.
-Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan);
+// the first and last ones the plan keeps in bf16, and with plan.classifier the output head's
+// weight `head` (nn::classifier_loss; a vocabulary-parallel head stays in bf16, reported).
+Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
+                    nn::Parameter* head = nullptr);
 
 }  // namespace fsdp

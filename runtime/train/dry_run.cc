@@ -73,7 +73,8 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
   // FP8 layers keep other activations, and fp8_param gathers their weights in units of
   // their own.
   Fp8Report fp8;
-  if (recipe.mixed_precision.fp8) fp8 = apply_fp8(model->blocks(), fp8_plan_of(recipe));
+  if (recipe.mixed_precision.fp8) fp8 = apply_fp8(model->blocks(), fp8_plan_of(recipe),
+                                                     model->vocabulary_tables().head);
   const FsdpOptions fo = fsdp_options_of(recipe);
   check_offload_device(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);

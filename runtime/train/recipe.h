@@ -117,6 +117,7 @@ struct MixedPrecisionSection {
   int fp8_margin = 0;                // delayed recipe
   bool fp8_param = false;
   bool first_last_layers_bf16 = true;
+  bool fp8_classifier = false;       // the output head's products in FP8 too
   int num_layers_at_start_in_bf16 = 1;
   int num_layers_at_end_in_bf16 = 1;
 };

@@ -161,6 +161,9 @@ void check_fp8(const Recipe& r) {
   FSDP_CHECK(!mp.fp8_param || mp.fp8, ConfigError, "'mixed_precision.fp8_param' gathers the "
              "weights of FP8 layers in FP8, but 'mixed_precision.fp8' is null (no layer runs in "
              "FP8); set fp8 to \"e4m3\" or \"hybrid\", or fp8_param false");
+  FSDP_CHECK(!mp.fp8_classifier || mp.fp8, ConfigError, "'mixed_precision.fp8_classifier' runs "
+             "the output head in FP8 with the blocks' recipe, but 'mixed_precision.fp8' is null; "
+             "set fp8 to \"e4m3\" or \"hybrid\", or fp8_classifier false");
   if (!mp.fp8) return;
   FSDP_CHECK(mp.fp8_recipe == "tensorwise" || mp.fp8_recipe == "delayed" ||
                  mp.fp8_recipe == "blockwise" || mp.fp8_recipe == "rowwise",

@@ -231,6 +231,10 @@ std::vector<FieldSpec> build_schema() {
       KEY(mixed_precision.fp8_param).default_to(false).help_text(
           "ZeRO-3: all-gather the FP8 layers' weights in FP8 (one byte per element and a "
           "scale per weight) instead of bf16."),
+      KEY(mixed_precision.fp8_classifier).default_to(false).help_text(
+          "Run the output head's three products (logits, their input gradient, the head's "
+          "weight gradient) in FP8 too, with the blocks' recipe; false keeps the head in "
+          "bf16, as Transformer Engine's recipes do. A vocabulary-parallel head stays in bf16."),
       KEY(mixed_precision.first_last_layers_bf16).default_to(true).help_text(
           "Keep the first and last transformer blocks in bf16 under fp8."),
       KEY(mixed_precision.num_layers_at_start_in_bf16).default_to(1).at_least(0).help_text(

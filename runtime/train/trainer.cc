@@ -195,6 +195,7 @@ TrainResult Trainer::run_steps() {
   result.fp8_layers = s.fp8.fp8_layers;
   result.fp8_bf16_blocks = s.fp8.bf16_blocks;
   result.fp8_bf16_layers = s.fp8.bf16_layers;
+  result.fp8_classifier = s.fp8.classifier;
   result.first_step = s.step;
   RunStats stats(*s.ctx, s.step, s.options.warmup_steps, s.options.profile_timed_steps,
                  s.recipe.train.global_batch_size * s.recipe.model.seq_length,

@@ -87,6 +87,7 @@ struct TrainResult {
   // in bf16 ("h.0") and the layers of FP8 blocks kept in bf16, with why (Fp8Report); empty
   // without fp8.
   std::vector<std::string> fp8_layers, fp8_bf16_blocks, fp8_bf16_layers;
+  std::string fp8_classifier;  // the output head's layer name when it runs in FP8
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any
   // Timing over the steps after options.warmup_steps (all ranks together).

@@ -137,6 +137,7 @@ Fp8Plan fp8_plan_of(const Recipe& r) {
   if (mp.fp8_recipe == "rowwise") plan.recipe.scaling = nn::Fp8Scaling::rowwise;
   plan.bf16_first_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_start_in_bf16 : 0;
   plan.bf16_last_blocks = mp.first_last_layers_bf16 ? mp.num_layers_at_end_in_bf16 : 0;
+  plan.classifier = mp.fp8_classifier;
   // Each weight cast once per step where FSDP keeps the whole weights between updates. Not
   // under ZeRO-3 (two bytes per element held for the step would undo its sharding; with
   // fp8_param it gathers FP8 bytes anyway), nor with CUDA graphs (a replay repeats the
@@ -156,9 +157,11 @@ std::string fp8_summary(const Recipe& r, const Fp8Report& report) {
           ? str_cat(" (amax history ", mp.fp8_amax_history_len, ", ", mp.fp8_amax_compute_algo,
                     mp.fp8_margin ? str_cat(", margin ", mp.fp8_margin) : "", ")")
           : "";
+  const bool head = !report.classifier.empty();
   return str_cat("fp8: ", mp.fp8.value_or("null"), " ", mp.fp8_recipe, delayed, " in ",
-                 report.fp8_layers.size(), " linear layers of the blocks; bf16: embedding, "
-                 "classifier, attention softmax, norms",
+                 report.fp8_layers.size() - (head ? 1 : 0), " linear layers of the blocks",
+                 head ? " and the classifier (" + report.classifier + ")" : "",
+                 "; bf16: embedding, ", head ? "" : "classifier, ", "attention softmax, norms",
                  bf16_blocks.empty() ? "" : ", blocks " + bf16_blocks, bf16_layers,
                  mp.fp8_param ? "; weights gathered in FP8" : "");
 }

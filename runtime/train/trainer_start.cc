@@ -93,7 +93,7 @@ void Trainer::State::apply_fp8_plan() {
   }
   Fp8Plan plan = fp8_plan_of(recipe);
   plan.token_group = cp_group.get();
-  fp8 = apply_fp8(model->blocks(), plan);
+  fp8 = apply_fp8(model->blocks(), plan, model->vocabulary_tables().head);
   if (mp.fp8_recipe == "delayed") {
     Fp8DelayedOptions delayed;
     delayed.history_len = mp.fp8_amax_history_len;

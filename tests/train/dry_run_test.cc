@@ -53,6 +53,14 @@ TEST_CASE("the dry run counts the FP8 weight casts held for a step where weights
                                             "ddp.data_parallel_sharding_strategy=no_shard"}),
       1, true);
   CHECK_THAT(graphed, !Contains("fp8 weight casts"));
+  // The head in FP8 too (fp8_classifier): named, and its weight (Vp, C) cast with the rest.
+  const std::string head = dry_run_report(
+      load_recipe("configs/gpt-1.3b.json", {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_classifier=true",
+                                            "ddp.data_parallel_sharding_strategy=no_shard"}),
+      1, true);
+  INFO(head);
+  CHECK_THAT(head, Contains("in 88 linear layers of the blocks and the classifier (wte); bf16: embedding, attention"));
+  CHECK_THAT(head, Contains("fp8 weight casts  " + format_bytes(2 * (weights + 50304 * C))));
 }
 
 TEST_CASE("the activation estimate counts the FP8 layers' copies", "[train][fp8]") {

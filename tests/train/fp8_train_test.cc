@@ -452,6 +452,56 @@ TEST_CASE("fp8 weights cast once per step give the losses of a cast per product"
   }
 }
 
+// mixed_precision.fp8_classifier: the output head's products in FP8 too (GPT-2's head is
+// its token embedding, tied; the Llama's its own), close to the unquantized curve and not
+// the curve of FP8 blocks alone.
+TEST_CASE("the classifier in FP8 follows the unquantized curve on the CPU simulation", "[train][fp8]") {
+  if (testing::world_size() != 1) return;
+  for (const std::string recipe : {"tensorwise", "delayed"})
+    for (const auto& [model, head] : {std::pair<std::string, std::string>{"gpt2_tiny", "wte"},
+                                      {"llama_tiny", "lm_head"}}) {
+      const std::vector<std::string> blocks = {"mixed_precision.fp8=hybrid",
+                                               "mixed_precision.fp8_recipe=" + recipe};
+      const TrainResult plain = train(model, "cls_plain", {}, true);
+      const TrainResult fp8_blocks = train(model, "cls_blocks", blocks, true);
+      const TrainResult q = train(model, "cls_fp8", with(blocks, {"mixed_precision.fp8_classifier=true"}), true);
+      INFO(model << " " << recipe << ": last losses " << q.losses.back() << " against "
+                 << plain.losses.back());
+      REQUIRE(q.losses.size() == size_t(kSteps));
+      CHECK(q.fp8_layers.size() == 9);
+      CHECK(q.fp8_layers.back() == head);
+      CHECK(q.fp8_classifier == head);
+      CHECK(fp8_blocks.fp8_classifier.empty());
+      // The head is really quantized: the first step's loss already differs.
+      CHECK(q.losses[0] != fp8_blocks.losses[0]);
+      for (double l : q.losses) CHECK(std::isfinite(l));
+      CHECK(mean_of_last(q.losses, 5) < q.losses[0] - 1.0);
+      CHECK(std::abs(mean_of_last(q.losses, 5) - mean_of_last(plain.losses, 5)) < 0.05);
+    }
+  // Refused without FP8 blocks, naming the key.
+  CHECK_THROWS_WITH(train("gpt2_tiny", "cls_alone", {"mixed_precision.fp8_classifier=true"}, true),
+                    Catch::Matchers::Contains("mixed_precision.fp8_classifier"));
+}
+
+TEST_CASE("the classifier in FP8 gives the single-process losses under ZeRO-3 and context "
+          "parallelism; a vocabulary-parallel head stays in bf16",
+          "[train][fp8][mpi]") {
+  if (testing::world_size() != 2) return;
+  const std::vector<std::string> head = with(kDelayed, {"mixed_precision.fp8_classifier=true"});
+  // Its amaxes over every micro-batch of every rank (delayed), its current amaxes over the
+  // context-parallel ranks' tokens (tensorwise).
+  check_single_process_losses("llama_tiny", with(head, {"train.micro_batch_size=2"}),
+                              {"ddp.data_parallel_sharding_strategy=optim_grads_params"});
+  check_single_process_losses("gpt2_tiny",
+                              {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_classifier=true"},
+                              {"model.context_parallel_size=2"});
+  // Tensor parallelism splits the Llama's head over the vocabulary: bf16, as without the key.
+  const TrainResult tp = check_single_process_losses(
+      "llama_tiny", kDelayed, {"model.tensor_model_parallel_size=2", "mixed_precision.fp8_classifier=true"});
+  CHECK(tp.fp8_classifier.empty());
+  CHECK(tp.fp8_bf16_layers == std::vector<std::string>{"lm_head (vocabulary-parallel)"});
+}
+
 TEST_CASE("rowwise fp8 training follows the unquantized curve on the CPU simulation",
           "[train][fp8]") {
   if (testing::world_size() != 1) return;

@@ -156,7 +156,9 @@ int run_train_bench(const std::vector<std::string>& args) {
       std::string bf16;
       for (const std::string& b : r.fp8_bf16_blocks) bf16 += (bf16.empty() ? "blocks " : ", ") + b;
       for (const std::string& l : r.fp8_bf16_layers) bf16 += (bf16.empty() ? "" : ", ") + l;
-      std::printf("fp8 layers         %zu linear layers of the blocks%s%s\n", r.fp8_layers.size(),
+      std::printf("fp8 layers         %zu linear layers of the blocks%s%s%s\n",
+                  r.fp8_layers.size() - (r.fp8_classifier.empty() ? 0 : 1),
+                  r.fp8_classifier.empty() ? "" : (" and the classifier " + r.fp8_classifier).c_str(),
                   bf16.empty() ? "" : "; in bf16: ", bf16.c_str());
     }
     std::printf("peak allocated     %s\n", train::format_bytes(r.peak_allocated_bytes).c_str());

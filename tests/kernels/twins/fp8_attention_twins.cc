@@ -67,7 +67,10 @@ void fp8_attention_case(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D)
     s.output("dq", decoded(ctx, dq, scales, kernels::kFp8ScaleDQ, Fp8Format::e5m2), grad);
     s.output("dk", decoded(ctx, dk, scales, kernels::kFp8ScaleDK, Fp8Format::e5m2), grad);
     s.output("dv", decoded(ctx, dv, scales, kernels::kFp8ScaleDV, Fp8Format::e5m2), grad);
-    s.output("amaxes", amaxes, Tolerance::elementwise(3e-2, "maxima of the values above"));
+    // The maxima of values that the two sides may round one FP8 step apart (above): one
+    // e4m3 step (1/8) relative. 3e-2 passed on an H100 for the MHA case (0.029) but not the
+    // GQA one (0.087), whose values differ by one step, as allowed, near their maxima.
+    s.output("amaxes", amaxes, Tolerance::elementwise(0.13, "maxima of the values above, one e4m3 step"));
   }});
 }
 

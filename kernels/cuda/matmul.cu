@@ -104,13 +104,14 @@ struct Plan {
 
 // The operands of one matmul call, as cuBLASLt takes them.
 struct Operands {
-  const float* alpha;
-  const float* beta;
+  const float* alpha;  // host pointers, or device ones for FP8 plans (alpha and beta
+  const float* beta;   // folded with the operands' scales on the device)
   const void* a;
   const void* b;
   void* out;
   void* workspace;
   CUstream_st* stream;
+  bool accumulates;    // beta != 0: the output is read, so timing runs must put it back
 };
 
 }  // namespace
@@ -291,9 +292,7 @@ struct Blas::Impl {
                cublasLtGetStatusString(status));
     for (int i = 0; i < found; ++i) p->candidates.push_back(results[size_t(i)].algo);
     p->algo = p->candidates.front();
-    // FP8 plans keep the heuristic's choice: their alpha and beta live on the device, which
-    // the timing runs (and the put-back of an accumulated output) do not handle.
-    p->tuned = p->candidates.size() < 2 || key.fp8 != 0;
+    p->tuned = p->candidates.size() < 2;
     return p;
   }
 
@@ -320,7 +319,7 @@ struct Blas::Impl {
     const size_t out_bytes =
         size_t((d.batch - 1) * d.batch_stride_out + d.m * d.n) * dtype_size(key.out);
     std::vector<unsigned char> saved;
-    if (*o.beta != 0.0f) {
+    if (o.accumulates) {
       saved.resize(out_bytes);
       FSDP_CALL(cudaMemcpyAsync(saved.data(), o.out, out_bytes, cudaMemcpyDeviceToHost, o.stream));
       FSDP_CALL(cudaStreamSynchronize(o.stream));
@@ -333,7 +332,7 @@ struct Blas::Impl {
                             p.lt_out, o.out, p.lt_out, &algo, o.workspace, kWorkspaceBytes,
                             o.stream);
     };
-    MatmulTuningRecord record{key.d, key.in, key.out, key.epilogue, key.bias, 0, 0, -1.0, -1.0};
+    MatmulTuningRecord record{key.d, key.in, key.out, key.epilogue, key.bias, key.fp8 != 0, 0, 0, -1.0, -1.0};
     for (size_t i = 0; i < p.candidates.size(); ++i) {
       // A candidate cuBLASLt declines at run time is skipped, not an error.
       if (run(p.candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
@@ -444,7 +443,7 @@ bool Blas::try_matmul(const MatmulDims& d, void* out, DType out_dtype, const voi
   Impl::set_pointers(p, bias, aux, bias_grad);
   const float alpha_f = float(alpha), beta_f = float(beta);
   if (impl_->should_tune(p, stream))
-    impl_->tune(p, key, Operands{&alpha_f, &beta_f, a, b, out, ws, stream});
+    impl_->tune(p, key, Operands{&alpha_f, &beta_f, a, b, out, ws, stream, beta_f != 0.0f});
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, &alpha_f, b, p.lt_a, a, p.lt_b, &beta_f, out,
                            p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
   return true;
@@ -491,7 +490,9 @@ bool Blas::try_fp8_matmul(int64_t m, int64_t n, int64_t k, void* out, DType out_
   const Tensor scalars = impl_->ctx.empty(Shape{2}, DType::f32);  // alpha, beta on the device
   float* alpha_beta = static_cast<float*>(scalars.data_ptr());
   fp8_matmul_scalars(alpha_beta, scale_inv_a, scale_inv_b, float(alpha), float(beta), stream);
-  ++p.uses;
+  // Timed as the other plans are (MatmulTuning), with the device's alpha and beta.
+  if (impl_->should_tune(p, stream))
+    impl_->tune(p, key, Operands{alpha_beta, alpha_beta + 1, a, b, out, ws, stream, beta != 0.0});
   FSDP_CALL(cublasLtMatmul(impl_->handle, p.op, alpha_beta, b, p.lt_a, a, p.lt_b, alpha_beta + 1,
                            out, p.lt_out, out, p.lt_out, &p.algo, ws, kWorkspaceBytes, stream));
   return true;

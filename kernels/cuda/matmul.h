@@ -39,6 +39,7 @@ struct MatmulTuningRecord {
   DType in, out;
   MatmulEpilogue epilogue;
   bool bias;
+  bool fp8;              // FP8 operands (in: the output's dtype)
   int candidates;        // timed (those that ran)
   int chosen;            // index among the heuristic's candidates (0 = its first choice)
   double heuristic_ms;   // the first choice, one run

@@ -9,6 +9,10 @@
 #include "kernels/ops.h"
 #include "tests/kernels/twin_harness.h"
 
+#if FSDP_WITH_CUDA
+#include "kernels/cuda/matmul.h"
+#endif
+
 namespace fsdp::testing {
 namespace {
 
@@ -94,6 +98,55 @@ void matmul_case(int64_t m, int64_t n, int64_t k, const MatmulVariant& v) {
     s.output("out", out, fp8_product_tolerance(v.out, v.fast_accum));
     if (v.epilogue == ops::Epilogue::Gelu)
       s.output("pre-activation", aux, fp8_product_tolerance(v.out, v.fast_accum));
+  }});
+}
+
+// FP8 products timed on their first call (MatmulTuning, as training runs them): each
+// candidate runs with the device's alpha and beta, and an accumulating output is put back
+// before the real call, so the results are the untimed ones' (a missed put-back would add
+// the product once per timing run).
+void timed_matmul_case() {
+  register_twin({"fp8", "matmul timed on first call: forward, dgrad, accumulated wgrad", [](TwinSide& s) {
+    Context& ctx = s.ctx();
+#if FSDP_WITH_CUDA
+    kernels::cuda::Blas* blas = s.is_reference() ? nullptr : &ctx.extension<kernels::cuda::Blas>();
+    if (blas) {
+      kernels::cuda::MatmulTuning tuning;
+      tuning.enabled = true;
+      tuning.after_uses = 1;
+      blas->set_tuning(tuning);
+    }
+#endif
+    auto quantized = [&](const Tensor& t, Fp8Format f) {
+      const Tensor amax = s.empty(Shape{1}, DType::f32);
+      ops::fp8_amax(ctx, amax, t);
+      return ops::fp8_quantize(ctx, t, amax, f, true, false).rows;
+    };
+    const int64_t m = 512, n = 1536, k = 768;
+    const ops::Fp8Matrix x = quantized(s.random(Shape{m, k}, DType::bf16, 81), Fp8Format::e4m3);
+    const ops::Fp8Matrix w = quantized(s.random(Shape{n, k}, DType::bf16, 82, -0.2, 0.2), Fp8Format::e4m3);
+    const ops::Fp8Matrix g = quantized(s.random(Shape{m, k}, DType::bf16, 83), Fp8Format::e5m2);
+    const Tensor y = s.empty(Shape{m, n}, DType::bf16);
+    ops::fp8_matmul(ctx, y, x, w, 1.0, 0.0, Tensor(), ops::Epilogue::None, Tensor(), true);
+    s.output("forward", y, fp8_product_tolerance(DType::bf16, true));
+    const Tensor dx = s.empty(Shape{m, n}, DType::bf16);
+    ops::fp8_matmul(ctx, dx, g, w, 1.0, 0.0);
+    s.output("dgrad", dx, fp8_product_tolerance(DType::bf16, false));
+    const Tensor dw = s.random(Shape{m, n}, DType::f32, 84);  // accumulated into, twice
+    for (int rep = 0; rep < 2; ++rep) ops::fp8_matmul(ctx, dw, g, w, 1.0, 1.0);
+    s.output("wgrad accumulated", dw, fp8_product_tolerance(DType::f32, false));
+#if FSDP_WITH_CUDA
+    if (blas) {
+      int fp8_timed = 0;
+      for (const kernels::cuda::MatmulTuningRecord& r : blas->tuning_records()) {
+        fp8_timed += r.fp8;
+        s.expect(r.candidates >= 1 && r.best_ms > 0 && r.best_ms <= r.heuristic_ms,
+                 "a timed problem keeps the fastest of its candidates");
+      }
+      s.expect(fp8_timed >= 3, "each FP8 problem was timed on its first call");
+      blas->set_tuning(kernels::cuda::MatmulTuning{});  // the other cases run untuned
+    }
+#endif
   }});
 }
 
@@ -299,6 +352,7 @@ void register_fp8_twins() {
                                ops::Epilogue::None, 1.0});  // wgrad into an f32 gradient
   matmul_case(768, 3072, 512, {DType::f32, Fp8Format::e4m3, Fp8Format::e4m3, false,
                                ops::Epilogue::None, 1.0});
+  timed_matmul_case();
 }
 FSDP_REGISTER_TWINS(register_fp8_twins)
 

@@ -53,11 +53,21 @@ std::vector<std::pair<std::string, Tensor>> Fp8DelayedScaling::histories() const
 
 void Fp8DelayedScaling::after_load(Context& ctx) {
   if (layers_.empty()) return;
+  // A layer's history holds a step once any amax in it is positive (an empty one is all
+  // zeros). The histories are primed together or not at all: a checkpoint that has some
+  // layers' and not others' (saved with other FP8 layers, e.g. without the classifier)
+  // starts every history afresh, since a layer with an empty history would scale by an
+  // amax of 0 (a scale of 1) while the others scaled by theirs.
+  const std::vector<float> h = ops::to_vector<float>(ctx, history_);
+  const size_t per_layer = h.size() / layers_.size();
+  size_t filled = 0;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    filled += std::any_of(h.begin() + ptrdiff_t(i * per_layer), h.begin() + ptrdiff_t((i + 1) * per_layer),
+                          [](float v) { return v > 0.0f; });
+  primed_ = filled == layers_.size();
+  if (!primed_) ops::fill(ctx, history_, 0.0);
   ops::fp8_update_amax_histories(ctx, history_, step_amax_, scale_amax_, /*roll=*/false,
                                  options_.use_max, std::ldexp(1.0f, options_.margin));
-  // A history holds a step once any amax in it is positive (an empty one is all zeros).
-  const std::vector<float> h = ops::to_vector<float>(ctx, history_);
-  primed_ = std::any_of(h.begin(), h.end(), [](float v) { return v > 0.0f; });
 }
 
 }  // namespace fsdp

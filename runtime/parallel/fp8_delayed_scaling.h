@@ -17,8 +17,8 @@
 //
 // The histories are training state: checkpoints hold them (buffers named
 // "<layer>.fp8_amax_history", (len, 3)) and a resumed run continues bit for bit. A
-// checkpoint without them (saved with another recipe) leaves the histories empty, and the
-// first step scales tensor-wise again.
+// checkpoint without them (saved with another recipe), or without some layers' (saved with
+// other FP8 layers), leaves every history empty, and the first step scales tensor-wise again.
 #pragma once
 
 #include <string>

@@ -265,6 +265,17 @@ TEST_CASE("delayed scaling resumes bit for bit; a tensorwise checkpoint starts a
   REQUIRE(switched.losses.size() == size_t(kSteps - 15));
   CHECK(switched.losses[0] == tw.losses[15]);
   CHECK(switched.losses[1] != tw.losses[16]);
+  // A delayed checkpoint without the classifier's history, resumed with the classifier in
+  // FP8: every history starts afresh (none scales by an empty one), so the first step is
+  // the tensorwise step from the same checkpoint.
+  const std::vector<std::string> head = {"mixed_precision.fp8_classifier=true",
+                                         "checkpoint.load=" + save + "/step_000015"};
+  const TrainResult head_delayed = train("gpt2_tiny", "dl_head", with(kDelayed, head), true);
+  const TrainResult head_tensorwise =
+      train("gpt2_tiny", "dl_head_tw", with({"mixed_precision.fp8=hybrid"}, head), true);
+  REQUIRE(head_delayed.losses.size() == size_t(kSteps - 15));
+  CHECK(head_delayed.losses[0] == head_tensorwise.losses[0]);
+  CHECK(head_delayed.losses[1] != head_tensorwise.losses[1]);
   // A history of another length does not fit; the error names the key.
   CHECK_THROWS_WITH(train("gpt2_tiny", "dl_other_len",
                           with(kDelayed, {"checkpoint.load=" + save + "/step_000015",

@@ -292,7 +292,7 @@ struct Blas::Impl {
                cublasLtGetStatusString(status));
     for (int i = 0; i < found; ++i) p->candidates.push_back(results[size_t(i)].algo);
     p->algo = p->candidates.front();
-    p->tuned = p->candidates.size() < 2;
+    p->tuned = p->candidates.size() < 2 || (key.fp8 != 0 && !tuning.fp8);
     return p;
   }
 

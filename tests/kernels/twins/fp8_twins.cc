@@ -114,6 +114,7 @@ void timed_matmul_case() {
       kernels::cuda::MatmulTuning tuning;
       tuning.enabled = true;
       tuning.after_uses = 1;
+      tuning.fp8 = true;
       blas->set_tuning(tuning);
     }
 #endif

@@ -8,10 +8,7 @@
 #include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/twin_harness.h"
-
-#if FSDP_WITH_CUDA
-#include "kernels/cuda/matmul.h"
-#endif
+#include "tests/kernels/twins/timed_matmuls.h"
 
 namespace fsdp::testing {
 namespace {
@@ -108,16 +105,7 @@ void matmul_case(int64_t m, int64_t n, int64_t k, const MatmulVariant& v) {
 void timed_matmul_case() {
   register_twin({"fp8", "matmul timed on first call: forward, dgrad, accumulated wgrad", [](TwinSide& s) {
     Context& ctx = s.ctx();
-#if FSDP_WITH_CUDA
-    kernels::cuda::Blas* blas = s.is_reference() ? nullptr : &ctx.extension<kernels::cuda::Blas>();
-    if (blas) {
-      kernels::cuda::MatmulTuning tuning;
-      tuning.enabled = true;
-      tuning.after_uses = 1;
-      tuning.fp8 = true;
-      blas->set_tuning(tuning);
-    }
-#endif
+    TimedMatmuls timed(s, true);
     auto quantized = [&](const Tensor& t, Fp8Format f) {
       const Tensor amax = s.empty(Shape{1}, DType::f32);
       ops::fp8_amax(ctx, amax, t);
@@ -136,18 +124,7 @@ void timed_matmul_case() {
     const Tensor dw = s.random(Shape{m, n}, DType::f32, 84);  // accumulated into, twice
     for (int rep = 0; rep < 2; ++rep) ops::fp8_matmul(ctx, dw, g, w, 1.0, 1.0);
     s.output("wgrad accumulated", dw, fp8_product_tolerance(DType::f32, false));
-#if FSDP_WITH_CUDA
-    if (blas) {
-      int fp8_timed = 0;
-      for (const kernels::cuda::MatmulTuningRecord& r : blas->tuning_records()) {
-        fp8_timed += r.fp8;
-        s.expect(r.candidates >= 1 && r.best_ms > 0 && r.best_ms <= r.heuristic_ms,
-                 "a timed problem keeps the fastest of its candidates");
-      }
-      s.expect(fp8_timed >= 3, "each FP8 problem was timed on its first call");
-      blas->set_tuning(kernels::cuda::MatmulTuning{});  // the other cases run untuned
-    }
-#endif
+    timed.check(s, 3);
   }});
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"
+#include "tests/kernels/twins/timed_matmuls.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/matmul.h"
@@ -167,15 +168,7 @@ void register_matmul_twins() {
   register_twin({"matmul", "matmul tuning keeps every result (bias+gelu, dgelu, bgradb, beta)",
                  [](TwinSide& s) {
     Context& ctx = s.ctx();
-#if FSDP_WITH_CUDA
-    kernels::cuda::Blas* blas = s.is_reference() ? nullptr : &ctx.extension<kernels::cuda::Blas>();
-    if (blas) {
-      kernels::cuda::MatmulTuning tuning;
-      tuning.enabled = true;
-      tuning.after_uses = 1;  // every problem below is timed on its first call
-      blas->set_tuning(tuning);
-    }
-#endif
+    TimedMatmuls timed(s, false);  // every problem below is timed on its first call
     const int64_t m = 1024, c = 768, f = 3072;
     const Tensor x = s.random(Shape{m, c}, DType::bf16, 51);
     const Tensor w_fc = s.random(Shape{f, c}, DType::bf16, 52, -0.1, 0.1);    // (F, C)
@@ -202,15 +195,7 @@ void register_matmul_twins() {
     const Tensor acc = s.random(Shape{m, c}, DType::f32, 58);  // acc = 0.5 a w_proj^T - 2 acc
     ops::matmul(ctx, acc, a, w_proj, false, true, 0.5, -2.0);
     s.output("alpha 0.5 beta -2", acc, Tolerance::scaled(2e-5, "f32 accumulation order"));
-#if FSDP_WITH_CUDA
-    if (blas) {
-      s.expect(blas->tuning_records().size() >= 4, "each problem was timed on its first call");
-      for (const kernels::cuda::MatmulTuningRecord& r : blas->tuning_records())
-        s.expect(r.candidates >= 1 && r.best_ms > 0 && r.best_ms <= r.heuristic_ms,
-                 "a timed problem keeps the fastest of its candidates");
-      blas->set_tuning(kernels::cuda::MatmulTuning{});  // the other cases run untuned
-    }
-#endif
+    timed.check(s, 4);
   }});
 
   // One cuBLASLt plan per problem shape, reused by every later call of that shape.

@@ -33,8 +33,8 @@
 #  15. one GPU, FP8 against our bf16 in one call (docs/PERFORMANCE.md's FP8 rows): GPT 1.3B
 #      (16 x 2048) and the Llama ~1B (8 x 2048), each in bf16, then mixed_precision.fp8=hybrid
 #      with each recipe of FP8_RECIPES (default "tensorwise delayed blockwise"), then delayed
-#      with the first and last blocks in FP8 too, then bf16 again (the machine's drift);
-#      twelve runs of under a minute each
+#      with the first and last blocks in FP8 too, delayed with the classifier in FP8 too,
+#      then bf16 again (the machine's drift); fourteen runs of under a minute each
 #  16. one GPU, the kernel benches: bench memory-bound (each workload), bench fp8-matmul and
 #      bench grouped-matmul (docs/PERFORMANCE.md's kernel tables)
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
@@ -324,6 +324,8 @@ for w in "gpt-1.3b train.global_batch_size=32" "llama-1b train.global_batch_size
   done
   fp8_bench "${1}_delayed_all_blocks" "$@" mixed_precision.fp8=hybrid \
     mixed_precision.fp8_recipe=delayed mixed_precision.first_last_layers_bf16=false
+  fp8_bench "${1}_delayed_classifier" "$@" mixed_precision.fp8=hybrid \
+    mixed_precision.fp8_recipe=delayed mixed_precision.fp8_classifier=true
   fp8_bench "${1}_bf16_again" "$@"
 done; pack
 fi

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -468,6 +469,14 @@ TEST_CASE("fp8 weights cast once per step give the losses of a cast per product"
 // the curve of FP8 blocks alone.
 TEST_CASE("the classifier in FP8 follows the unquantized curve on the CPU simulation", "[train][fp8]") {
   if (testing::world_size() != 1) return;
+  // The unquantized runs, one per model and width (the block recipe's is widened).
+  std::map<std::string, TrainResult> plain_runs;
+  auto plain_of = [&](const std::string& model, bool widened) -> const TrainResult& {
+    const std::string key = model + (widened ? "_wide" : "");
+    if (!plain_runs.count(key))
+      plain_runs[key] = train(model, "cls_plain", widened ? kBlockSizes : std::vector<std::string>{}, true);
+    return plain_runs[key];
+  };
   for (const std::string recipe : {"tensorwise", "delayed", "blockwise", "rowwise"})
     for (const auto& [model, head] : {std::pair<std::string, std::string>{"gpt2_tiny", "wte"},
                                       {"llama_tiny", "lm_head"}}) {
@@ -477,8 +486,7 @@ TEST_CASE("the classifier in FP8 follows the unquantized curve on the CPU simula
       std::vector<std::string> blocks = {"mixed_precision.fp8=hybrid",
                                          "mixed_precision.fp8_recipe=" + recipe};
       if (recipe == "blockwise") blocks = with(blocks, kBlockSizes);
-      const TrainResult plain = train(model, "cls_plain", recipe == "blockwise" ? kBlockSizes
-                                                                                : std::vector<std::string>{}, true);
+      const TrainResult& plain = plain_of(model, recipe == "blockwise");
       const TrainResult fp8_blocks = train(model, "cls_blocks", blocks, true);
       const TrainResult q = train(model, "cls_fp8", with(blocks, {"mixed_precision.fp8_classifier=true"}), true);
       INFO(model << " " << recipe << ": last losses " << q.losses.back() << " against "

@@ -31,10 +31,9 @@ struct MatmulTuning {
   int after_uses = 2;      // a shape seen once only is not worth timing
   int timed_runs = 3;      // after one warm-up run of each candidate
   size_t max_tuned = 512;
-  // FP8 plans too (their alpha and beta on the device). Off until the FP8 twin that times
-  // them ("matmul timed on first call") and a training A/B have run on a GPU: training
-  // keeps the heuristic's choice for FP8 products.
-  bool fp8 = false;
+  // FP8 plans too (their alpha and beta on the device; false keeps the heuristic's choice
+  // for them, as before they could be timed).
+  bool fp8 = true;
 };
 
 // What tuning found for one problem (bench and tests read these).

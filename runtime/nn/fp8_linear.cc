@@ -117,12 +117,13 @@ ops::Fp8Matrix gathered_rows(const Parameter& weight) {
 // (in, out)): cast for this product alone, or under cache_weight both layouts at the first
 // product after an update, kept for the products until the next.
 ops::Fp8Matrix weight_operand(Context& ctx, const Parameter& weight, bool rows) {
-  if (!weight.fp8->cache_weight)
-    return rows ? quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, false).rows
-                : quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, false, true).columns;
-  if (!weight.fp8_weight_cast)
-    weight.fp8_weight_cast = quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight, true, true);
-  return rows ? weight.fp8_weight_cast->rows : weight.fp8_weight_cast->columns;
+  const bool cache = weight.fp8->cache_weight;
+  if (cache && weight.fp8_weight_cast)
+    return rows ? weight.fp8_weight_cast->rows : weight.fp8_weight_cast->columns;
+  const ops::Fp8Quantized q = quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight,
+                                       rows || cache, !rows || cache);
+  if (cache) weight.fp8_weight_cast = q;
+  return rows ? q.rows : q.columns;
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 //
 // One node for the whole MLP lets backward (1) recompute the activation from its saved input
 // instead of keeping it (the "selective" activation recompute: F values per token fewer for
-// one elementwise pass; before an FP8 proj its one-byte FP8 copy is kept instead), and (2) fuse GELU's gradient into the matmul that produces the
-// gradient at its output (Epilogue::DGelu), so it is never written and read back.
+// one elementwise pass; before an FP8 proj its one-byte FP8 copy is kept instead), and (2)
+// fuse GELU's gradient into the matmul that produces the gradient at its output
+// (Epilogue::DGelu), so it is never written and read back.
 #include <optional>
 
 #include "kernels/ops.h"

@@ -12,8 +12,8 @@
 #include <optional>
 #include <string>
 
-#include "runtime/core/context.h"
 #include "kernels/fp8_ops.h"
+#include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/context_parallel_layout.h"
 #include "runtime/nn/fp8_recipe.h"

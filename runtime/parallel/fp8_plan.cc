@@ -70,10 +70,10 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
   if (plan.classifier) {
     FSDP_CHECK(head != nullptr, ConfigError, "fp8: the plan puts the classifier in FP8 but no "
                "head weight was given");
+    // The layer's name: the weight's full name without its local one ("lm_head.weight").
     const std::string& name = head->name();
-    const std::string layer = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
-                                  ? name.substr(0, name.size() - 7)
-                                  : name;
+    const size_t local = head->local_name().size() + 1;
+    const std::string layer = name.size() > local ? name.substr(0, name.size() - local) : name;
     if (head->vocab_parallel) {
       // Its logits' softmax spans the ranks' vocabulary slices (nn::classifier_loss).
       report.bf16_layers.push_back(layer + " (vocabulary-parallel)");

@@ -404,10 +404,11 @@ TEST_CASE("blockwise fp8 under context parallelism gives the single-process loss
 const std::vector<std::string> kRowwise = {"mixed_precision.fp8=hybrid",
                                            "mixed_precision.fp8_recipe=rowwise"};
 
-// Selective recompute gives the losses of the activation kept, under every recipe: before
-// an FP8 proj the activation's FP8 copy is kept either way (SwiGLU computed inside proj's
-// cast, never stored), and GELU's and SwiGLU's gradients are computed inside fc's output
-// gradient cast; the block and row recipes compute those values first.
+// Selective recompute gives the losses of the activation kept, under every recipe, in a
+// model that mixes both kinds of MLP: three blocks, the first and last in bf16 (their
+// activation recomputed under selective), the middle one in FP8 (its proj's FP8 copy kept
+// either way, SwiGLU computed inside proj's cast; GELU's and SwiGLU's gradients inside fc's
+// output gradient cast; the block and row recipes compute those values first).
 TEST_CASE("fp8 with the MLP activation recomputed gives the same losses", "[train][fp8]") {
   if (testing::world_size() != 1) return;
   // 8 steps of the 30: a recomputed activation that differs changes the second step's loss,
@@ -417,14 +418,16 @@ TEST_CASE("fp8 with the MLP activation recomputed gives the same losses", "[trai
   for (const std::string model : {"gpt2_tiny", "llama_tiny"})
     for (const std::string recipe : {"tensorwise", "delayed", "blockwise", "rowwise"}) {
       std::vector<std::string> o = {"mixed_precision.fp8=hybrid", "mixed_precision.fp8_recipe=" + recipe,
-                                    "train.train_iters=" + std::to_string(kRecomputeSteps)};
+                                    "train.train_iters=" + std::to_string(kRecomputeSteps),
+                                    "model.n_layer=3", "mixed_precision.first_last_layers_bf16=true"};
       if (recipe == "blockwise") o = with(o, kBlockSizes);
       const TrainResult kept = train(model, "act_kept", o, true);
       const TrainResult recomputed =
           train(model, "act_recomputed", with(o, {"model.activation_recompute=selective"}), true);
       INFO(model << " " << recipe);
       REQUIRE(kept.losses.size() == size_t(kRecomputeSteps));
-      CHECK(kept.fp8_layers.size() == 8);
+      CHECK(kept.fp8_layers.size() == 4);
+      CHECK(kept.fp8_bf16_blocks.size() == 2);
       CHECK(recomputed.losses == kept.losses);
     }
 }

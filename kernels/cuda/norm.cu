@@ -1,4 +1,5 @@
-// LayerNorm and RMSNorm on CUDA. Forward: one warp per row. Backward: one block per group of
+// LayerNorm and RMSNorm on CUDA. Forward: one warp per row (held in registers up to 2048
+// channels of bf16, 1024 of f32). Backward: one block per group of
 // rows, the threads spread along the row. Statistics and all sums in f32. x and dx may be f32
 // beside bf16 weights and outputs (an f32 residual stream feeding a bf16 network). The
 // parameter gradients are summed deterministically: each thread sums its channels over its
@@ -68,6 +69,77 @@ __global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const X* x
     if (bias) load_floats<W>(bias + c, b);
 #pragma unroll
     for (int i = 0; i < W; ++i) y[i] = (v[i] - m) * r * w[i] + b[i];
+    store_floats<W>(out + row * C + c, y);
+  }
+  if (lane == 0) {
+    if (!kRms) mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// Rows of up to kWarp * 64 channels are held in registers: lane `lane` keeps packs lane,
+// lane + 32, ... (K packs of W) of its row, so the row is read from memory once, with all of
+// a lane's loads issued together, and the mean, variance and output passes run on
+// registers. The sums run in norm_forward_kernel's per-lane order (the same columns in
+// the same order), and the sum with a residual is rounded to X as the stored one is.
+constexpr int kMaxRowFloats = 64;
+
+template <int W, int K, typename T, typename X, bool kRms>
+__global__ void norm_forward_row_kernel(T* out, float* mean, float* rstd, const X* x,
+                                        const T* residual, X* sum, const T* weight,
+                                        const T* bias, int64_t rows, int64_t C, float eps) {
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (row >= rows) return;  // the whole warp leaves together
+  const int lane = threadIdx.x % kWarp;
+  float v[K][W];  // (K, W): this lane's packs of the row
+  bool own[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t c = (lane + int64_t(k) * kWarp) * W;
+    own[k] = c < C;
+    if (own[k]) load_floats<W>(x + row * C + c, v[k]);
+  }
+  if (residual) {
+    float r[K][W];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (own[k]) load_floats<W>(residual + row * C + (lane + int64_t(k) * kWarp) * W, r[k]);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!own[k]) continue;
+#pragma unroll
+      for (int i = 0; i < W; ++i) v[k][i] = to_float(from_float<X>(v[k][i] + r[k][i]));
+      store_floats<W>(sum + row * C + (lane + int64_t(k) * kWarp) * W, v[k]);
+    }
+  }
+  float m = 0;
+  if (!kRms) {
+    float s = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (own[k]) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) s += v[k][i];
+      }
+    m = warp_sum(s) / float(C);
+  }
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (own[k]) {
+#pragma unroll
+      for (int i = 0; i < W; ++i) ss += (v[k][i] - m) * (v[k][i] - m);
+    }
+  const float r = rsqrtf(warp_sum(ss) / float(C) + eps);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!own[k]) continue;
+    const int64_t c = (lane + int64_t(k) * kWarp) * W;
+    float w[W], b[W] = {}, y[W];
+    load_floats<W>(weight + c, w);
+    if (bias) load_floats<W>(bias + c, b);
+#pragma unroll
+    for (int i = 0; i < W; ++i) y[i] = (v[k][i] - m) * r * w[i] + b[i];
     store_floats<W>(out + row * C + c, y);
   }
   if (lane == 0) {
@@ -307,11 +379,24 @@ void norm_forward(const NormDims& d, void* out, float* mean, float* rstd, const 
       dispatch_width<T>(d.channels, {out, x, residual, sum, weight, bias}, [&](auto w) {
         constexpr int W = decltype(w)::value;
         const unsigned blocks = unsigned((d.rows + kForwardWarps - 1) / kForwardWarps);
-        norm_forward_kernel<W, T, X, kRms><<<blocks, kForwardWarps * kWarp, 0, stream>>>(
-            static_cast<T*>(out), mean, rstd, static_cast<const X*>(x),
-            static_cast<const T*>(residual), static_cast<X*>(sum), static_cast<const T*>(weight),
-            static_cast<const T*>(bias), d.rows, d.channels, float(eps));
-        FSDP_CHECK_LAUNCH();
+        auto launch = [&](auto kernel) {
+          kernel<<<blocks, kForwardWarps * kWarp, 0, stream>>>(
+              static_cast<T*>(out), mean, rstd, static_cast<const X*>(x),
+              static_cast<const T*>(residual), static_cast<X*>(sum),
+              static_cast<const T*>(weight), static_cast<const T*>(bias), d.rows, d.channels,
+              float(eps));
+          FSDP_CHECK_LAUNCH();
+        };
+        // Packs per lane for the row in registers (a power of two, at most 64 floats).
+        const int64_t packs = (d.channels + int64_t(kWarp) * W - 1) / (int64_t(kWarp) * W);
+        if constexpr (W > 1) {
+          if (packs <= 2) return launch(norm_forward_row_kernel<W, 2, T, X, kRms>);
+          if (packs <= 4 && 4 * W <= kMaxRowFloats)
+            return launch(norm_forward_row_kernel<W, 4, T, X, kRms>);
+          if (packs <= 8 && 8 * W <= kMaxRowFloats)
+            return launch(norm_forward_row_kernel<W, 8, T, X, kRms>);
+        }
+        launch(norm_forward_kernel<W, T, X, kRms>);
       });
     });
   });

@@ -197,6 +197,7 @@ void register_norm_twins() {
   // Llama: the backward holds up to 4096 channels in registers at 8 per thread, up to 8192
   // at 16 per thread; 72 channels the scalar path.
   for (DType dt : {DType::bf16, DType::f32}) {
+    rmsnorm_case(1024, 2048, dt);  // the forward's row in registers (bf16), or not (f32)
     rmsnorm_case(1024, 4096, dt);
     rmsnorm_case(64, 8192, dt);
     rmsnorm_case(33, 72, dt);

@@ -387,14 +387,14 @@ void norm_forward(const NormDims& d, void* out, float* mean, float* rstd, const 
               float(eps));
           FSDP_CHECK_LAUNCH();
         };
-        // Packs per lane for the row in registers (a power of two, at most 64 floats).
+        // Packs per lane for the row in registers: 2, 4 or 8 (8 packs of 8 bf16 or of 4 f32
+        // are the most a lane holds: 64 floats).
         const int64_t packs = (d.channels + int64_t(kWarp) * W - 1) / (int64_t(kWarp) * W);
         if constexpr (W > 1) {
+          static_assert(8 * W <= kMaxRowFloats, "a lane's 8 packs fit its registers");
           if (packs <= 2) return launch(norm_forward_row_kernel<W, 2, T, X, kRms>);
-          if (packs <= 4 && 4 * W <= kMaxRowFloats)
-            return launch(norm_forward_row_kernel<W, 4, T, X, kRms>);
-          if (packs <= 8 && 8 * W <= kMaxRowFloats)
-            return launch(norm_forward_row_kernel<W, 8, T, X, kRms>);
+          if (packs <= 4) return launch(norm_forward_row_kernel<W, 4, T, X, kRms>);
+          if (packs <= 8) return launch(norm_forward_row_kernel<W, 8, T, X, kRms>);
         }
         launch(norm_forward_kernel<W, T, X, kRms>);
       });

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_block8.cuh"
 #include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/vec.cuh"
 
@@ -87,6 +88,54 @@ __global__ void quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t
   }
   if constexpr (kSums) tile::column_sums(sums, acc, sub, col8, cols, partials);
   if (qt) tile::store_transposed<kVec>(bytes, qt, rows, cols);
+}
+
+// quantize_kernel's cast with the transpose in registers (kernels/cuda/fp8_block8.cuh): a
+// block of 128 threads covers the same (64, 128) tile, each warp a (32, 64) quarter of it and
+// each thread an (8, 8) block, 8 rows of 8 columns loaded together, whose bytes it writes in
+// both layouts from its registers: no shared memory and no barrier between the read and the
+// transposed write. Lanes 0-7 of a warp take consecutive column groups of one row group, so a
+// row load reads 128 contiguous bytes, and the warp's 4 row groups write 32 contiguous bytes
+// of each qt row. The same bytes as quantize_kernel; whole (8, 8) blocks only (rows and cols
+// multiples of 8, inputs 16-byte aligned, q and qt 8-byte), no column sums.
+constexpr int kRegsThreads = 128;
+
+template <Fp8CastSource kSource, typename T>
+__global__ void __launch_bounds__(kRegsThreads)
+    quantize_regs_kernel(const T* x, const T* dout, int64_t rows, int64_t cols, const float* amax,
+                         Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
+                         unsigned* record_amax_bits) {
+  const float scale = fp8_scale_for_amax(*amax, format);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = tile::first_row() + (warp & 1) * 32 + (lane / 8) * 8;
+  const int64_t c = tile::first_col() + (warp >> 1) * 64 + (lane % 8) * 8;
+  float seen = 0.0f;  // max |value| over this thread's elements (record_amax_bits)
+  if (r < rows && c < cols) {
+    uint2 b[8];  // row i of the block: byte j = column c + j
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float v[8];
+      tile::load_source8<kSource, true>(x, dout, r + i, c, cols, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) seen = fmaxf(seen, fabsf(v[j]));
+      b[i] = fp8_block8::encode_row(v, scale, format);
+    }
+    if (q) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) *reinterpret_cast<uint2*>(q + (r + i) * cols + c) = b[i];
+    }
+    if (qt) {
+      uint2 t[8];  // column j of the block: byte i = row r + i
+      fp8_block8::transpose(b, t);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(qt + (c + j) * rows + r) = t[j];
+    }
+  }
+  if (record_amax_bits) {  // the same for the whole block
+    seen = block_max(seen);
+    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
+  }
 }
 
 // The SwiGLU gradient's cast with each (gate, up) pair read once. quantize_kernel's tiles
@@ -258,6 +307,16 @@ void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType d
         swiglu_grad_quantize_kernel<T><<<tile::grid(rows, cols / 2, "fp8_quantize"), tile::kThreads, 0, stream>>>(
             static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols / 2, amax, format,
             q, qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+      } else if constexpr (kVec && !kSums) {
+        if (rows % 8 == 0) {  // whole (8, 8) blocks
+          quantize_regs_kernel<kSource, T><<<grid, kRegsThreads, 0, stream>>>(
+              static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q,
+              qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+        } else {
+          quantize_kernel<kSource, T, kVec, kSums><<<grid, tile::kThreads, 0, stream>>>(
+              static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q,
+              qt, scale_inv, partials, reinterpret_cast<unsigned*>(record_amax));
+        }
       } else {
         quantize_kernel<kSource, T, kVec, kSums><<<grid, tile::kThreads, 0, stream>>>(
             static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q,

@@ -316,6 +316,7 @@ void register_fp8_twins() {
     }
   quantize_case(192, 320, DType::f32, Fp8Format::e4m3, AmaxFrom::measured);
   quantize_case(100, 96, DType::bf16, Fp8Format::e4m3, AmaxFrom::measured);  // 8-wide rows only
+  quantize_case(72, 200, DType::bf16, Fp8Format::e5m2, AmaxFrom::measured);  // (8, 8) blocks, partial tiles
 
   matmul_case(256, 768, 512, {});
   matmul_case(256, 768, 512, {DType::bf16, Fp8Format::e4m3, Fp8Format::e4m3, false,

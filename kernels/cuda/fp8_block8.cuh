@@ -1,0 +1,51 @@
+// The 8 x 8 block of FP8 bytes one thread of the register cast (kernels/cuda/fp8.cu,
+// `quantize_regs_kernel`) converts and writes in both layouts without shared memory: 8 rows
+// of 8 consecutive columns, each row one 64-bit word (byte j = column j), turned into the 8
+// columns as 64-bit words (byte i = row i) by byte permutes in registers.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/fp8_format.h"
+
+namespace fsdp::kernels::cuda::fp8_block8 {
+
+// fp8(a) | fp8(b) << 8, each rounded and saturated as fp8_encode_satfinite does (the same
+// conversion instruction, two lanes at once).
+__device__ __forceinline__ uint32_t encode2(float a, float b, Fp8Format f) {
+  const float2 v = make_float2(a, b);
+  return f == Fp8Format::e4m3 ? __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3)
+                              : __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E5M2);
+}
+
+// The 8 values of a row, scaled, as one word of bytes (byte j = fp8(v[j] * scale)).
+__device__ __forceinline__ uint2 encode_row(const float (&v)[8], float scale, Fp8Format f) {
+  uint32_t p[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    p[j] = encode2(__fmul_rn(v[2 * j], scale), __fmul_rn(v[2 * j + 1], scale), f);
+  return make_uint2(p[0] | p[1] << 16, p[2] | p[3] << 16);
+}
+
+// Half h (0: bytes 0-3, 1: bytes 4-7) of a word.
+__device__ __forceinline__ uint32_t half(const uint2& w, int h) { return h == 0 ? w.x : w.y; }
+
+// cols[j] = the bytes j of rows[0..7] (byte i of cols[j] = byte j of rows[i]).
+__device__ __forceinline__ void transpose(const uint2 (&rows)[8], uint2 (&cols)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {  // columns j and j + 1, in half h of each row
+    const int h = j / 4, k = j % 4;
+    // [r_a.k, r_b.k, r_a.k+1, r_b.k+1] of two rows' halves.
+    const uint32_t sel = uint32_t(k) | uint32_t(k + 4) << 4 | uint32_t(k + 1) << 8 | uint32_t(k + 5) << 12;
+    const uint32_t a = __byte_perm(half(rows[0], h), half(rows[1], h), sel);
+    const uint32_t b = __byte_perm(half(rows[2], h), half(rows[3], h), sel);
+    const uint32_t c = __byte_perm(half(rows[4], h), half(rows[5], h), sel);
+    const uint32_t d = __byte_perm(half(rows[6], h), half(rows[7], h), sel);
+    cols[j] = make_uint2(__byte_perm(a, b, 0x5410), __byte_perm(c, d, 0x5410));
+    cols[j + 1] = make_uint2(__byte_perm(a, b, 0x7632), __byte_perm(c, d, 0x7632));
+  }
+}
+
+}  // namespace fsdp::kernels::cuda::fp8_block8

@@ -92,9 +92,9 @@ __global__ void quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t
 
 // quantize_kernel's cast with the transpose in registers (kernels/cuda/fp8_block8.cuh): a
 // block of 128 threads covers the same (64, 128) tile, each warp a (32, 64) quarter of it and
-// each thread an (8, 8) block, 8 rows of 8 columns loaded together, whose bytes it writes in
-// both layouts from its registers: no shared memory and no barrier between the read and the
-// transposed write. Lanes 0-7 of a warp take consecutive column groups of one row group, so a
+// each thread an (8, 8) block (8 rows of 8 columns) whose bytes it writes in both layouts
+// from its registers: no shared memory and no barrier between the read and the transposed
+// write. Lanes 0-7 of a warp take consecutive column groups of one row group, so a
 // row load reads 128 contiguous bytes, and the warp's 4 row groups write 32 contiguous bytes
 // of each qt row. The same bytes as quantize_kernel; whole (8, 8) blocks only (rows and cols
 // multiples of 8, inputs 16-byte aligned, q and qt 8-byte), no column sums.

@@ -307,17 +307,15 @@ void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType d
         swiglu_grad_quantize_kernel<T><<<tile::grid(rows, cols / 2, "fp8_quantize"), tile::kThreads, 0, stream>>>(
             static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols / 2, amax, format,
             q, qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
-      } else if constexpr (kVec && !kSums) {
-        if (rows % 8 == 0) {  // whole (8, 8) blocks
-          quantize_regs_kernel<kSource, T><<<grid, kRegsThreads, 0, stream>>>(
-              static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q,
-              qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
-        } else {
-          quantize_kernel<kSource, T, kVec, kSums><<<grid, tile::kThreads, 0, stream>>>(
-              static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q,
-              qt, scale_inv, partials, reinterpret_cast<unsigned*>(record_amax));
-        }
       } else {
+        if constexpr (kVec && !kSums) {
+          if (rows % 8 == 0) {  // whole (8, 8) blocks: the transpose in registers
+            quantize_regs_kernel<kSource, T><<<grid, kRegsThreads, 0, stream>>>(
+                static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format,
+                q, qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+            return;
+          }
+        }
         quantize_kernel<kSource, T, kVec, kSums><<<grid, tile::kThreads, 0, stream>>>(
             static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols, amax, format, q,
             qt, scale_inv, partials, reinterpret_cast<unsigned*>(record_amax));

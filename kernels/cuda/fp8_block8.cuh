@@ -4,28 +4,18 @@
 // columns as 64-bit words (byte i = row i) by byte permutes in registers.
 #pragma once
 
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
-#include "kernels/fp8_format.h"
+#include "kernels/cuda/fp8_encode.cuh"
 
 namespace fsdp::kernels::cuda::fp8_block8 {
-
-// fp8(a) | fp8(b) << 8, each rounded and saturated as fp8_encode_satfinite does (the same
-// conversion instruction, two lanes at once).
-__device__ __forceinline__ uint32_t encode2(float a, float b, Fp8Format f) {
-  const float2 v = make_float2(a, b);
-  return f == Fp8Format::e4m3 ? __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3)
-                              : __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E5M2);
-}
 
 // The 8 values of a row, scaled, as one word of bytes (byte j = fp8(v[j] * scale)).
 __device__ __forceinline__ uint2 encode_row(const float (&v)[8], float scale, Fp8Format f) {
   uint32_t p[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    p[j] = encode2(__fmul_rn(v[2 * j], scale), __fmul_rn(v[2 * j + 1], scale), f);
+    p[j] = fp8_encode2_satfinite(__fmul_rn(v[2 * j], scale), __fmul_rn(v[2 * j + 1], scale), f);
   return make_uint2(p[0] | p[1] << 16, p[2] | p[3] << 16);
 }
 

@@ -113,13 +113,57 @@ __global__ void __launch_bounds__(kRegsThreads)
   float seen = 0.0f;  // max |value| over this thread's elements (record_amax_bits)
   if (r < rows && c < cols) {
     uint2 b[8];  // row i of the block: byte j = column c + j
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float v[8];
-      tile::load_source8<kSource, true>(x, dout, r + i, c, cols, v);
+    auto encode = [&](int i, const float (&v)[8]) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) seen = fmaxf(seen, fabsf(v[j]));
       b[i] = fp8_block8::encode_row(v, scale, format);
+    };
+    // Every load of the block issued before the first conversion (128 bytes in flight per
+    // thread for a bf16 tensor, 256 for SwiGLU's gate and up).
+    constexpr int kS = Pack<T>::kSize, kP = 8 / kS;  // packs per row of 8
+    auto floats = [&](const Pack<T> (&p)[kP], float (&v)[8]) {
+#pragma unroll
+      for (int k = 0; k < kP; ++k)
+#pragma unroll
+        for (int e = 0; e < kS; ++e) v[k * kS + e] = to_float(p[k].v[e]);
+    };
+    if constexpr (kSource == Fp8CastSource::tensor) {
+      Pack<T> raw[8][kP];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int k = 0; k < kP; ++k) raw[i][k] = load_pack(x + (r + i) * cols + c + k * kS);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float v[8];
+        floats(raw[i], v);
+        encode(i, v);
+      }
+    } else if constexpr (kSource == Fp8CastSource::swiglu) {  // x (rows, 2 cols) = [gate | up]
+      Pack<T> gate[8][kP], up[8][kP];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int k = 0; k < kP; ++k) {
+          gate[i][k] = load_pack(x + (r + i) * 2 * cols + c + k * kS);
+          up[i][k] = load_pack(x + (r + i) * 2 * cols + cols + c + k * kS);
+        }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float g[8], u[8], v[8];
+        floats(gate[i], g);
+        floats(up[i], u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = tile::swiglu_value<T>(g[j], u[j]);
+        encode(i, v);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float v[8];
+        tile::load_source8<kSource, true>(x, dout, r + i, c, cols, v);
+        encode(i, v);
+      }
     }
     if (q) {
 #pragma unroll
@@ -138,13 +182,80 @@ __global__ void __launch_bounds__(kRegsThreads)
   }
 }
 
+// swiglu_grad_quantize_kernel with the transpose in registers, as quantize_regs_kernel: each
+// thread an (8, 8) block of (gate, up) pairs (gate, up and dout loaded together), whose
+// gradient bytes it writes in both layouts for both halves. The same bytes; whole (8, 8)
+// blocks only (rows and f_dim multiples of 8, inputs 16-byte aligned, q and qt 8-byte).
+template <typename T>
+__global__ void __launch_bounds__(kRegsThreads)
+    swiglu_grad_regs_kernel(const T* x, const T* dout, int64_t rows, int64_t f_dim,
+                            const float* amax, Fp8Format format, uint8_t* q, uint8_t* qt,
+                            float* scale_inv, unsigned* record_amax_bits) {
+  const float scale = fp8_scale_for_amax(*amax, format);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = tile::first_row() + (warp & 1) * 32 + (lane / 8) * 8;
+  const int64_t c = tile::first_col() + (warp >> 1) * 64 + (lane % 8) * 8;
+  const int64_t cols = 2 * f_dim;
+  float seen = 0.0f;  // max |value| over this thread's elements of both halves
+  if (r < rows && c < f_dim) {
+    constexpr int kS = Pack<T>::kSize, kP = 8 / kS;  // packs per row of 8
+    Pack<T> g[8][kP], u[8][kP], d[8][kP];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int k = 0; k < kP; ++k) {
+        g[i][k] = load_pack(x + (r + i) * cols + c + k * kS);
+        u[i][k] = load_pack(x + (r + i) * cols + f_dim + c + k * kS);
+        d[i][k] = load_pack(dout + (r + i) * f_dim + c + k * kS);
+      }
+    uint2 bg[8], bu[8];  // row i of each half's block: byte j = column c + j
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float dg[8], du[8];
+#pragma unroll
+      for (int k = 0; k < kP; ++k)
+#pragma unroll
+        for (int e = 0; e < kS; ++e) {
+          const int j = k * kS + e;
+          tile::swiglu_grad_value<T>(to_float(g[i][k].v[e]), to_float(u[i][k].v[e]),
+                                     to_float(d[i][k].v[e]), dg[j], du[j]);
+          seen = fmaxf(seen, fmaxf(fabsf(dg[j]), fabsf(du[j])));
+        }
+      bg[i] = fp8_block8::encode_row(dg, scale, format);
+      bu[i] = fp8_block8::encode_row(du, scale, format);
+    }
+    if (q) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        *reinterpret_cast<uint2*>(q + (r + i) * cols + c) = bg[i];
+        *reinterpret_cast<uint2*>(q + (r + i) * cols + f_dim + c) = bu[i];
+      }
+    }
+    if (qt) {
+      uint2 t[8];  // column j of a half's block: byte i = row r + i
+      fp8_block8::transpose(bg, t);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(qt + (c + j) * rows + r) = t[j];
+      fp8_block8::transpose(bu, t);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(qt + (f_dim + c + j) * rows + r) = t[j];
+    }
+  }
+  if (record_amax_bits) {  // the same for the whole block
+    seen = block_max(seen);
+    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
+  }
+}
+
 // The SwiGLU gradient's cast with each (gate, up) pair read once. quantize_kernel's tiles
 // each cover one half of the (rows, 2 f_dim) gradient, so the gate half's tiles read gate, up
 // and dout and the up half's read gate and dout again: 14 bytes per pair where 10 do. Here a
 // block covers a (64, 128) tile of the gate half's columns and the same columns of the up
 // half, computing both gradients from one read (tile::swiglu_grad8), with the same bytes.
 // Whole groups of 8 only (f_dim % 8 == 0, rows 16-byte aligned); no column sums (SwiGLU's
-// gate and up have no bias).
+// gate and up have no bias). Serves row counts that are not a multiple of 8;
+// swiglu_grad_regs_kernel the rest.
 template <typename T>
 __global__ void swiglu_grad_quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t f_dim,
                                             const float* amax, Fp8Format format, uint8_t* q,
@@ -304,9 +415,16 @@ void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType d
       constexpr bool kVec = decltype(vec_tag)::value, kSums = decltype(sums_tag)::value;
       if constexpr (kSource == Fp8CastSource::swiglu_grad && kVec && !kSums) {
         // A block per tile of the gate half's columns, with the same columns of the up half.
-        swiglu_grad_quantize_kernel<T><<<tile::grid(rows, cols / 2, "fp8_quantize"), tile::kThreads, 0, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(dout), rows, cols / 2, amax, format,
-            q, qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+        const int64_t f_dim = cols / 2;
+        if (rows % 8 == 0) {  // whole (8, 8) blocks
+          swiglu_grad_regs_kernel<T><<<tile::grid(rows, f_dim, "fp8_quantize"), kRegsThreads, 0, stream>>>(
+              static_cast<const T*>(x), static_cast<const T*>(dout), rows, f_dim, amax, format,
+              q, qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+        } else {
+          swiglu_grad_quantize_kernel<T><<<tile::grid(rows, f_dim, "fp8_quantize"), tile::kThreads, 0, stream>>>(
+              static_cast<const T*>(x), static_cast<const T*>(dout), rows, f_dim, amax, format,
+              q, qt, scale_inv, reinterpret_cast<unsigned*>(record_amax));
+        }
       } else {
         if constexpr (kVec && !kSums) {
           if (rows % 8 == 0) {  // whole (8, 8) blocks: the transpose in registers

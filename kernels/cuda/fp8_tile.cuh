@@ -38,6 +38,12 @@ __device__ __forceinline__ void load8(const T* x, int64_t r, int64_t c, int64_t 
   for (int j = 0; j < 8; ++j) v[j] = c + j < cols ? to_float(x[r * cols + c + j]) : 0.0f;
 }
 
+// SwiGLU's output silu(g) * u rounded to T, as swiglu_forward stores it.
+template <typename T>
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return to_float(from_float<T>(silu(g) * u));
+}
+
 // The value at (r, c) of a cast's source (Fp8CastSource) of `cols` columns: x itself, or a
 // value from an activation's x (and dout), rounded to T as swiglu_forward, gelu_backward and
 // swiglu_backward (kernels/cuda/activation.cu) store it, with the same float expressions, so
@@ -49,7 +55,7 @@ __device__ __forceinline__ float source_value(const T* x, const T* dout, int64_t
     return to_float(x[r * cols + c]);
   } else if constexpr (kSource == Fp8CastSource::swiglu) {  // x (rows, 2 cols)
     const float g = to_float(x[r * 2 * cols + c]), u = to_float(x[r * 2 * cols + cols + c]);
-    return to_float(from_float<T>(silu(g) * u));
+    return swiglu_value<T>(g, u);
   } else if constexpr (kSource == Fp8CastSource::gelu_grad) {
     const float d = to_float(dout[r * cols + c]), h = to_float(x[r * cols + c]);
     return to_float(from_float<T>(d * gelu_tanh_grad(h)));
@@ -83,7 +89,7 @@ __device__ __forceinline__ void load_source8(const T* x, const T* dout, int64_t 
     load_floats<8>(x + r * 2 * cols + c, v);
     load_floats<8>(x + r * 2 * cols + cols + c, u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = to_float(from_float<T>(silu(v[j]) * u[j]));
+    for (int j = 0; j < 8; ++j) v[j] = swiglu_value<T>(v[j], u[j]);
   } else if constexpr (kSource == Fp8CastSource::gelu_grad) {
     float h[8];
     load_floats<8>(dout + r * cols + c, v);
@@ -107,6 +113,14 @@ __device__ __forceinline__ void load_source8(const T* x, const T* dout, int64_t 
   }
 }
 
+// The SwiGLU gradient at one (gate, up) pair from the output gradient d, each half rounded
+// to T as swiglu_backward stores it (the same expressions as source_value's).
+template <typename T>
+__device__ __forceinline__ void swiglu_grad_value(float g, float u, float d, float& dg, float& du) {
+  dg = to_float(from_float<T>(d * u * silu_grad(g)));
+  du = to_float(from_float<T>(d * silu(g)));
+}
+
 // The SwiGLU gradient of the 8 (gate, up) pairs of row r from column c of the gate half
 // (whole groups: c + 7 < f_dim, rows 16-byte aligned), x (rows, 2 f_dim) = [gate | up] and
 // dout (rows, f_dim), read once: dg and du as load_source8 computes each half, bit for bit.
@@ -118,10 +132,7 @@ __device__ __forceinline__ void swiglu_grad8(const T* x, const T* dout, int64_t 
   load_floats<8>(x + r * 2 * f_dim + f_dim + c, u);
   load_floats<8>(dout + r * f_dim + c, d);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    dg[j] = to_float(from_float<T>(d[j] * u[j] * silu_grad(g[j])));
-    du[j] = to_float(from_float<T>(d[j] * silu(g[j])));
-  }
+  for (int j = 0; j < 8; ++j) swiglu_grad_value<T>(g[j], u[j], d[j], dg[j], du[j]);
 }
 
 // b into q's row r from column c (clipped at the row's end).

@@ -6,6 +6,9 @@
 // and the same products, whichever layout or launch reads them.
 #include "kernels/cuda/rope.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/cuda/vec.cuh"
 #include "kernels/scalar_math.h"
 
@@ -32,24 +35,28 @@ __global__ void rope_angles_kernel(float* cosines, float* sines, RopeDims d) {
   }
 }
 
-// Work item k: row (b, t) = k / items, then head h and its pairs [p, p + W) (items = heads
-// * half / W per row).
+// Thread (j, row): item j of a row is head j / groups and its pairs [p, p + W), p = (j %
+// groups) * W; a block covers blockDim.x items of blockDim.y rows and steps by the grid's
+// rows. The index math is 32-bit and the item's head and pairs are found once per thread:
+// 64-bit divisions per element cost more issue slots than the bytes take to move.
 template <int W, typename T>
 __global__ void rope_kernel(T* out, const T* x, const float* cosines, const float* sines,
                             RopeDims d) {
-  const int64_t half = d.head_dim / 2, groups = half / W, items = d.heads * groups;
-  const int64_t n = d.batch * d.seq * items;
-  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = k / items, j = k % items;
-    const int64_t b = row / d.seq, t = row % d.seq, h = j / groups, p = (j % groups) * W;
+  const int half = int(d.head_dim / 2), groups = half / W, items = int(d.heads) * groups;
+  const int j = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j >= items) return;
+  const int h = j / groups, p = (j - h * groups) * W;
+  const unsigned seq = unsigned(d.seq), rows = unsigned(d.batch * d.seq);
+  for (unsigned row = blockIdx.y * blockDim.y + threadIdx.y; row < rows;
+       row += gridDim.y * blockDim.y) {
+    const unsigned b = row / seq, t = row - b * seq;
     const T* v = x + b * d.x.b + t * d.x.t + h * d.x.h;      // (D)
     T* o = out + b * d.out.b + t * d.out.t + h * d.out.h;    // (D)
     float x1[W], x2[W], cs[W], sn[W], y1[W], y2[W];
     load_floats<W>(v + p, x1);
     load_floats<W>(v + p + half, x2);
-    load_floats<W>(cosines + t * half + p, cs);
-    load_floats<W>(sines + t * half + p, sn);
+    load_floats<W>(cosines + int64_t(t) * half + p, cs);
+    load_floats<W>(sines + int64_t(t) * half + p, sn);
 #pragma unroll
     for (int i = 0; i < W; ++i) {
       y1[i] = x1[i] * cs[i] - x2[i] * sn[i];
@@ -71,8 +78,11 @@ size_t rope_workspace_bytes(const RopeDims& d) {
 
 void rope(const RopeDims& d, void* out, const void* x, DType dtype, void* workspace,
           stream_t stream) {
-  const int64_t angles = angle_count(d);
-  if (d.batch * d.seq * d.heads * angles == 0) return;
+  const int64_t angles = angle_count(d), rows = d.batch * d.seq;
+  if (rows * d.heads * angles == 0) return;
+  FSDP_CHECK(rows <= INT32_MAX && d.heads * (d.head_dim / 2) <= INT32_MAX, ShapeError,
+             "rope: ", rows, " rows of ", d.heads, " heads of ", d.head_dim,
+             " exceed the kernel's 32-bit indices");
   float* cosines = static_cast<float*>(workspace);
   float* sines = cosines + (angles + 3) / 4 * 4;
   rope_angles_kernel<<<grid_for(angles, kThreads), kThreads, 0, stream>>>(cosines, sines, d);
@@ -86,8 +96,13 @@ void rope(const RopeDims& d, void* out, const void* x, DType dtype, void* worksp
     const int64_t strides = d.x.b | d.x.t | d.x.h | d.out.b | d.out.t | d.out.h | half;
     dispatch_width<T>(strides, {out, x}, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      const int64_t n = d.batch * d.seq * d.heads * (half / W);
-      rope_kernel<W, T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      // Threads along a row's items (a warp's loads cover whole heads), the rest of the
+      // block's 256 along rows.
+      const int64_t items = d.heads * (half / W);
+      const int bx = int(std::min<int64_t>((items + 31) / 32 * 32, kThreads)), by = kThreads / bx;
+      const dim3 grid(unsigned((items + bx - 1) / bx),
+                      unsigned(std::min<int64_t>((rows + by - 1) / by, 65535)));
+      rope_kernel<W, T><<<grid, dim3(bx, by), 0, stream>>>(
           static_cast<T*>(out), static_cast<const T*>(x), cosines, sines, d);
       FSDP_CHECK_LAUNCH();
     });

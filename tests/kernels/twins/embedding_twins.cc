@@ -47,8 +47,7 @@ void rope_case(DType dt, bool inverse, int64_t position_offset) {
 // path: one pass, no copy first), at Llama ~1B's head size (D = 64: 32-pair halves, 16-byte
 // packs) and at a head size no pack divides (D = 6: one pair at a time). On each device the
 // copies equal, bit for bit, the views rotated in place.
-void rope_copy_case(DType dt, int64_t H, int64_t Hkv, int64_t D) {
-  const int64_t B = 2, T = 512;
+void rope_copy_case(DType dt, int64_t H, int64_t Hkv, int64_t D, int64_t B = 2, int64_t T = 512) {
   const std::string name = str_cat("rope B", B, " T", T, " H", H, " Hkv", Hkv, " D", D, " ",
                                    dtype_name(dt), " from the fused projection into copies");
   register_twin({"embedding", name, [=](TwinSide& s) {
@@ -182,6 +181,9 @@ void register_embedding_twins() {
   rope_case(DType::f32, false, 4000);
   for (DType dt : {DType::bf16, DType::f32}) rope_copy_case(dt, 32, 8, 64);
   rope_copy_case(DType::bf16, 3, 1, 6);
+  // 600000 rows of one 16-byte item each: more rows than one launch's grid covers (65535
+  // blocks of 8 rows), so the kernel's loop over rows runs.
+  rope_copy_case(DType::bf16, 1, 1, 16, 3, 200000);
   for (DType dt : {DType::bf16, DType::f32}) gpt2_embedding_case(dt);
   large_bucket_case();
   f32_stream_case();

@@ -10,9 +10,23 @@
 namespace fsdp::kernels::cuda {
 namespace {
 
+// The block's maximum of each thread's m into *amax_bits with an integer atomicMax: for
+// non-negative floats the bit patterns order as the values do, so the result does not depend
+// on the order. Every thread of the block calls it.
+__device__ __forceinline__ void fold_block_amax(float m, unsigned* amax_bits) {
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
+
+// The cast's scale for *amax; the grid's first thread writes its inverse for the products.
+__device__ __forceinline__ float cast_scale(const float* amax, Fp8Format format, float* scale_inv) {
+  const float scale = fp8_scale_for_amax(*amax, format);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  return scale;
+}
+
 // Each thread folds W elements at a time (W = 1, or one 128-bit pack), then the block's
-// maximum goes into *amax_bits with an integer atomicMax: for non-negative floats the bit
-// patterns order as the values do, so the result does not depend on the order.
+// maximum goes into *amax_bits (fold_block_amax).
 template <typename T, int W>
 __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
   float m = 0.0f;
@@ -23,8 +37,7 @@ __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
 #pragma unroll
     for (int j = 0; j < W; ++j) m = fmaxf(m, fabsf(v[j]));
   }
-  m = block_max(m);
-  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+  fold_block_amax(m, amax_bits);
 }
 
 namespace tile = fp8_tile;
@@ -48,8 +61,7 @@ __global__ void source_amax_kernel(const T* x, const T* dout, int64_t rows, int6
       m = fmaxf(m, fabsf(tile::source_value<kSource>(x, dout, r, c, cols)));
     }
   }
-  m = block_max(m);
-  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+  fold_block_amax(m, amax_bits);
 }
 
 // q and qt of one (64, 128) tile (kernels/cuda/fp8_tile.cuh) of the source (x, or an
@@ -63,8 +75,7 @@ __global__ void quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t
   __shared__ float sums[kSums ? tile::kRowGroups : 1][kSums ? tile::kCols : 1];
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   float seen = 0.0f;  // max |x| over this thread's elements (record_amax_bits)
-  const float scale = fp8_scale_for_amax(*amax, format);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  const float scale = cast_scale(amax, format, scale_inv);
   const int64_t r0 = tile::first_row(), c0 = tile::first_col();
   const int col8 = (threadIdx.x % 16) * 8, sub = threadIdx.x / 16;  // 16 rows per pass
   for (int rr = sub; rr < tile::kRows; rr += tile::kRowGroups) {
@@ -82,10 +93,7 @@ __global__ void quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t
     *reinterpret_cast<uint2*>(&bytes[rr][col8]) = fp8_pack8(b);
     if (q) tile::store8<kVec>(q, r, c, cols, b);
   }
-  if (record_amax_bits) {  // the same for the whole block
-    seen = block_max(seen);
-    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
-  }
+  if (record_amax_bits) fold_block_amax(seen, record_amax_bits);  // the same for the whole block
   if constexpr (kSums) tile::column_sums(sums, acc, sub, col8, cols, partials);
   if (qt) tile::store_transposed<kVec>(bytes, qt, rows, cols);
 }
@@ -100,16 +108,21 @@ __global__ void quantize_kernel(const T* x, const T* dout, int64_t rows, int64_t
 // multiples of 8, inputs 16-byte aligned, q and qt 8-byte), no column sums.
 constexpr int kRegsThreads = 128;
 
+// The first row and column of this thread's (8, 8) block in the block's (64, 128) tile.
+__device__ __forceinline__ void regs_block_origin(int64_t& r, int64_t& c) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  r = tile::first_row() + (warp & 1) * 32 + (lane / 8) * 8;
+  c = tile::first_col() + (warp >> 1) * 64 + (lane % 8) * 8;
+}
+
 template <Fp8CastSource kSource, typename T>
 __global__ void __launch_bounds__(kRegsThreads)
     quantize_regs_kernel(const T* x, const T* dout, int64_t rows, int64_t cols, const float* amax,
                          Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
                          unsigned* record_amax_bits) {
-  const float scale = fp8_scale_for_amax(*amax, format);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = tile::first_row() + (warp & 1) * 32 + (lane / 8) * 8;
-  const int64_t c = tile::first_col() + (warp >> 1) * 64 + (lane % 8) * 8;
+  const float scale = cast_scale(amax, format, scale_inv);
+  int64_t r, c;
+  regs_block_origin(r, c);
   float seen = 0.0f;  // max |value| over this thread's elements (record_amax_bits)
   if (r < rows && c < cols) {
     uint2 b[8];  // row i of the block: byte j = column c + j
@@ -120,39 +133,28 @@ __global__ void __launch_bounds__(kRegsThreads)
     };
     // Every load of the block issued before the first conversion (128 bytes in flight per
     // thread for a bf16 tensor, 256 for SwiGLU's gate and up).
-    constexpr int kS = Pack<T>::kSize, kP = 8 / kS;  // packs per row of 8
-    auto floats = [&](const Pack<T> (&p)[kP], float (&v)[8]) {
-#pragma unroll
-      for (int k = 0; k < kP; ++k)
-#pragma unroll
-        for (int e = 0; e < kS; ++e) v[k * kS + e] = to_float(p[k].v[e]);
-    };
     if constexpr (kSource == Fp8CastSource::tensor) {
-      Pack<T> raw[8][kP];
+      Packs<8, T> raw[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int k = 0; k < kP; ++k) raw[i][k] = load_pack(x + (r + i) * cols + c + k * kS);
+      for (int i = 0; i < 8; ++i) raw[i] = load_packs<8>(x + (r + i) * cols + c);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         float v[8];
-        floats(raw[i], v);
+        unpack_floats(raw[i], v);
         encode(i, v);
       }
     } else if constexpr (kSource == Fp8CastSource::swiglu) {  // x (rows, 2 cols) = [gate | up]
-      Pack<T> gate[8][kP], up[8][kP];
+      Packs<8, T> gate[8], up[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int k = 0; k < kP; ++k) {
-          gate[i][k] = load_pack(x + (r + i) * 2 * cols + c + k * kS);
-          up[i][k] = load_pack(x + (r + i) * 2 * cols + cols + c + k * kS);
-        }
+      for (int i = 0; i < 8; ++i) {
+        gate[i] = load_packs<8>(x + (r + i) * 2 * cols + c);
+        up[i] = load_packs<8>(x + (r + i) * 2 * cols + cols + c);
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         float g[8], u[8], v[8];
-        floats(gate[i], g);
-        floats(up[i], u);
+        unpack_floats(gate[i], g);
+        unpack_floats(up[i], u);
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = tile::swiglu_value<T>(g[j], u[j]);
         encode(i, v);
@@ -165,21 +167,9 @@ __global__ void __launch_bounds__(kRegsThreads)
         encode(i, v);
       }
     }
-    if (q) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) *reinterpret_cast<uint2*>(q + (r + i) * cols + c) = b[i];
-    }
-    if (qt) {
-      uint2 t[8];  // column j of the block: byte i = row r + i
-      fp8_block8::transpose(b, t);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(qt + (c + j) * rows + r) = t[j];
-    }
+    fp8_block8::store_both(b, q, cols, qt, rows, r, c);
   }
-  if (record_amax_bits) {  // the same for the whole block
-    seen = block_max(seen);
-    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
-  }
+  if (record_amax_bits) fold_block_amax(seen, record_amax_bits);  // the same for the whole block
 }
 
 // swiglu_grad_quantize_kernel with the transpose in registers, as quantize_regs_kernel: each
@@ -191,61 +181,38 @@ __global__ void __launch_bounds__(kRegsThreads)
     swiglu_grad_regs_kernel(const T* x, const T* dout, int64_t rows, int64_t f_dim,
                             const float* amax, Fp8Format format, uint8_t* q, uint8_t* qt,
                             float* scale_inv, unsigned* record_amax_bits) {
-  const float scale = fp8_scale_for_amax(*amax, format);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = tile::first_row() + (warp & 1) * 32 + (lane / 8) * 8;
-  const int64_t c = tile::first_col() + (warp >> 1) * 64 + (lane % 8) * 8;
+  const float scale = cast_scale(amax, format, scale_inv);
+  int64_t r, c;
+  regs_block_origin(r, c);
   const int64_t cols = 2 * f_dim;
   float seen = 0.0f;  // max |value| over this thread's elements of both halves
   if (r < rows && c < f_dim) {
-    constexpr int kS = Pack<T>::kSize, kP = 8 / kS;  // packs per row of 8
-    Pack<T> g[8][kP], u[8][kP], d[8][kP];
+    Packs<8, T> g[8], u[8], d[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int k = 0; k < kP; ++k) {
-        g[i][k] = load_pack(x + (r + i) * cols + c + k * kS);
-        u[i][k] = load_pack(x + (r + i) * cols + f_dim + c + k * kS);
-        d[i][k] = load_pack(dout + (r + i) * f_dim + c + k * kS);
-      }
+    for (int i = 0; i < 8; ++i) {
+      g[i] = load_packs<8>(x + (r + i) * cols + c);
+      u[i] = load_packs<8>(x + (r + i) * cols + f_dim + c);
+      d[i] = load_packs<8>(dout + (r + i) * f_dim + c);
+    }
     uint2 bg[8], bu[8];  // row i of each half's block: byte j = column c + j
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      float dg[8], du[8];
+      float gv[8], uv[8], dv[8], dg[8], du[8];
+      unpack_floats(g[i], gv);
+      unpack_floats(u[i], uv);
+      unpack_floats(d[i], dv);
 #pragma unroll
-      for (int k = 0; k < kP; ++k)
-#pragma unroll
-        for (int e = 0; e < kS; ++e) {
-          const int j = k * kS + e;
-          tile::swiglu_grad_value<T>(to_float(g[i][k].v[e]), to_float(u[i][k].v[e]),
-                                     to_float(d[i][k].v[e]), dg[j], du[j]);
-          seen = fmaxf(seen, fmaxf(fabsf(dg[j]), fabsf(du[j])));
-        }
+      for (int j = 0; j < 8; ++j) {
+        tile::swiglu_grad_value<T>(gv[j], uv[j], dv[j], dg[j], du[j]);
+        seen = fmaxf(seen, fmaxf(fabsf(dg[j]), fabsf(du[j])));
+      }
       bg[i] = fp8_block8::encode_row(dg, scale, format);
       bu[i] = fp8_block8::encode_row(du, scale, format);
     }
-    if (q) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        *reinterpret_cast<uint2*>(q + (r + i) * cols + c) = bg[i];
-        *reinterpret_cast<uint2*>(q + (r + i) * cols + f_dim + c) = bu[i];
-      }
-    }
-    if (qt) {
-      uint2 t[8];  // column j of a half's block: byte i = row r + i
-      fp8_block8::transpose(bg, t);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(qt + (c + j) * rows + r) = t[j];
-      fp8_block8::transpose(bu, t);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(qt + (f_dim + c + j) * rows + r) = t[j];
-    }
+    fp8_block8::store_both(bg, q, cols, qt, rows, r, c);
+    fp8_block8::store_both(bu, q, cols, qt, rows, r, f_dim + c);
   }
-  if (record_amax_bits) {  // the same for the whole block
-    seen = block_max(seen);
-    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
-  }
+  if (record_amax_bits) fold_block_amax(seen, record_amax_bits);  // the same for the whole block
 }
 
 // The SwiGLU gradient's cast with each (gate, up) pair read once. quantize_kernel's tiles
@@ -264,8 +231,7 @@ __global__ void swiglu_grad_quantize_kernel(const T* x, const T* dout, int64_t r
   __shared__ __align__(8) tile::Bytes gate_bytes;
   __shared__ __align__(8) tile::Bytes up_bytes;
   float seen = 0.0f;  // max |value| over this thread's elements of both halves
-  const float scale = fp8_scale_for_amax(*amax, format);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  const float scale = cast_scale(amax, format, scale_inv);
   const int64_t cols = 2 * f_dim, r0 = tile::first_row(), c0 = tile::first_col();  // c0 < f_dim
   const int col8 = (threadIdx.x % 16) * 8, sub = threadIdx.x / 16;  // 16 rows per pass
   const int64_t c = c0 + col8;
@@ -290,10 +256,7 @@ __global__ void swiglu_grad_quantize_kernel(const T* x, const T* dout, int64_t r
       }
     }
   }
-  if (record_amax_bits) {  // the same for the whole block
-    seen = block_max(seen);
-    if (threadIdx.x == 0) atomicMax(record_amax_bits, __float_as_uint(seen));
-  }
+  if (record_amax_bits) fold_block_amax(seen, record_amax_bits);  // the same for the whole block
   if (qt) {
     const int64_t n_cols = f_dim - c0 < tile::kCols ? f_dim - c0 : tile::kCols;
     tile::store_transposed_at<true>(gate_bytes, qt, rows, c0, n_cols);
@@ -315,8 +278,7 @@ __global__ void swiglu_grad_amax_kernel(const T* x, const T* dout, int64_t rows,
 #pragma unroll
     for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(fabsf(dg[j]), fabsf(du[j])));
   }
-  m = block_max(m);
-  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+  fold_block_amax(m, amax_bits);
 }
 
 // Whether the source's rows split into whole groups of 8 (for swiglu_grad, each half too; a

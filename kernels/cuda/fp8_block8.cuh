@@ -38,4 +38,21 @@ __device__ __forceinline__ void transpose(const uint2 (&rows)[8], uint2 (&cols)[
   }
 }
 
+// An (8, 8) block of bytes at (r, c) of a (rows, q_cols) matrix, in both layouts: its rows
+// into q (row-major, q_cols bytes a row) and its columns into qt (the transpose, rows bytes
+// a row); either may be null. Whole blocks only, q and qt 8-byte aligned.
+__device__ __forceinline__ void store_both(const uint2 (&b)[8], uint8_t* q, int64_t q_cols,
+                                           uint8_t* qt, int64_t rows, int64_t r, int64_t c) {
+  if (q) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) *reinterpret_cast<uint2*>(q + (r + i) * q_cols + c) = b[i];
+  }
+  if (qt) {
+    uint2 t[8];  // column j of the block: byte i = row r + i
+    transpose(b, t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(qt + (c + j) * rows + r) = t[j];
+  }
+}
+
 }  // namespace fsdp::kernels::cuda::fp8_block8

@@ -28,6 +28,31 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T>& r) {
   *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
 }
 
+// W consecutive elements as whole packs (W a multiple of Pack<T>::kSize), loaded now and
+// converted later by unpack_floats: a kernel can issue all its loads before any arithmetic.
+template <int W, typename T>
+struct Packs {
+  static_assert(W % Pack<T>::kSize == 0, "W must be a whole number of packs");
+  Pack<T> p[W / Pack<T>::kSize];
+};
+
+template <int W, typename T>
+__device__ __forceinline__ Packs<W, T> load_packs(const T* p) {
+  Packs<W, T> r;
+#pragma unroll
+  for (int k = 0; k < W / Pack<T>::kSize; ++k) r.p[k] = load_pack(p + k * Pack<T>::kSize);
+  return r;
+}
+
+template <int W, typename T>
+__device__ __forceinline__ void unpack_floats(const Packs<W, T>& r, float (&out)[W]) {
+  constexpr int kS = Pack<T>::kSize;
+#pragma unroll
+  for (int k = 0; k < W / kS; ++k)
+#pragma unroll
+    for (int i = 0; i < kS; ++i) out[k * kS + i] = to_float(r.p[k].v[i]);
+}
+
 // Reads W consecutive elements into floats: W = 1, or a multiple of Pack<T>::kSize (one
 // 128-bit load per pack, so 8 floats for an f32 row read beside a bf16 one).
 template <int W, typename T>

@@ -47,10 +47,26 @@ bool mpi_finalized() {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
-                                 std::shared_ptr<CommHealth> health)
+                                 std::shared_ptr<CommHealth> health,
+                                 std::shared_ptr<ProgressBoard> board)
     : Communicator(std::move(name), comm_rank(comm), comm_size(comm), Device::cpu(),
                    std::move(health)),
-      comm_(comm) {}
+      comm_(comm),
+      board_(std::move(board)) {
+  if (!board_) return;
+  // The members' world ranks name them in messages and key this group on the board.
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  FSDP_CALL(MPI_Comm_group(comm_, &group));
+  FSDP_CALL(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> ranks(static_cast<size_t>(size()));
+  for (int i = 0; i < size(); ++i) ranks[size_t(i)] = i;
+  members_.resize(static_cast<size_t>(size()));
+  FSDP_CALL(MPI_Group_translate_ranks(group, size(), ranks.data(), world, members_.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  board_key_ = ProgressBoard::key_of(this->name(), members_);
+  board_entry_ = board_->claim(board_key_);
+}
 
 MpiCommunicator::~MpiCommunicator() {
   if (mpi_finalized()) return;  // too late to free anything; MPI has released it all
@@ -76,10 +92,12 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::duplicate(MPI_Comm parent, std::string name,
-                                                            std::shared_ptr<CommHealth> health) {
+                                                            std::shared_ptr<CommHealth> health,
+                                                            std::shared_ptr<ProgressBoard> board) {
   MPI_Comm comm = MPI_COMM_NULL;
   FSDP_CALL(MPI_Comm_dup(parent, &comm));
-  return std::make_unique<MpiCommunicator>(comm, std::move(name), std::move(health));
+  return std::make_unique<MpiCommunicator>(comm, std::move(name), std::move(health),
+                                           std::move(board));
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split(std::string name, int color, int key) {
@@ -88,7 +106,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(std::string name, int co
              "' inside group_start()/group_end()");
   MPI_Comm comm = MPI_COMM_NULL;
   FSDP_CALL(MPI_Comm_split(comm_, color, key, &comm));
-  return std::make_unique<MpiCommunicator>(comm, std::move(name), health());
+  return std::make_unique<MpiCommunicator>(comm, std::move(name), health(), board_);
 }
 
 void MpiCommunicator::abort(const std::string& reason) {
@@ -103,9 +121,11 @@ int MpiCommunicator::byte_count(size_t bytes, const std::string& description) co
 }
 
 MpiCommunicator::PendingOp MpiCommunicator::begin(CollectiveKind kind, size_t count,
-                                                  DType dtype) const {
+                                                  DType dtype) {
   PendingOp op;
   op.description = describe(kind, count, dtype);
+  op.index = ++started_;
+  if (board_) board_->started(board_entry_, started_);
   return op;
 }
 
@@ -142,20 +162,27 @@ void MpiCommunicator::complete(std::vector<PendingOp> ops) {
     FSDP_CALL(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) break;
     const auto now = Clock::now();
-    if (now >= deadline) {
+    // Another thread found the job failed (a staged communicator's worker, the watchdog):
+    // the peers of this operation may never come.
+    const bool failed_elsewhere = health()->failed();
+    if (now >= deadline || failed_elsewhere) {
       abandoned_requests_.insert(abandoned_requests_.end(), requests.begin(), requests.end());
       for (auto& op : ops) {
         if (op.staging) abandoned_buffers_.push_back(std::move(op.staging));
       }
+      if (failed_elsewhere) health()->raise_if_failed();
       const std::string what =
           ops.size() == 1 ? ops[0].description
                           : str_cat("a group of ", ops.size(), " operations starting with ",
                                     ops[0].description);
+      const std::string who =
+          board_ ? board_->laggards(board_key_, ops[0].index, members_) : std::string();
       const std::string message = str_cat(
           what, " did not finish within ",
-          std::chrono::duration<double>(timeout).count(),
-          " s: a rank of the group is not taking part (stuck, dead, or issuing collectives "
-          "in a different order)");
+          std::chrono::duration<double>(timeout).count(), " s: ",
+          who.empty() ? "a rank of the group is not taking part (stuck, dead, or issuing "
+                        "collectives in a different order)"
+                      : who);
       health()->record_failure(FailureKind::Timeout, message);
       throw TimeoutError(message);
     }

@@ -20,19 +20,23 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/progress_board.h"
 
 namespace fsdp {
 
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed with the communicator) and sets MPI_ERRORS_RETURN on
-  // it so that failures come back as error codes.
-  MpiCommunicator(MPI_Comm comm, std::string name, std::shared_ptr<CommHealth> health);
+  // it so that failures come back as error codes. With a `board`, each operation is posted
+  // on it, and a timeout names the ranks of this node that never reached the operation.
+  MpiCommunicator(MPI_Comm comm, std::string name, std::shared_ptr<CommHealth> health,
+                  std::shared_ptr<ProgressBoard> board = nullptr);
   ~MpiCommunicator() override;
 
   // A communicator over the same ranks as `parent` (MPI_Comm_dup; collective over it).
   static std::unique_ptr<MpiCommunicator> duplicate(MPI_Comm parent, std::string name,
-                                                    std::shared_ptr<CommHealth> health);
+                                                    std::shared_ptr<CommHealth> health,
+                                                    std::shared_ptr<ProgressBoard> board = nullptr);
   // Ranks that pass the same `color` form a new communicator, ordered by `key`
   // (MPI_Comm_split; collective over this communicator).
   std::unique_ptr<MpiCommunicator> split(std::string name, int color, int key);
@@ -74,9 +78,10 @@ class MpiCommunicator final : public Communicator {
     std::unique_ptr<unsigned char[]> staging;
     std::function<void()> finish;
     std::shared_ptr<WorkState> work;  // set when started inside a group
+    uint64_t index = 0;               // operations started on this group, this one included
   };
 
-  PendingOp begin(CollectiveKind kind, size_t count, DType dtype) const;
+  PendingOp begin(CollectiveKind kind, size_t count, DType dtype);
   // Completes `op` now, or queues it until group_end() inside a group.
   Work start(PendingOp op);
   // Waits for every request of `ops` (until the timeout), then runs their finish steps in
@@ -86,6 +91,11 @@ class MpiCommunicator final : public Communicator {
   int byte_count(size_t bytes, const std::string& description) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::shared_ptr<ProgressBoard> board_;
+  uint64_t board_key_ = 0;
+  int board_entry_ = -1;
+  std::vector<int> members_;  // world ranks, in group order
+  uint64_t started_ = 0;      // operations started
   int group_depth_ = 0;
   std::vector<PendingOp> grouped_;
   // Requests that timed out, and the buffers they may still write into.

@@ -5,13 +5,20 @@
 #include <cstdio>
 #include <exception>
 
+#include <unistd.h>
+
+#include <cstring>
+
 #include "collectives/check.h"
 #include "collectives/mpi_communicator.h"
+#include "collectives/progress_board.h"
 #include "collectives/rendezvous.h"
+#include "collectives/staged_communicator.h"
 #include "runtime/core/log.h"
 
 #if FSDP_WITH_CUDA
 #include "collectives/nccl_communicator.h"
+#include "runtime/core/cuda_check.h"
 #endif
 
 namespace fsdp {
@@ -27,8 +34,16 @@ const char* backend_name(Backend backend) {
     case Backend::Auto: return "auto";
     case Backend::Nccl: return "nccl";
     case Backend::Mpi: return "mpi";
+    case Backend::Staged: return "staged";
   }
   return "?";
+}
+
+Backend backend_from_name(const std::string& name, const char* key) {
+  for (Backend b : {Backend::Auto, Backend::Nccl, Backend::Mpi, Backend::Staged}) {
+    if (name == backend_name(b)) return b;
+  }
+  FSDP_THROW(ConfigError, "unknown ", key, " '", name, "' (auto | nccl | mpi | staged)");
 }
 
 World::World(const WorldOptions& options) : World(parse_launch_env(process_environment()), options) {}
@@ -47,11 +62,14 @@ World::World(const LaunchInfo& launch, const WorldOptions& options)
   FSDP_CHECK(!(options.alone && backend_ == Backend::Nccl && !launch_.nccl_comm_id.empty()),
              LaunchError, "a world of this process alone cannot use NCCL with NCCL_COMM_ID set (",
              launch_.nccl_comm_id, "): NCCL would join the job's bootstrap; unset it");
-  if (launch_.mpi || backend_ == Backend::Mpi) init_mpi();
+  if (launch_.mpi || backend_ != Backend::Nccl) init_mpi();
   if (backend_ == Backend::Mpi) {
     device_ = Device::cpu();
-    world_ = MpiCommunicator::duplicate(options.alone ? MPI_COMM_SELF : MPI_COMM_WORLD, "world",
-                                        health_);
+    const MPI_Comm comm = options.alone ? MPI_COMM_SELF : MPI_COMM_WORLD;
+    board_ = ProgressBoard::create(comm);
+    world_ = MpiCommunicator::duplicate(comm, "world", health_, board_);
+  } else if (backend_ == Backend::Staged) {
+    create_staged_world();
   } else {
     create_nccl_world();
   }
@@ -62,13 +80,25 @@ void World::init_mpi() {
   int initialized = 0;
   FSDP_CALL(MPI_Initialized(&initialized));
   if (!initialized) {
-    FSDP_CHECK(launch_.mpi || launch_.size == 1, LaunchError, "the MPI backend needs an MPI ",
-               "launch (mpirun, or srun with an MPI plugin), but this process was launched by ",
-               launcher_name(launch_.launcher), " as rank ", launch_.rank, " of ", launch_.size,
-               "; use a GPU (NCCL) build or launch with mpirun");
+    FSDP_CHECK(launch_.mpi || launch_.size == 1, LaunchError, "the ", backend_name(backend_),
+               " backend needs an MPI launch (mpirun, or srun with an MPI plugin), but this ",
+               "process was launched by ", launcher_name(launch_.launcher), " as rank ",
+               launch_.rank, " of ", launch_.size, "; use the NCCL backend (one GPU per rank) ",
+               "or launch with mpirun");
+    // The staged backend's workers call MPI from their own threads.
+    const int wanted = backend_ == Backend::Staged ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
     int provided = 0;
-    FSDP_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+    FSDP_CALL(MPI_Init_thread(nullptr, nullptr, wanted, &provided));
     mpi_initialized_here_ = true;
+  }
+  if (backend_ == Backend::Staged) {
+    int level = 0;
+    FSDP_CALL(MPI_Query_thread(&level));
+    FSDP_CHECK(level == MPI_THREAD_MULTIPLE, LaunchError, "the staged backend needs MPI ",
+               "initialized with MPI_THREAD_MULTIPLE (its worker threads call MPI), but ",
+               mpi_initialized_here_ ? "this MPI library provides only level "
+                                     : "the program initialized MPI with level ",
+               level, "; initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)");
   }
   if (options_.alone) return;  // MPI_COMM_WORLD's numbers are the launch's, not this world's
   int mpi_rank = 0, mpi_size = 1;
@@ -92,10 +122,86 @@ void World::init_mpi() {
              " of ", launch_.size, ", but MPI_COMM_WORLD says rank ", mpi_rank, " of ", mpi_size);
 }
 
+void World::create_staged_world() {
+  const MPI_Comm comm = options_.alone ? MPI_COMM_SELF : MPI_COMM_WORLD;
+  // On a machine without a GPU the staged backend moves host buffers (tests run it so).
+  if (cuda_device_count() > 0) {
+    place_on_gpu();
+  } else {
+    device_ = Device::cpu();
+  }
+  board_ = ProgressBoard::create(comm);
+  world_ = std::make_unique<StagedCommunicator>(
+      MpiCommunicator::duplicate(comm, "world", health_, board_), device_);
+}
+
 #if FSDP_WITH_CUDA
 
+namespace {
+
+// Where a rank's GPU is: its host and the GPU's UUID, compared between ranks.
+struct GpuIdentity {
+  char host[64];
+  unsigned char uuid[16];
+};
+
+GpuIdentity gpu_identity(int device) {
+  GpuIdentity id;
+  std::memset(&id, 0, sizeof(id));
+  gethostname(id.host, sizeof(id.host) - 1);
+  cudaDeviceProp prop;
+  FSDP_CALL(cudaGetDeviceProperties(&prop, device));
+  static_assert(sizeof(prop.uuid.bytes) == sizeof(id.uuid), "a CUDA UUID has 16 bytes");
+  std::memcpy(id.uuid, prop.uuid.bytes, sizeof(id.uuid));
+  return id;
+}
+
+bool same_gpu(const GpuIdentity& a, const GpuIdentity& b) {
+  return std::strncmp(a.host, b.host, sizeof(a.host)) == 0 &&
+         std::memcmp(a.uuid, b.uuid, sizeof(a.uuid)) == 0;
+}
+
+}  // namespace
+
+void World::place_on_gpu() {
+  const int visible = cuda_device_count();
+  const int index = cuda_device_for_local_rank(launch_.local_rank, visible);
+  device_ = Device::cuda(index);
+  const bool nccl = backend_ == Backend::Nccl;
+  const std::string advice = "NCCL needs one GPU per rank; set dist.backend=staged to let ranks "
+                             "share GPUs (WorldOptions::backend = Backend::Staged), or launch "
+                             "one rank per GPU";
+  if (launch_.mpi && !options_.alone && launch_.size > 1) {
+    // Exact: every rank says which GPU of which host it uses.
+    const GpuIdentity mine = gpu_identity(index);
+    std::vector<GpuIdentity> all(size_t(launch_.size));
+    FSDP_CALL(MPI_Allgather(&mine, int(sizeof(mine)), MPI_BYTE, all.data(), int(sizeof(mine)),
+                            MPI_BYTE, MPI_COMM_WORLD));
+    ranks_on_device_ = 0;
+    for (const GpuIdentity& other : all) ranks_on_device_ += same_gpu(mine, other) ? 1 : 0;
+    if (!nccl) return;
+    for (int a = 0; a < launch_.size; ++a) {
+      for (int b = a + 1; b < launch_.size; ++b) {
+        FSDP_CHECK(!same_gpu(all[size_t(a)], all[size_t(b)]), LaunchError, "ranks ", a, " and ",
+                   b, " are on the same GPU of ", all[size_t(a)].host, ": ", advice);
+      }
+    }
+    return;
+  }
+  // Without MPI the ranks cannot compare GPUs before NCCL starts; when each sees the same
+  // devices, local ranks i and i + visible share one. (A launcher that gives each rank its
+  // own CUDA_VISIBLE_DEVICES shows one device to each: nothing is known then.)
+  if (options_.alone) return;
+  ranks_on_device_ = 0;
+  for (int r = 0; r < launch_.local_size; ++r) ranks_on_device_ += r % visible == index ? 1 : 0;
+  FSDP_CHECK(!(nccl && visible > 1 && launch_.local_size > visible), LaunchError, "local ranks ",
+             index, " and ", index + visible, " are on GPU ", physical_gpu(launch_, index), ": ",
+             advice);
+  if (visible == 1) ranks_on_device_ = 1;
+}
+
 void World::create_nccl_world() {
-  device_ = Device::cuda(cuda_device_for_local_rank(launch_.local_rank, cuda_device_count()));
+  place_on_gpu();
   nccl_ = std::make_shared<NcclShared>(health_, device_, options_.watchdog_poll);
 
   // Rank 0 makes the unique id; the others get it from MPI or a rendezvous. With
@@ -134,10 +240,17 @@ std::unique_ptr<Communicator> World::split(const std::string& name, int color, i
   if (backend_ == Backend::Nccl) {
     return static_cast<NcclCommunicator&>(*world_).split(name, color, key);
   }
+  if (backend_ == Backend::Staged) {
+    return static_cast<StagedCommunicator&>(*world_).split(name, color, key);
+  }
   return static_cast<MpiCommunicator&>(*world_).split(name, color, key);
 }
 
 #else  // CPU-only build
+
+void World::place_on_gpu() {
+  FSDP_THROW(DeviceError, "this build has no CUDA support (--config=cpu)");
+}
 
 void World::create_nccl_world() {
   FSDP_THROW(DeviceError, "the NCCL backend was requested, but this build has no CUDA support ",
@@ -145,6 +258,9 @@ void World::create_nccl_world() {
 }
 
 std::unique_ptr<Communicator> World::split(const std::string& name, int color, int key) {
+  if (backend_ == Backend::Staged) {
+    return static_cast<StagedCommunicator&>(*world_).split(name, color, key);
+  }
   return static_cast<MpiCommunicator&>(*world_).split(name, color, key);
 }
 
@@ -154,11 +270,13 @@ World::~World() {
   // Communicators first (the world one), then the NCCL state and its watchdog thread.
   world_.reset();
   nccl_.reset();
+  board_.reset();
+  const bool failed = std::uncaught_exceptions() > uncaught_at_start_ || health_->failed();
   if (!mpi_initialized_here_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (std::uncaught_exceptions() > uncaught_at_start_ || health_->failed()) {
+  if (failed) {
     // MPI_Finalize waits for every rank; after a failure some never come. Leaving MPI
     // unfinalized makes mpirun end the whole job with an error instead.
     std::fprintf(stderr, "[rank %d] world: not finalizing MPI after a failure; the launcher "
@@ -177,6 +295,9 @@ std::string World::summary() const {
   std::string where = device_.str();
   if (device_.is_cuda() && launch_.cuda_visible_devices_set) {
     where += str_cat(" (GPU ", physical_gpu(launch_, device_.index), ")");
+  }
+  if (device_.is_cuda() && ranks_on_device_ > 1) {
+    where += str_cat(", shared by ", ranks_on_device_, " ranks");
   }
   return str_cat("world: ", size(), size() == 1 ? " rank (" : " ranks (",
                  launcher_name(launch_.launcher), "), ", local_size(), " per node, rank ",

@@ -27,10 +27,16 @@
 
 namespace fsdp {
 
-class NcclShared;  // collectives/nccl_communicator.h (CUDA builds only)
+class NcclShared;     // collectives/nccl_communicator.h (CUDA builds only)
+class ProgressBoard;  // collectives/progress_board.h
 
-enum class Backend { Auto, Nccl, Mpi };
-const char* backend_name(Backend backend);  // "auto", "nccl", "mpi"
+// Auto: NCCL where a GPU is visible, MPI otherwise. Staged: device buffers staged through
+// pinned host memory and moved by MPI (collectives/staged_communicator.h), so several ranks
+// may share a GPU; on a machine without one it runs on host buffers.
+enum class Backend { Auto, Nccl, Mpi, Staged };
+const char* backend_name(Backend backend);  // "auto", "nccl", "mpi", "staged"
+// Accepts those names; throws ConfigError naming `key` and the value otherwise.
+Backend backend_from_name(const std::string& name, const char* key);
 
 struct WorldOptions {
   Backend backend = Backend::Auto;
@@ -72,7 +78,10 @@ class World {
   int local_size() const { return launch_.local_size; }
   const LaunchInfo& launch() const { return launch_; }
   Device device() const { return device_; }
-  Backend backend() const { return backend_; }  // Nccl or Mpi, never Auto
+  Backend backend() const { return backend_; }  // Nccl, Mpi or Staged, never Auto
+  // The ranks of this node that use this rank's device, itself included (1 on the CPU):
+  // with the staged backend several ranks may share one GPU.
+  int ranks_on_device() const { return ranks_on_device_; }
 
   // The communicator over every rank (named "world").
   Communicator& comm() { return *world_; }
@@ -94,15 +103,22 @@ class World {
  private:
   void init_mpi();
   void create_nccl_world();
+  void create_staged_world();
+  // The GPU for this rank (round-robin over the visible ones), and how many ranks of the
+  // node share it: exact under MPI (the ranks compare their GPUs' UUIDs), from the local
+  // ranks otherwise. With NCCL, two ranks on one GPU are refused here, by name.
+  void place_on_gpu();
 
   LaunchInfo launch_;
   WorldOptions options_;
   Backend backend_ = Backend::Mpi;
   Device device_;
+  int ranks_on_device_ = 1;
   bool mpi_initialized_here_ = false;
   int uncaught_at_start_ = 0;
   std::shared_ptr<CommHealth> health_;
   std::shared_ptr<NcclShared> nccl_;
+  std::shared_ptr<ProgressBoard> board_;  // MPI and staged backends
   std::unique_ptr<Communicator> world_;
 };
 

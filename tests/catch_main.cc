@@ -134,7 +134,9 @@ int world_size() { return 1; }
 int main(int argc, char** argv) {
   using namespace fsdp::testing;
 #if FSDP_TEST_MPI
-  MPI_Init(&argc, &argv);
+  // The staged backend's worker threads call MPI (collectives/staged_communicator.h).
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
 #endif
   Catch::Session session;
   int rc = session.applyCommandLine(argc, argv);

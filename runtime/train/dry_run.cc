@@ -54,7 +54,7 @@ std::string mesh_groups(const Mesh& mesh) {
 
 }  // namespace
 
-std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
+std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int ranks_per_device) {
   recipe.resolve_device(assume_cuda);
   recipe.resolve_world(world_size);
   const MeshSizes sizes = mesh_sizes_of(recipe);
@@ -115,7 +115,11 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda) {
                  p.fp8_weight_casts ? str_cat("  fp8 weight casts  ", format_bytes(p.fp8_weight_casts),
                                               " (both layouts, once per step)\n")
                                     : std::string(),
-                 "  predicted peak    ", format_bytes(p.device_peak()), "\n");
+                 "  predicted peak    ", format_bytes(p.device_peak()), "\n",
+                 ranks_per_device > 1
+                     ? str_cat("  on one GPU        ", format_bytes(ranks_per_device * p.device_peak()),
+                               " (", ranks_per_device, " ranks share it: dist.backend=staged)\n")
+                     : std::string());
   if (fo.offload_main) {
     // Beside the master weights and moments: the staging buffers the shard streams through.
     out += str_cat("host memory per rank (cpu offload, page-locked): main weights ",

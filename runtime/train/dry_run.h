@@ -9,8 +9,10 @@
 namespace fsdp::train {
 
 // The resolved recipe, the parameter count, tokens per step, and the per-rank memory
-// estimate for `world_size` ranks on a GPU (assume_cuda) or the CPU. Throws ConfigError for
-// a recipe that cannot run with that world size.
-std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda);
+// estimate for `world_size` ranks on a GPU (assume_cuda) or the CPU, and what the
+// `ranks_per_device` that share one GPU (dist.backend=staged) hold together. Throws
+// ConfigError for a recipe that cannot run with that world size.
+std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda,
+                           int ranks_per_device = 1);
 
 }  // namespace fsdp::train

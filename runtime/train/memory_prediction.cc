@@ -56,9 +56,9 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   return p;
 }
 
-void check_memory_fits(const MemoryPrediction& p, Device device, int local_ranks) {
+void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ranks) {
   const int64_t capacity = int64_t(device_memory_bytes(device));
-  const int64_t sharers = device.is_cpu() ? std::max(local_ranks, 1) : 1;
+  const int64_t sharers = std::max(sharing_ranks, 1);
   // The host also holds the offloaded master weights, moments and staging, for every rank.
   const int64_t host_extra = int64_t(p.fsdp.host_main_weights) +
                              (p.fsdp.host_main_weights > 0 ? int64_t(p.optimizer_state) : 0) +
@@ -67,7 +67,10 @@ void check_memory_fits(const MemoryPrediction& p, Device device, int local_ranks
   FSDP_CHECK(need <= capacity, ConfigError, "this run needs about ", format_bytes(need),
              device.is_cpu() ? str_cat(" of host memory (", sharers, " rank(s) on this host, ",
                                        format_bytes(p.device_peak() + host_extra), " each)")
-                             : std::string(" on the GPU"),
+                             : sharers > 1 ? str_cat(" on the GPU (", sharers,
+                                                     " ranks share it, ",
+                                                     format_bytes(p.device_peak()), " each)")
+                                           : std::string(" on the GPU"),
              " but ", device.str(), " has ", format_bytes(capacity),
              ": lower model.n_layer, model.d_model or train.micro_batch_size, shard more "
              "(ddp.data_parallel_sharding_strategy, more ranks), or recompute activations "

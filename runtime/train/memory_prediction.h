@@ -32,9 +32,10 @@ struct MemoryPrediction {
 MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& model,
                                 const Mesh& mesh);
 
-// ConfigError when `prediction` does not fit `device`: its predicted peak above the GPU's
-// memory, or on the CPU the peaks of this host's `local_ranks` above its physical memory.
+// ConfigError when `prediction` does not fit `device`: the predicted peaks of the
+// `sharing_ranks` that use it (on a GPU, those the staged backend puts on it; on the CPU,
+// this host's ranks) above its memory.
 // The message names the prediction, the capacity and the keys that size the run.
-void check_memory_fits(const MemoryPrediction& prediction, Device device, int local_ranks);
+void check_memory_fits(const MemoryPrediction& prediction, Device device, int sharing_ranks);
 
 }  // namespace fsdp::train

@@ -486,6 +486,18 @@ void Recipe::resolve_device(bool cuda_available) {
              "'train.cuda_graphs' is true but 'dist.device' is \"", dist.device, "\"",
              cuda_available ? "" : " (no CUDA device is visible)",
              ": CUDA graphs need a GPU (set train.cuda_graphs=false)");
+  if (dist.backend == "auto") dist.backend = dist.device == "cuda" ? "nccl" : "mpi";
+  FSDP_CHECK(!(dist.backend == "nccl" && dist.device == "cpu"), ConfigError,
+             "'dist.backend' is \"nccl\" but 'dist.device' is \"cpu\": NCCL moves GPU buffers "
+             "(use \"mpi\" on the CPU)");
+  FSDP_CHECK(!(dist.backend == "mpi" && dist.device == "cuda"), ConfigError,
+             "'dist.backend' is \"mpi\" but 'dist.device' is \"cuda\": the MPI backend moves "
+             "host buffers (use \"nccl\", one GPU per rank, or \"staged\", which lets ranks "
+             "share a GPU)");
+  FSDP_CHECK(!(train.cuda_graphs && dist.backend == "staged"), ConfigError,
+             "'train.cuda_graphs' is true but 'dist.backend' is \"staged\": its collectives "
+             "wait for a host thread, which a graph replay would not run (set "
+             "train.cuda_graphs=false)");
   MixedPrecisionSection& mp = mixed_precision;
   if (mp.compute_dtype == "auto") mp.compute_dtype = dist.device == "cuda" ? "bf16" : "f32";
   if (mp.grad_reduce_dtype == "auto") {

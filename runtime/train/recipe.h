@@ -138,6 +138,7 @@ struct DdpSection {
 
 struct DistSection {
   std::string device;                // "auto" until resolve_device(), then "cpu" | "cuda"
+  std::string backend;               // "auto" until resolve_device(), then "nccl" | "mpi" | "staged"
   int dp_outer = 0;
   int dp_shard = 0;                  // -1 until resolve_world(): fills the world
   double distributed_timeout_minutes = 0;
@@ -190,8 +191,9 @@ struct Recipe {
   // Every key and its value, aligned and grouped by section, for --dry-run.
   std::string summary() const;
 
-  // Settles the "auto" choices once the device is known: dist.device, compute_dtype and
-  // grad_reduce_dtype. Throws ConfigError when dist.device is "cuda" but none is available.
+  // Settles the "auto" choices once the device is known: dist.device, dist.backend,
+  // compute_dtype and grad_reduce_dtype. Throws ConfigError when dist.device is "cuda" but
+  // none is available, or the backend cannot move the device's buffers.
   void resolve_device(bool cuda_available);
   // Fills dist.dp_shard = -1 from the world size, checks dp_outer × dp_shard × tp ==
   // world_size and then validate_world(). Throws ConfigError naming the keys.

@@ -280,6 +280,11 @@ std::vector<FieldSpec> build_schema() {
       // dist
       KEY(dist.device).one_of({"auto", "cpu", "cuda"}).default_to("auto").help_text(
           "Where to compute; auto = cuda when a GPU is visible, else cpu."),
+      KEY(dist.backend).one_of({"auto", "nccl", "mpi", "staged"}).default_to("auto").help_text(
+          "How ranks exchange data: auto = nccl on GPUs (one GPU per rank), mpi on the CPU; "
+          "staged = device buffers copied through pinned host memory and moved by MPI, so "
+          "several ranks may share one GPU (any layout on one GPU, at PCIe speed; no CUDA "
+          "graphs)."),
       KEY(dist.dp_outer).default_to(1).at_least(1).help_text(
           "Replicas of the sharded model (HSDP outer axis)."),
       KEY(dist.dp_shard).default_to(-1).at_least(-1).help_text(

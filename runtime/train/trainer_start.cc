@@ -29,13 +29,17 @@ void Trainer::State::setup_world() {
       CudaGraphPlan::of(recipe, planned_dp, recipe.grad_accum_steps(planned_dp),
                         planned_dp > 1 && !options.skip_collectives);
   WorldOptions wo;
-  wo.backend = device_type_of(recipe) == DeviceType::CUDA ? Backend::Nccl : Backend::Mpi;
+  wo.backend = backend_from_name(recipe.dist.backend, "dist.backend");
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
   wo.print_summary = options.out != nullptr;
   wo.on_failure = options.on_comm_failure;
   wo.alone = options.alone;
   world = std::make_unique<World>(launch, wo);
   FSDP_ASSERT(world->size() == launch.size);
+  FSDP_CHECK(world->device().is_cuda() == (device_type_of(recipe) == DeviceType::CUDA), ConfigError,
+             "'dist.backend' \"", recipe.dist.backend, "\" runs on ", world->device().str(),
+             " but 'dist.device' is \"", recipe.dist.device, "\" (with dist.device=cpu use "
+             "dist.backend=mpi)");
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());
@@ -138,7 +142,8 @@ void Trainer::State::setup_model_and_sharding() {
       int(model_config.n_layer), int(model_config.d_model), int(model_config.seq_len));
   moe = std::make_unique<MoeStep>(*model, recipe.model.moe_router_bias_update_rate);
   // A run whose predicted memory exceeds the device is refused before anything is allocated.
-  check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(), world->local_size());
+  check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(),
+                    ctx->is_cuda() ? world->ranks_on_device() : world->local_size());
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;

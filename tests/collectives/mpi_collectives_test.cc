@@ -1,6 +1,8 @@
 // The MPI (CPU) backend under mpirun -np 1/2/4: every collective x dtype, in place, prescale
 // and avg, groups, counts and the schedule hash, argument errors, World and mesh
 // communicators. Outputs are poisoned before every call and every element is checked.
+// Compiled a second time with FSDP_TEST_STAGED=1 (staged_collectives_test): the same cases on
+// the staged backend over host buffers, its worker threads and staging included.
 #include <mpi.h>
 
 #include <chrono>
@@ -28,9 +30,15 @@ using testing::tested_dtypes;
 
 const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
 
+#if FSDP_TEST_STAGED
+constexpr Backend kBackend = Backend::Staged;
+#else
+constexpr Backend kBackend = Backend::Mpi;
+#endif
+
 std::unique_ptr<World> mpi_world() {
   WorldOptions options;
-  options.backend = Backend::Mpi;
+  options.backend = kBackend;
   options.print_summary = false;
   options.timeout = std::chrono::seconds(120);
   return std::make_unique<World>(options);
@@ -465,11 +473,12 @@ TEST_CASE("World over MPI: numbers, summary, split") {
   CHECK(world->rank() == me);
   CHECK(world->size() == n);
   CHECK(world->device() == Device::cpu());
-  CHECK(world->backend() == Backend::Mpi);
+  CHECK(world->backend() == kBackend);
   CHECK(world->comm().name() == "world");
-  CHECK(std::string(world->comm().backend()) == "mpi");
+  CHECK(std::string(world->comm().backend()) == backend_name(kBackend));
   CHECK_THAT(world->summary(), Contains(str_cat("world: ", n, n == 1 ? " rank (" : " ranks (")) &&
-                                   Contains("-> cpu") && Contains("backend mpi"));
+                                   Contains("-> cpu") &&
+                                   Contains(str_cat("backend ", backend_name(kBackend))));
   auto parity = world->split("parity", me % 2, me);
   CHECK(parity->name() == "parity");
   CHECK(parity->size() == (n + 1 - me % 2) / 2);
@@ -487,7 +496,7 @@ TEST_CASE("World over MPI: numbers, summary, split") {
 TEST_CASE("World alone: this process as rank 0 of 1 beside the job's own world") {
   auto job = mpi_world();
   WorldOptions options;
-  options.backend = Backend::Mpi;
+  options.backend = kBackend;
   options.print_summary = false;
   options.alone = true;
   const int me = testing::world_rank();

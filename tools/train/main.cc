@@ -2,6 +2,7 @@
 //
 // Exit codes: 0 success (including a stop requested by SIGTERM or SIGUSR1, after the
 // checkpoint is saved), 2 configuration error, 1 runtime failure.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -83,9 +84,16 @@ int main(int argc, char** argv) {
     }
     fsdp::train::Recipe recipe = fsdp::train::load_recipe(cl.config, cl.overrides);
     if (cl.dry_run) {
-      const int world = fsdp::parse_launch_env(fsdp::process_environment()).size;
+      const fsdp::LaunchInfo launch = fsdp::parse_launch_env(fsdp::process_environment());
       const bool cuda = recipe.dist.device == "cuda" || (recipe.dist.device == "auto" && fsdp::cuda_built());
-      if (rank == 0) std::printf("%s", fsdp::train::dry_run_report(recipe, world, cuda).c_str());
+      // The staged backend puts the node's ranks on its GPUs round-robin (one GPU assumed
+      // where none is visible).
+      const int gpus = std::max(fsdp::cuda_device_count(), 1);
+      const int per_device = cuda && recipe.dist.backend == "staged"
+                                 ? (launch.local_size + gpus - 1) / gpus : 1;
+      if (rank == 0) {
+        std::printf("%s", fsdp::train::dry_run_report(recipe, launch.size, cuda, per_device).c_str());
+      }
       return 0;
     }
     std::signal(SIGTERM, on_stop_signal);

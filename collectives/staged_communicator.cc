@@ -1,0 +1,532 @@
+#include "collectives/staged_communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+
+#include "runtime/core/error.h"
+
+#if FSDP_WITH_CUDA
+#include <cuda.h>
+
+#include "runtime/core/cuda_check.h"
+#endif
+
+namespace fsdp {
+namespace {
+
+// Staging slots are at least this large, and grow in powers of two, so that a step's
+// operations reuse a handful of them.
+constexpr size_t kMinSlotBytes = size_t(64) << 10;
+
+size_t slot_size_for(size_t bytes) {
+  size_t size = kMinSlotBytes;
+  while (size < bytes) size *= 2;
+  return size;
+}
+
+// How the worker waits for an operation's input copy: polling the event, first by yielding
+// (the copy is usually about to finish), then with short sleeps.
+constexpr auto kBusyPolling = std::chrono::milliseconds(2);
+constexpr auto kPause = std::chrono::microseconds(20);
+
+}  // namespace
+
+// ---- Staging: where the bytes wait between the device and MPI
+
+class StagedCommunicator::Staging {
+ public:
+  struct Slot {
+    unsigned char* data = nullptr;
+    size_t bytes = 0;
+    bool busy = false;
+    Event free_after;  // the copies out of it (GPU); empty once it may be reused
+  };
+
+  explicit Staging(Device device) : device_(device) {
+#if FSDP_WITH_CUDA
+    if (device_.is_cuda()) {
+      DeviceGuard guard(device_);
+      // The flag the streams wait on: mapped host memory, written by the worker thread.
+      void* flag = nullptr;
+      FSDP_CALL(cudaHostAlloc(&flag, sizeof(uint32_t), cudaHostAllocMapped));
+      flag_ = static_cast<uint32_t*>(flag);
+      *flag_ = 0;
+      void* device_flag = nullptr;
+      FSDP_CALL(cudaHostGetDevicePointer(&device_flag, flag, 0));
+      device_flag_ = reinterpret_cast<uintptr_t>(device_flag);
+      // cuStreamWaitValue32 through the runtime's entry-point lookup: the program then needs
+      // no link to libcuda (cudart is linked statically, the driver is found at run time).
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      FSDP_CALL(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000,
+                                                 cudaEnableDefault, &found));
+      FSDP_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr, DeviceError,
+                 "the staged backend needs cuStreamWaitValue32, which this CUDA driver does "
+                 "not provide (lookup status ", int(found), ")");
+      wait_value_ = reinterpret_cast<WaitValue32>(fn);
+    }
+#endif
+  }
+
+  ~Staging() {
+    // The streams may still copy out of the slots or wait on the flag: let them finish.
+    // Every published flag value has been written by now (the worker has stopped), so
+    // this cannot wait forever.
+    for (auto& slot : slots_) {
+      try {
+        slot->free_after.synchronize();
+      } catch (const std::exception&) {
+        // A failed device: nothing more can be done with the memory than to free it.
+      }
+      free_bytes(slot->data);
+    }
+#if FSDP_WITH_CUDA
+    if (flag_) cudaFreeHost(flag_);
+#endif
+  }
+
+  Slot* acquire(size_t bytes) {
+    Slot* best = nullptr;
+    for (auto& slot : slots_) {
+      if (slot->busy || !slot->free_after.query()) continue;
+      if (slot->bytes >= bytes && (!best || slot->bytes < best->bytes)) best = slot.get();
+    }
+    if (!best) {
+      // A free slot too small for this operation is replaced rather than kept beside it.
+      for (auto& slot : slots_) {
+        if (!slot->busy && slot->free_after.query()) {
+          free_bytes(slot->data);
+          slot->data = nullptr;
+          slot->bytes = 0;
+          best = slot.get();
+          break;
+        }
+      }
+      if (!best) {
+        slots_.push_back(std::make_unique<Slot>());
+        best = slots_.back().get();
+      }
+      best->bytes = slot_size_for(bytes);
+      best->data = allocate_bytes(best->bytes);
+    }
+    best->busy = true;
+    best->free_after = Event();
+    return best;
+  }
+
+  // The slot may be reused once `after` (the copies out of it) has completed.
+  void release(Slot* slot, Event after) {
+    slot->free_after = std::move(after);
+    slot->busy = false;
+  }
+
+  void copy_in(Slot* slot, const Part& part, const Stream& stream) {
+    if (part.bytes == 0) return;
+#if FSDP_WITH_CUDA
+    if (device_.is_cuda()) {
+      FSDP_CALL(cudaMemcpyAsync(slot->data + part.at, part.src, part.bytes, cudaMemcpyDefault,
+                                stream.cuda_stream()));
+      return;
+    }
+#endif
+    (void)stream;
+    std::memcpy(slot->data + part.at, part.src, part.bytes);
+  }
+
+  void copy_out(Slot* slot, const Part& part, const Stream& stream) {
+    if (part.bytes == 0) return;
+#if FSDP_WITH_CUDA
+    if (device_.is_cuda()) {
+      FSDP_CALL(cudaMemcpyAsync(part.dst, slot->data + part.at, part.bytes, cudaMemcpyDefault,
+                                stream.cuda_stream()));
+      return;
+    }
+#endif
+    (void)stream;
+    std::memcpy(part.dst, slot->data + part.at, part.bytes);
+  }
+
+  // Later work on `stream` waits until the worker has published `seq` (GPU only).
+  void wait_published(const Stream& stream, uint32_t seq) {
+#if FSDP_WITH_CUDA
+    if (device_.is_cuda()) {
+      const CUresult status = wait_value_(stream.cuda_stream(), CUdeviceptr(device_flag_), seq,
+                                          CU_STREAM_WAIT_VALUE_GEQ);
+      FSDP_CHECK(status == CUDA_SUCCESS, CudaError, "cuStreamWaitValue32 failed with CUresult ",
+                 int(status), " (the staged backend needs stream memory operations)");
+    }
+#endif
+    (void)stream;
+    (void)seq;
+  }
+
+  // Lets every stream waiting for a value up to `seq` go on (worker thread).
+  // Never moves the flag back (the destructor may publish the last queued value while the
+  // worker finishes an earlier one).
+  void publish(uint32_t seq) {
+    if (!flag_) return;
+    uint32_t current = __atomic_load_n(flag_, __ATOMIC_ACQUIRE);
+    while (int32_t(seq - current) > 0 &&
+           !__atomic_compare_exchange_n(flag_, &current, seq, false, __ATOMIC_RELEASE,
+                                        __ATOMIC_ACQUIRE)) {
+    }
+  }
+
+ private:
+  unsigned char* allocate_bytes(size_t bytes) {
+#if FSDP_WITH_CUDA
+    if (device_.is_cuda()) {
+      DeviceGuard guard(device_);
+      void* p = nullptr;
+      FSDP_CALL(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+      return static_cast<unsigned char*>(p);
+    }
+#endif
+    return new unsigned char[bytes];
+  }
+
+  void free_bytes(unsigned char* p) {
+    if (!p) return;
+#if FSDP_WITH_CUDA
+    if (device_.is_cuda()) {
+      cudaFreeHost(p);  // destructor path: nothing to do about an error
+      return;
+    }
+#endif
+    delete[] p;
+  }
+
+  Device device_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  uint32_t* flag_ = nullptr;
+#if FSDP_WITH_CUDA
+  using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  uintptr_t device_flag_ = 0;
+  WaitValue32 wait_value_ = nullptr;
+#endif
+};
+
+// ---- the communicator
+
+StagedCommunicator::StagedCommunicator(std::unique_ptr<MpiCommunicator> host, Device device)
+    : Communicator(host->name(), host->rank(), host->size(), device, host->health()),
+      host_(std::move(host)),
+      staging_(std::make_unique<Staging>(device)) {
+  worker_ = std::thread([this] { run_worker(); });
+}
+
+StagedCommunicator::~StagedCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    // Unwinding an error: the operations not yet started are dropped rather than waited
+    // for (their peers may never come); the one in progress ends or times out.
+    if (std::uncaught_exceptions() > 0) {
+      for (Job& job : queue_) staging_->publish(job.seq);
+      queue_.clear();
+    }
+  }
+  work_ready_.notify_all();
+  worker_.join();
+  staging_.reset();  // waits for the streams to be done with the slots
+}
+
+std::unique_ptr<StagedCommunicator> StagedCommunicator::split(std::string name, int color,
+                                                              int key) {
+  // The split is an MPI call on the host communicator from this thread: the worker must not
+  // be inside one at the same time.
+  drain();
+  return std::make_unique<StagedCommunicator>(host_->split(std::move(name), color, key),
+                                              device());
+}
+
+void StagedCommunicator::abort(const std::string& reason) {
+  health()->record_failure(FailureKind::Aborted,
+                           str_cat("communicator '", name(), "' aborted: ", reason));
+  work_ready_.notify_all();
+}
+
+void StagedCommunicator::drain() {
+  wait_finished(submitted_);
+  health()->raise_if_failed();
+}
+
+void StagedCommunicator::wait_finished(uint32_t seq) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Cyclic comparison, as the streams' wait: sequence numbers wrap after 2^32 operations.
+  job_finished_.wait(lock, [&] { return int32_t(finished_ - seq) >= 0; });
+}
+
+// ---- the worker
+
+void StagedCommunicator::run_worker() {
+#if FSDP_WITH_CUDA
+  std::unique_ptr<DeviceGuard> guard;
+  if (device().is_cuda()) guard = std::make_unique<DeviceGuard>(device());
+#endif
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, with nothing left to do
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run_job(job);
+    // Published whatever happened: after a failure the streams go on (with whatever the
+    // outputs hold) rather than wait forever, and the main thread raises the failure.
+    staging_->publish(job.seq);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = job.seq;
+    }
+    job_finished_.notify_all();
+  }
+}
+
+void StagedCommunicator::run_job(Job& job) {
+  // Once the job has failed, operations are skipped: their peers may be gone.
+  if (health()->failed()) return;
+  try {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto deadline = start + health()->timeout();
+    for (const Event& ready : job.inputs_ready) {
+      while (!ready.query()) {
+        if (health()->failed()) return;
+        const auto now = Clock::now();
+        if (now >= deadline) {
+          const std::string message =
+              str_cat(job.description, ": this rank's stream did not reach the operation within ",
+                      std::chrono::duration<double>(health()->timeout()).count(),
+                      " s (its earlier work on that stream never finished)");
+          health()->record_failure(FailureKind::Timeout, message);
+          return;
+        }
+        if (now - start < kBusyPolling) {
+          std::this_thread::yield();
+        } else {
+          std::this_thread::sleep_for(kPause);
+        }
+      }
+    }
+    if (job.moves.size() == 1) {
+      job.moves[0]();
+    } else {
+      host_->group_start();
+      for (auto& move : job.moves) move();
+      host_->group_end();
+    }
+  } catch (const std::exception& e) {
+    // A timeout was recorded by the MPI side already (record_failure keeps the first).
+    health()->record_failure(FailureKind::CommFailure,
+                             str_cat(job.description, " failed: ", e.what()));
+  }
+}
+
+// ---- issuing
+
+StagedCommunicator::Op StagedCommunicator::make_op(CollectiveKind kind, size_t count, DType dtype,
+                                                   const Stream& stream) const {
+  Op op;
+  op.description = describe(kind, count, dtype);
+  op.stream = stream;
+  return op;
+}
+
+Work StagedCommunicator::issue(Op op) {
+  op.work = std::make_shared<WorkState>();
+  op.work->health = health();
+  Work work(op.work);
+  if (group_depth_ > 0) {
+    grouped_.push_back(std::move(op));
+    return work;
+  }
+  std::vector<Op> ops;
+  ops.push_back(std::move(op));
+  launch(std::move(ops));
+  return work;
+}
+
+void StagedCommunicator::launch(std::vector<Op> ops) {
+  if (ops.empty()) return;
+  DeviceGuard guard(device());
+  Job job;
+  job.seq = submitted_ + 1;
+  job.description = ops.size() == 1 ? ops[0].description
+                                    : str_cat("a group of ", ops.size(),
+                                              " operations starting with ", ops[0].description);
+  std::vector<Staging::Slot*> slots;
+  for (Op& op : ops) {
+    Staging::Slot* slot = staging_->acquire(std::max<size_t>(op.slot_bytes, 1));
+    slots.push_back(slot);
+    for (const Part& part : op.ins) staging_->copy_in(slot, part, op.stream);
+    if (op.stream.is_cuda()) {
+      Event ready = Event::create(device());
+      ready.record(op.stream);
+      job.inputs_ready.push_back(std::move(ready));
+    }
+    unsigned char* data = slot->data;
+    MpiCommunicator* host = host_.get();
+    auto move = op.move;
+    job.moves.push_back([host, data, move] { move(*host, data); });
+  }
+  submitted_ = job.seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(job));
+  }
+  work_ready_.notify_one();
+
+  const uint32_t seq = submitted_;
+  if (!device().is_cuda()) {
+    // CPU: finished when issued, as on every CPU stream; a failure is raised here.
+    wait_finished(seq);
+    health()->raise_if_failed();
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Op& op = ops[i];
+    staging_->wait_published(op.stream, seq);
+    for (const Part& part : op.outs) staging_->copy_out(slots[i], part, op.stream);
+    Event done;
+    if (op.stream.is_cuda()) {
+      done = Event::create(device());
+      done.record(op.stream);
+    }
+    op.work->done = done;
+    op.work->issued = true;
+    staging_->release(slots[i], done);
+  }
+}
+
+Work StagedCommunicator::issue_all_gather(const void* send, void* recv, size_t count_per_rank,
+                                          DType dtype, const Stream& stream) {
+  Op op = make_op(CollectiveKind::all_gather, count_per_rank, dtype, stream);
+  const size_t chunk = count_per_rank * dtype_size(dtype);
+  const size_t total = chunk * size_t(size());
+  op.slot_bytes = chunk + total;
+  op.ins = {Part{send, nullptr, 0, chunk}};
+  op.outs = {Part{nullptr, recv, chunk, total}};
+  op.move = [=](MpiCommunicator& host, unsigned char* slot) {
+    host.all_gather(slot, slot + chunk, count_per_rank, dtype, Stream::cpu());
+  };
+  return issue(std::move(op));
+}
+
+Work StagedCommunicator::issue_reduce_scatter(const void* send, void* recv, size_t count_per_rank,
+                                              DType dtype, ReduceOp reduce, const Stream& stream,
+                                              double prescale) {
+  Op op = make_op(CollectiveKind::reduce_scatter, count_per_rank, dtype, stream);
+  const size_t chunk = count_per_rank * dtype_size(dtype);
+  const size_t total = chunk * size_t(size());
+  op.slot_bytes = total + chunk;
+  op.ins = {Part{send, nullptr, 0, total}};
+  op.outs = {Part{nullptr, recv, total, chunk}};
+  op.move = [=](MpiCommunicator& host, unsigned char* slot) {
+    host.reduce_scatter(slot, slot + total, count_per_rank, dtype, reduce, Stream::cpu(),
+                        prescale);
+  };
+  return issue(std::move(op));
+}
+
+Work StagedCommunicator::issue_all_reduce(const void* send, void* recv, size_t count, DType dtype,
+                                          ReduceOp reduce, const Stream& stream,
+                                          double prescale) {
+  Op op = make_op(CollectiveKind::all_reduce, count, dtype, stream);
+  const size_t bytes = count * dtype_size(dtype);
+  op.slot_bytes = 2 * bytes;
+  op.ins = {Part{send, nullptr, 0, bytes}};
+  op.outs = {Part{nullptr, recv, bytes, bytes}};
+  op.move = [=](MpiCommunicator& host, unsigned char* slot) {
+    host.all_reduce(slot, slot + bytes, count, dtype, reduce, Stream::cpu(), prescale);
+  };
+  return issue(std::move(op));
+}
+
+Work StagedCommunicator::issue_broadcast(void* buf, size_t count, DType dtype, int root,
+                                         const Stream& stream) {
+  Op op = make_op(CollectiveKind::broadcast, count, dtype, stream);
+  const size_t bytes = count * dtype_size(dtype);
+  op.slot_bytes = bytes;
+  // Only the root's bytes travel; every rank's buffer is overwritten with them (the root's
+  // with its own).
+  if (rank() == root) op.ins = {Part{buf, nullptr, 0, bytes}};
+  op.outs = {Part{nullptr, buf, 0, bytes}};
+  op.move = [=](MpiCommunicator& host, unsigned char* slot) {
+    host.broadcast(slot, count, dtype, root, Stream::cpu());
+  };
+  return issue(std::move(op));
+}
+
+Work StagedCommunicator::issue_send(const void* buf, size_t count, DType dtype, int peer,
+                                    const Stream& stream) {
+  Op op = make_op(CollectiveKind::send, count, dtype, stream);
+  const size_t bytes = count * dtype_size(dtype);
+  op.slot_bytes = bytes;
+  op.ins = {Part{buf, nullptr, 0, bytes}};
+  op.move = [=](MpiCommunicator& host, unsigned char* slot) {
+    host.send(slot, count, dtype, peer, Stream::cpu());
+  };
+  return issue(std::move(op));
+}
+
+Work StagedCommunicator::issue_recv(void* buf, size_t count, DType dtype, int peer,
+                                    const Stream& stream) {
+  Op op = make_op(CollectiveKind::recv, count, dtype, stream);
+  const size_t bytes = count * dtype_size(dtype);
+  op.slot_bytes = bytes;
+  op.outs = {Part{nullptr, buf, 0, bytes}};
+  op.move = [=](MpiCommunicator& host, unsigned char* slot) {
+    host.recv(slot, count, dtype, peer, Stream::cpu());
+  };
+  return issue(std::move(op));
+}
+
+Work StagedCommunicator::issue_all_to_all(const void* send, const std::vector<size_t>& send_counts,
+                                          void* recv, const std::vector<size_t>& recv_counts,
+                                          DType dtype, const Stream& stream) {
+  size_t sent = 0, received = 0;
+  for (size_t c : send_counts) sent += c;
+  for (size_t c : recv_counts) received += c;
+  Op op = make_op(CollectiveKind::all_to_all, sent, dtype, stream);
+  const size_t esize = dtype_size(dtype);
+  const size_t in_bytes = sent * esize, out_bytes = received * esize;
+  op.slot_bytes = in_bytes + out_bytes;
+  op.ins = {Part{send, nullptr, 0, in_bytes}};
+  op.outs = {Part{nullptr, recv, in_bytes, out_bytes}};
+  op.move = [=](MpiCommunicator& host, unsigned char* slot) {
+    host.all_to_all(slot, send_counts, slot + in_bytes, recv_counts, dtype, Stream::cpu());
+  };
+  return issue(std::move(op));
+}
+
+void StagedCommunicator::issue_barrier() {
+  FSDP_CHECK(group_depth_ == 0, ValueError, "barrier on group '", name(),
+             "' inside group_start()/group_end()");
+  // The worker is idle once every issued operation has finished: the barrier is then an MPI
+  // call of this thread alone.
+  drain();
+  host_->barrier();
+}
+
+std::unique_ptr<RegisteredBuffer> StagedCommunicator::issue_register(void*, size_t,
+                                                                     BufferRegistration,
+                                                                     const std::string&) {
+  return nullptr;
+}
+
+void StagedCommunicator::issue_group_start() { ++group_depth_; }
+
+void StagedCommunicator::issue_group_end() {
+  FSDP_CHECK(group_depth_ > 0, ValueError, "group_end() on group '", name(),
+             "' without a matching group_start()");
+  if (--group_depth_ > 0) return;
+  std::vector<Op> ops = std::move(grouped_);
+  grouped_.clear();
+  launch(std::move(ops));
+}
+
+}  // namespace fsdp

@@ -8,8 +8,9 @@
 # deadlock). The other rank's next collective must time out after 12 s, print which
 # operation, group and step hung, and end the job.
 #
-#   [STUCK_LIMIT=180] scripts/stuck_rank.sh WORK_DIR TRAIN_BINARY [MPIRUN_ARGS -- ] TRAIN_ARGS...
-# (STUCK_LIMIT: seconds after which the whole job counts as hung)
+#   [STUCK_LIMIT=180] [NAME_STUCK=1] scripts/stuck_rank.sh WORK_DIR TRAIN_BINARY [MPIRUN_ARGS -- ] TRAIN_ARGS...
+# (STUCK_LIMIT: seconds after which the whole job counts as hung; NAME_STUCK=1: the message
+# must also name the frozen rank, as the MPI and staged backends do)
 # e.g. scripts/stuck_rank.sh /tmp/stuck bazel-bin/tools/train/train --config configs/tiny.json
 set -u
 work="$1"; train="$2"; shift 2
@@ -50,5 +51,8 @@ echo "$(date +%T) the job ended with status $rc ${elapsed}s later"
 [ "$rc" -ne 0 ] || fail "the job succeeded with a stuck rank"
 [ "$elapsed" -le 60 ] || fail "the job took ${elapsed}s to end after the rank stopped"
 grep -q "did not finish within 12 s" "$log" || fail "no watchdog message naming the timeout"
+if [ "${NAME_STUCK:-0}" = 1 ]; then
+  grep -q "rank ${rank:-?} has not reached it" "$log" || fail "the message does not name rank ${rank:-?}"
+fi
 grep -E "did not finish within" "$log" | head -1
 echo "PASS"

@@ -113,6 +113,11 @@ void mark_skipped(const std::string& reason) {
 
 bool gpu_available() { return cuda_device_count() > 0; }
 
+const char* gpu_backend_name() {
+  const char* name = std::getenv("FSDP_TEST_GPU_BACKEND");
+  return name && *name ? name : "nccl";
+}
+
 #if FSDP_TEST_MPI
 int world_rank() {
   int r = 0;

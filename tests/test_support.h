@@ -14,6 +14,10 @@ void mark_skipped(const std::string& reason);
 // True when a CUDA device is usable by this process.
 bool gpu_available();
 
+// The backend the [gpu] multi-rank cases use: FSDP_TEST_GPU_BACKEND ("nccl" when unset;
+// scripts/gpu_run.sh sets "staged" where there are more ranks than GPUs).
+const char* gpu_backend_name();
+
 // Rank and size of MPI_COMM_WORLD in MPI test binaries (0 and 1 elsewhere).
 int world_rank();
 int world_size();

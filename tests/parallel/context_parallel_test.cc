@@ -151,7 +151,7 @@ TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]"
   // The ring also through an NCCL group of one (its steps on the group's own stream,
   // sending to itself), when this process is alone.
   WorldOptions options;
-  options.backend = Backend::Nccl;
+  options.backend = backend_from_name(testing::gpu_backend_name(), "FSDP_TEST_GPU_BACKEND");
   options.print_summary = false;
   World world(options);
   CommunicatorTensorParallelGroup nccl_group(world.comm());

@@ -141,7 +141,7 @@ struct LocalExpertGroup : nn::ExpertParallelGroup {
 // The GPU cases' world: NCCL, quiet.
 WorldOptions nccl_options() {
   WorldOptions options;
-  options.backend = Backend::Nccl;
+  options.backend = backend_from_name(testing::gpu_backend_name(), "FSDP_TEST_GPU_BACKEND");
   options.print_summary = false;
   return options;
 }

@@ -262,7 +262,7 @@ TEST_CASE("CUDA tensor-parallel ops match the CPU's", "[parallel][gpu]") {
 // This process's NCCL world: a real group of one for the GPU cases.
 std::unique_ptr<World> nccl_world() {
   WorldOptions options;
-  options.backend = Backend::Nccl;
+  options.backend = backend_from_name(testing::gpu_backend_name(), "FSDP_TEST_GPU_BACKEND");
   options.print_summary = false;
   return std::make_unique<World>(options);
 }

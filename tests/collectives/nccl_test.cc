@@ -362,5 +362,35 @@ TEST_CASE("NCCL: the watchdog turns a collective one rank skips into a TimeoutEr
   }
 }
 
+// More ranks than GPUs (the one-GPU machine under mpirun -np 2): NCCL is refused before it
+// starts, naming the two ranks and the backend that lets them share, and the staged world
+// counts every rank on the GPU.
+TEST_CASE("NCCL refuses ranks that share a GPU, by name; the staged backend counts them",
+          "[gpu]") {
+  FSDP_REQUIRE_GPU();
+  if (testing::world_size() <= cuda_device_count()) {
+    testing::mark_skipped("every rank has a GPU of its own");
+    return;
+  }
+  WorldOptions options;
+  options.backend = Backend::Nccl;
+  options.print_summary = false;
+  try {
+    World refused(options);
+    FAIL("NCCL started with two ranks on one GPU");
+  } catch (const LaunchError& e) {
+    CHECK_THAT(e.what(), Contains("ranks 0 and ") && Contains("are on the same GPU") &&
+                             Contains("dist.backend=staged"));
+  }
+  options.backend = Backend::Staged;
+  World staged(options);
+  int on_mine = 0;
+  for (int r = 0; r < staged.size(); ++r) {
+    on_mine += r % cuda_device_count() == staged.rank() % cuda_device_count() ? 1 : 0;
+  }
+  CHECK(staged.ranks_on_device() == on_mine);
+  CHECK_THAT(staged.summary(), Contains(str_cat("shared by ", on_mine, " ranks")));
+}
+
 }  // namespace
 }  // namespace fsdp

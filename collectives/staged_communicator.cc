@@ -26,10 +26,14 @@ size_t slot_size_for(size_t bytes) {
   return size;
 }
 
-// How the worker waits for an operation's input copy: polling the event, first by yielding
+// How the worker waits for an operation's input copy: polling its token, first by yielding
 // (the copy is usually about to finish), then with short sleeps.
 constexpr auto kBusyPolling = std::chrono::milliseconds(2);
 constexpr auto kPause = std::chrono::microseconds(20);
+
+// Input tokens in flight at most (ops issued and not yet finished by the worker): the size
+// of the ring of words the streams write them into.
+constexpr uint32_t kTokenRing = 1u << 14;
 
 }  // namespace
 
@@ -48,24 +52,24 @@ class StagedCommunicator::Staging {
 #if FSDP_WITH_CUDA
     if (device_.is_cuda()) {
       DeviceGuard guard(device_);
-      // The flag the streams wait on: mapped host memory, written by the worker thread.
-      void* flag = nullptr;
-      FSDP_CALL(cudaHostAlloc(&flag, sizeof(uint32_t), cudaHostAllocMapped));
-      flag_ = static_cast<uint32_t*>(flag);
-      *flag_ = 0;
-      void* device_flag = nullptr;
-      FSDP_CALL(cudaHostGetDevicePointer(&device_flag, flag, 0));
-      device_flag_ = reinterpret_cast<uintptr_t>(device_flag);
-      // cuStreamWaitValue32 through the runtime's entry-point lookup: the program then needs
-      // no link to libcuda (cudart is linked statically, the driver is found at run time).
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-      FSDP_CALL(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000,
-                                                 cudaEnableDefault, &found));
-      FSDP_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr, DeviceError,
-                 "the staged backend needs cuStreamWaitValue32, which this CUDA driver does "
-                 "not provide (lookup status ", int(found), ")");
-      wait_value_ = reinterpret_cast<WaitValue32>(fn);
+      // The words the streams and the worker signal each other with, in mapped host memory:
+      // [0] the last operation the worker finished (the streams wait on it), then a ring of
+      // input tokens (each stream writes an operation's token once its input is staged).
+      // The worker only reads and writes host memory: it makes no CUDA call, so it never
+      // waits for a lock a CUDA call of the main thread holds.
+      void* words = nullptr;
+      const size_t bytes = sizeof(uint32_t) * (1 + kTokenRing);
+      FSDP_CALL(cudaHostAlloc(&words, bytes, cudaHostAllocMapped));
+      std::memset(words, 0, bytes);
+      flag_ = static_cast<uint32_t*>(words);
+      void* device_words = nullptr;
+      FSDP_CALL(cudaHostGetDevicePointer(&device_words, words, 0));
+      device_flag_ = reinterpret_cast<uintptr_t>(device_words);
+      // The stream memory operations through the runtime's entry-point lookup: the program
+      // then needs no link to libcuda (cudart is linked statically, the driver is found at
+      // run time).
+      wait_value_ = reinterpret_cast<StreamValue32>(driver_entry("cuStreamWaitValue32"));
+      write_value_ = reinterpret_cast<StreamValue32>(driver_entry("cuStreamWriteValue32"));
     }
 #endif
   }
@@ -87,6 +91,8 @@ class StagedCommunicator::Staging {
 #endif
   }
 
+  bool on_gpu() const { return device_.is_cuda(); }
+
   Slot* acquire(size_t bytes) {
     Slot* best = nullptr;
     for (auto& slot : slots_) {
@@ -94,20 +100,10 @@ class StagedCommunicator::Staging {
       if (slot->bytes >= bytes && (!best || slot->bytes < best->bytes)) best = slot.get();
     }
     if (!best) {
-      // A free slot too small for this operation is replaced rather than kept beside it.
-      for (auto& slot : slots_) {
-        if (!slot->busy && slot->free_after.query()) {
-          free_bytes(slot->data);
-          slot->data = nullptr;
-          slot->bytes = 0;
-          best = slot.get();
-          break;
-        }
-      }
-      if (!best) {
-        slots_.push_back(std::make_unique<Slot>());
-        best = slots_.back().get();
-      }
+      // A new slot beside the others: freeing a smaller one instead would be a
+      // cudaFreeHost, which waits for the whole device, streams blocked on the worker too.
+      slots_.push_back(std::make_unique<Slot>());
+      best = slots_.back().get();
       best->bytes = slot_size_for(bytes);
       best->data = allocate_bytes(best->bytes);
     }
@@ -152,14 +148,34 @@ class StagedCommunicator::Staging {
   void wait_published(const Stream& stream, uint32_t seq) {
 #if FSDP_WITH_CUDA
     if (device_.is_cuda()) {
-      const CUresult status = wait_value_(stream.cuda_stream(), CUdeviceptr(device_flag_), seq,
-                                          CU_STREAM_WAIT_VALUE_GEQ);
-      FSDP_CHECK(status == CUDA_SUCCESS, CudaError, "cuStreamWaitValue32 failed with CUresult ",
-                 int(status), " (the staged backend needs stream memory operations)");
+      check_driver(wait_value_(stream.cuda_stream(), CUdeviceptr(device_flag_), seq,
+                               CU_STREAM_WAIT_VALUE_GEQ),
+                   "cuStreamWaitValue32");
     }
 #endif
     (void)stream;
     (void)seq;
+  }
+
+  // `stream` writes `token` into its ring word once the work queued before it (the input's
+  // copy) is done; the write comes after a fence, so the staged bytes are visible first.
+  void signal_input(const Stream& stream, uint32_t token) {
+#if FSDP_WITH_CUDA
+    if (device_.is_cuda()) {
+      const uintptr_t word = device_flag_ + sizeof(uint32_t) * (1 + token % kTokenRing);
+      check_driver(write_value_(stream.cuda_stream(), CUdeviceptr(word), token,
+                                CU_STREAM_WRITE_VALUE_DEFAULT),
+                   "cuStreamWriteValue32");
+    }
+#endif
+    (void)stream;
+    (void)token;
+  }
+
+  // Whether the stream has written `token` (worker thread; host memory only).
+  bool input_ready(uint32_t token) const {
+    if (!flag_) return true;
+    return __atomic_load_n(flag_ + 1 + token % kTokenRing, __ATOMIC_ACQUIRE) == token;
   }
 
   // Lets every stream waiting for a value up to `seq` go on (worker thread).
@@ -198,13 +214,31 @@ class StagedCommunicator::Staging {
     delete[] p;
   }
 
+#if FSDP_WITH_CUDA
+  static void* driver_entry(const char* name) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    FSDP_CALL(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found));
+    FSDP_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr, DeviceError,
+               "the staged backend needs ", name, ", which this CUDA driver does not provide ",
+               "(lookup status ", int(found), ")");
+    return fn;
+  }
+
+  static void check_driver(CUresult status, const char* what) {
+    FSDP_CHECK(status == CUDA_SUCCESS, CudaError, what, " failed with CUresult ", int(status),
+               " (the staged backend needs stream memory operations)");
+  }
+#endif
+
   Device device_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  uint32_t* flag_ = nullptr;
+  uint32_t* flag_ = nullptr;  // [0] published, then the token ring (GPU only)
 #if FSDP_WITH_CUDA
-  using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
   uintptr_t device_flag_ = 0;
-  WaitValue32 wait_value_ = nullptr;
+  StreamValue32 wait_value_ = nullptr;
+  StreamValue32 write_value_ = nullptr;
 #endif
 };
 
@@ -262,10 +296,6 @@ void StagedCommunicator::wait_finished(uint32_t seq) {
 // ---- the worker
 
 void StagedCommunicator::run_worker() {
-#if FSDP_WITH_CUDA
-  std::unique_ptr<DeviceGuard> guard;
-  if (device().is_cuda()) guard = std::make_unique<DeviceGuard>(device());
-#endif
   for (;;) {
     Job job;
     {
@@ -282,6 +312,7 @@ void StagedCommunicator::run_worker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       finished_ = job.seq;
+      if (!job.inputs.empty()) tokens_finished_ = job.inputs.back();
     }
     job_finished_.notify_all();
   }
@@ -294,8 +325,8 @@ void StagedCommunicator::run_job(Job& job) {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto deadline = start + health()->timeout();
-    for (const Event& ready : job.inputs_ready) {
-      while (!ready.query()) {
+    for (uint32_t token : job.inputs) {
+      while (!staging_->input_ready(token)) {
         if (health()->failed()) return;
         const auto now = Clock::now();
         if (now >= deadline) {
@@ -359,15 +390,23 @@ void StagedCommunicator::launch(std::vector<Op> ops) {
   job.description = ops.size() == 1 ? ops[0].description
                                     : str_cat("a group of ", ops.size(),
                                               " operations starting with ", ops[0].description);
+  if (staging_->on_gpu()) {
+    // The ring holds the tokens of the operations the worker has not finished: wait for it
+    // to catch up before this launch's tokens could overwrite one it still reads.
+    std::unique_lock<std::mutex> lock(mu_);
+    job_finished_.wait(lock, [&] {
+      return tokens_issued_ + uint32_t(ops.size()) - tokens_finished_ < kTokenRing;
+    });
+  }
   std::vector<Staging::Slot*> slots;
   for (Op& op : ops) {
     Staging::Slot* slot = staging_->acquire(std::max<size_t>(op.slot_bytes, 1));
     slots.push_back(slot);
     for (const Part& part : op.ins) staging_->copy_in(slot, part, op.stream);
-    if (op.stream.is_cuda()) {
-      Event ready = Event::create(device());
-      ready.record(op.stream);
-      job.inputs_ready.push_back(std::move(ready));
+    if (staging_->on_gpu()) {
+      const uint32_t token = ++tokens_issued_;
+      staging_->signal_input(op.stream, token);
+      job.inputs.push_back(token);
     }
     unsigned char* data = slot->data;
     MpiCommunicator* host = host_.get();

@@ -2,13 +2,16 @@
 // layout (TP x CP x EP x FSDP) runs with several ranks sharing one GPU.
 //
 // Each operation is three steps, the first and last on the caller's stream:
-//   1. its input is copied into pinned host memory (a staging slot), and an event marks it;
-//   2. this communicator's worker thread waits for that event, then moves the bytes with the
+//   1. its input is copied into pinned host memory (a staging slot), after which the stream
+//      writes the operation's token into mapped host memory (cuStreamWriteValue32);
+//   2. this communicator's worker thread waits for that token, then moves the bytes with the
 //      MPI backend (an MpiCommunicator over the same ranks, reused as is: the same
 //      deterministic rank-order reductions as CPU ranks, so the same inputs give the same
 //      bits) and publishes the operation's sequence number in a flag in mapped host memory;
 //   3. the stream waits for the flag (cuStreamWaitValue32, no SM spins) and copies the result
 //      back from the slot; an event after the copy is the Work's `done`.
+// The worker makes no CUDA call (it only reads and writes host memory), so it can never wait
+// for a driver lock that a CUDA call of the main thread holds while the device waits for it.
 // So the contract is NCCL's: ordered on the caller's stream, returning at once with a Work,
 // counted and hashed by Communicator, and operations of one communicator run in the order
 // they were issued (a FIFO per communicator, one worker each, as NCCL serializes one
@@ -103,7 +106,7 @@ class StagedCommunicator final : public Communicator {
   // What the worker runs for one launch (one operation, or a group's).
   struct Job {
     uint32_t seq = 0;
-    std::vector<Event> inputs_ready;
+    std::vector<uint32_t> inputs;  // the input tokens its streams write (GPU)
     std::vector<std::function<void()>> moves;
     std::string description;
   };
@@ -128,6 +131,8 @@ class StagedCommunicator final : public Communicator {
   std::deque<Job> queue_;
   uint32_t submitted_ = 0;  // sequence number of the last launch (main thread)
   uint32_t finished_ = 0;   // of the last job the worker finished (under mu_)
+  uint32_t tokens_issued_ = 0;    // input tokens handed out (main thread)
+  uint32_t tokens_finished_ = 0;  // the last token of the last finished job (under mu_)
   bool stopping_ = false;
   std::thread worker_;  // last: started once every other member exists
 };

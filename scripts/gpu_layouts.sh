@@ -24,6 +24,7 @@ trap 'pkill -TERM -P $$; exit 143' TERM INT
 say() { echo "== $* ($(date +%T))"; }
 
 common=(train.train_iters=50 train.eval_interval=50 train.eval_iters=4 logger.log_interval=1
+        dist.distributed_timeout_minutes=1
         train.micro_batch_size=2 train.global_batch_size=8 checkpoint.save=null
         checkpoint.load=null)
 GPT=(--config configs/tiny.json)
@@ -43,40 +44,39 @@ run() {  # name ranks args...: one training run, logged to $L/name.log, metrics 
   say "$name (np $n) rc=$?"
 }
 
-layouts() {  # model-name model-args...: the one-rank runs and every dense layout, f32 and bf16
-  local m="$1"; shift
-  for p in f32 bf16; do
-    local prec=("${F32[@]}")
-    [ "$p" = bf16 ] && prec=("${BF16[@]}")
-    run "${m}_${p}_1rank" 1 "$@" "${prec[@]}"
-    run "${m}_${p}_tp2" 2 "$@" "${prec[@]}" dist.backend=staged model.tensor_model_parallel_size=2
-    run "${m}_${p}_tp2_sp_z3" 2 "$@" "${prec[@]}" dist.backend=staged \
-      model.tensor_model_parallel_size=2 model.sequence_parallel=true \
-      ddp.data_parallel_sharding_strategy=optim_grads_params
-    run "${m}_${p}_cp2_ring_z1" 2 "$@" "${prec[@]}" dist.backend=staged \
-      model.context_parallel_size=2 model.cp_comm_type=p2p ddp.data_parallel_sharding_strategy=optim
-    run "${m}_${p}_cp2_allgather_z2" 2 "$@" "${prec[@]}" dist.backend=staged \
-      model.context_parallel_size=2 model.cp_comm_type=all_gather \
-      ddp.data_parallel_sharding_strategy=optim_grads
-    run "${m}_${p}_tp2_z3_dp2" 4 "$@" "${prec[@]}" dist.backend=staged \
-      model.tensor_model_parallel_size=2 ddp.data_parallel_sharding_strategy=optim_grads_params
-    run "${m}_${p}_hsdp_2x2" 4 "$@" "${prec[@]}" dist.backend=staged dist.dp_outer=2 \
-      ddp.data_parallel_sharding_strategy=optim_grads_params
-  done
+layouts() {  # model-name precision model-args...: the one-rank run and every dense layout
+  local m="$1" p="$2"; shift 2
+  local prec=("${F32[@]}")
+  [ "$p" = bf16 ] && prec=("${BF16[@]}")
+  run "${m}_${p}_1rank" 1 "$@" "${prec[@]}"
+  run "${m}_${p}_tp2" 2 "$@" "${prec[@]}" dist.backend=staged model.tensor_model_parallel_size=2
+  run "${m}_${p}_tp2_sp_z3" 2 "$@" "${prec[@]}" dist.backend=staged \
+    model.tensor_model_parallel_size=2 model.sequence_parallel=true \
+    ddp.data_parallel_sharding_strategy=optim_grads_params
+  run "${m}_${p}_cp2_ring_z1" 2 "$@" "${prec[@]}" dist.backend=staged \
+    model.context_parallel_size=2 model.cp_comm_type=p2p ddp.data_parallel_sharding_strategy=optim
+  run "${m}_${p}_cp2_allgather_z2" 2 "$@" "${prec[@]}" dist.backend=staged \
+    model.context_parallel_size=2 model.cp_comm_type=all_gather \
+    ddp.data_parallel_sharding_strategy=optim_grads
+  run "${m}_${p}_tp2_z3_dp2" 4 "$@" "${prec[@]}" dist.backend=staged \
+    model.tensor_model_parallel_size=2 ddp.data_parallel_sharding_strategy=optim_grads_params
+  run "${m}_${p}_hsdp_2x2" 4 "$@" "${prec[@]}" dist.backend=staged dist.dp_outer=2 \
+    ddp.data_parallel_sharding_strategy=optim_grads_params
 }
 
-layouts gpt2 "${GPT[@]}"
-layouts llama "${LLAMA[@]}"
-for p in f32 bf16; do
-  prec=("${F32[@]}")
+moe() {  # precision
+  local p="$1" prec=("${F32[@]}")
   [ "$p" = bf16 ] && prec=("${BF16[@]}")
   run "moe_${p}_1rank" 1 "${MOE[@]}" "${prec[@]}"
   run "moe_${p}_ep2_z3" 2 "${MOE[@]}" "${prec[@]}" dist.backend=staged \
     model.expert_model_parallel_size=2 ddp.data_parallel_sharding_strategy=optim_grads_params
-done
-run gpt2_fp8_1rank 1 "${GPT[@]}" "${FP8[@]}"
-run gpt2_fp8_param_z3_np2 2 "${GPT[@]}" "${FP8[@]}" dist.backend=staged \
-  mixed_precision.fp8_param=true ddp.data_parallel_sharding_strategy=optim_grads_params
+}
+
+# The f32 runs first (every layout of each kind at least once, checked step by step), then
+# checkpoints and FP8, then bf16: a call cut short keeps the widest coverage.
+layouts gpt2 f32 "${GPT[@]}"
+layouts llama f32 "${LLAMA[@]}"
+moe f32
 # Checkpoints across layouts (f32): saved at step 25 by TP2, resumed on one rank; saved by
 # one rank, resumed on TP2. Both must continue on the one-rank curve (gpt2_f32_1rank).
 run ck_tp2_save 2 "${GPT[@]}" "${F32[@]}" dist.backend=staged model.tensor_model_parallel_size=2 \
@@ -86,6 +86,12 @@ run ck_1rank_save 1 "${GPT[@]}" "${F32[@]}" train.train_iters=25 checkpoint.save
   checkpoint.save_interval=0
 run ck_1rank_to_tp2 2 "${GPT[@]}" "${F32[@]}" dist.backend=staged \
   model.tensor_model_parallel_size=2 checkpoint.load="$L/ck_1rank"
+run gpt2_fp8_1rank 1 "${GPT[@]}" "${FP8[@]}"
+run gpt2_fp8_param_z3_np2 2 "${GPT[@]}" "${FP8[@]}" dist.backend=staged \
+  mixed_precision.fp8_param=true ddp.data_parallel_sharding_strategy=optim_grads_params
+layouts gpt2 bf16 "${GPT[@]}"
+layouts llama bf16 "${LLAMA[@]}"
+moe bf16
 
 python3 - "$L" <<'PY'
 import json, os, sys

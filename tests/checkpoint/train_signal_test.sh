@@ -8,7 +8,12 @@
 #   4. inside a step of a million micro-batches (hours long), SIGTERM is honoured between
 #      micro-batches: the step is dropped, step 0 is saved with the data position of its
 #      start, and the process exits 0;
-#   5. a second SIGTERM ends the process at once (killed by the signal, nothing saved).
+#   5. a second SIGTERM ends the process at once (killed by the signal, nothing saved);
+#   6. SIGTERM sent to mpirun, launched as README says (`--mca odls_base_sigkill_timeout`,
+#      here 15 s: mpirun passes the signal on that late and kills the ranks as long after):
+#      the ranks save a checkpoint that takes longer than Open MPI's default grace of one
+#      second (without the setting mpirun kills them mid-save), and rank 0 warns at start-up
+#      when the setting is missing.
 # Usage: train_signal_test.sh TRAIN_BINARY   (run from the workspace root: configs/, third_party/)
 set -u
 train="$1"
@@ -126,4 +131,22 @@ wait $pid
 rc=$?
 [ $rc -eq 143 ] || fail "after two SIGTERMs train exited with status $rc, not 143 (killed by SIGTERM)"
 echo "a second SIGTERM ended the process at once (status 143)"
+
+# 6. SIGTERM to mpirun. A model whose checkpoint (about 190 MB on two ranks) takes seconds to
+# write, trained with tiny batches so that its steps are quick.
+big=("${common[@]}" model.n_layer=4 model.d_model=256 train.train_iters=100000)
+mpirun --mca odls_base_sigkill_timeout 15 --oversubscribe -np 2 "$train" "${big[@]}" \
+  run.output_dir="$work/mpirun_term" checkpoint.save="$work/ckpt_mpirun" > "$work/mpirun_term.log" 2>&1 &
+pid=$!
+wait_for_steps "$work/mpirun_term/metrics.jsonl" 2 || { kill -KILL $pid; fail "the mpirun SIGTERM run did not start"; }
+kill -TERM $pid
+wait $pid
+grep -q "checkpoint saved: $work/ckpt_mpirun/step_" "$work/mpirun_term.log" \
+  || fail "SIGTERM to mpirun (with odls_base_sigkill_timeout) did not save the checkpoint"
+echo "SIGTERM to mpirun: saved step $(saved_step "$work/ckpt_mpirun") ($(sed -n 's/.*checkpoint saved: .*(\(.*\)).*/\1/p' "$work/mpirun_term.log"))"
+# Launched without the setting, a run that saves says how to launch.
+mpirun --oversubscribe -np 2 "$train" "${common[@]}" train.train_iters=1 \
+  run.output_dir="$work/warn" checkpoint.save="$work/ckpt_warn" > "$work/warn.log" 2>&1 \
+  || fail "the short run without the grace setting failed"
+grep -q "mpirun --mca odls_base_sigkill_timeout 120" "$work/warn.log" || fail "no warning about mpirun's kill grace"
 echo "PASS"

@@ -145,8 +145,11 @@ TEST_CASE("NCCL: every collective x dtype, out of place and in place", "[gpu]") 
       }
     }
   }
-  HostBuffer halves(DType::u16, 4);
-  CHECK_THROWS_AS(comm.all_reduce(upload(ctx, halves), ReduceOp::Sum, s), DTypeError);
+  // NCCL has no 16-bit integers; the staged backend reduces them as the MPI one does.
+  if (world->backend() == Backend::Nccl) {
+    HostBuffer halves(DType::u16, 4);
+    CHECK_THROWS_AS(comm.all_reduce(upload(ctx, halves), ReduceOp::Sum, s), DTypeError);
+  }
 }
 
 TEST_CASE("NCCL: prescale (pre-multiplied sum) and avg", "[gpu]") {
@@ -344,8 +347,10 @@ TEST_CASE("NCCL: the watchdog turns a collective one rank skips into a TimeoutEr
     REQUIRE(heard->size() == 1);
     CHECK(heard->front() == message);
   }
-  // The staged backend's rank 0 left an MPI request open for the peers' part: they take
-  // part late, so that every rank can end cleanly (rank 0 progresses it in the barrier).
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The staged backend's rank 0 left an MPI request open for the peers' part: once it has
+  // timed out (it is past the barrier), they take part late, so that every rank can end
+  // cleanly (rank 0 progresses the request in the next barrier).
   if (world->rank() != 0 && world->backend() == Backend::Staged) {
     comm->all_reduce(dx, ReduceOp::Sum, ctx.stream()).synchronize();
   }

@@ -59,6 +59,29 @@ int launcher_rank() {
   }
 }
 
+// Open MPI's mpirun does not forward a SIGTERM or Ctrl-C it receives at once: it sends the
+// ranks SIGTERM odls_base_sigkill_timeout seconds later and SIGKILL as long after that (1 s
+// by default: too soon to write the stop checkpoint). The setting reaches the ranks as
+// OMPI_MCA_odls_base_sigkill_timeout; when a run that saves checkpoints was launched without
+// enough of it, rank 0 says how to launch, and which signal stops the job at once.
+constexpr int kStopGraceSeconds = 30;
+
+void warn_if_mpirun_kills_too_soon(const fsdp::train::Recipe& recipe, int rank) {
+  if (rank != 0 || !recipe.checkpoint.save || !std::getenv("OMPI_COMM_WORLD_SIZE")) return;
+  const char* grace = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  char* end = nullptr;
+  const long seconds = grace && *grace ? std::strtol(grace, &end, 10) : 1;
+  if (grace && *grace && (!end || *end != '\0')) return;  // not ours to judge
+  if (seconds >= kStopGraceSeconds) return;
+  std::fprintf(stderr,
+               "warning: a SIGTERM or Ctrl-C to mpirun reaches the ranks with %ld s left "
+               "before mpirun kills them, too little to save the stop checkpoint: launch "
+               "with `mpirun --mca odls_base_sigkill_timeout 120 ...`, or stop the job with "
+               "SIGUSR1 to mpirun (forwarded at once) or SIGTERM to the ranks (as Slurm "
+               "does)\n",
+               seconds);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,6 +119,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    warn_if_mpirun_kills_too_soon(recipe, rank);
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGUSR1, on_stop_signal);
     // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the save

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/data/assets.h"
 #include "runtime/data/llmc_shards.h"
 #include "runtime/data/megatron_indexed.h"
 #include "runtime/data/text_documents.h"
@@ -60,6 +61,45 @@ TEST_CASE("tokenize writes llm.c train and val shards", "[data][tools]") {
   CHECK(train == Tokens(expected.begin(), expected.begin() + 23));
   CHECK(val == Tokens(expected.begin() + 23, expected.end()));
   CHECK(train.front() == 50256);
+}
+
+TEST_CASE("tokenize writes llm.c's Llama 3 shards for a vocabulary past 16 bits, or when asked",
+          "[data][tools]") {
+  using fsdp::data::LlmcShardFormat;
+  const std::string text = scratch_path("tool_llama3.txt");
+  write_bytes(text, "It is a truth universally acknowledged, that a single man in possession\n");
+  // The shipped vocabulary with 20000 more (unreachable) entries: 70257 tokens.
+  const std::string vocab_path = fsdp::data::locate_asset(fsdp::data::kGpt2VocabAsset);
+  nlohmann::json vocab = nlohmann::json::parse(read_bytes(vocab_path));
+  const int shipped = int(vocab.size());
+  for (int i = 0; i < 20000; ++i) vocab["@@extra" + std::to_string(i)] = shipped + i;
+  const std::string big_vocab = scratch_path("big_vocab.json");
+  write_bytes(big_vocab, vocab.dump());
+  const std::string merges = fsdp::data::locate_asset(fsdp::data::kGpt2MergesAsset);
+
+  const std::string gpt2 = scratch_path("as_gpt2"), big = scratch_path("as_big_vocab"),
+                    asked = scratch_path("as_llama3");
+  std::string log;
+  REQUIRE(run_tokenize("--out '" + gpt2 + "' '" + text + "'") == 0);
+  REQUIRE(run_tokenize("--vocab '" + big_vocab + "' --merges '" + merges + "' --out '" + big +
+                           "' '" + text + "'",
+                       &log) == 0);
+  INFO(log);
+  REQUIRE(run_tokenize("--llmc-format llama-3 --out '" + asked + "' '" + text + "'") == 0);
+
+  LlmcShardFormat format = LlmcShardFormat::fsdp_uint32;
+  const Tokens expected =
+      all_tokens(fsdp::data::open_llmc_shard(gpt2 + "_train_000000.bin", &format));
+  CHECK(format == LlmcShardFormat::gpt2);
+  for (const std::string& prefix : {big, asked}) {
+    format = LlmcShardFormat::gpt2;
+    const std::string shard = prefix + "_train_000000.bin";
+    CHECK(all_tokens(fsdp::data::open_llmc_shard(shard, &format)) == expected);
+    CHECK(format == LlmcShardFormat::llama3);
+    CHECK(read_bytes(shard).substr(0, 8) == std::string("\xa1\xd9\x34\x01\x07\0\0\0", 8));
+  }
+  CHECK(run_tokenize("--llmc-format llama3 --out x f.txt", &log) == 2);
+  CHECK(log.find("--llmc-format 'llama3'") != std::string::npos);
 }
 
 TEST_CASE("tokenize writes Megatron data sets, one document per paragraph", "[data][tools]") {

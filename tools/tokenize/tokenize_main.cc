@@ -4,7 +4,9 @@
 //   tokenize [options] --out PREFIX FILES...
 //
 // llm.c format: PREFIX_train_000000.bin, ... (and PREFIX_val_000000.bin with --val-fraction);
-// every document's tokens are preceded by <|endoftext|>, as llm.c's own scripts do.
+// every document's tokens are preceded by <|endoftext|>, as llm.c's own scripts do. The
+// shards are llm.c's GPT-2 kind (uint16 tokens) when the vocabulary fits 16 bits, else its
+// Llama 3 kind (uint32), or as --llmc-format says.
 // Megatron format: PREFIX.bin/.idx (or PREFIX_train.* and PREFIX_val.*), one sequence per
 // document with <|endoftext|> appended, as Megatron-LM's preprocess_data.py --append-eod does.
 #include <algorithm>
@@ -51,6 +53,11 @@ options:
                          object is one document (as Megatron's --json-keys text)
   --workers N            threads (default: every core this process may use)
   --shard-tokens N       llmc: at most N tokens per shard (default 100000000)
+  --llmc-format gpt-2|llama-3
+                         llmc: llm.c's GPT-2 shards (magic 20240520, version 1, uint16
+                         tokens) or its Llama 3 shards (magic 20240801, version 7, uint32
+                         tokens); default gpt-2 when the vocabulary has at most 65536
+                         tokens, else llama-3
   --vocab FILE           vocabulary, encoder.json / vocab.json
                          (default third_party/gpt2_tokenizer/encoder.json)
   --merges FILE          merge rules, vocab.bpe / merges.txt
@@ -67,6 +74,7 @@ struct Options {
   double val_fraction = 0;
   bool split_blank_lines = false;
   uint64_t shard_tokens = 100'000'000;
+  std::string llmc_format;  // "gpt-2" | "llama-3"; empty: by the vocabulary's size
   std::string vocab, merges;
   std::string json_key;
   unsigned workers = 0;  // 0: every core
@@ -126,6 +134,10 @@ bool parse_args(int argc, char** argv, Options& opt) {
       FSDP_CHECK(n >= 1 && n <= 2147483647 && n == static_cast<double>(uint64_t(n)), ConfigError,
                  "--shard-tokens must be a whole number in [1, 2^31 - 1], got ", value);
       opt.shard_tokens = static_cast<uint64_t>(n);
+    } else if (arg == "--llmc-format") {
+      FSDP_CHECK(value == "gpt-2" || value == "llama-3", ConfigError, "--llmc-format '", value,
+                 "': expected gpt-2 or llama-3");
+      opt.llmc_format = value;
     } else if (arg == "--json-key") {
       FSDP_CHECK(!value.empty(), ConfigError, "--json-key needs a member name");
       opt.json_key = value;
@@ -154,23 +166,29 @@ bool parse_args(int argc, char** argv, Options& opt) {
 }
 
 // Writes tokens [begin, end) of the stream as PREFIX_split_000000.bin, ...
-void write_llmc_split(const Options& opt, const std::vector<int32_t>& stream, uint64_t begin,
-                      uint64_t end, const char* split) {
+void write_llmc_split(const Options& opt, data::LlmcShardFormat format,
+                      const std::vector<int32_t>& stream, uint64_t begin, uint64_t end,
+                      const char* split) {
   int shard = 0;
   for (uint64_t first = begin; first < end || shard == 0; first += opt.shard_tokens, ++shard) {
     const uint64_t n = std::min(opt.shard_tokens, end - first);
     char suffix[32];
     std::snprintf(suffix, sizeof(suffix), "_%s_%06d.bin", split, shard);
     const std::string path = opt.out + suffix;
-    data::write_llmc_shard(path, stream.data() + first, n);
-    std::printf("wrote %s (%llu tokens)\n", path.c_str(), static_cast<unsigned long long>(n));
+    data::write_llmc_shard(path, stream.data() + first, n, format);
+    std::printf("wrote %s (%llu tokens, %s)\n", path.c_str(), static_cast<unsigned long long>(n),
+                data::llmc_format_name(format));
   }
 }
 
 using DocumentIds = std::vector<std::vector<int32_t>>;
 
 // As data::tokenize_documents: every document preceded by <|endoftext|>.
-void write_llmc(const Options& opt, int32_t eot, const DocumentIds& docs) {
+void write_llmc(const Options& opt, const data::Gpt2Tokenizer& tokenizer, const DocumentIds& docs) {
+  const bool wide = opt.llmc_format.empty() ? tokenizer.vocab_size() > 65536
+                                            : opt.llmc_format == "llama-3";
+  const auto format = wide ? data::LlmcShardFormat::llama3 : data::LlmcShardFormat::gpt2;
+  const int32_t eot = tokenizer.eot_token();
   std::vector<int32_t> stream;
   for (const auto& ids : docs) {
     stream.push_back(eot);
@@ -178,8 +196,8 @@ void write_llmc(const Options& opt, int32_t eot, const DocumentIds& docs) {
   }
   const uint64_t val = static_cast<uint64_t>(opt.val_fraction * double(stream.size()));
   const uint64_t cut = stream.size() - val;
-  write_llmc_split(opt, stream, 0, cut, "train");
-  if (val > 0) write_llmc_split(opt, stream, cut, stream.size(), "val");
+  write_llmc_split(opt, format, stream, 0, cut, "train");
+  if (val > 0) write_llmc_split(opt, format, stream, cut, stream.size(), "val");
 }
 
 void write_megatron_docs(const std::string& prefix, const data::Gpt2Tokenizer& tokenizer,
@@ -245,7 +263,7 @@ int run(int argc, char** argv) {
   const double encoded =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (opt.format == "llmc") {
-    write_llmc(opt, tokenizer.eot_token(), ids);
+    write_llmc(opt, tokenizer, ids);
   } else {
     write_megatron(opt, tokenizer, ids);
   }

@@ -217,8 +217,8 @@ MegatronWriter::MegatronWriter(const std::string& prefix, TokenType token_type)
   index_.document_indices.push_back(0);
 }
 
-void MegatronWriter::add_document(const int32_t* tokens, uint64_t count) {
-  FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': document added after finish()");
+void MegatronWriter::add_sequence(const int32_t* tokens, uint64_t count) {
+  FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': sequence added after finish()");
   FSDP_CHECK(count <= uint64_t(std::numeric_limits<int32_t>::max()), ValueError, "'", prefix_,
              "': a document of ", count, " tokens is longer than Megatron's int32 lengths allow");
   int64_t lo, hi;
@@ -236,11 +236,17 @@ void MegatronWriter::add_document(const int32_t* tokens, uint64_t count) {
   index_.sequence_pointers.push_back(static_cast<int64_t>(bin_.bytes_written()));
   index_.sequence_lengths.push_back(static_cast<int32_t>(count));
   bin_.write(bytes.data(), bytes.size());
+}
+
+void MegatronWriter::end_document() {
+  FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': document ended after finish()");
   index_.document_indices.push_back(static_cast<int64_t>(index_.num_sequences()));
 }
 
 void MegatronWriter::finish() {
   FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': finish() called twice");
+  FSDP_CHECK(index_.document_indices.back() == int64_t(index_.num_sequences()), ValueError, "'",
+             prefix_, "': sequences added after the last end_document()");
   finished_ = true;
   bin_.close();
   FileWriter idx(prefix_ + ".idx");

@@ -71,17 +71,29 @@ class MegatronDataset {
   uint64_t num_tokens_ = 0;
 };
 
-// Writes PREFIX.bin while documents are added (each one sequence), then PREFIX.idx at finish().
+// Writes PREFIX.bin while sequences are added, then PREFIX.idx at finish(). A document is the
+// sequences added since the previous end_document(), none or several (Megatron's
+// preprocess_data.py writes one sequence per sentence of a pre-split document, and keeps an
+// empty document as a document of no sequences).
 class MegatronWriter {
  public:
   explicit MegatronWriter(const std::string& prefix, TokenType token_type = TokenType::u16);
 
-  // ValueError if a token does not fit the token type.
-  void add_document(const int32_t* tokens, uint64_t count);
+  // Appends a sequence to the current document. ValueError if a token does not fit the
+  // token type.
+  void add_sequence(const int32_t* tokens, uint64_t count);
+  void end_document();
+  // A document of one sequence.
+  void add_document(const int32_t* tokens, uint64_t count) {
+    add_sequence(tokens, count);
+    end_document();
+  }
   void add_document(const std::vector<int32_t>& tokens) {
     add_document(tokens.data(), tokens.size());
   }
-  void finish();  // writes the index; IoError on failure
+  // Writes the index; IoError on failure, ValueError if sequences were added after the last
+  // end_document().
+  void finish();
 
  private:
   std::string prefix_;

@@ -96,6 +96,31 @@ TEST_CASE("Megatron data sets store any integer token width", "[data][megatron]"
   CHECK_THROWS_AS(narrow.add_document(Tokens{255, 256}), fsdp::ValueError);
 }
 
+TEST_CASE("Megatron documents of several sequences, or of none, as preprocess_data.py writes",
+          "[data][megatron]") {
+  const std::string prefix = scratch_path("multi");
+  MegatronWriter writer(prefix);
+  writer.add_document(Tokens{1, 2, 3});  // "first"
+  writer.end_document();                 // "": kept, no sequences
+  writer.add_sequence(Tokens{4, 5}.data(), 2);  // two sentences
+  writer.add_sequence(Tokens{6}.data(), 1);
+  writer.end_document();
+  writer.add_sequence(Tokens{7}.data(), 1);
+  CHECK_THROWS_AS(writer.finish(), fsdp::ValueError);  // the last document was not ended
+  writer.end_document();
+  writer.finish();
+
+  const auto data = std::make_shared<const MegatronDataset>(prefix);
+  CHECK(data->index().document_indices == std::vector<int64_t>{0, 1, 1, 3, 4});
+  CHECK(data->index().sequence_lengths == std::vector<int32_t>{3, 2, 1, 1});
+  CHECK(data->num_documents() == 4);
+  // Samples run over the empty document and keep a document's sequences together.
+  MegatronSource source(data, 6, 1, /*shuffle_documents=*/false, 0, 4);
+  Tokens sample(7);
+  source.read_sample(0, 0, sample.data());
+  CHECK(sample == Tokens{1, 2, 3, 4, 5, 6, 7});
+}
+
 TEST_CASE("corrupt Megatron files raise DataError with file and offset", "[data][megatron]") {
   const auto docs = numbered_documents({4, 6, 2});
   const std::string good_prefix = write_dataset("good", docs);

@@ -197,6 +197,46 @@ TEST_CASE("tokenize on JSON lines (plain and gzip) gives the ids of the extracte
   CHECK(run_tokenize("--json-key text --split-blank-lines --out x f.jsonl", &log) == 2);
 }
 
+TEST_CASE("tokenize keeps Megatron's JSON conventions: empty text, pre-split sentences",
+          "[data][tools]") {
+  // preprocess_data.py --append-eod: an empty "text" is a document of no sequences (document
+  // indices [0, 1, 1, 2] for "first", "", "third"); a list's sentences are one sequence each,
+  // <|endoftext|> after the last one that has tokens.
+  const std::string jsonl = scratch_path("conventions.jsonl");
+  write_bytes(jsonl,
+              "{\"text\": \"first\"}\n{\"text\": \"\"}\n{\"text\": \"third\"}\n"
+              "{\"text\": [\"One sentence.\", \" Another.\", \"\"]}\n{\"text\": []}\n");
+  const std::string out = scratch_path("conventions");
+  std::string log;
+  REQUIRE(run_tokenize("--format megatron --json-key text --out '" + out + "' '" + jsonl + "'",
+                       &log) == 0);
+  INFO(log);
+  const fsdp::data::MegatronDataset data(out);
+  CHECK(data.index().document_indices == std::vector<int64_t>{0, 1, 1, 2, 4, 4});
+  REQUIRE(data.num_sequences() == 4);
+  auto with_eot = [](Tokens t) {
+    t.push_back(50256);
+    return t;
+  };
+  CHECK(all_tokens(data.sequence(0)) == with_eot(shipped_gpt2().encode("first")));
+  CHECK(all_tokens(data.sequence(1)) == with_eot(shipped_gpt2().encode("third")));
+  CHECK(all_tokens(data.sequence(2)) == shipped_gpt2().encode("One sentence."));
+  CHECK(all_tokens(data.sequence(3)) == with_eot(shipped_gpt2().encode(" Another.")));
+
+  // llm.c shards: a document's sentences back to back after <|endoftext|>; documents without
+  // tokens add nothing.
+  REQUIRE(run_tokenize("--format llmc --json-key text --out '" + out + "' '" + jsonl + "'") == 0);
+  Tokens expected;
+  for (const char* doc : {"first", "third"}) {
+    expected.push_back(50256);
+    for (int32_t t : shipped_gpt2().encode(doc)) expected.push_back(t);
+  }
+  expected.push_back(50256);
+  for (const char* sentence : {"One sentence.", " Another."})
+    for (int32_t t : shipped_gpt2().encode(sentence)) expected.push_back(t);
+  CHECK(all_tokens(fsdp::data::open_llmc_shard(out + "_train_000000.bin")) == expected);
+}
+
 TEST_CASE("tokenize on several workers writes the bytes one worker writes", "[data][tools]") {
   // Several files (two of them gzip) and one large document cut into pieces.
   const std::string austen = read_bytes(fsdp::data::locate_asset("third_party/text/austen.txt"));

@@ -8,7 +8,9 @@
 // shards are llm.c's GPT-2 kind (uint16 tokens) when the vocabulary fits 16 bits, else its
 // Llama 3 kind (uint32), or as --llmc-format says.
 // Megatron format: PREFIX.bin/.idx (or PREFIX_train.* and PREFIX_val.*), one sequence per
-// document with <|endoftext|> appended, as Megatron-LM's preprocess_data.py --append-eod does.
+// document (per sentence of a JSON list of pre-split sentences) with <|endoftext|> appended
+// to its last one, and an empty JSON text kept as a document of no sequences, as Megatron-LM's
+// preprocess_data.py --append-eod does.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,8 +51,11 @@ options:
   --val-fraction F       hold out a fraction F in [0, 1) for validation (default 0):
                          the last F of the tokens (llmc) or of the documents (megatron)
   --split-blank-lines    a blank line ends a document (plain text)
-  --json-key KEY         inputs are JSON lines; member KEY (a string) of each line's
-                         object is one document (as Megatron's --json-keys text)
+  --json-key KEY         inputs are JSON lines; member KEY of each line's object is one
+                         document (as Megatron's --json-keys text): a string, or a list
+                         of strings (pre-split sentences: one Megatron sequence each,
+                         back to back in llm.c shards). As in Megatron, an empty text is
+                         an empty document (no sequences); llm.c shards skip it
   --workers N            threads (default: every core this process may use)
   --shard-tokens N       llmc: at most N tokens per shard (default 100000000)
   --llmc-format gpt-2|llama-3
@@ -181,18 +186,23 @@ void write_llmc_split(const Options& opt, data::LlmcShardFormat format,
   }
 }
 
-using DocumentIds = std::vector<std::vector<int32_t>>;
+using fsdp::tokenize::Documents;
+using SentenceIds = std::vector<std::vector<int32_t>>;  // each sentence's ids, in order
 
-// As data::tokenize_documents: every document preceded by <|endoftext|>.
-void write_llmc(const Options& opt, const data::Gpt2Tokenizer& tokenizer, const DocumentIds& docs) {
+// As data::tokenize_documents: every document preceded by <|endoftext|>, its sentences' ids
+// back to back; a document without tokens adds nothing.
+void write_llmc(const Options& opt, const data::Gpt2Tokenizer& tokenizer, const Documents& docs,
+                const SentenceIds& ids) {
   const bool wide = opt.llmc_format.empty() ? tokenizer.vocab_size() > 65536
                                             : opt.llmc_format == "llama-3";
   const auto format = wide ? data::LlmcShardFormat::llama3 : data::LlmcShardFormat::gpt2;
-  const int32_t eot = tokenizer.eot_token();
   std::vector<int32_t> stream;
-  for (const auto& ids : docs) {
-    stream.push_back(eot);
-    stream.insert(stream.end(), ids.begin(), ids.end());
+  for (std::size_t d = 0; d < docs.size(); ++d) {
+    const std::size_t doc_start = stream.size();
+    stream.push_back(tokenizer.eot_token());
+    for (std::size_t s = docs.first_sentence[d]; s < docs.first_sentence[d + 1]; ++s)
+      stream.insert(stream.end(), ids[s].begin(), ids[s].end());
+    if (stream.size() == doc_start + 1) stream.pop_back();
   }
   const uint64_t val = static_cast<uint64_t>(opt.val_fraction * double(stream.size()));
   const uint64_t cut = stream.size() - val;
@@ -200,17 +210,31 @@ void write_llmc(const Options& opt, const data::Gpt2Tokenizer& tokenizer, const 
   if (val > 0) write_llmc_split(opt, format, stream, cut, stream.size(), "val");
 }
 
+// Documents [begin, end) as Megatron's preprocess_data.py --append-eod writes them: one
+// sequence per sentence that has tokens, <|endoftext|> at the end of the last one; a document
+// without tokens is kept, with no sequences (and no <|endoftext|>).
 void write_megatron_docs(const std::string& prefix, const data::Gpt2Tokenizer& tokenizer,
-                         const DocumentIds& docs, std::size_t begin, std::size_t end) {
+                         const Documents& docs, const SentenceIds& ids, std::size_t begin,
+                         std::size_t end) {
   const auto type = tokenizer.vocab_size() <= 65536 ? data::TokenType::u16 : data::TokenType::i32;
   data::MegatronWriter writer(prefix, type);
   uint64_t tokens = 0;
-  std::vector<int32_t> ids;
+  std::vector<int32_t> last;
   for (std::size_t d = begin; d < end; ++d) {
-    ids = docs[d];
-    ids.push_back(tokenizer.eot_token());
-    tokens += ids.size();
-    writer.add_document(ids);
+    std::vector<std::size_t> sentences;  // those with tokens
+    for (std::size_t s = docs.first_sentence[d]; s < docs.first_sentence[d + 1]; ++s)
+      if (!ids[s].empty()) sentences.push_back(s);
+    for (std::size_t i = 0; i + 1 < sentences.size(); ++i) {
+      writer.add_sequence(ids[sentences[i]].data(), ids[sentences[i]].size());
+      tokens += ids[sentences[i]].size();
+    }
+    if (!sentences.empty()) {
+      last = ids[sentences.back()];
+      last.push_back(tokenizer.eot_token());
+      writer.add_sequence(last.data(), last.size());
+      tokens += last.size();
+    }
+    writer.end_document();
   }
   writer.finish();
   std::printf("wrote %s.bin/.idx (%zu documents, %llu tokens)\n", prefix.c_str(), end - begin,
@@ -218,9 +242,9 @@ void write_megatron_docs(const std::string& prefix, const data::Gpt2Tokenizer& t
 }
 
 void write_megatron(const Options& opt, const data::Gpt2Tokenizer& tokenizer,
-                    const DocumentIds& docs) {
+                    const Documents& docs, const SentenceIds& ids) {
   if (opt.val_fraction == 0) {
-    write_megatron_docs(opt.out, tokenizer, docs, 0, docs.size());
+    write_megatron_docs(opt.out, tokenizer, docs, ids, 0, docs.size());
     return;
   }
   // Whole documents go to validation: at least one, and at least one stays for training.
@@ -228,8 +252,8 @@ void write_megatron(const Options& opt, const data::Gpt2Tokenizer& tokenizer,
              "least 2 documents, got ", docs.size(), " (try --split-blank-lines)");
   std::size_t val = static_cast<std::size_t>(opt.val_fraction * double(docs.size()) + 0.5);
   val = std::min(std::max<std::size_t>(val, 1), docs.size() - 1);
-  write_megatron_docs(opt.out + "_train", tokenizer, docs, 0, docs.size() - val);
-  write_megatron_docs(opt.out + "_val", tokenizer, docs, docs.size() - val, docs.size());
+  write_megatron_docs(opt.out + "_train", tokenizer, docs, ids, 0, docs.size() - val);
+  write_megatron_docs(opt.out + "_val", tokenizer, docs, ids, docs.size() - val, docs.size());
 }
 
 int run(int argc, char** argv) {
@@ -247,25 +271,24 @@ int run(int argc, char** argv) {
   fsdp::tokenize::InputFormat format;
   format.json_key = opt.json_key;
   format.split_blank_lines = opt.split_blank_lines;
-  const std::vector<std::string> docs =
-      fsdp::tokenize::read_all_documents(opt.files, format, workers);
-  FSDP_CHECK(!docs.empty(), fsdp::DataError, "the input files hold no text");
+  const Documents docs = fsdp::tokenize::read_all_documents(opt.files, format, workers);
+  FSDP_CHECK(docs.size() > 0, fsdp::DataError, "the input files hold no text");
   uint64_t bytes = 0;
-  for (const auto& d : docs) bytes += d.size();
+  for (const auto& sentence : docs.sentences) bytes += sentence.size();
   std::printf("%zu file(s), %zu document(s), %llu bytes, %u worker(s)\n", opt.files.size(),
               docs.size(), static_cast<unsigned long long>(bytes), workers);
   std::fflush(stdout);
   fsdp::tokenize::EncodeOptions encode;
   encode.workers = workers;
-  const DocumentIds ids = fsdp::tokenize::encode_documents(tokenizer, docs, encode);
+  const SentenceIds ids = fsdp::tokenize::encode_documents(tokenizer, docs.sentences, encode);
   uint64_t tokens = 0;
   for (const auto& d : ids) tokens += d.size();
   const double encoded =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (opt.format == "llmc") {
-    write_llmc(opt, tokenizer, ids);
+    write_llmc(opt, tokenizer, docs, ids);
   } else {
-    write_megatron(opt, tokenizer, ids);
+    write_megatron(opt, tokenizer, docs, ids);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

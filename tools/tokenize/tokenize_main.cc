@@ -219,20 +219,22 @@ void write_megatron_docs(const std::string& prefix, const data::Gpt2Tokenizer& t
   const auto type = tokenizer.vocab_size() <= 65536 ? data::TokenType::u16 : data::TokenType::i32;
   data::MegatronWriter writer(prefix, type);
   uint64_t tokens = 0;
-  std::vector<int32_t> last;
+  std::vector<int32_t> with_eot;
   for (std::size_t d = begin; d < end; ++d) {
-    std::vector<std::size_t> sentences;  // those with tokens
-    for (std::size_t s = docs.first_sentence[d]; s < docs.first_sentence[d + 1]; ++s)
-      if (!ids[s].empty()) sentences.push_back(s);
-    for (std::size_t i = 0; i + 1 < sentences.size(); ++i) {
-      writer.add_sequence(ids[sentences[i]].data(), ids[sentences[i]].size());
-      tokens += ids[sentences[i]].size();
-    }
-    if (!sentences.empty()) {
-      last = ids[sentences.back()];
-      last.push_back(tokenizer.eot_token());
-      writer.add_sequence(last.data(), last.size());
-      tokens += last.size();
+    const std::size_t first = docs.first_sentence[d], stop = docs.first_sentence[d + 1];
+    std::size_t last = stop;  // the last sentence with tokens, if any
+    for (std::size_t s = first; s < stop; ++s)
+      if (!ids[s].empty()) last = s;
+    for (std::size_t s = first; s < stop; ++s) {
+      if (ids[s].empty()) continue;
+      const std::vector<int32_t>* sequence = &ids[s];
+      if (s == last) {
+        with_eot = ids[s];
+        with_eot.push_back(tokenizer.eot_token());
+        sequence = &with_eot;
+      }
+      writer.add_sequence(sequence->data(), sequence->size());
+      tokens += sequence->size();
     }
     writer.end_document();
   }

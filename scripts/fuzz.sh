@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-ALL_TARGETS=(recipe safetensors metadata llmc_shard megatron_idx tokenizer rendezvous)
+ALL_TARGETS=(recipe safetensors metadata llmc_shard megatron_idx tokenizer tokenize_jsonl rendezvous)
 [ ${#targets[@]} -eq 0 ] && targets=("${ALL_TARGETS[@]}")
 for t in "${targets[@]}"; do
   [ -d "tests/fuzz/corpus/$t" ] || { echo "error: no fuzz target \"$t\" (${ALL_TARGETS[*]})" >&2; exit 2; }

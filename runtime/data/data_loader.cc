@@ -11,6 +11,16 @@
 namespace fsdp::data {
 namespace {
 
+// How messages name the data a spec opens: its label, `what` it is, and for a split the part
+// used, in `unit`s ("tokens", "documents") of the whole.
+std::string name_of(const DataSpec& spec, const std::string& what, const char* unit,
+                    uint64_t begin, uint64_t end, uint64_t total) {
+  std::string name = spec.label.empty() ? what : str_cat(spec.label, " of ", what);
+  if (spec.split != DataSplit::all)
+    name += str_cat(" (", unit, " [", begin, ", ", end, ") of ", total, ")");
+  return name;
+}
+
 std::unique_ptr<SampleSource> open_llmc(const DataSpec& spec, int64_t seq_len) {
   std::vector<TokenArray> shards;
   for (const std::string& path : expand_glob(spec.path)) shards.push_back(open_llmc_shard(path));
@@ -18,8 +28,9 @@ std::unique_ptr<SampleSource> open_llmc(const DataSpec& spec, int64_t seq_len) {
   for (const TokenArray& shard : shards) total += shard.count;
   uint64_t begin, end;
   split_range(total, spec.split, spec.holdout_fraction, begin, end);
+  const std::string what = str_cat("llm.c shards '", spec.path, "'");
   return std::make_unique<TokenStreamSource>(std::move(shards), seq_len, begin, end,
-                                             str_cat("llm.c shards '", spec.path, "'"));
+                                             name_of(spec, what, "tokens", begin, end, total));
 }
 
 std::unique_ptr<SampleSource> open_text(const DataSpec& spec, int64_t seq_len) {
@@ -27,23 +38,28 @@ std::unique_ptr<SampleSource> open_text(const DataSpec& spec, int64_t seq_len) {
       locate_asset(spec.vocab_file.empty() ? kGpt2VocabAsset : spec.vocab_file),
       locate_asset(spec.merges_file.empty() ? kGpt2MergesAsset : spec.merges_file));
   const std::vector<std::string> files = expand_glob(spec.path);
-  const std::string name = str_cat("text '", spec.path, "' (tokenized in memory)");
+  const std::string what = str_cat("text '", spec.path, "', tokenized in memory");
   std::vector<TokenArray> stream;
   stream.push_back(tokens_in_memory(
       tokenize_documents(tokenizer, read_text_documents(files, /*split_on_blank_lines=*/false)),
-      name));
+      what));
+  const uint64_t total = stream[0].count;
   uint64_t begin, end;
-  split_range(stream[0].count, spec.split, spec.holdout_fraction, begin, end);
-  return std::make_unique<TokenStreamSource>(std::move(stream), seq_len, begin, end, name);
+  split_range(total, spec.split, spec.holdout_fraction, begin, end);
+  return std::make_unique<TokenStreamSource>(std::move(stream), seq_len, begin, end,
+                                             name_of(spec, what, "tokens", begin, end, total));
 }
 
 std::unique_ptr<SampleSource> open_megatron(const DataSpec& spec, int64_t seq_len,
                                             uint64_t seed) {
   auto data = std::make_shared<const MegatronDataset>(spec.path);
+  const uint64_t total = data->num_documents();
   uint64_t begin, end;
-  split_range(data->num_documents(), spec.split, spec.holdout_fraction, begin, end);
-  return std::make_unique<MegatronSource>(std::move(data), seq_len, seed,
-                                          spec.shuffle, begin, end);
+  split_range(total, spec.split, spec.holdout_fraction, begin, end);
+  const std::string what = str_cat("Megatron data set '", spec.path, "'");
+  return std::make_unique<MegatronSource>(std::move(data), seq_len, seed, spec.shuffle, begin,
+                                          end,
+                                          name_of(spec, what, "documents", begin, end, total));
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ struct DataSpec {
   // that last part (tokens for text and llm.c, whole documents for Megatron).
   DataSplit split = DataSplit::all;
   double holdout_fraction = 0;
+  // What the caller calls this data, for messages ("validation split (dataset.val_fraction =
+  // 0.05)"); they read "LABEL of llm.c shards 'PATH' (tokens [95, 100) of 100): ...". Empty:
+  // no label; a split's range is named either way.
+  std::string label;
   // Shuffle the sample order per epoch (and, for Megatron, the document order); off reads
   // the data in file order (validation, debugging).
   bool shuffle = true;

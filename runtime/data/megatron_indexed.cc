@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "runtime/core/error.h"
 
@@ -10,7 +11,8 @@ namespace {
 
 constexpr uint64_t kMegatronVersion = 1;
 
-// Megatron's dtype codes. Codes 6 (float64) and 7 (float32) exist but hold no tokens.
+// Megatron's dtype codes (its DType enum): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64,
+// 6 float64, 7 float32, 8 uint16. Every integer one is a token type we read.
 bool token_type_from_code(uint8_t code, TokenType& type) {
   switch (code) {
     case 1: type = TokenType::u8; return true;
@@ -21,6 +23,33 @@ bool token_type_from_code(uint8_t code, TokenType& type) {
     case 8: type = TokenType::u16; return true;
     default: return false;
   }
+}
+
+// Why a dtype code holds no tokens, for the error message.
+std::string refused_code(uint8_t code) {
+  if (code == 6 || code == 7)
+    return str_cat("dtype code ", int(code), " is ", code == 6 ? "float64" : "float32",
+                   ", which holds no tokens");
+  return str_cat("dtype code ", int(code), " is not one of Megatron's");
+}
+
+// The bytes per token that `bytes` holding `tokens` tokens imply, when that is a width of
+// Megatron's token dtypes (1, 2, 4 or 8) other than `item`; 0 otherwise. A dtype code other
+// than the one the data was written with shows this way.
+uint64_t other_width(uint64_t bytes, uint64_t tokens, uint64_t item) {
+  if (tokens == 0 || bytes % tokens != 0) return 0;
+  const uint64_t width = bytes / tokens;
+  const bool token_width = width == 1 || width == 2 || width == 4 || width == 8;
+  return token_width && width != item ? width : 0;
+}
+
+// The message's ending for a width other_width() found (empty for 0).
+std::string width_hint(uint64_t width, TokenType type) {
+  if (width == 0) return "";
+  return str_cat(": that is ", width, " bytes per token, not the ", token_type_size(type), " of ",
+                 token_type_name(type), ", so the data was probably written with another dtype "
+                 "(Megatron writes uint16, code 8, for vocabularies under 65500 tokens, else "
+                 "int32, code 4)");
 }
 
 uint8_t code_of(TokenType type) {
@@ -65,9 +94,8 @@ MegatronIndex read_megatron_index(const std::string& path) {
   MegatronIndex index;
   const uint8_t code = p[17];
   FSDP_CHECK(token_type_from_code(code, index.token_type), DataError, "'", path,
-             "' byte offset 17: dtype code ", int(code),
-             " is not an integer token type (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, "
-             "8 uint16)");
+             "' byte offset 17: ", refused_code(code),
+             " (token dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16)");
   const uint64_t num_seqs = load_le<uint64_t>(p + 18);
   const uint64_t num_doc_indices = load_le<uint64_t>(p + 26);
 
@@ -104,6 +132,23 @@ MegatronIndex read_megatron_index(const std::string& path) {
                lengths_at + 4 * i, ": sequence ", i, " has negative length ",
                index.sequence_lengths[i]);
   }
+  // Megatron's writer puts the sequences back to back from byte 0 of the .bin file: each
+  // pointer is the bytes of the sequences before it. A dtype code other than the one the
+  // data was written with breaks this (1 on uint16 data halves every token, 8 on int32 data
+  // reads the halves of each token as two), so it is caught here rather than trained on.
+  const uint64_t item = token_type_size(index.token_type);
+  uint64_t expected = 0;  // stays below 2^63 + 2^34: it grows only while pointers match
+  for (uint64_t i = 0; i < num_seqs; ++i) {
+    const int64_t pointer = index.sequence_pointers[i];
+    FSDP_CHECK(pointer >= 0 && uint64_t(pointer) == expected, DataError, "'", path,
+               "' byte offset ", pointers_at + 8 * i, ": sequence ", i, " starts at .bin byte ",
+               pointer, ", but the sequences before it end at byte ", expected, " (",
+               expected / item, " tokens of ", token_type_name(index.token_type),
+               ", dtype code ", int(code), " at byte offset 17)",
+               width_hint(other_width(uint64_t(pointer), expected / item, item),
+                          index.token_type));
+    expected += uint64_t(index.sequence_lengths[i]) * item;
+  }
   const auto& docs = index.document_indices;
   for (uint64_t d = 0; d < num_doc_indices; ++d) {
     const bool ok = d == 0 ? docs[0] == 0 : docs[d] >= docs[d - 1];
@@ -121,18 +166,32 @@ MegatronDataset::MegatronDataset(const std::string& prefix)
     : prefix_(prefix), index_(read_megatron_index(prefix + ".idx")) {
   const std::string bin_path = prefix + ".bin";
   bin_ = std::make_shared<const MappedFile>(bin_path);
+  for (const int32_t length : index_.sequence_lengths) num_tokens_ += uint64_t(length);
+  // The pointers are checked to run back to back from byte 0, so the sequences fill the
+  // .bin file exactly when its size is the tokens' bytes.
   const uint64_t item = token_type_size(index_.token_type);
+  const uint64_t expected = num_tokens_ * item;
   const uint64_t bin_size = bin_->size();
-  for (uint64_t i = 0; i < num_sequences(); ++i) {
+  // What the index says, for the messages: "12 tokens of uint16 (x.idx byte offset 17)".
+  const std::string described =
+      str_cat(num_tokens_, " tokens of ", token_type_name(index_.token_type), " (dtype code at ",
+              prefix, ".idx byte offset 17)");
+  const std::string hint = width_hint(other_width(bin_size, num_tokens_, item), index_.token_type);
+  if (bin_size < expected) {
+    uint64_t i = 0;  // the first sequence that does not fit
+    while (uint64_t(index_.sequence_pointers[i]) + uint64_t(index_.sequence_lengths[i]) * item <=
+           bin_size)
+      ++i;
     const int64_t start = index_.sequence_pointers[i];
-    const uint64_t bytes = uint64_t(index_.sequence_lengths[i]) * item;
-    const bool inside = start >= 0 && uint64_t(start) <= bin_size && bytes <= bin_size - start;
-    FSDP_CHECK(inside, DataError, "'", bin_path, "': sequence ", i, " (", prefix,
-               ".idx byte offset ", kMegatronHeaderBytes + 4 * num_sequences() + 8 * i,
-               ") spans bytes [", start, ", ", start + int64_t(bytes), ") but the file has ",
-               bin_size, " bytes (truncated at byte offset ", bin_size, "?)");
-    num_tokens_ += uint64_t(index_.sequence_lengths[i]);
+    FSDP_THROW(DataError, "'", bin_path, "': truncated at byte offset ", bin_size, ": sequence ",
+               i, " (", prefix, ".idx byte offset ",
+               kMegatronHeaderBytes + 4 * num_sequences() + 8 * i, ") spans bytes [", start, ", ",
+               start + int64_t(index_.sequence_lengths[i] * item),
+               "), and the index describes ", described, ", ", expected, " bytes", hint);
   }
+  FSDP_CHECK(bin_size == expected, DataError, "'", bin_path, "': ", bin_size - expected,
+             " unexpected bytes from byte offset ", expected, " after the ", described,
+             " the index describes", hint);
 }
 
 TokenArray MegatronDataset::sequence(uint64_t i) const {
@@ -158,8 +217,8 @@ MegatronWriter::MegatronWriter(const std::string& prefix, TokenType token_type)
   index_.document_indices.push_back(0);
 }
 
-void MegatronWriter::add_document(const int32_t* tokens, uint64_t count) {
-  FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': document added after finish()");
+void MegatronWriter::add_sequence(const int32_t* tokens, uint64_t count) {
+  FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': sequence added after finish()");
   FSDP_CHECK(count <= uint64_t(std::numeric_limits<int32_t>::max()), ValueError, "'", prefix_,
              "': a document of ", count, " tokens is longer than Megatron's int32 lengths allow");
   int64_t lo, hi;
@@ -177,11 +236,17 @@ void MegatronWriter::add_document(const int32_t* tokens, uint64_t count) {
   index_.sequence_pointers.push_back(static_cast<int64_t>(bin_.bytes_written()));
   index_.sequence_lengths.push_back(static_cast<int32_t>(count));
   bin_.write(bytes.data(), bytes.size());
+}
+
+void MegatronWriter::end_document() {
+  FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': document ended after finish()");
   index_.document_indices.push_back(static_cast<int64_t>(index_.num_sequences()));
 }
 
 void MegatronWriter::finish() {
   FSDP_CHECK(!finished_, ValueError, "'", prefix_, "': finish() called twice");
+  FSDP_CHECK(index_.document_indices.back() == int64_t(index_.num_sequences()), ValueError, "'",
+             prefix_, "': sequences added after the last end_document()");
   finished_ = true;
   bin_.close();
   FileWriter idx(prefix_ + ".idx");

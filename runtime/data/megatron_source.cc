@@ -9,19 +9,21 @@ namespace fsdp::data {
 
 MegatronSource::MegatronSource(std::shared_ptr<const MegatronDataset> data, int64_t seq_len,
                                uint64_t seed, bool shuffle_documents, uint64_t first_document,
-                               uint64_t end_document)
+                               uint64_t end_document, std::string name)
     : data_(std::move(data)), seq_len_(seq_len), seed_(seed),
       shuffle_documents_(shuffle_documents), first_document_(first_document),
-      end_document_(end_document) {
+      end_document_(end_document), name_(std::move(name)) {
   FSDP_CHECK(seq_len_ >= 1, ValueError, "sequence length must be at least 1, got ", seq_len_);
   FSDP_ASSERT(first_document_ <= end_document_ && end_document_ <= data_->num_documents());
   const auto& index = data_->index();
   const int64_t first_seq = index.document_indices[first_document_];
   const int64_t end_seq = index.document_indices[end_document_];
   for (int64_t s = first_seq; s < end_seq; ++s) num_tokens_ += uint64_t(index.sequence_lengths[s]);
-  FSDP_CHECK(num_tokens_ >= uint64_t(seq_len_) + 1, DataError, "'", data_->prefix(),
-             "' documents [", first_document_, ", ", end_document_, ") hold ", num_tokens_,
-             " tokens, too few for one sample of seq_len + 1 = ", seq_len_ + 1, " tokens");
+  if (name_.empty())
+    name_ = str_cat("'", data_->prefix(), "' documents [", first_document_, ", ", end_document_,
+                    ")");
+  FSDP_CHECK(num_tokens_ >= uint64_t(seq_len_) + 1, DataError, name_, ": ", num_tokens_,
+             " tokens are too few for one sample of seq_len + 1 = ", seq_len_ + 1, " tokens");
   num_samples_ = (num_tokens_ - 1) / uint64_t(seq_len_);
 }
 

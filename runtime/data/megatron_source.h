@@ -17,9 +17,11 @@ class MegatronSource : public SampleSource {
  public:
   // Uses documents [first_document, end_document) (a held-out split takes a range). With
   // shuffle_documents false the documents keep their file order in every epoch. DataError if
-  // those documents hold fewer than T + 1 tokens.
+  // those documents hold fewer than T + 1 tokens, naming the data as `name` (empty: its
+  // prefix and the documents used).
   MegatronSource(std::shared_ptr<const MegatronDataset> data, int64_t seq_len, uint64_t seed,
-                 bool shuffle_documents, uint64_t first_document, uint64_t end_document);
+                 bool shuffle_documents, uint64_t first_document, uint64_t end_document,
+                 std::string name = "");
 
   int64_t seq_len() const override { return seq_len_; }
   uint64_t num_samples() const override { return num_samples_; }
@@ -36,6 +38,7 @@ class MegatronSource : public SampleSource {
   uint64_t seed_;
   bool shuffle_documents_;
   uint64_t first_document_, end_document_;
+  std::string name_;
   uint64_t num_tokens_ = 0;  // in the documents used
   uint64_t num_samples_ = 0;
 

@@ -1,5 +1,6 @@
-// A read-only run of tokens as a data file stores them (uint16 in llm.c shards, any integer
-// width in Megatron .bin files), with the file name and byte offset that error messages need.
+// A read-only run of tokens as a data file stores them (uint16 or uint32 in llm.c shards, any
+// integer width in Megatron .bin files), with the file name and byte offset that error
+// messages need.
 #pragma once
 
 #include <cstdint>

@@ -96,6 +96,22 @@ std::optional<int64_t> RunCheckpoints::resume() {
   dir = checkpoint::all_gather_strings(*parts_.ctx, parts_.world, dir)[0];
   if (dir.empty()) return std::nullopt;
 
+  // The sample order is drawn from dataset.seed alone: resuming part-way through the data
+  // with another seed would repeat some samples and never read others. (A checkpoint that
+  // has read no data yet, as `convert import` writes, takes any seed.) Checked before
+  // anything is loaded.
+  checkpoint::run_on_every_rank(*parts_.ctx, parts_.world, [&] {
+    const checkpoint::CheckpointReader saved(dir);
+    const int64_t saved_seed = int64_t(saved.metadata().data_seed);
+    const int64_t seed = recipe_.dataset.seed;
+    FSDP_CHECK(saved.metadata().consumed_samples == 0 || saved_seed == seed, ConfigError,
+               "dataset.seed = ", seed, " but checkpoint ", dir, " was saved by a run with "
+               "dataset.seed = ", saved_seed, " after ", saved.metadata().consumed_samples,
+               " samples: the data order is drawn from the seed, so resuming with another one "
+               "would repeat some samples and skip others; resume with dataset.seed=",
+               saved_seed, ", or start fresh (--no-resume or checkpoint.load=null)");
+  });
+
   const auto t0 = std::chrono::steady_clock::now();
   checkpoint::LoadOptions options;
   options.buffers = model_buffers(*parts_.ctx, parts_.model->model(), parts_.fp8);

@@ -5,7 +5,10 @@
 // directory resumes from that checkpoint, or from the newest in that save directory (an
 // error if it holds neither); null starts fresh. A resume restores the master weights, the
 // optimizer's moments and step count, the MoE layers' expert biases, the FP8 amax
-// histories, the step, and the data loader's position, so that a run resumed with the same world size continues bit for bit.
+// histories, the step, and the data loader's position, so that a run resumed with the same
+// world size continues bit for bit. A resume with another dataset.seed than the checkpoint's
+// is refused (ConfigError naming the key and both values), as the data order depends on it,
+// unless the checkpoint has read no data yet (an import).
 // Any other world size, strategy and expert-parallel size may resume too (the checkpoint is
 // resharded on load; experts are stored by their global index).
 //

@@ -70,7 +70,7 @@ struct DatasetSection {
   std::string train_path;            // a file, a glob, or a Megatron prefix
   std::optional<std::string> val_path;
   int64_t seed = 0;
-  double val_fraction = 0;           // text only: the tail of the text held out
+  double val_fraction = 0;           // held out from the training data's tail (every format)
   bool shuffle = true;               // training samples in a seeded permutation per epoch
 };
 

@@ -121,7 +121,8 @@ std::vector<FieldSpec> build_schema() {
       KEY(dataset.train_path).default_to("third_party/text/austen.txt").help_text(
           "Training data: a file, a glob of shards, or a Megatron prefix (without .bin/.idx)."),
       KEY(dataset.val_path).default_to(nullptr).help_text(
-          "Validation data in the same format; null = none (text: the held-out tail)."),
+          "Validation data in the same format; null = the training data's held-out tail "
+          "(dataset.val_fraction), or none when that is 0."),
       KEY(dataset.seed).default_to(1234).help_text("Seed of the sample shuffle."),
       KEY(dataset.shuffle).default_to(true).help_text(
           "Read the training samples in a seeded permutation drawn anew each epoch, over every "
@@ -129,7 +130,9 @@ std::vector<FieldSpec> build_schema() {
           "and Megatron's loaders do; false = file order (for debugging: consecutive windows of "
           "one document learn less per token). Validation data is always read in file order."),
       KEY(dataset.val_fraction).default_to(0.05).at_least(0).less_than(1).help_text(
-          "Text only: fraction of the text held out for validation when val_path is null."),
+          "Fraction of the training data held out for validation when val_path is null, in "
+          "every format: the last tokens of text and of llm.c shards (in sorted file order), "
+          "the last whole documents of a Megatron data set. 0 = no validation without val_path."),
 
       // train
       KEY(train.train_iters).default_to(1000).at_least(1).help_text("Optimizer steps."),

@@ -105,9 +105,12 @@ data::DataSpec train_data_of(const Recipe& r) {
   s.vocab_file = r.tokenizer.vocab_file;
   s.merges_file = r.tokenizer.merges_file;
   s.shuffle = r.dataset.shuffle;
+  s.label = "training data (dataset.train_path)";
   if (!r.dataset.val_path && r.dataset.val_fraction > 0) {
     s.split = data::DataSplit::head;
     s.holdout_fraction = r.dataset.val_fraction;
+    s.label = str_cat("training split (dataset.train_path less its last dataset.val_fraction = ",
+                      r.dataset.val_fraction, ")");
   }
   return s;
 }
@@ -120,8 +123,11 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
     s.path = *r.dataset.val_path;
     s.split = data::DataSplit::all;
     s.holdout_fraction = 0;
+    s.label = "validation data (dataset.val_path)";
   } else if (r.dataset.val_fraction > 0) {
     s.split = data::DataSplit::tail;
+    s.label = str_cat("validation split (the last dataset.val_fraction = ", r.dataset.val_fraction,
+                      " of dataset.train_path)");
   } else {
     *has_val = false;
   }

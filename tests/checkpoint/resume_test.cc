@@ -15,6 +15,8 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
+#include "tools/convert/hf_export.h"
+#include "tools/convert/hf_import.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;
@@ -170,6 +172,38 @@ TEST_CASE("a checkpoint of another model shape is refused, naming the parameter"
   CHECK_THROWS_WITH(run_training(tiny_recipe(dir, data, {"model.d_model=64"})),
                     Contains("\"h.0.") && Contains(", 32) in the checkpoint but (") && Contains(", 64) in the model"));
   CHECK(testing::snapshot_directory(dir + "/ckpt") == before);
+}
+
+TEST_CASE("a resume with another dataset.seed is refused, naming the key and both values",
+          "[checkpoint][mpi]") {
+  const std::string dir = testing::shared_scratch_dir("data_seed");
+  const std::string data = write_tokens(dir);
+  run_training(tiny_recipe(dir, data, {"train.train_iters=4"}));  // saved with seed 7
+  const Recipe other = tiny_recipe(dir, data, {"train.train_iters=8", "dataset.seed=8"});
+  CHECK_THROWS_AS(run_training(other), ConfigError);
+  CHECK_THROWS_WITH(run_training(other), Contains("dataset.seed = 8") &&
+                                             Contains("step_000004") &&
+                                             Contains("dataset.seed = 7") &&
+                                             Contains("dataset.seed=7"));
+  // The same seed resumes; a fresh start may take any seed.
+  CHECK(run_training(tiny_recipe(dir, data, {"train.train_iters=8"})).first_step == 4);
+  CHECK(run_training(other, /*resume=*/false).first_step == 0);
+
+  // So may a checkpoint that has read no data: `convert import`'s step 0 (saved with seed 0).
+  if (testing::world_rank() == 0) {
+    Context ctx;
+    convert::ExportOptions no_batch;
+    no_batch.check_batch = false;
+    convert::export_hf(dir + "/ckpt", dir + "/hf", no_batch);
+    convert::write_step0_checkpoint(ctx, convert::read_hf_model(ctx, dir + "/hf", 128),
+                                    dir + "/imported");
+  }
+  testing::barrier_all_ranks();
+  const TrainResult from_import = run_training(tiny_recipe(
+      dir, data, {"train.train_iters=4", "dataset.seed=8", "checkpoint.load=" + dir + "/imported",
+                  "checkpoint.save=" + dir + "/from_import"}));
+  CHECK(from_import.first_step == 0);
+  CHECK(from_import.steps == 4);
 }
 
 TEST_CASE("--no-resume and checkpoint.load=null start fresh; a load path without a checkpoint is an error",

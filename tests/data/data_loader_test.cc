@@ -304,3 +304,34 @@ TEST_CASE("plain text is tokenized with EOT before each file and split head/tail
   CHECK(tail.num_samples() == 1);
   CHECK(next_batch(tail).inputs == Tokens{2068, 7586});
 }
+
+TEST_CASE("a held-out split too small for one sample names the split, in every format",
+          "[data][loader]") {
+  // 100 tokens in one llm.c shard; a Megatron set of 10 documents of 10 tokens.
+  std::vector<int32_t> tokens(100);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  fsdp::data::write_llmc_shard(scratch_path("split_tokens.bin"), tokens.data(), tokens.size());
+  fsdp::data::MegatronWriter writer(scratch_path("split_docs"));
+  for (int d = 0; d < 10; ++d) writer.add_document(tokens.data() + 10 * d, 10);
+  writer.finish();
+
+  for (const DataFormat format : {DataFormat::llmc, DataFormat::megatron}) {
+    const bool llmc = format == DataFormat::llmc;
+    DataSpec spec;
+    spec.format = format;
+    spec.path = scratch_path(llmc ? "split_tokens.bin" : "split_docs");
+    spec.split = DataSplit::tail;
+    spec.holdout_fraction = 0.1;  // 10 tokens, or 1 document of 10 tokens
+    spec.label = "validation split (the last held_out = 0.1)";
+    try {
+      DataLoader loader(spec, 1, 16, 0, 1, 0);
+      FAIL("a split of 10 tokens gave samples of 17");
+    } catch (const fsdp::DataError& e) {
+      const std::string m = e.what();
+      CHECK_THAT(m, Catch::Contains("validation split (the last held_out = 0.1) of "));
+      CHECK_THAT(m, Catch::Contains(spec.path));
+      CHECK_THAT(m, Catch::Contains(llmc ? "(tokens [90, 100) of 100): 10 tokens are too few"
+                                         : "(documents [9, 10) of 10): 10 tokens are too few"));
+    }
+  }
+}

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/error.h"
@@ -57,16 +58,73 @@ TEST_CASE("llm.c shards round-trip, with llm.c's exact layout", "[data][llmc]") 
   CHECK(all_tokens(shard) == tokens);
 }
 
-TEST_CASE("version 2 shards hold 32-bit tokens", "[data][llmc]") {
-  const std::string path = scratch_path("v2.bin");
-  const std::vector<int32_t> tokens = {128000, 5, 70000};
-  write_llmc_shard(path, tokens.data(), tokens.size(), /*version=*/2);
-  const auto shard = open_llmc_shard(path);
+namespace {
+
+// A shard as llm.c's dev/data/data_common.py write_datafile lays it out: 256 int32 (magic,
+// version, token count, zeros), then the tokens as T.
+template <typename T>
+std::string shard_bytes(int32_t magic, int32_t version, const std::vector<int32_t>& tokens) {
+  std::string bytes;
+  std::vector<int32_t> header(256, 0);
+  header[0] = magic;
+  header[1] = version;
+  header[2] = int32_t(tokens.size());
+  for (int32_t h : header) fsdp::testing::put(bytes, h);
+  for (int32_t t : tokens) fsdp::testing::put(bytes, T(t));
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("llm.c's Llama 3 shards: magic 20240801, version 7, uint32 tokens", "[data][llmc]") {
+  using fsdp::data::LlmcShardFormat;
+  const std::vector<int32_t> tokens = {128000, 5, 70000, 128001};
+  const std::string llmc_bytes = shard_bytes<uint32_t>(20240801, 7, tokens);
+  const std::string path = scratch_path("llama3.bin");
+  write_bytes(path, llmc_bytes);
+  LlmcShardFormat format = LlmcShardFormat::gpt2;
+  const auto shard = open_llmc_shard(path, &format);
+  CHECK(format == LlmcShardFormat::llama3);
   CHECK(shard.type == TokenType::u32);
   CHECK(all_tokens(shard) == tokens);
-  // A version-1 shard cannot hold them.
-  CHECK_THROWS_AS(write_llmc_shard(scratch_path("v1_too_big.bin"), tokens.data(), 3),
+
+  // Our writer writes the same bytes; a GPT-2 shard cannot hold the tokens.
+  const std::string written = scratch_path("llama3_written.bin");
+  write_llmc_shard(written, tokens.data(), tokens.size(), LlmcShardFormat::llama3);
+  CHECK(read_bytes(written) == llmc_bytes);
+  CHECK_THROWS_AS(write_llmc_shard(scratch_path("gpt2_too_big.bin"), tokens.data(), 3),
                   fsdp::ValueError);
+
+  // Llama 3's magic with another version, or its version under GPT-2's magic, is refused.
+  for (const auto& [magic, version] : {std::pair<int32_t, int32_t>{20240801, 1}, {20240520, 7}}) {
+    const std::string bad = scratch_path("llama3_version_" + std::to_string(magic) + ".bin");
+    write_bytes(bad, shard_bytes<uint32_t>(magic, version, tokens));
+    CHECK_THROWS_WITH(open_llmc_shard(bad),
+                      Catch::Contains("byte offset 4") &&
+                          Catch::Contains("version " + std::to_string(version)) &&
+                          Catch::Contains("20240801 version 7 (llm.c Llama 3"));
+  }
+}
+
+TEST_CASE("fsdp.cpp's own version 2 shards are still read, named as ours, never written",
+          "[data][llmc]") {
+  using fsdp::data::LlmcShardFormat;
+  const std::vector<int32_t> tokens = {128000, 5, 70000};
+  const std::string path = scratch_path("fsdp_v2.bin");
+  write_bytes(path, shard_bytes<uint32_t>(20240520, 2, tokens));
+  LlmcShardFormat format = LlmcShardFormat::gpt2;
+  const auto shard = open_llmc_shard(path, &format);
+  CHECK(format == LlmcShardFormat::fsdp_uint32);
+  CHECK(shard.type == TokenType::u32);
+  CHECK(all_tokens(shard) == tokens);
+  CHECK_THAT(fsdp::data::llmc_format_name(format), Catch::Contains("fsdp.cpp"));
+  CHECK_THROWS_AS(write_llmc_shard(scratch_path("v2_written.bin"), tokens.data(), tokens.size(),
+                                   LlmcShardFormat::fsdp_uint32),
+                  fsdp::ValueError);
+  // A truncated one names its width.
+  write_bytes(path, shard_bytes<uint32_t>(20240520, 2, tokens).substr(0, 1024 + 10));
+  CHECK_THROWS_WITH(open_llmc_shard(path), Catch::Contains("byte offset 1034") &&
+                                               Catch::Contains("3 tokens (uint32)"));
 }
 
 TEST_CASE("corrupt llm.c shards raise DataError with file and offset", "[data][llmc]") {

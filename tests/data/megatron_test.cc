@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/error.h"
@@ -95,6 +96,31 @@ TEST_CASE("Megatron data sets store any integer token width", "[data][megatron]"
   CHECK_THROWS_AS(narrow.add_document(Tokens{255, 256}), fsdp::ValueError);
 }
 
+TEST_CASE("Megatron documents of several sequences, or of none, as preprocess_data.py writes",
+          "[data][megatron]") {
+  const std::string prefix = scratch_path("multi");
+  MegatronWriter writer(prefix);
+  writer.add_document(Tokens{1, 2, 3});  // "first"
+  writer.end_document();                 // "": kept, no sequences
+  writer.add_sequence(Tokens{4, 5}.data(), 2);  // two sentences
+  writer.add_sequence(Tokens{6}.data(), 1);
+  writer.end_document();
+  writer.add_sequence(Tokens{7}.data(), 1);
+  CHECK_THROWS_AS(writer.finish(), fsdp::ValueError);  // the last document was not ended
+  writer.end_document();
+  writer.finish();
+
+  const auto data = std::make_shared<const MegatronDataset>(prefix);
+  CHECK(data->index().document_indices == std::vector<int64_t>{0, 1, 1, 3, 4});
+  CHECK(data->index().sequence_lengths == std::vector<int32_t>{3, 2, 1, 1});
+  CHECK(data->num_documents() == 4);
+  // Samples run over the empty document and keep a document's sequences together.
+  MegatronSource source(data, 6, 1, /*shuffle_documents=*/false, 0, 4);
+  Tokens sample(7);
+  source.read_sample(0, 0, sample.data());
+  CHECK(sample == Tokens{1, 2, 3, 4, 5, 6, 7});
+}
+
 TEST_CASE("corrupt Megatron files raise DataError with file and offset", "[data][megatron]") {
   const auto docs = numbered_documents({4, 6, 2});
   const std::string good_prefix = write_dataset("good", docs);
@@ -176,6 +202,86 @@ TEST_CASE("corrupt Megatron files raise DataError with file and offset", "[data]
     CHECK_THROWS_WITH(data.check_vocab(50257), Catch::Contains("mg_vocab.bin") &&
                                                    Catch::Contains("byte offset 14") &&
                                                    Catch::Contains("51000"));
+  }
+}
+
+TEST_CASE("a dtype code that does not match the data is refused, naming the dtype",
+          "[data][megatron]") {
+  // Lengths 4, 6, 2: pointers 0, 8, 20 as uint16 (code 8), 0, 16, 40 as int32 (code 4).
+  const auto docs = numbered_documents({4, 6, 2});
+  const std::string u16 = write_dataset("dtype_u16", docs, TokenType::u16);
+  const std::string i32 = write_dataset("dtype_i32", docs, TokenType::i32);
+  const std::size_t pointers_at = 34 + 4 * 3;
+  auto with = [&](const std::string& name, const std::string& idx, const std::string& bin) {
+    const std::string prefix = scratch_path(name);
+    write_bytes(prefix + ".idx", idx);
+    write_bytes(prefix + ".bin", bin);
+    return prefix;
+  };
+
+  SECTION("code 1 (uint8) on uint16 data: the pointers are 2 bytes per token") {
+    std::string idx = read_bytes(u16 + ".idx");
+    idx[17] = 1;
+    const auto prefix = with("dtype_1_on_u16", idx, read_bytes(u16 + ".bin"));
+    CHECK_THROWS_AS(MegatronDataset(prefix), DataError);
+    CHECK_THROWS_WITH(read_megatron_index(prefix + ".idx"),
+                      Catch::Contains("dtype_1_on_u16.idx") &&
+                          Catch::Contains("byte offset " + std::to_string(pointers_at + 8)) &&
+                          Catch::Contains("sequence 1 starts at .bin byte 8") &&
+                          Catch::Contains("4 tokens of uint8, dtype code 1") &&
+                          Catch::Contains("2 bytes per token"));
+  }
+  SECTION("code 8 (uint16) on int32 data, Megatron's dtype for large vocabularies") {
+    std::string idx = read_bytes(i32 + ".idx");
+    idx[17] = 8;
+    const auto prefix = with("dtype_8_on_i32", idx, read_bytes(i32 + ".bin"));
+    CHECK_THROWS_AS(MegatronDataset(prefix), DataError);
+    CHECK_THROWS_WITH(MegatronDataset(prefix),
+                      Catch::Contains("dtype_8_on_i32.idx") &&
+                          Catch::Contains("byte offset " + std::to_string(pointers_at + 8)) &&
+                          Catch::Contains("uint16") && Catch::Contains("4 bytes per token"));
+  }
+  SECTION("a pointer that skips bytes or goes back") {
+    std::string idx = read_bytes(u16 + ".idx");
+    poke<int64_t>(idx, pointers_at + 16, 22);  // sequence 2 at 22 instead of 20
+    CHECK_THROWS_WITH(MegatronDataset(with("dtype_gap", idx, read_bytes(u16 + ".bin"))),
+                      Catch::Contains("byte offset " + std::to_string(pointers_at + 16)) &&
+                          Catch::Contains("sequence 2 starts at .bin byte 22") &&
+                          Catch::Contains("end at byte 20"));
+    poke<int64_t>(idx, pointers_at + 16, -2);
+    CHECK_THROWS_AS(MegatronDataset(with("dtype_negative", idx, read_bytes(u16 + ".bin"))),
+                    DataError);
+  }
+  SECTION("an index and a .bin of different widths, the pointers consistent") {
+    // int32 index (48 bytes of tokens) over the uint16 data (24 bytes), and the reverse.
+    const auto short_bin = with("dtype_i32_idx_u16_bin", read_bytes(i32 + ".idx"),
+                                read_bytes(u16 + ".bin"));
+    CHECK_THROWS_WITH(MegatronDataset(short_bin),
+                      Catch::Contains("dtype_i32_idx_u16_bin.bin") &&
+                          Catch::Contains("truncated at byte offset 24") &&
+                          Catch::Contains("2 bytes per token") && Catch::Contains("int32"));
+    const auto long_bin = with("dtype_u16_idx_i32_bin", read_bytes(u16 + ".idx"),
+                               read_bytes(i32 + ".bin"));
+    CHECK_THROWS_WITH(MegatronDataset(long_bin),
+                      Catch::Contains("dtype_u16_idx_i32_bin.bin") &&
+                          Catch::Contains("24 unexpected bytes from byte offset 24") &&
+                          Catch::Contains("4 bytes per token") && Catch::Contains("uint16"));
+  }
+  SECTION("bytes after the last sequence") {
+    const auto prefix = with("dtype_trailing", read_bytes(u16 + ".idx"),
+                             read_bytes(u16 + ".bin") + "x");
+    CHECK_THROWS_WITH(MegatronDataset(prefix), Catch::Contains("dtype_trailing.bin") &&
+                                                   Catch::Contains("byte offset 24"));
+  }
+  SECTION("the float codes are named") {
+    for (const auto& [code, name] : {std::pair<char, std::string>{6, "float64"}, {7, "float32"}}) {
+      std::string idx = read_bytes(u16 + ".idx");
+      idx[17] = code;
+      const auto prefix = with("dtype_" + name, idx, read_bytes(u16 + ".bin"));
+      CHECK_THROWS_WITH(MegatronDataset(prefix),
+                        Catch::Contains("dtype_" + name + ".idx' byte offset 17") &&
+                            Catch::Contains("dtype code " + std::to_string(code) + " is " + name));
+    }
   }
 }
 

@@ -92,11 +92,12 @@ TEST_CASE("JSON lines: one document per line's member, errors name file, line an
       "{\"id\": 2, \"text\": \"Second.\"}\r\n"
       "{\"text\": \"\"}\n"
       "{\"text\": \"no newline at the end\"}";
-  const std::vector<std::string> docs = tk::json_lines_documents(jsonl, "text", "in.jsonl");
-  REQUIRE(docs.size() == 3);
-  CHECK(docs[0] == "First doc\nwith \xc3\xa9 and a tab\t.");
-  CHECK(docs[1] == "Second.");
-  CHECK(docs[2] == "no newline at the end");
+  const tk::Documents docs = tk::json_lines_documents(jsonl, "text", "in.jsonl");
+  // Each string is a document of one sentence; the empty one is kept, as Megatron keeps it.
+  REQUIRE(docs.size() == 4);
+  CHECK(docs.sentences == std::vector<std::string>{"First doc\nwith \xc3\xa9 and a tab\t.",
+                                                   "Second.", "", "no newline at the end"});
+  CHECK(docs.first_sentence == std::vector<size_t>{0, 1, 2, 3, 4});
 
   const std::string bad_json = "{\"text\": \"a\"}\n{\"text\": \"b\"\n";
   std::string m = data_error([&] { tk::json_lines_documents(bad_json, "text", "in.jsonl"); });
@@ -112,6 +113,28 @@ TEST_CASE("JSON lines: one document per line's member, errors name file, line an
   m = data_error([&] { tk::json_lines_documents("{\"text\": \"a\", \"n\": 1e99999}\n", "text", "f.jsonl"); });
   CHECK_THAT(m, Catch::Contains("f.jsonl line 1"));
   CHECK_THAT(m, Catch::Contains("not valid JSON"));
+}
+
+TEST_CASE("JSON lines: a list of strings is one document of pre-split sentences, as Megatron's",
+          "[data][tools]") {
+  const std::string jsonl =
+      "{\"text\": [\"One.\", \" Two.\", \"\"]}\n"
+      "{\"text\": []}\n"
+      "{\"text\": \"Three.\"}\n";
+  const tk::Documents docs = tk::json_lines_documents(jsonl, "text", "in.jsonl");
+  REQUIRE(docs.size() == 3);
+  CHECK(docs.sentences == std::vector<std::string>{"One.", " Two.", "", "Three."});
+  CHECK(docs.first_sentence == std::vector<size_t>{0, 3, 3, 4});
+  CHECK(docs.sentence_count(1) == 0);
+
+  const std::string bad_element = "{\"text\": \"a\"}\n{\"text\": [\"b\", 7]}\n";
+  std::string m = data_error([&] { tk::json_lines_documents(bad_element, "text", "f.jsonl"); });
+  CHECK_THAT(m, Catch::Contains("f.jsonl line 2 (byte offset 14)"));
+  CHECK_THAT(m, Catch::Contains("element 1 of member \"text\" is a number, not a string"));
+  m = data_error([&] { tk::json_lines_documents("{\"text\": [[\"a\"]]}\n", "text", "f.jsonl"); });
+  CHECK_THAT(m, Catch::Contains("element 0"));
+  m = data_error([&] { tk::json_lines_documents("{\"text\": {\"a\": 1}}\n", "text", "f.jsonl"); });
+  CHECK_THAT(m, Catch::Contains("is a object, not a string or a list of strings"));
 }
 
 TEST_CASE("split_for_encoding: pieces encode to the whole text's ids", "[data][tools]") {

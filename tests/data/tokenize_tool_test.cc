@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/data/assets.h"
 #include "runtime/data/llmc_shards.h"
 #include "runtime/data/megatron_indexed.h"
 #include "runtime/data/text_documents.h"
@@ -60,6 +61,45 @@ TEST_CASE("tokenize writes llm.c train and val shards", "[data][tools]") {
   CHECK(train == Tokens(expected.begin(), expected.begin() + 23));
   CHECK(val == Tokens(expected.begin() + 23, expected.end()));
   CHECK(train.front() == 50256);
+}
+
+TEST_CASE("tokenize writes llm.c's Llama 3 shards for a vocabulary past 16 bits, or when asked",
+          "[data][tools]") {
+  using fsdp::data::LlmcShardFormat;
+  const std::string text = scratch_path("tool_llama3.txt");
+  write_bytes(text, "It is a truth universally acknowledged, that a single man in possession\n");
+  // The shipped vocabulary with 20000 more (unreachable) entries: 70257 tokens.
+  const std::string vocab_path = fsdp::data::locate_asset(fsdp::data::kGpt2VocabAsset);
+  nlohmann::json vocab = nlohmann::json::parse(read_bytes(vocab_path));
+  const int shipped = int(vocab.size());
+  for (int i = 0; i < 20000; ++i) vocab["@@extra" + std::to_string(i)] = shipped + i;
+  const std::string big_vocab = scratch_path("big_vocab.json");
+  write_bytes(big_vocab, vocab.dump());
+  const std::string merges = fsdp::data::locate_asset(fsdp::data::kGpt2MergesAsset);
+
+  const std::string gpt2 = scratch_path("as_gpt2"), big = scratch_path("as_big_vocab"),
+                    asked = scratch_path("as_llama3");
+  std::string log;
+  REQUIRE(run_tokenize("--out '" + gpt2 + "' '" + text + "'") == 0);
+  REQUIRE(run_tokenize("--vocab '" + big_vocab + "' --merges '" + merges + "' --out '" + big +
+                           "' '" + text + "'",
+                       &log) == 0);
+  INFO(log);
+  REQUIRE(run_tokenize("--llmc-format llama-3 --out '" + asked + "' '" + text + "'") == 0);
+
+  LlmcShardFormat format = LlmcShardFormat::fsdp_uint32;
+  const Tokens expected =
+      all_tokens(fsdp::data::open_llmc_shard(gpt2 + "_train_000000.bin", &format));
+  CHECK(format == LlmcShardFormat::gpt2);
+  for (const std::string& prefix : {big, asked}) {
+    format = LlmcShardFormat::gpt2;
+    const std::string shard = prefix + "_train_000000.bin";
+    CHECK(all_tokens(fsdp::data::open_llmc_shard(shard, &format)) == expected);
+    CHECK(format == LlmcShardFormat::llama3);
+    CHECK(read_bytes(shard).substr(0, 8) == std::string("\xa1\xd9\x34\x01\x07\0\0\0", 8));
+  }
+  CHECK(run_tokenize("--llmc-format llama3 --out x f.txt", &log) == 2);
+  CHECK(log.find("--llmc-format 'llama3'") != std::string::npos);
 }
 
 TEST_CASE("tokenize writes Megatron data sets, one document per paragraph", "[data][tools]") {
@@ -155,6 +195,46 @@ TEST_CASE("tokenize on JSON lines (plain and gzip) gives the ids of the extracte
   CHECK(log.find("docs.jsonl.gz line 1") != std::string::npos);
   CHECK(log.find("\"body\"") != std::string::npos);
   CHECK(run_tokenize("--json-key text --split-blank-lines --out x f.jsonl", &log) == 2);
+}
+
+TEST_CASE("tokenize keeps Megatron's JSON conventions: empty text, pre-split sentences",
+          "[data][tools]") {
+  // preprocess_data.py --append-eod: an empty "text" is a document of no sequences (document
+  // indices [0, 1, 1, 2] for "first", "", "third"); a list's sentences are one sequence each,
+  // <|endoftext|> after the last one that has tokens.
+  const std::string jsonl = scratch_path("conventions.jsonl");
+  write_bytes(jsonl,
+              "{\"text\": \"first\"}\n{\"text\": \"\"}\n{\"text\": \"third\"}\n"
+              "{\"text\": [\"One sentence.\", \" Another.\", \"\"]}\n{\"text\": []}\n");
+  const std::string out = scratch_path("conventions");
+  std::string log;
+  REQUIRE(run_tokenize("--format megatron --json-key text --out '" + out + "' '" + jsonl + "'",
+                       &log) == 0);
+  INFO(log);
+  const fsdp::data::MegatronDataset data(out);
+  CHECK(data.index().document_indices == std::vector<int64_t>{0, 1, 1, 2, 4, 4});
+  REQUIRE(data.num_sequences() == 4);
+  auto with_eot = [](Tokens t) {
+    t.push_back(50256);
+    return t;
+  };
+  CHECK(all_tokens(data.sequence(0)) == with_eot(shipped_gpt2().encode("first")));
+  CHECK(all_tokens(data.sequence(1)) == with_eot(shipped_gpt2().encode("third")));
+  CHECK(all_tokens(data.sequence(2)) == shipped_gpt2().encode("One sentence."));
+  CHECK(all_tokens(data.sequence(3)) == with_eot(shipped_gpt2().encode(" Another.")));
+
+  // llm.c shards: a document's sentences back to back after <|endoftext|>; documents without
+  // tokens add nothing.
+  REQUIRE(run_tokenize("--format llmc --json-key text --out '" + out + "' '" + jsonl + "'") == 0);
+  Tokens expected;
+  for (const char* doc : {"first", "third"}) {
+    expected.push_back(50256);
+    for (int32_t t : shipped_gpt2().encode(doc)) expected.push_back(t);
+  }
+  expected.push_back(50256);
+  for (const char* sentence : {"One sentence.", " Another."})
+    for (int32_t t : shipped_gpt2().encode(sentence)) expected.push_back(t);
+  CHECK(all_tokens(fsdp::data::open_llmc_shard(out + "_train_000000.bin")) == expected);
 }
 
 TEST_CASE("tokenize on several workers writes the bytes one worker writes", "[data][tools]") {

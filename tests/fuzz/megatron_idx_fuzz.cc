@@ -1,6 +1,7 @@
 // A Megatron-LM .idx file: magic, version, dtype, sequence and document counts, and the
 // arrays they size, against the file's length.
-// Property: accepted document indices run from 0 to the sequence count without going back.
+// Property: accepted document indices run from 0 to the sequence count without going back,
+// and each sequence starts where the one before it ends (lengths times the dtype's size).
 #include "runtime/core/error.h"
 #include "runtime/data/megatron_indexed.h"
 #include "tests/fuzz/fuzz_target.h"
@@ -20,6 +21,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz::property_failed("a sequence without its pointer");
     for (int32_t length : index.sequence_lengths)
       if (length < 0) fuzz::property_failed("a negative sequence length");
+    uint64_t end = 0;
+    for (size_t i = 0; i < index.num_sequences(); ++i) {
+      if (index.sequence_pointers[i] < 0 || uint64_t(index.sequence_pointers[i]) != end)
+        fuzz::property_failed("a sequence does not start where the one before it ends");
+      end += uint64_t(index.sequence_lengths[i]) * data::token_type_size(index.token_type);
+    }
   } catch (const Error&) {
     return 0;
   }

@@ -214,3 +214,24 @@ TEST_CASE("a finished run never fails in its end-of-run sample", "[train][mpi]")
   CHECK(r.steps == 1);
   CHECK(r.sample.empty());
 }
+
+TEST_CASE("a validation split too short for one sample names the split and dataset.val_fraction",
+          "[train][mpi]") {
+  // 2000 tokens of llm.c shard: the last 0.004 are 8 tokens, too few for seq_length 8 + 1.
+  Scratch s("launch_val_split");
+  const int n = testing::world_size();
+  const Recipe recipe = tiny_recipe(s, {"train.global_batch_size=" + std::to_string(2 * n),
+                                        "dataset.val_fraction=0.004", "train.eval_interval=1",
+                                        "train.eval_iters=1"});
+  CHECK_THROWS_AS(Trainer(recipe, quiet()), DataError);
+  CHECK_THROWS_WITH(Trainer(recipe, quiet()),
+                    Contains("validation split (the last dataset.val_fraction = 0.004 of "
+                             "dataset.train_path) of llm.c shards '" + s.tokens +
+                             "' (tokens [1992, 2000) of 2000): 8 tokens are too few"));
+  // A larger fraction (20 tokens) trains, and validates on that tail.
+  Trainer trainer(tiny_recipe(s, {"train.global_batch_size=" + std::to_string(2 * n),
+                                  "dataset.val_fraction=0.01", "train.eval_interval=1",
+                                  "train.eval_iters=1"}),
+                  quiet());
+  CHECK(trainer.run().steps == 1);
+}

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -58,14 +59,31 @@ std::string where(const std::string& path, size_t line, size_t offset) {
 
 }  // namespace
 
+void Documents::add(std::string text) {
+  sentences.push_back(std::move(text));
+  first_sentence.push_back(sentences.size());
+}
+
+void Documents::add(std::vector<std::string> doc_sentences) {
+  for (std::string& sentence : doc_sentences) sentences.push_back(std::move(sentence));
+  first_sentence.push_back(sentences.size());
+}
+
+void Documents::append(Documents&& other) {
+  const size_t offset = sentences.size();
+  for (std::string& sentence : other.sentences) sentences.push_back(std::move(sentence));
+  for (size_t d = 1; d < other.first_sentence.size(); ++d)
+    first_sentence.push_back(offset + other.first_sentence[d]);
+}
+
 std::string read_input_bytes(const std::string& path) {
   std::string bytes = data::read_file(path);
   return is_gzip(bytes) ? gunzip(bytes, path) : bytes;
 }
 
-std::vector<std::string> json_lines_documents(const std::string& bytes, const std::string& key,
-                                              const std::string& path) {
-  std::vector<std::string> docs;
+Documents json_lines_documents(const std::string& bytes, const std::string& key,
+                               const std::string& path) {
+  Documents docs;
   size_t begin = 0;
   for (size_t line = 1; begin < bytes.size(); ++line) {
     size_t end = bytes.find('\n', begin);
@@ -85,32 +103,44 @@ std::vector<std::string> json_lines_documents(const std::string& bytes, const st
     const auto member = object.find(key);
     FSDP_CHECK(member != object.end(), DataError, where(path, line, offset), ": no member \"",
                key, "\" (see --json-key)");
-    FSDP_CHECK(member->is_string(), DataError, where(path, line, offset), ": member \"", key,
-               "\" is a ", member->type_name(), ", not a string");
-    std::string doc = member->get<std::string>();
-    if (!doc.empty()) docs.push_back(std::move(doc));
+    if (member->is_string()) {
+      docs.add(member->get<std::string>());
+      continue;
+    }
+    FSDP_CHECK(member->is_array(), DataError, where(path, line, offset), ": member \"", key,
+               "\" is a ", member->type_name(), ", not a string or a list of strings");
+    std::vector<std::string> sentences;
+    for (size_t i = 0; i < member->size(); ++i) {
+      const nlohmann::json& sentence = (*member)[i];
+      FSDP_CHECK(sentence.is_string(), DataError, where(path, line, offset), ": element ", i,
+                 " of member \"", key, "\" is a ", sentence.type_name(),
+                 ", not a string (a list holds a document's sentences)");
+      sentences.push_back(sentence.get<std::string>());
+    }
+    docs.add(std::move(sentences));
   }
   return docs;
 }
 
-std::vector<std::string> read_input_documents(const std::string& path, const InputFormat& format) {
+Documents read_input_documents(const std::string& path, const InputFormat& format) {
   std::string bytes = read_input_bytes(path);
   if (!format.json_key.empty()) return json_lines_documents(bytes, format.json_key, path);
-  std::vector<std::string> docs;
-  data::append_text_documents(std::move(bytes), format.split_blank_lines, docs);
+  std::vector<std::string> texts;
+  data::append_text_documents(std::move(bytes), format.split_blank_lines, texts);
+  Documents docs;
+  for (std::string& text : texts) docs.add(std::move(text));
   return docs;
 }
 
-std::vector<std::string> read_all_documents(const std::vector<std::string>& paths,
-                                            const InputFormat& format, unsigned workers) {
-  std::vector<std::vector<std::string>> per_file(paths.size());
+Documents read_all_documents(const std::vector<std::string>& paths, const InputFormat& format,
+                             unsigned workers) {
+  std::vector<Documents> per_file(paths.size());
   ThreadPool pool(std::max(1u, std::min<unsigned>(workers, unsigned(paths.size()))));
   pool.parallel_for(int64_t(paths.size()), [&](int64_t i) {
     per_file[size_t(i)] = read_input_documents(paths[size_t(i)], format);
   });
-  std::vector<std::string> docs;
-  for (auto& file_docs : per_file)
-    for (auto& doc : file_docs) docs.push_back(std::move(doc));
+  Documents docs;
+  for (Documents& file_docs : per_file) docs.append(std::move(file_docs));
   return docs;
 }
 

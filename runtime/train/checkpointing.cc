@@ -46,19 +46,46 @@ RunCheckpoints::RunCheckpoints(const Recipe& recipe, const CheckpointedParts& pa
 void RunCheckpoints::check_save_directory() {
   if (!recipe_.checkpoint.save) return;
   const std::string& dir = *recipe_.checkpoint.save;
+  // Every rank writes its own shards, maybe to a file system of its own node (the path may
+  // differ between ranks): each one checks its directory.
   checkpoint::run_on_every_rank(*parts_.ctx, parts_.world, [&] {
-    if (parts_.world->rank() != 0) return;
+    const int rank = parts_.world ? parts_.world->rank() : 0;
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    FSDP_CHECK(!ec && std::filesystem::is_directory(dir), ConfigError, "checkpoint.save = \"", dir,
-               "\": cannot create the directory (", ec ? ec.message() : "a file is in the way", ")");
-    const std::string probe = dir + "/.write_test";
+    std::filesystem::create_directories(dir, ec);  // several ranks at once: one creates it
+    FSDP_CHECK(std::filesystem::is_directory(dir), ConfigError, "checkpoint.save = \"", dir,
+               "\": rank ", rank, " cannot create the directory (",
+               ec ? ec.message() : "a file is in the way", ")");
+    const std::string probe = str_cat(dir, "/.write_test.", rank);
+    errno = 0;
     FILE* f = std::fopen(probe.c_str(), "wb");
     const bool wrote = f != nullptr && std::fputc('x', f) != EOF;
     const bool closed = f != nullptr && std::fclose(f) == 0;
+    const int why = errno;
     std::remove(probe.c_str());
-    FSDP_CHECK(wrote && closed, ConfigError, "checkpoint.save = \"", dir,
-               "\": the directory does not take files (", std::strerror(errno), ")");
+    FSDP_CHECK(wrote && closed, ConfigError, "checkpoint.save = \"", dir, "\": rank ", rank,
+               " cannot write files there (", std::strerror(why), ")");
+  });
+}
+
+void RunCheckpoints::refuse_foreign_checkpoints() const {
+  if (!recipe_.checkpoint.save || recipe_.checkpoint.overwrite) return;
+  const std::string& save = *recipe_.checkpoint.save;
+  checkpoint::run_on_every_rank(*parts_.ctx, parts_.world, [&] {
+    if (parts_.world && parts_.world->rank() != 0) return;
+    // Resumed from a checkpoint of the save directory itself: the run continues its own.
+    std::error_code ec;
+    if (!resumed_from_.empty() &&
+        std::filesystem::equivalent(std::filesystem::path(resumed_from_).parent_path(), save, ec)) {
+      return;
+    }
+    std::string theirs = checkpoint::find_checkpoint(save);
+    if (theirs.empty()) theirs = checkpoint::newest_step_directory(save);
+    FSDP_CHECK(theirs.empty(), ConfigError, "checkpoint.save = \"", save, "\" holds another ",
+               "run's checkpoints (the newest: ", theirs, "), and this run ",
+               resumed_from_.empty() ? std::string("starts fresh (--no-resume or checkpoint.load=null)")
+                                     : str_cat("resumed from ", resumed_from_),
+               ": its saves would replace and prune them. Resume from them "
+               "(checkpoint.load=latest), save elsewhere, or set checkpoint.overwrite=true");
   });
 }
 
@@ -94,6 +121,7 @@ std::optional<int64_t> RunCheckpoints::resume() {
     if (parts_.world->rank() == 0) dir = resume_directory();
   });
   dir = checkpoint::all_gather_strings(*parts_.ctx, parts_.world, dir)[0];
+  resumed_from_ = dir;
   if (dir.empty()) return std::nullopt;
 
   // The sample order is drawn from dataset.seed alone: resuming part-way through the data

@@ -50,10 +50,16 @@ class RunCheckpoints {
   RunCheckpoints(const Recipe& recipe, const CheckpointedParts& parts,
                  std::function<void(const std::string&)> print);
 
-  // checkpoint.save: the directory exists (created if needed) and takes a file, checked at
-  // start-up rather than at the first save, after steps were spent. ConfigError naming the
-  // key otherwise, on every rank. Collective.
+  // checkpoint.save: on every rank, the directory exists (created if needed) and takes a
+  // file, checked at start-up rather than at the first save, after steps were spent.
+  // ConfigError naming the key and the rank otherwise, on every rank. Collective.
   void check_save_directory();
+
+  // After resume() (or none): a run that did not resume from checkpoint.save's own
+  // checkpoints is refused when that directory holds some (its saves would replace and
+  // prune another run's), unless checkpoint.overwrite. ConfigError naming the directory on
+  // every rank. Collective.
+  void refuse_foreign_checkpoints() const;
 
   // The checkpoint directory this run would resume from ("" = start fresh). ConfigError if
   // checkpoint.load names a path that holds no checkpoint. With checkpoint.load "latest" and
@@ -78,6 +84,7 @@ class RunCheckpoints {
   CheckpointedParts parts_;
   std::function<void(const std::string&)> print_;
   int64_t last_saved_step_ = -1;
+  std::string resumed_from_;  // the checkpoint resume() loaded, "" when none
 };
 
 }  // namespace fsdp::train

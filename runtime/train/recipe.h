@@ -150,6 +150,7 @@ struct CheckpointSection {
   int64_t save_interval = 0;         // 0 = only at the end and on signals
   int most_recent_k = 0;             // 0 = keep all
   bool continue_on_save_failure = false;  // a failed interval save warns instead of ending the run
+  bool overwrite = false;            // a run not resumed from `save` may replace its checkpoints
 };
 
 struct LoggerSection {

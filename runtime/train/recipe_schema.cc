@@ -305,6 +305,10 @@ std::vector<FieldSpec> build_schema() {
           "Steps between saves; 0 = only at the end and on SIGTERM/SIGUSR1."),
       KEY(checkpoint.most_recent_k).default_to(2).at_least(0).help_text(
           "Checkpoints to keep; 0 = all."),
+      KEY(checkpoint.overwrite).default_to(false).help_text(
+          "A run that does not resume from checkpoint.save (started fresh, or resumed from "
+          "elsewhere) is refused when that directory already holds checkpoints, since its "
+          "saves would replace and prune them; true = replace them."),
       KEY(checkpoint.continue_on_save_failure).default_to(false).help_text(
           "A save that fails (a full disk, a lost mount) leaves the previous checkpoint as "
           "latest and removes what it wrote; false = the run then ends with the error, true = "

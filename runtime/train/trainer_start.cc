@@ -195,6 +195,7 @@ void Trainer::State::setup_output() {
   checkpoints->check_save_directory();
   std::optional<int64_t> resumed;
   if (options.resume) resumed = checkpoints->resume();
+  checkpoints->refuse_foreign_checkpoints();
   if (resumed) step = *resumed;
   // The resolved recipe, and the step logs (a resumed run keeps their earlier lines).
   if (world->rank() == 0) {

@@ -1,6 +1,9 @@
 #include "runtime/train/memory_prediction.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <thread>
 
 #include "runtime/optim/offload_step.h"
 #include "runtime/train/metrics_line.h"
@@ -56,6 +59,22 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   return p;
 }
 
+int64_t runtime_address_space() {
+  const int64_t threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+  return (int64_t(2) << 30) + threads * (int64_t(128) << 20);
+}
+
+void check_address_space(int64_t need, const std::string& what) {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  const int64_t have = int64_t(limit.rlim_cur);
+  const int64_t kib = (need + 1023) / 1024;
+  FSDP_CHECK(have >= need, ConfigError, "the address-space limit (ulimit -v) is ",
+             format_bytes(have), ", but this process needs about ", format_bytes(need), " (",
+             what, "): raise it to at least ", kib, " KiB (ulimit -v ", kib,
+             ") or lift it (ulimit -v unlimited)");
+}
+
 void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ranks) {
   const int64_t capacity = int64_t(device_memory_bytes(device));
   const int64_t sharers = std::max(sharing_ranks, 1);
@@ -75,6 +94,14 @@ void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ran
              ": lower model.n_layer, model.d_model or train.micro_batch_size, shard more "
              "(ddp.data_parallel_sharding_strategy, more ranks), or recompute activations "
              "(model.activation_recompute); `train --dry-run` prints the prediction");
+  // This process's own address space: on the CPU its predicted memory and host buffers; on
+  // a GPU its host buffers and CUDA's mapping of the device's memory.
+  const int64_t mapped = device.is_cpu() ? p.device_peak() + host_extra : capacity + host_extra;
+  check_address_space(mapped + runtime_address_space(),
+                      str_cat("the predicted ", format_bytes(mapped), device.is_cpu() ? "" :
+                              " (the GPU's memory mapped by CUDA and the host buffers)",
+                              " and about ", format_bytes(runtime_address_space()),
+                              " for the runtime's threads, OpenBLAS's buffers and MPI"));
 }
 
 }  // namespace fsdp::train

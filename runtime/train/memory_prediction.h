@@ -32,6 +32,18 @@ struct MemoryPrediction {
 MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& model,
                                 const Mesh& mesh);
 
+// The address space a process needs beyond the memory the prediction counts: its threads'
+// stacks, OpenBLAS's buffers (128 MiB per thread), MPI's and the C++ runtime's mappings (a
+// 2-core CPU run predicted at 335 MiB maps about 1.8 GiB): 2 GiB plus 128 MiB per hardware
+// thread. (Below about 1 GiB plus OpenBLAS's buffers, OpenBLAS's own initializer, which runs
+// before main, loops on its failing allocation: no check of ours can run that early.)
+int64_t runtime_address_space();
+
+// ConfigError when this process's address-space limit (ulimit -v, RLIMIT_AS) is below
+// `need` bytes, naming the limit, what needs the space (`what`) and the setting that
+// fits. Without it such a run spins in OpenBLAS or dies inside MPI without a word.
+void check_address_space(int64_t need, const std::string& what);
+
 // ConfigError when `prediction` does not fit `device`: the predicted peaks of the
 // `sharing_ranks` that use it (on a GPU, those the staged backend puts on it; on the CPU,
 // this host's ranks) above its memory.

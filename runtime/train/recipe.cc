@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -424,17 +427,27 @@ std::string Recipe::to_json_string() const {
 }
 
 void Recipe::write_resolved(const std::string& path) const {
-  // Written beside and renamed over: an earlier file stays whole if this write fails.
+  // Written beside and renamed over: an earlier file stays whole if this write fails, and a
+  // failed write takes its partial file back and says why (a full disk, a file-size limit).
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    FSDP_CHECK(out, IoError, "cannot create '", tmp, "' for the resolved recipe");
-    out << to_json_string();
-    out.flush();
-    FSDP_CHECK(out, IoError, "cannot write the resolved recipe to '", tmp, "'");
+  const std::string text = to_json_string();
+  errno = 0;
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  FSDP_CHECK(f != nullptr, IoError, "cannot create '", tmp, "' for the resolved recipe: ",
+             std::strerror(errno));
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
+                     std::fflush(f) == 0;
+  const int write_error = errno;
+  const bool closed = std::fclose(f) == 0;
+  const int why = wrote ? errno : write_error;
+  if (!wrote || !closed) {
+    std::remove(tmp.c_str());
+    FSDP_THROW(IoError, "cannot write the resolved recipe to '", tmp, "': ",
+               why ? std::strerror(why) : "unknown error", " (nothing was left there)");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
+  if (ec) std::remove(tmp.c_str());
   FSDP_CHECK(!ec, IoError, "cannot replace '", path, "': ", ec.message());
 }
 

@@ -28,6 +28,9 @@ void Trainer::State::setup_world() {
   const CudaGraphPlan graph_plan =
       CudaGraphPlan::of(recipe, planned_dp, recipe.grad_accum_steps(planned_dp),
                         planned_dp > 1 && !options.skip_collectives);
+  // Below what the runtime itself maps, MPI's start-up or OpenBLAS fails without a word.
+  check_address_space(runtime_address_space(),
+                      "the runtime's threads, OpenBLAS's buffers and MPI, before any model");
   WorldOptions wo;
   wo.backend = backend_from_name(recipe.dist.backend, "dist.backend");
   wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));

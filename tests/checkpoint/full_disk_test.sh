@@ -11,6 +11,8 @@
 #      last step (every step logged); the last step's save fails, and that ends it non-zero.
 #   4. Copied to a roomy disk, the step-2 checkpoint resumes to the end: every step's loss
 #      equals an uninterrupted run's, so nothing of it was damaged.
+#   5. The run's resolved recipe (run_config.json) cannot be written (ENOSPC): the error names
+#      the file and the reason, and its temporary file is taken back.
 # Usage: full_disk_test.sh TRAIN_BINARY   (run from the workspace root)
 set -u
 train="$1"
@@ -92,4 +94,16 @@ run2 checkpoint.save="$work/roomy" run.output_dir="$work/run_roomy" > "$work/roo
   fail "resuming the kept checkpoint failed"
 losses "$work/run_roomy/metrics.jsonl" > "$work/roomy.losses"
 cmp -s "$work/roomy.losses" "$work/ref.losses" || fail "the resumed curve differs: $(diff "$work/roomy.losses" "$work/ref.losses" | head -5)"
-echo "PASS: a full disk fails the save clearly, keeps the previous checkpoint, and stops or trains on as configured"
+
+# 5. The run's own output on a full disk: run_config.json's temporary file is /dev/full
+# (writes to it fail with ENOSPC). The run ends naming the file and the reason, and takes
+# its temporary file back.
+mkdir -p "$work/full_out"
+ln -s /dev/full "$work/full_out/run_config.json.tmp"
+"$train" "${common[@]}" checkpoint.save=null run.output_dir="$work/full_out" > "$work/full_out.log" 2>&1 &&
+  fail "the run whose output disk is full exited 0"
+grep -q "run_config.json.tmp'.*No space left on device" "$work/full_out.log" ||
+  fail "the error does not say why run_config.json could not be written: $(tail -2 "$work/full_out.log")"
+[ -e "$work/full_out/run_config.json.tmp" ] || [ -L "$work/full_out/run_config.json.tmp" ] &&
+  fail "run_config.json.tmp was left behind"
+echo "PASS: a full disk fails the save clearly, keeps the previous checkpoint, and stops or trains on as configured; the run's own files say why and leave nothing"

@@ -82,6 +82,7 @@ void FsdpUnit::pre_backward() {
 }
 
 void FsdpUnit::prepare_grads(const Tensor& slot) {
+  s_.ctx.stream().wait(grads_reduced_);
   if (s_.grads_sharded()) {
     // A fresh full-gradient buffer for this micro-batch's backward of the unit.
     Tensor full;
@@ -261,6 +262,7 @@ void FsdpUnit::reduce_grads() {
     reduce_sharded_grads();
   else
     reduce_full_grads();
+  grads_reduced_ = mark(s_.reduce_stream);
 }
 
 namespace {

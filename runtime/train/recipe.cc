@@ -344,14 +344,16 @@ std::string format_number(double v) {
   return os.str();
 }
 
-// "in [0, 1)", ">= 1", ... for a key with bounds; empty when unbounded.
+// "in [0, 1)", ">= 1", "> 0", ... for a key with bounds; empty when unbounded.
 std::string range_text(const FieldSpec& spec) {
-  std::string lo = spec.min ? "[" + format_number(*spec.min) : "";
-  if (spec.min && (spec.below || spec.max)) {
-    return "in " + lo + ", " +
-           (spec.below ? format_number(*spec.below) + ")" : format_number(*spec.max) + "]");
+  const bool has_low = spec.min || spec.above, has_high = spec.below || spec.max;
+  if (has_low && has_high) {
+    const std::string lo = spec.min ? "[" + format_number(*spec.min) : "(" + format_number(*spec.above);
+    const std::string hi = spec.below ? format_number(*spec.below) + ")" : format_number(*spec.max) + "]";
+    return "in " + lo + ", " + hi;
   }
   if (spec.min) return ">= " + format_number(*spec.min);
+  if (spec.above) return "> " + format_number(*spec.above);
   if (spec.below) return "< " + format_number(*spec.below);
   if (spec.max) return "<= " + format_number(*spec.max);
   return "";
@@ -363,7 +365,8 @@ void check_ranges(const Recipe& r, const std::map<std::string, std::string>& ori
     if (!v.is_number()) continue;
     double x = v.get<double>();
     bool ok = std::isfinite(x) && (!spec.min || x >= *spec.min) &&
-              (!spec.below || x < *spec.below) && (!spec.max || x <= *spec.max);
+              (!spec.above || x > *spec.above) && (!spec.below || x < *spec.below) &&
+              (!spec.max || x <= *spec.max);
     if (ok) continue;
     auto it = origin.find(spec.path);
     std::string from = it == origin.end() ? "" : " (set in " + it->second + ")";
@@ -500,6 +503,11 @@ void Recipe::resolve_device(bool cuda_available) {
              "train.cuda_graphs=false)");
   MixedPrecisionSection& mp = mixed_precision;
   if (mp.compute_dtype == "auto") mp.compute_dtype = dist.device == "cuda" ? "bf16" : "f32";
+  FSDP_CHECK(!(mp.compute_dtype == "bf16" && dist.device == "cpu"), ConfigError,
+             "'mixed_precision.compute_dtype' is \"bf16\" but 'dist.device' is \"cpu\"",
+             cuda_available ? "" : " (no CUDA device is visible)",
+             ": the CPU kernels compute in f32 or f64 (use \"f32\", \"f64\" or \"auto\", or "
+             "dist.device=cuda on a GPU)");
   if (mp.grad_reduce_dtype == "auto") {
     if (dist.device == "cpu" && mp.compute_dtype == "f32") {
       // f32 gradients summed in f64 are exact: any sharding and data-parallel size then

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/json_depth.h"
 #include "runtime/train/recipe_checks.h"
 #include "runtime/train/recipe_schema.h"
 #include "runtime/train/recipe_suggest.h"
@@ -247,6 +248,8 @@ void resolve_derived(Recipe& r) {
 
 // Parses JSON text; syntax errors and duplicate keys name the source, line and column.
 Json parse_json_text(const std::string& text, const std::string& source) {
+  // First the depth: the duplicate-key check below costs time in proportion to it per key.
+  check_json_depth<ConfigError>(text, source);
   // Tracks the keys seen in each open object, to refuse duplicates (JSON parsers silently
   // keep the last one, which hides mistakes in long recipes).
   struct Frame {
@@ -330,6 +333,7 @@ void apply_override(const std::string& text, Recipe& r, std::map<std::string, st
   }
   // VALUE is JSON when it parses as JSON, else a plain string. A string key given a number or
   // boolean (run.name=2024) takes the text as written, unless the number is a choice code.
+  check_json_depth<ConfigError>(raw, "override of '" + path + "'");
   Json value = Json::parse(raw, nullptr, /*allow_exceptions=*/false);
   bool code = spec->int_codes && exact_integer(value).has_value();
   bool scalar = value.is_number() || value.is_boolean();

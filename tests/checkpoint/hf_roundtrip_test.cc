@@ -252,6 +252,14 @@ TEST_CASE("importing a damaged or unsupported Hugging Face directory is refused,
     checkpoint::write_file_atomically(d + "/config.json", j.dump());
   });
   CHECK_THROWS_WITH(convert::read_hf_model(ctx, deep), Contains("model.n_layer"));
+  // A config.json nested thousands of levels deep is refused before it is parsed.
+  const std::string nested = damaged("nested", [&](const std::string& d) {
+    std::string text = checkpoint::read_text_file(d + "/config.json");
+    text.insert(1, "\"x\": " + std::string(10000, '[') + std::string(10000, ']') + ",");
+    checkpoint::write_file_atomically(d + "/config.json", text);
+  });
+  CHECK_THROWS_WITH(convert::read_hf_model(ctx, nested),
+                    Contains(nested + "/config.json:1:") && Contains("JSON nested deeper than 128 levels"));
 
   // Export never overwrites a non-empty directory; import never into one that holds
   // checkpoints (its `latest` would move back to step 0).

@@ -1,5 +1,7 @@
 // Bad recipes fail with a ConfigError that names the file, the full key path, and for unknown
 // keys the nearest valid one.
+#include <chrono>
+
 #include "runtime/core/error.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/recipe_suggest.h"
@@ -211,6 +213,27 @@ TEST_CASE("bf16 compute on the CPU is refused when the device is settled, naming
   // On a GPU it is the default.
   Recipe gpu = parse_recipe("{}", {"mixed_precision.compute_dtype=bf16"});
   CHECK_NOTHROW(gpu.resolve_device(true));
+}
+
+TEST_CASE("JSON nested too deeply is refused at once, naming the file", "[recipe]") {
+  // An unknown value 40,000 levels deep in a known section: parsed, it took seconds (the
+  // time grew with the square of the depth).
+  const int depth = 40000;
+  std::string deep = R"({"model": )";
+  for (int i = 0; i < depth; ++i) deep += R"({"x": )";
+  deep += "1";
+  deep += std::string(size_t(depth) + 1, '}');
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THAT(config_error(deep), Catch::StartsWith("bad.json:1:") &&
+                                     Catch::Contains("JSON nested deeper than 128 levels"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  // The column is the first bracket past the limit; brackets inside strings do not count.
+  CHECK_THAT(config_error(std::string(200, '[')), Catch::StartsWith("bad.json:1:129: JSON nested"));
+  const std::string brackets(500, '[');
+  CHECK(parse_recipe(R"({"run": {"name": ")" + brackets + R"("}})").run.name == brackets);
+  // An override's value too.
+  CHECK_THAT(config_error("{}", {"run.name=" + std::string(200, '[')}),
+             Catch::Contains("override of 'run.name'") && Catch::Contains("nested deeper"));
 }
 
 TEST_CASE("edit distance counts single-character edits", "[recipe]") {

@@ -14,6 +14,7 @@
 #include "runtime/checkpoint/durable_files.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/save.h"
+#include "runtime/core/json_depth.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/train/recipe.h"
 #include "tools/convert/hf_format.h"
@@ -31,9 +32,11 @@ std::vector<std::string> weight_files(const std::string& dir) {
   const std::string index = dir + "/model.safetensors.index.json";
   FSDP_CHECK(checkpoint::file_size_or_missing(index) >= 0, CheckpointError, dir,
              ": neither model.safetensors nor model.safetensors.index.json");
+  const std::string text = checkpoint::read_text_file(index);
+  check_json_depth<CheckpointError>(text, index);
   std::set<std::string> names;
   try {
-    const Json j = Json::parse(checkpoint::read_text_file(index));
+    const Json j = Json::parse(text);
     for (const auto& entry : j.at("weight_map").items()) names.insert(entry.value().get<std::string>());
   } catch (const Json::exception& e) {
     FSDP_THROW(CheckpointError, index, ": not a weight index (", e.what(), ")");

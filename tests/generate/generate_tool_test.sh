@@ -50,6 +50,11 @@ grep -q "^It is a truth" "$work/native.log" || fail "the prompt is not printed f
 grep -q "nowhere" "$work/missing.log" || fail "the error does not name the path"
 "$generate" "$work/ckpt" --top-p 2 > "$work/bad_flag.log" 2>&1
 [ $? -eq 2 ] || fail "--top-p 2: expected exit status 2"
+# --top-k past the model's vocabulary (GPT-2's 50257 tokens).
+"$generate" "$work/ckpt" --top-k 50258 > "$work/top_k.log" 2>&1
+[ $? -eq 2 ] || fail "--top-k 50258: expected exit status 2"
+grep -q -- "--top-k 50258 is more than the model's vocabulary of 50257" "$work/top_k.log" \
+  || fail "the --top-k error does not name the vocabulary"
 
 # A byte flipped in the middle of a shard file (tensor data): refused, as train and export
 # refuse it, naming the file.

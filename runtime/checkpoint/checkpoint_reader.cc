@@ -99,6 +99,11 @@ void CheckpointReader::verify_file(size_t file) {
              ", ", kMetadataFileName, " records ", record.sha256, ")");
 }
 
+void CheckpointReader::verify_all_files() {
+  check_files_present();
+  for (size_t i = 0; i < metadata_.files.size(); ++i) verify_file(i);
+}
+
 void CheckpointReader::read(const std::string& kind, const std::string& param, int64_t offset,
                             int64_t numel, void* dst) {
   const ParamRecord* p = metadata_.find_param(param);

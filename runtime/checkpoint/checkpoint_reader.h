@@ -39,6 +39,10 @@ class CheckpointReader {
   // Reads file `file` in full: header against metadata.json, then SHA-256 of the file and,
   // on a mismatch, of each tensor to name the one that differs.
   void verify_file(size_t file);
+  // check_files_present(), then verify_file() of every file: what a single process that
+  // reads a whole checkpoint (convert export, generate) does before reading any weight.
+  // (load_checkpoint() spreads the files over the ranks instead.)
+  void verify_all_files();
 
   // Elements [offset, offset + numel) of parameter `param`'s state `kind` ("main",
   // "exp_avg", "exp_avg_sq"), in the checkpoint's dtype for that kind, into host memory.

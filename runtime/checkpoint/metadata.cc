@@ -12,6 +12,7 @@
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/sha256.h"
 #include "runtime/core/error.h"
+#include "runtime/core/json_depth.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -369,6 +370,7 @@ std::string CheckpointMetadata::to_json() const {
 }
 
 CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std::string& source) {
+  check_json_depth<CheckpointError>(text, source);
   Json j;
   try {
     j = Json::parse(text);

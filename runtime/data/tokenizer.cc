@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "runtime/core/error.h"
+#include "runtime/core/json_depth.h"
 #include "runtime/data/files.h"
 #include "runtime/data/pretokenizer.h"
 #include "runtime/data/unicode.h"
@@ -60,6 +61,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_path, const std::string& m
 
 std::unordered_map<std::string, int32_t> Gpt2Tokenizer::load_vocab(const std::string& path) {
   const std::string text = read_file(path);
+  check_json_depth<DataError>(text, "vocabulary file '" + path + "'");
   nlohmann::json vocab;
   try {
     vocab = nlohmann::json::parse(text);

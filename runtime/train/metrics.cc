@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/json_depth.h"
 
 namespace fsdp::train {
 
@@ -46,6 +47,7 @@ std::vector<std::string> lines_through_step(const std::string& path, int64_t las
   if (!in) return kept;  // nothing logged yet
   std::string line;
   while (std::getline(in, line)) {
+    if (json_too_deep(line)) continue;  // not a record of ours
     Json obj = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (obj.is_discarded() || !obj.is_object() || !obj.contains("step")) continue;  // torn line
     if (obj["step"].is_number_integer() && obj["step"].get<int64_t>() <= last_step)
@@ -80,6 +82,8 @@ std::string metrics_json_line(const StepMetrics& m) {
 }
 
 StepMetrics parse_metrics_line(const std::string& line) {
+  FSDP_CHECK(!json_too_deep(line), DataError, "metrics line nests deeper than ", kMaxJsonDepth,
+             " levels");
   Json obj = Json::parse(line, nullptr, /*allow_exceptions=*/false);
   FSDP_CHECK(!obj.is_discarded() && obj.is_object(), DataError,
              "metrics line is not a JSON object");

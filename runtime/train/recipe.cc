@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/json_depth.h"
 #include "runtime/train/recipe_checks.h"
 #include "runtime/train/recipe_schema.h"
 #include "runtime/train/recipe_suggest.h"
@@ -250,6 +251,8 @@ void resolve_derived(Recipe& r) {
 
 // Parses JSON text; syntax errors and duplicate keys name the source, line and column.
 Json parse_json_text(const std::string& text, const std::string& source) {
+  // First the depth: the duplicate-key check below costs time in proportion to it per key.
+  check_json_depth<ConfigError>(text, source);
   // Tracks the keys seen in each open object, to refuse duplicates (JSON parsers silently
   // keep the last one, which hides mistakes in long recipes).
   struct Frame {
@@ -333,6 +336,7 @@ void apply_override(const std::string& text, Recipe& r, std::map<std::string, st
   }
   // VALUE is JSON when it parses as JSON, else a plain string. A string key given a number or
   // boolean (run.name=2024) takes the text as written, unless the number is a choice code.
+  check_json_depth<ConfigError>(raw, "override of '" + path + "'");
   Json value = Json::parse(raw, nullptr, /*allow_exceptions=*/false);
   bool code = spec->int_codes && exact_integer(value).has_value();
   bool scalar = value.is_number() || value.is_boolean();
@@ -347,14 +351,16 @@ std::string format_number(double v) {
   return os.str();
 }
 
-// "in [0, 1)", ">= 1", ... for a key with bounds; empty when unbounded.
+// "in [0, 1)", ">= 1", "> 0", ... for a key with bounds; empty when unbounded.
 std::string range_text(const FieldSpec& spec) {
-  std::string lo = spec.min ? "[" + format_number(*spec.min) : "";
-  if (spec.min && (spec.below || spec.max)) {
-    return "in " + lo + ", " +
-           (spec.below ? format_number(*spec.below) + ")" : format_number(*spec.max) + "]");
+  const bool has_low = spec.min || spec.above, has_high = spec.below || spec.max;
+  if (has_low && has_high) {
+    const std::string lo = spec.min ? "[" + format_number(*spec.min) : "(" + format_number(*spec.above);
+    const std::string hi = spec.below ? format_number(*spec.below) + ")" : format_number(*spec.max) + "]";
+    return "in " + lo + ", " + hi;
   }
   if (spec.min) return ">= " + format_number(*spec.min);
+  if (spec.above) return "> " + format_number(*spec.above);
   if (spec.below) return "< " + format_number(*spec.below);
   if (spec.max) return "<= " + format_number(*spec.max);
   return "";
@@ -366,7 +372,8 @@ void check_ranges(const Recipe& r, const std::map<std::string, std::string>& ori
     if (!v.is_number()) continue;
     double x = v.get<double>();
     bool ok = std::isfinite(x) && (!spec.min || x >= *spec.min) &&
-              (!spec.below || x < *spec.below) && (!spec.max || x <= *spec.max);
+              (!spec.above || x > *spec.above) && (!spec.below || x < *spec.below) &&
+              (!spec.max || x <= *spec.max);
     if (ok) continue;
     auto it = origin.find(spec.path);
     std::string from = it == origin.end() ? "" : " (set in " + it->second + ")";
@@ -513,6 +520,11 @@ void Recipe::resolve_device(bool cuda_available) {
              "train.cuda_graphs=false)");
   MixedPrecisionSection& mp = mixed_precision;
   if (mp.compute_dtype == "auto") mp.compute_dtype = dist.device == "cuda" ? "bf16" : "f32";
+  FSDP_CHECK(!(mp.compute_dtype == "bf16" && dist.device == "cpu"), ConfigError,
+             "'mixed_precision.compute_dtype' is \"bf16\" but 'dist.device' is \"cpu\"",
+             cuda_available ? "" : " (no CUDA device is visible)",
+             ": the CPU kernels compute in f32 or f64 (use \"f32\", \"f64\" or \"auto\", or "
+             "dist.device=cuda on a GPU)");
   if (mp.grad_reduce_dtype == "auto") {
     if (dist.device == "cpu" && mp.compute_dtype == "f32") {
       // f32 gradients summed in f64 are exact: any sharding and data-parallel size then

@@ -48,9 +48,9 @@ void check_model_parallel(const Recipe& r) {
   FSDP_CHECK(!m.sequence_parallel || m.seq_length % tp == 0, ConfigError, "'model.seq_length' (",
              m.seq_length, ") is not divisible by 'model.tensor_model_parallel_size' (", tp,
              "), as 'model.sequence_parallel' needs");
-  // Context parallelism cuts every sequence into 2 cp equal chunks.
+  // Context parallelism cuts every sequence into 2 cp equal chunks (without it, none).
   const int cp = m.context_parallel_size;
-  FSDP_CHECK(m.seq_length % (2 * cp) == 0, ConfigError, "'model.seq_length' (", m.seq_length,
+  FSDP_CHECK(cp == 1 || m.seq_length % (2 * cp) == 0, ConfigError, "'model.seq_length' (", m.seq_length,
              ") is not divisible by 2 x 'model.context_parallel_size' (", 2 * cp, "): each "
              "context-parallel rank holds two of 2 x ", cp, " equal chunks of every sequence");
   for (const auto& [key, n] : {std::pair<const char*, int>{"model.tensor_model_parallel_size", tp},

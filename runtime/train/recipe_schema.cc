@@ -174,7 +174,8 @@ std::vector<FieldSpec> build_schema() {
           "Adam first-moment decay."),
       KEY(optimizer.adam_beta2).default_to(0.95).at_least(0).less_than(1).help_text(
           "Adam second-moment decay."),
-      KEY(optimizer.adam_eps).default_to(1e-8).at_least(0).help_text("Adam denominator epsilon."),
+      KEY(optimizer.adam_eps).default_to(1e-8).greater_than(0).help_text(
+          "Adam denominator epsilon (0 would divide by zero where a second moment is 0)."),
       KEY(optimizer.clip_grad).default_to(1.0).at_least(0).help_text(
           "Clip the global gradient norm to this; 0 = no clipping."),
       KEY(optimizer.moments_dtype).one_of({"f32", "bf16", "f64"}).default_to("f32").help_text(
@@ -292,8 +293,9 @@ std::vector<FieldSpec> build_schema() {
           "Replicas of the sharded model (HSDP outer axis)."),
       KEY(dist.dp_shard).default_to(-1).at_least(-1).help_text(
           "Ranks one model is sharded over; -1 = what the world size leaves."),
-      KEY(dist.distributed_timeout_minutes).default_to(10.0).at_least(0).help_text(
-          "A collective that waits longer ends the job on every rank."),
+      KEY(dist.distributed_timeout_minutes).default_to(10.0).greater_than(0).at_most(525600)
+          .help_text("A collective that waits longer ends the job on every rank (at most a "
+                     "year)."),
 
       // checkpoint
       KEY(checkpoint.save).default_to(nullptr).help_text(

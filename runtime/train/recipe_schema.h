@@ -30,6 +30,7 @@ struct FieldSpec {
   std::vector<std::string> choices;   // allowed strings (canonical spelling); empty: any string
   bool int_codes = false;             // the integer i also names choices[i]
   std::optional<double> min;          // inclusive lower bound on a number
+  std::optional<double> above;        // exclusive lower bound on a number
   std::optional<double> below;        // exclusive upper bound on a number
   std::optional<double> max;          // inclusive upper bound on a number
   std::string help;
@@ -50,6 +51,7 @@ struct FieldSpec {
     return s;
   }
   FieldSpec at_least(double lo) const { FieldSpec s = *this; s.min = lo; return s; }
+  FieldSpec greater_than(double lo) const { FieldSpec s = *this; s.above = lo; return s; }
   FieldSpec at_most(double hi) const { FieldSpec s = *this; s.max = hi; return s; }
   FieldSpec less_than(double hi) const { FieldSpec s = *this; s.below = hi; return s; }
   FieldSpec help_text(std::string text) const { FieldSpec s = *this; s.help = std::move(text); return s; }

@@ -3,6 +3,8 @@
 // report).
 #include "runtime/train/trainer_state.h"
 
+#include <cmath>
+
 #include "kernels/fp8_ops.h"
 
 #if FSDP_WITH_CUDA
@@ -33,7 +35,9 @@ void Trainer::State::setup_world() {
                       "the runtime's threads, OpenBLAS's buffers and MPI, before any model");
   WorldOptions wo;
   wo.backend = backend_from_name(recipe.dist.backend, "dist.backend");
-  wo.timeout = std::chrono::milliseconds(int64_t(recipe.dist.distributed_timeout_minutes * 60000));
+  // Rounded up: any positive timeout the recipe allows is at least a millisecond.
+  wo.timeout = std::chrono::milliseconds(
+      int64_t(std::ceil(recipe.dist.distributed_timeout_minutes * 60000)));
   wo.print_summary = options.out != nullptr;
   wo.on_failure = options.on_comm_failure;
   wo.alone = options.alone;

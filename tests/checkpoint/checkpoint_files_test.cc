@@ -128,6 +128,12 @@ TEST_CASE("metadata.json round-trips and names what is wrong", "[checkpoint]") {
                     Contains("not a plain file name"));
   CHECK_THROWS_WITH(CheckpointMetadata::parse(broken([](auto& c) { c.version = 9; }), "m.json"),
                     Contains("version"));
+  // Nesting thousands of levels deep is refused before parsing, naming the file.
+  std::string deep = m.to_json();
+  deep.insert(1, "\"x\": " + std::string(5000, '[') + std::string(5000, ']') + ",");
+  CHECK_THROWS_AS(CheckpointMetadata::parse(deep, "m.json"), CheckpointError);
+  CHECK_THROWS_WITH(CheckpointMetadata::parse(deep, "m.json"),
+                    Contains("m.json:1:") && Contains("JSON nested deeper than 128 levels"));
   // Any edit of the text shows in its checksum, before anything else is looked at.
   std::string no_step = m.to_json();
   no_step.replace(no_step.find("\"step\""), 6, "\"stap\"");

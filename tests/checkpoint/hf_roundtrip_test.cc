@@ -252,6 +252,25 @@ TEST_CASE("importing a damaged or unsupported Hugging Face directory is refused,
     checkpoint::write_file_atomically(d + "/config.json", j.dump());
   });
   CHECK_THROWS_WITH(convert::read_hf_model(ctx, deep), Contains("model.n_layer"));
+  // A config.json claiming a vocabulary the files do not hold is refused by tensor and file
+  // before anything is allocated (here 128 GiB, which the import used to try to allocate).
+  const std::string vocab = damaged("vocab", [&](const std::string& d) {
+    Json j = Json::parse(checkpoint::read_text_file(d + "/config.json"));
+    j["vocab_size"] = int64_t(1) << 30;
+    checkpoint::write_file_atomically(d + "/config.json", j.dump());
+  });
+  CHECK_THROWS_AS(convert::read_hf_model(ctx, vocab), CheckpointError);
+  CHECK_THROWS_WITH(convert::read_hf_model(ctx, vocab),
+                    Contains(vocab + "/model.safetensors: tensor \"transformer.wte.weight\" is (96, 32), "
+                             "expected (1073741824, 32) from " + vocab + "/config.json"));
+  // A config.json nested thousands of levels deep is refused before it is parsed.
+  const std::string nested = damaged("nested", [&](const std::string& d) {
+    std::string text = checkpoint::read_text_file(d + "/config.json");
+    text.insert(1, "\"x\": " + std::string(10000, '[') + std::string(10000, ']') + ",");
+    checkpoint::write_file_atomically(d + "/config.json", text);
+  });
+  CHECK_THROWS_WITH(convert::read_hf_model(ctx, nested),
+                    Contains(nested + "/config.json:1:") && Contains("JSON nested deeper than 128 levels"));
 
   // Export never overwrites a non-empty directory; import never into one that holds
   // checkpoints (its `latest` would move back to step 0).

@@ -113,6 +113,11 @@ TEST_CASE("JSON lines: one document per line's member, errors name file, line an
   m = data_error([&] { tk::json_lines_documents("{\"text\": \"a\", \"n\": 1e99999}\n", "text", "f.jsonl"); });
   CHECK_THAT(m, Catch::Contains("f.jsonl line 1"));
   CHECK_THAT(m, Catch::Contains("not valid JSON"));
+  // Nesting thousands of levels deep is refused before parsing, naming the line.
+  const std::string deep = "{\"text\": \"a\"}\n{\"text\": \"b\", \"meta\": " +
+                           std::string(10000, '[') + std::string(10000, ']') + "}\n";
+  m = data_error([&] { tk::json_lines_documents(deep, "text", "f.jsonl"); });
+  CHECK_THAT(m, Catch::Contains("f.jsonl line 2") && Catch::Contains("nested deeper than 128"));
 }
 
 TEST_CASE("JSON lines: a list of strings is one document of pre-split sentences, as Megatron's",

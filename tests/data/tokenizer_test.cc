@@ -135,6 +135,11 @@ TEST_CASE("bad tokenizer files raise DataError naming the file and entry", "[dat
   CHECK_THROWS_WITH(Gpt2Tokenizer(bad_json, merges),
                     Catch::Contains("bad_vocab.json") && Catch::Contains("not valid JSON"));
 
+  const std::string deep = scratch_path("deep_vocab.json");
+  write_bytes(deep, "{\"a\": " + std::string(10000, '[') + std::string(10000, ']') + "}");
+  CHECK_THROWS_WITH(Gpt2Tokenizer(deep, merges),
+                    Catch::Contains("deep_vocab.json") && Catch::Contains("nested deeper than 128"));
+
   const std::string sparse = scratch_path("sparse_vocab.json");
   write_bytes(sparse, "{\"a\": 0, \"b\": 5}");
   CHECK_THROWS_WITH(Gpt2Tokenizer(sparse, merges),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tools/generate on what training writes: a ZeRO-3 checkpoint saved by 2 ranks and its
 # Hugging Face export give the same sampled tokens, with and without the key/value cache;
-# greedy decoding is the same with and without the cache; bad arguments and paths are
-# refused with a message.
+# greedy decoding is the same with and without the cache; bad arguments and paths, and a
+# checkpoint with a flipped byte, are refused with a message.
 # Usage: generate_tool_test.sh TRAIN CONVERT GENERATE
 set -u
 train="$1" convert="$2" generate="$3"
@@ -50,4 +50,23 @@ grep -q "^It is a truth" "$work/native.log" || fail "the prompt is not printed f
 grep -q "nowhere" "$work/missing.log" || fail "the error does not name the path"
 "$generate" "$work/ckpt" --top-p 2 > "$work/bad_flag.log" 2>&1
 [ $? -eq 2 ] || fail "--top-p 2: expected exit status 2"
+# --top-k past the model's vocabulary (GPT-2's 50257 tokens).
+"$generate" "$work/ckpt" --top-k 50258 > "$work/top_k.log" 2>&1
+[ $? -eq 2 ] || fail "--top-k 50258: expected exit status 2"
+grep -q -- "--top-k 50258 is more than the model's vocabulary of 50257" "$work/top_k.log" \
+  || fail "the --top-k error does not name the vocabulary"
+
+# A byte flipped in the middle of a shard file (tensor data): refused, as train and export
+# refuse it, naming the file.
+cp -r "$work/ckpt/step_000002" "$work/damaged"
+shard="$work/damaged/shard_00000_of_00002.safetensors"
+[ -f "$shard" ] || fail "no $shard"
+offset=$(( $(stat -c %s "$shard") / 2 ))
+byte=$(od -An -tu1 -j "$offset" -N1 "$shard" | tr -d ' ')
+printf "$(printf '\\%03o' $(( byte ^ 16 )))" |
+  dd of="$shard" bs=1 seek="$offset" count=1 conv=notrunc 2> /dev/null
+"$generate" "$work/damaged" --max-new-tokens 2 > "$work/damaged.log" 2>&1
+[ $? -eq 1 ] || fail "a damaged checkpoint: expected exit status 1"
+grep -q "shard_00000_of_00002.safetensors: checksum mismatch" "$work/damaged.log" \
+  || fail "the error does not name the damaged file"
 echo "PASS (native = export = no cache: $(cat "$work/native.ids"))"

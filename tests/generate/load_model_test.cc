@@ -1,19 +1,24 @@
 // tools/generate's model loading: a mixture-of-experts model trained with expert biases
 // (aux-loss-free balancing) comes back from its checkpoint with those biases, so that
-// generation routes the tokens as training did.
+// generation routes the tokens as training did; a damaged checkpoint is refused.
 #include "tools/generate/load_model.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "kernels/ops.h"
+#include "models/factory.h"
 #include "runtime/checkpoint/checkpoint_reader.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "runtime/nn/moe.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
 #include "tests/train/scratch_dir.h"
+#include "tools/convert/hf_import.h"
 
 namespace fsdp {
 namespace {
@@ -53,6 +58,51 @@ TEST_CASE("generate loads the expert biases a checkpoint holds") {
     CHECK(moved > 0);  // three updates moved the biases away from their start at zero
   }
   CHECK(layers == 2);
+}
+
+TEST_CASE("generate refuses a checkpoint whose weights were damaged, naming file and tensor") {
+  // A small GPT-2's step-0 checkpoint (as `convert import` writes one).
+  const std::string dir = testing::scratch_dir("generate_damaged");
+  Context ctx;
+  models::ModelConfig c;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.vocab_size = 96;
+  c.seq_len = 16;
+  convert::HfModel weights;
+  weights.config = c.resolved();
+  const auto model = models::build_model(weights.config);
+  for (nn::Parameter* p : model->named_parameters())
+    weights.params[p->name()] = ops::full(ctx, p->shape(), DType::f32, 0.5);
+  const std::string step = convert::write_step0_checkpoint(ctx, weights, dir + "/ck");
+  CHECK_NOTHROW(generate::load_model(ctx, dir + "/ck", DType::f32));
+
+  // One byte flipped in the middle of the first shard's main weights.
+  const checkpoint::CheckpointReader reader(step);
+  const std::string shard = reader.file_path(0);
+  const std::string tensor = reader.metadata().files[0].tensors[0].name;
+  REQUIRE(tensor.rfind("main/", 0) == 0);
+  uint64_t offset = 0;
+  {
+    checkpoint::SafetensorsReader file(shard);
+    const uint64_t data_start = std::filesystem::file_size(shard) - file.entries().back().end;
+    const checkpoint::SafetensorsEntry& e = file.entry(tensor);
+    offset = data_start + e.begin + e.nbytes() / 2;
+  }
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(offset));
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x10);
+    f.seekp(std::streamoff(offset));
+    f.write(&c, 1);
+    REQUIRE(f.good());
+  }
+  CHECK_THROWS_AS(generate::load_model(ctx, dir + "/ck", DType::f32), CheckpointError);
+  CHECK_THROWS_WITH(generate::load_model(ctx, dir + "/ck", DType::f32),
+                    Catch::Contains(shard) && Catch::Contains("checksum mismatch in tensor \"" + tensor));
 }
 
 }  // namespace

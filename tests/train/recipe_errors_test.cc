@@ -1,5 +1,7 @@
 // Bad recipes fail with a ConfigError that names the file, the full key path, and for unknown
 // keys the nearest valid one.
+#include <chrono>
+
 #include "runtime/core/error.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/recipe_suggest.h"
@@ -118,6 +120,16 @@ TEST_CASE("out-of-range values name the key, the range and where they were set",
              Catch::Contains("'dataset.val_fraction'"));
   CHECK_THAT(config_error(R"({"dist": {"dp_shard": 0}})"),
              Catch::Contains("'dist.dp_shard' must be -1 (fill the world) or >= 1"));
+  // A zero timeout would fail later naming no key; a zero epsilon would divide by zero.
+  CHECK_THAT(config_error("{}", {"dist.distributed_timeout_minutes=0"}),
+             Catch::Contains("'dist.distributed_timeout_minutes' = 0.0 is out of range: must be "
+                             "in (0, 525600]"));
+  CHECK_THAT(config_error("{}", {"dist.distributed_timeout_minutes=1e300"}),
+             Catch::Contains("'dist.distributed_timeout_minutes'"));
+  CHECK(parse_recipe("{}", {"dist.distributed_timeout_minutes=0.5"}).dist.distributed_timeout_minutes == 0.5);
+  CHECK_THAT(config_error(R"({"optimizer": {"adam_eps": 0}})"),
+             Catch::Contains("'optimizer.adam_eps' = 0.0 is out of range: must be > 0 (set in bad.json)"));
+  CHECK_THAT(config_error("{}", {"optimizer.adam_eps=-1e-8"}), Catch::Contains("'optimizer.adam_eps'"));
   // An override may repair a bad file value: ranges are checked after overrides.
   CHECK(parse_recipe(R"({"optimizer": {"lr": -1}})", {"optimizer.lr=0.5"}).optimizer.lr == 0.5);
 }
@@ -181,6 +193,47 @@ TEST_CASE("tensor and context parallelism that cannot run are refused by key", "
   CHECK_THAT(config_error(R"({"model": {"context_parallel_size": 3, "seq_length": 64}})"),
              Catch::Contains("'model.seq_length' (64) is not divisible by 2 x "
                              "'model.context_parallel_size' (6)"));
+  CHECK_THAT(config_error("{}", {"model.seq_length=33", "model.context_parallel_size=2"}),
+             Catch::Contains("'model.seq_length' (33) is not divisible by 2 x "
+                             "'model.context_parallel_size' (4)"));
+  // Without context parallelism any length will do.
+  CHECK(parse_recipe("{}", {"model.seq_length=33"}).model.seq_length == 33);
+}
+
+TEST_CASE("bf16 compute on the CPU is refused when the device is settled, naming the key",
+          "[recipe]") {
+  Recipe cpu = parse_recipe("{}", {"mixed_precision.compute_dtype=bf16"});
+  CHECK_THROWS_AS(cpu.resolve_device(/*cuda_available=*/false), ConfigError);
+  CHECK_THROWS_WITH(cpu.resolve_device(false),
+                    Catch::Contains("'mixed_precision.compute_dtype' is \"bf16\" but 'dist.device' "
+                                    "is \"cpu\"") &&
+                        Catch::Contains("use \"f32\""));
+  Recipe explicit_cpu = parse_recipe("{}", {"mixed_precision.compute_dtype=bf16", "dist.device=cpu"});
+  CHECK_THROWS_WITH(explicit_cpu.resolve_device(true), Catch::Contains("'mixed_precision.compute_dtype'"));
+  // On a GPU it is the default.
+  Recipe gpu = parse_recipe("{}", {"mixed_precision.compute_dtype=bf16"});
+  CHECK_NOTHROW(gpu.resolve_device(true));
+}
+
+TEST_CASE("JSON nested too deeply is refused at once, naming the file", "[recipe]") {
+  // An unknown value 40,000 levels deep in a known section: parsed, it took seconds (the
+  // time grew with the square of the depth).
+  const int depth = 40000;
+  std::string deep = R"({"model": )";
+  for (int i = 0; i < depth; ++i) deep += R"({"x": )";
+  deep += "1";
+  deep += std::string(size_t(depth) + 1, '}');
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THAT(config_error(deep), Catch::StartsWith("bad.json:1:") &&
+                                     Catch::Contains("JSON nested deeper than 128 levels"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  // The column is the first bracket past the limit; brackets inside strings do not count.
+  CHECK_THAT(config_error(std::string(200, '[')), Catch::StartsWith("bad.json:1:129: JSON nested"));
+  const std::string brackets(500, '[');
+  CHECK(parse_recipe(R"({"run": {"name": ")" + brackets + R"("}})").run.name == brackets);
+  // An override's value too.
+  CHECK_THAT(config_error("{}", {"run.name=" + std::string(200, '[')}),
+             Catch::Contains("override of 'run.name'") && Catch::Contains("nested deeper"));
 }
 
 TEST_CASE("edit distance counts single-character edits", "[recipe]") {

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "collectives/mpi_communicator.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
+#include "tools/common/numeric_flags.h"
 
 #if FSDP_WITH_CUDA
 #include "tools/bench/nccl_baseline.h"
@@ -29,17 +31,8 @@ CollectiveKind parse_op(const std::string& name) {
              "' (all_gather|ag, reduce_scatter|rs, all_reduce|ar)");
 }
 
-int parse_positive(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  int v = 0;
-  try {
-    v = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  FSDP_CHECK(used == text.size() && v > 0, ConfigError, flag, " ", text,
-             ": expected a positive whole number");
-  return v;
+int parse_count(const std::string& flag, const std::string& text, int lo = 1) {
+  return tools::integer_flag<int>(flag, text, lo, 1000000);
 }
 
 std::string human_bytes(size_t bytes) {
@@ -258,14 +251,12 @@ const char* collectives_bench_usage() {
 }
 
 size_t parse_byte_size(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  FSDP_CHECK(used > 0 && v > 0, ConfigError, flag, " ", text, ": expected a size such as 4096, 64K, 1M or 1G");
+  // Digits, then an optional unit; at most 1024G in all.
+  uint64_t v = 0;
+  const auto [stop, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+  FSDP_CHECK(error == std::errc() && v > 0, ConfigError, flag, " ", text,
+             ": expected a size such as 4096, 64K, 1M or 1G");
+  const size_t used = size_t(stop - text.data());
   std::string unit = text.substr(used);
   if (unit.size() > 1 && (unit.substr(1) == "iB" || unit.substr(1) == "B")) unit = unit.substr(0, 1);
   size_t scale = 1;
@@ -273,6 +264,7 @@ size_t parse_byte_size(const std::string& flag, const std::string& text) {
   else if (unit == "M" || unit == "m") scale = size_t(1) << 20;
   else if (unit == "G" || unit == "g") scale = size_t(1) << 30;
   else FSDP_CHECK(unit.empty() || unit == "B", ConfigError, flag, " ", text, ": unknown unit '", unit, "'");
+  FSDP_CHECK(v <= (uint64_t(1) << 40) / scale, ConfigError, flag, " ", text, ": more than 1024G");
   return size_t(v) * scale;
 }
 
@@ -301,8 +293,7 @@ CollectivesBenchOptions parse_collectives_bench_args(const std::vector<std::stri
     } else if (flag == "--max-bytes") {
       opt.max_bytes = parse_byte_size(flag, value);
     } else if (flag == "--step-factor") {
-      opt.step_factor = parse_positive(flag, value);
-      FSDP_CHECK(opt.step_factor >= 2, ConfigError, "--step-factor ", value, ": must be at least 2");
+      opt.step_factor = parse_count(flag, value, 2);
     } else if (flag == "--dtype") {
       try {
         opt.dtype = dtype_from_name(value);
@@ -310,13 +301,13 @@ CollectivesBenchOptions parse_collectives_bench_args(const std::vector<std::stri
         FSDP_THROW(ConfigError, "--dtype ", value, ": ", e.what());
       }
     } else if (flag == "--iters") {
-      opt.iters = parse_positive(flag, value);
+      opt.iters = parse_count(flag, value);
     } else if (flag == "--warmup") {
-      opt.warmup = value == "0" ? 0 : parse_positive(flag, value);
+      opt.warmup = parse_count(flag, value, 0);
     } else if (flag == "--rounds") {
-      opt.rounds = parse_positive(flag, value);
+      opt.rounds = parse_count(flag, value);
     } else if (flag == "--timeout-s") {
-      opt.timeout_s = parse_positive(flag, value);
+      opt.timeout_s = parse_count(flag, value);
     } else if (flag == "--register") {
       if (value == "none") {
         opt.registration.reset();

@@ -10,6 +10,7 @@
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
 #include "tools/bench/device_timing.h"
+#include "tools/common/numeric_flags.h"
 
 namespace fsdp::bench {
 namespace {
@@ -37,7 +38,7 @@ int run_grouped_matmul_bench(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     auto value = [&]() -> int64_t {
       FSDP_CHECK(i + 1 < args.size(), ConfigError, a, " needs a value");
-      return std::stoll(args[++i]);
+      return tools::integer_flag<int64_t>(a, args[++i], 1, int64_t(1) << 30);
     };
     if (a == "--help" || a == "-h") {
       usage(stdout);

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "runtime/core/error.h"
+#include "tools/common/numeric_flags.h"
 
 namespace fsdp::bench {
 namespace {
@@ -30,6 +31,8 @@ void usage(std::FILE* out) {
 struct Timing {
   double best_s, median_s;
 };
+
+constexpr int64_t kMaxSize = int64_t(1) << 20;  // of M, N and K
 
 }  // namespace
 
@@ -52,11 +55,11 @@ int run_matmul_bench(const std::vector<std::string>& args) {
       usage(stdout);
       return 0;
     } else if (a == "--m") {
-      d.m = std::stoll(value());
+      d.m = tools::integer_flag<int64_t>(a, value(), 1, kMaxSize);
     } else if (a == "--n") {
-      d.n = std::stoll(value());
+      d.n = tools::integer_flag<int64_t>(a, value(), 1, kMaxSize);
     } else if (a == "--k") {
-      d.k = std::stoll(value());
+      d.k = tools::integer_flag<int64_t>(a, value(), 1, kMaxSize);
     } else if (a == "--trans-a") {
       d.trans_a = value() == "1";
     } else if (a == "--trans-b") {
@@ -64,7 +67,7 @@ int run_matmul_bench(const std::vector<std::string>& args) {
     } else if (a == "--f64") {
       f64 = true;
     } else if (a == "--reps") {
-      reps = std::stoi(value());
+      reps = tools::integer_flag<int>(a, value(), 1, 1000000);
     } else if (a == "--impl") {
       impl = value();
     } else {

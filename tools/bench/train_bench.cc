@@ -12,6 +12,7 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tools/common/exit_after_failure.h"
+#include "tools/common/numeric_flags.h"
 
 namespace fsdp::bench {
 namespace {
@@ -89,9 +90,9 @@ int run_train_bench(const std::vector<std::string>& args) {
     } else if (a == "--config") {
       config = value();
     } else if (a == "--steps") {
-      steps = std::stoll(value());
+      steps = tools::integer_flag<int64_t>(a, value(), 1, 1000000);
     } else if (a == "--warmup") {
-      warmup = std::stoll(value());
+      warmup = tools::integer_flag<int64_t>(a, value(), 0, 1000000);
     } else if (a == "--profile") {
       profile = true;
     } else if (a == "--verbose") {

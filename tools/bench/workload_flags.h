@@ -9,6 +9,7 @@
 
 #include "runtime/core/error.h"
 #include "tools/bench/linear_shapes.h"
+#include "tools/common/numeric_flags.h"
 
 namespace fsdp::bench {
 
@@ -44,7 +45,7 @@ inline WorkloadFlags parse_workload_flags(
     } else if (a == "--config") {
       f.config = value();
     } else if (a == "--reps") {
-      f.reps = std::stoi(value());
+      f.reps = tools::integer_flag<int>(a, value(), 1, 1000000);
     } else if (!own || !own(a, value)) {
       usage(stderr);
       FSDP_THROW(ConfigError, "unknown flag ", a);

@@ -68,8 +68,7 @@ models::ModelConfig export_hf(const std::string& checkpoint_dir, const std::stri
   const std::string dir = checkpoint::find_checkpoint(checkpoint_dir);
   FSDP_CHECK(!dir.empty(), CheckpointError, checkpoint_dir, ": no checkpoint there");
   checkpoint::CheckpointReader reader(dir);
-  reader.check_files_present();
-  for (size_t i = 0; i < reader.metadata().files.size(); ++i) reader.verify_file(i);
+  reader.verify_all_files();
   const models::ModelConfig config = model_config_of_checkpoint(reader.metadata(), dir);
   // The layout first: a model Hugging Face cannot express is refused before anything is written.
   const std::vector<HfTensor> tensors = hf_tensors(config);

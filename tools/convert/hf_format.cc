@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/json_depth.h"
 
 namespace fsdp::convert {
 namespace {
@@ -210,6 +211,7 @@ std::string hf_config_json(const models::ModelConfig& c, const std::string& dtyp
 
 models::ModelConfig model_config_from_hf(const std::string& config_json, const std::string& source,
                                          int64_t padded_vocab_size) {
+  check_json_depth<ConfigError>(config_json, source);
   Json j;
   try {
     j = Json::parse(config_json);

@@ -14,6 +14,7 @@
 #include "runtime/checkpoint/durable_files.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/save.h"
+#include "runtime/core/json_depth.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/train/recipe.h"
 #include "tools/convert/hf_format.h"
@@ -31,9 +32,11 @@ std::vector<std::string> weight_files(const std::string& dir) {
   const std::string index = dir + "/model.safetensors.index.json";
   FSDP_CHECK(checkpoint::file_size_or_missing(index) >= 0, CheckpointError, dir,
              ": neither model.safetensors nor model.safetensors.index.json");
+  const std::string text = checkpoint::read_text_file(index);
+  check_json_depth<CheckpointError>(text, index);
   std::set<std::string> names;
   try {
-    const Json j = Json::parse(checkpoint::read_text_file(index));
+    const Json j = Json::parse(text);
     for (const auto& entry : j.at("weight_map").items()) names.insert(entry.value().get<std::string>());
   } catch (const Json::exception& e) {
     FSDP_THROW(CheckpointError, index, ": not a weight index (", e.what(), ")");
@@ -86,21 +89,28 @@ HfModel read_hf_model(Context& ctx, const std::string& hf_dir, int64_t padded_vo
                " model as config.json describes it");
   }
 
-  // Our parameters, assembled from their Hugging Face pieces.
-  auto model = models::build_model(c);
-  for (nn::Parameter* p : model->named_parameters())
-    out.params[p->name()] = ops::zeros(ctx, p->shape(), DType::f32);
+  // Every tensor's presence, shape and dtype against the files' headers, before anything is
+  // allocated: sizes config.json claims but the files do not hold are refused by name.
   for (const HfTensor& t : tensors) {
     const std::string name = stored_name(t.name);
     auto it = holder.find(name);
     FSDP_CHECK(it != holder.end(), CheckpointError, hf_dir, ": tensor \"", t.name, "\" is missing");
     const checkpoint::SafetensorsEntry& e = it->second->entry(name);
     FSDP_CHECK(e.shape == t.shape, CheckpointError, it->second->path(), ": tensor \"", name, "\" is ",
-               e.shape, ", expected ", t.shape);
+               e.shape, ", expected ", t.shape, " from ", config_path);
     FSDP_CHECK(e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16 || e.dtype == DType::f64,
                CheckpointError, it->second->path(), ": tensor \"", name, "\" is ",
                checkpoint::safetensors_dtype_name(e.dtype), ", not a floating type");
-    Tensor hf = it->second->load(ctx, name, /*on_host=*/true);
+  }
+
+  // Our parameters, assembled from their Hugging Face pieces.
+  auto model = models::build_model(c);
+  for (nn::Parameter* p : model->named_parameters())
+    out.params[p->name()] = ops::zeros(ctx, p->shape(), DType::f32);
+  for (const HfTensor& t : tensors) {
+    const std::string name = stored_name(t.name);
+    checkpoint::SafetensorsReader* file = holder.at(name);
+    Tensor hf = file->load(ctx, name, /*on_host=*/true);
     // A NaN or infinite weight would train to NaN at once, far from its cause.
     FSDP_CHECK(std::isfinite(ops::item(ctx, ops::sum_squares(ctx, hf))), CheckpointError, hf_dir,
                ": tensor \"", name, "\" holds NaN or infinite values");

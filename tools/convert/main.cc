@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "models/config.h"
 #include "runtime/core/error.h"
+#include "tools/common/numeric_flags.h"
 #include "tools/convert/hf_export.h"
 #include "tools/convert/hf_import.h"
 #include "tools/convert/initial_weights.h"
@@ -61,11 +63,10 @@ int run(const std::vector<std::string>& args) {
     } else if (a == "--no-check-batch") {
       export_options.check_batch = false;
     } else if (a == "--padded-vocab") {
-      try {
-        padded_vocab = std::stoll(value());
-      } catch (const std::exception&) {
-        throw UsageError("--padded-vocab needs an integer");
-      }
+      // 0 = vocab_size rounded up to a multiple of 128; config.json's vocab_size is checked
+      // against it once read.
+      padded_vocab =
+          fsdp::tools::integer_flag<int64_t>(a, value(), 0, fsdp::models::kMaxVocab + 127);
     } else if (a.rfind("--", 0) == 0) {
       throw UsageError("unknown option " + a);
     } else {

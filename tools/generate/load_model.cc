@@ -69,7 +69,7 @@ std::unique_ptr<models::LanguageModel> load_model(Context& ctx, const std::strin
              ": neither a Hugging Face directory (config.json) nor a checkpoint (metadata.json, "
              "or a save directory with a complete one)");
   checkpoint::CheckpointReader reader(dir);
-  reader.check_files_present();
+  reader.verify_all_files();  // a damaged checkpoint is refused, as train and export refuse it
   auto model = models::build_model(convert::model_config_of_checkpoint(reader.metadata(), dir));
   install_weights(ctx, *model, dtype, [&](const std::string& name) {
     return reader.read_parameter(host, checkpoint::kMainWeights, name);

@@ -12,7 +12,8 @@
 namespace fsdp::generate {
 
 // `path`: a Hugging Face model directory (it holds config.json), a checkpoint step
-// directory (metadata.json), or a save directory (its `latest`). Weights are converted to
+// directory (metadata.json), or a save directory (its `latest`). A native checkpoint's
+// files are verified against their recorded SHA-256 first. Weights are converted to
 // `dtype` on ctx's device. CheckpointError / ConfigError naming the path and what is wrong.
 std::unique_ptr<models::LanguageModel> load_model(Context& ctx, const std::string& path,
                                                   DType dtype);

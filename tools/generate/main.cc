@@ -10,8 +10,10 @@
 // then each new token costs one token's forward. Exit status: 0 success, 2 bad arguments,
 // 1 any other failure.
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,11 +22,14 @@
 #include "runtime/core/error.h"
 #include "runtime/data/assets.h"
 #include "runtime/data/tokenizer.h"
+#include "tools/common/numeric_flags.h"
 #include "tools/generate/load_model.h"
 
 namespace {
 
 using fsdp::ConfigError;
+using fsdp::tools::integer_flag;
+using fsdp::tools::number_flag;
 
 constexpr const char* kUsage = R"(usage: generate MODEL [options]
 
@@ -34,12 +39,13 @@ directory written by `convert export`.
 
 options:
   --prompt TEXT          text to continue (default "It is a truth universally acknowledged")
-  --max-new-tokens N     tokens to generate (default 64)
-  --temperature T        softmax temperature; 0 = greedy (default 1.0)
-  --top-k K              sample among the K most likely tokens; 0 = all (default 0)
-  --top-p P              then among the fewest most likely whose probability reaches P
-                         (default 1.0: all)
-  --seed S               seed of the sampler (default 1)
+  --max-new-tokens N     tokens to generate, at most 1048576 (default 64)
+  --temperature T        softmax temperature, finite, >= 0; 0 = greedy (default 1.0)
+  --top-k K              sample among the K most likely tokens, at most the model's
+                         vocabulary; 0 = all (default 0)
+  --top-p P              then among the fewest most likely whose probability reaches P,
+                         in (0, 1] (default 1.0: all)
+  --seed S               seed of the sampler, from 0 to 2^64 - 1 (default 1)
   --device auto|cpu|cuda where to run; auto = the first GPU if there is one (default auto)
   --dtype f32|bf16       weights and activations (default f32; bf16 on CUDA only)
   --no-kv-cache          run the whole context for every token (slower; for comparisons)
@@ -64,25 +70,9 @@ std::string from_user(const std::string& path) {
   return std::string(dir) + "/" + path;
 }
 
-double number(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  FSDP_CHECK(!text.empty() && used == text.size(), ConfigError, flag, ": '", text,
-             "' is not a number");
-  return v;
-}
-
-int64_t whole(const std::string& flag, const std::string& text, double low) {
-  const double v = number(flag, text);
-  FSDP_CHECK(v >= low && v == double(int64_t(v)), ConfigError, flag,
-             " must be a whole number >= ", low, ", got ", text);
-  return int64_t(v);
-}
+// The most tokens one call generates (past the model's context the cache restarts from its
+// last half: models/generate.h).
+constexpr int64_t kMaxNewTokens = int64_t(1) << 20;
 
 // Returns false for --help.
 bool parse(int argc, char** argv, Options& o) {
@@ -116,18 +106,17 @@ bool parse(int argc, char** argv, Options& o) {
     if (arg == "--prompt") {
       o.prompt = value;
     } else if (arg == "--max-new-tokens") {
-      o.sample.n_tokens = whole(arg, value, 0);
+      o.sample.n_tokens = integer_flag<int64_t>(arg, value, 0, kMaxNewTokens);
     } else if (arg == "--temperature") {
-      o.sample.temperature = number(arg, value);
-      FSDP_CHECK(o.sample.temperature >= 0, ConfigError, "--temperature must be >= 0");
+      o.sample.temperature = number_flag(arg, value, 0);
     } else if (arg == "--top-k") {
-      o.sample.top_k = whole(arg, value, 0);
+      // Bounded by the model's vocabulary once it is loaded.
+      o.sample.top_k = integer_flag<int64_t>(arg, value, 0, std::numeric_limits<int32_t>::max());
     } else if (arg == "--top-p") {
-      o.sample.top_p = number(arg, value);
-      FSDP_CHECK(o.sample.top_p > 0 && o.sample.top_p <= 1, ConfigError,
-                 "--top-p must be in (0, 1], got ", value);
+      o.sample.top_p = number_flag(arg, value, 0, 1);
+      FSDP_CHECK(o.sample.top_p > 0, ConfigError, "--top-p must be in (0, 1], got '", value, "'");
     } else if (arg == "--seed") {
-      o.sample.seed = uint64_t(whole(arg, value, 0));
+      o.sample.seed = integer_flag<uint64_t>(arg, value, 0, std::numeric_limits<uint64_t>::max());
     } else if (arg == "--device") {
       FSDP_CHECK(value == "auto" || value == "cpu" || value == "cuda", ConfigError,
                  "--device must be auto, cpu or cuda, got ", value);
@@ -169,6 +158,9 @@ int run(int argc, char** argv) {
   FSDP_CHECK(tokenizer.vocab_size() <= model->config().vocab_size, ConfigError, "the tokenizer's ",
              tokenizer.vocab_size(), " tokens do not fit the model's vocabulary of ",
              model->config().vocab_size);
+  FSDP_CHECK(o.sample.top_k <= model->config().vocab_size, ConfigError, "--top-k ", o.sample.top_k,
+             " is more than the model's vocabulary of ", model->config().vocab_size,
+             " tokens (0 = all)");
   const std::vector<int32_t> prompt = tokenizer.encode(o.prompt);
   FSDP_CHECK(!prompt.empty(), ConfigError, "--prompt is empty");
 

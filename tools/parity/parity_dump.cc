@@ -21,6 +21,7 @@
 #include "models/factory.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/nn/init.h"
+#include "tools/common/numeric_flags.h"
 
 namespace fsdp {
 namespace {
@@ -59,11 +60,9 @@ Options parse(int argc, char** argv) {
     const std::string key = argv[i];
     FSDP_CHECK(i + 1 < argc, ConfigError, key, " needs a value\n", kUsage);
     const std::string value = argv[++i];
-    auto number = [&] {
-      char* end = nullptr;
-      const double v = std::strtod(value.c_str(), &end);
-      FSDP_CHECK(end && *end == '\0' && !value.empty(), ConfigError, key, ": not a number: ", value);
-      return v;
+    // Sizes up to 2^30 (a shape beyond the model's limits is refused when it is resolved).
+    auto size = [&](int64_t lo) {
+      return tools::integer_flag<int64_t>(key, value, lo, int64_t(1) << 30);
     };
     if (key == "--model") o.model = value;
     else if (key == "--fp32-residual") {
@@ -74,15 +73,16 @@ Options parse(int argc, char** argv) {
     else if (key == "--device") o.device = value;
     else if (key == "--dtype") o.dtype = value;
     else if (key == "--out") o.out = value;
-    else if (key == "--batch") o.batch = int64_t(number());
-    else if (key == "--seq") o.seq = int64_t(number());
-    else if (key == "--steps") o.steps = int64_t(number());
-    else if (key == "--seed") o.seed = uint64_t(number());
-    else if (key == "--lr") o.lr = number();
-    else if (key == "--classifier-chunk-rows") o.classifier_chunk_rows = int64_t(number());
+    else if (key == "--batch") o.batch = size(1);
+    else if (key == "--seq") o.seq = size(1);
+    else if (key == "--steps") o.steps = size(1);
+    else if (key == "--seed")
+      o.seed = tools::integer_flag<uint64_t>(key, value, 0, std::numeric_limits<uint64_t>::max());
+    else if (key == "--lr") o.lr = tools::number_flag(key, value, 0);
+    else if (key == "--classifier-chunk-rows") o.classifier_chunk_rows = size(-1);
     else if (key == "--layers" || key == "--d-model" || key == "--heads" || key == "--kv-heads" ||
              key == "--d-ff" || key == "--vocab" || key == "--padded-vocab" || key == "--seq-len")
-      o.shape[key] = int64_t(number());
+      o.shape[key] = size(0);
     else FSDP_THROW(ConfigError, "unknown option ", key, "\n", kUsage);
   }
   FSDP_CHECK(!o.out.empty(), ConfigError, "--out is required\n", kUsage);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/error.h"
+#include "runtime/core/json_depth.h"
 #include "runtime/core/thread_pool.h"
 #include "runtime/data/files.h"
 #include "runtime/data/text_documents.h"
@@ -92,6 +93,8 @@ Documents json_lines_documents(const std::string& bytes, const std::string& key,
     const size_t offset = begin;
     begin = end + 1;
     if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
+    FSDP_CHECK(!json_too_deep(text), DataError, where(path, line, offset),
+               ": JSON nested deeper than ", kMaxJsonDepth, " levels");
     nlohmann::json object;
     try {
       object = nlohmann::json::parse(text);

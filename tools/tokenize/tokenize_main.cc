@@ -24,12 +24,15 @@
 #include "runtime/data/llmc_shards.h"
 #include "runtime/data/megatron_indexed.h"
 #include "runtime/data/tokenizer.h"
+#include "tools/common/numeric_flags.h"
 #include "tools/tokenize/input_documents.h"
 #include "tools/tokenize/parallel_encode.h"
 
 namespace {
 
 using fsdp::ConfigError;
+using fsdp::tools::integer_flag;
+using fsdp::tools::number_flag;
 namespace data = fsdp::data;
 
 constexpr const char* kUsage = R"(usage: tokenize [options] --out PREFIX FILES...
@@ -93,19 +96,6 @@ std::string from_user(const std::string& path) {
   return std::string(dir) + "/" + path;
 }
 
-double parse_number(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  FSDP_CHECK(used == text.size() && !text.empty(), ConfigError, flag, ": '", text,
-             "' is not a number");
-  return value;
-}
-
 // Returns false when --help was asked for.
 bool parse_args(int argc, char** argv, Options& opt) {
   for (int i = 1; i < argc; ++i) {
@@ -133,12 +123,9 @@ bool parse_args(int argc, char** argv, Options& opt) {
     } else if (arg == "--format") {
       opt.format = value;
     } else if (arg == "--val-fraction") {
-      opt.val_fraction = parse_number(arg, value);
+      opt.val_fraction = number_flag(arg, value, 0, 1);  // below 1: checked below
     } else if (arg == "--shard-tokens") {
-      const double n = parse_number(arg, value);
-      FSDP_CHECK(n >= 1 && n <= 2147483647 && n == static_cast<double>(uint64_t(n)), ConfigError,
-                 "--shard-tokens must be a whole number in [1, 2^31 - 1], got ", value);
-      opt.shard_tokens = static_cast<uint64_t>(n);
+      opt.shard_tokens = integer_flag<uint64_t>(arg, value, 1, 2147483647);
     } else if (arg == "--llmc-format") {
       FSDP_CHECK(value == "gpt-2" || value == "llama-3", ConfigError, "--llmc-format '", value,
                  "': expected gpt-2 or llama-3");
@@ -147,10 +134,7 @@ bool parse_args(int argc, char** argv, Options& opt) {
       FSDP_CHECK(!value.empty(), ConfigError, "--json-key needs a member name");
       opt.json_key = value;
     } else if (arg == "--workers") {
-      const double n = parse_number(arg, value);
-      FSDP_CHECK(n >= 1 && n <= 1024 && n == double(unsigned(n)), ConfigError,
-                 "--workers must be a whole number in [1, 1024], got ", value);
-      opt.workers = unsigned(n);
+      opt.workers = integer_flag<unsigned>(arg, value, 1, 1024);
     } else if (arg == "--vocab") {
       opt.vocab = from_user(value);
     } else if (arg == "--merges") {

@@ -185,9 +185,11 @@ TEST_CASE("a resume with another dataset.seed is refused, naming the key and bot
                                              Contains("step_000004") &&
                                              Contains("dataset.seed = 7") &&
                                              Contains("dataset.seed=7"));
-  // The same seed resumes; a fresh start may take any seed.
+  // The same seed resumes; a fresh start (replacing the checkpoints) may take any seed.
   CHECK(run_training(tiny_recipe(dir, data, {"train.train_iters=8"})).first_step == 4);
-  CHECK(run_training(other, /*resume=*/false).first_step == 0);
+  const Recipe fresh = tiny_recipe(dir, data, {"train.train_iters=8", "dataset.seed=8",
+                                               "checkpoint.overwrite=true"});
+  CHECK(run_training(fresh, /*resume=*/false).first_step == 0);
 
   // So may a checkpoint that has read no data: `convert import`'s step 0 (saved with seed 0).
   if (testing::world_rank() == 0) {
@@ -213,11 +215,17 @@ TEST_CASE("--no-resume and checkpoint.load=null start fresh; a load path without
   const TrainResult first = run_training(tiny_recipe(dir, data, {"train.train_iters=4"}));
   REQUIRE(checkpoint::read_latest_marker(dir + "/ckpt") == "step_000004");
 
-  const TrainResult no_resume = run_training(tiny_recipe(dir, data, {"train.train_iters=4"}), /*resume=*/false);
+  // Starting fresh into a directory of checkpoints replaces them: refused unless asked for.
+  CHECK_THROWS_WITH(run_training(tiny_recipe(dir, data, {"train.train_iters=4"}), /*resume=*/false),
+                    Contains("holds another run's checkpoints") && Contains("checkpoint.overwrite=true"));
+  CHECK(checkpoint::read_latest_marker(dir + "/ckpt") == "step_000004");
+  const TrainResult no_resume = run_training(
+      tiny_recipe(dir, data, {"train.train_iters=4", "checkpoint.overwrite=true"}), /*resume=*/false);
   CHECK(no_resume.first_step == 0);
   check_bitwise(no_resume.losses, first.losses);
 
-  const TrainResult null_load = run_training(tiny_recipe(dir, data, {"train.train_iters=4", "checkpoint.load=null"}));
+  const TrainResult null_load = run_training(tiny_recipe(
+      dir, data, {"train.train_iters=4", "checkpoint.load=null", "checkpoint.overwrite=true"}));
   CHECK(null_load.first_step == 0);
   check_bitwise(null_load.losses, first.losses);
 

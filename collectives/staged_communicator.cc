@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 
+#include "runtime/core/allocator.h"
 #include "runtime/core/error.h"
 
 #if FSDP_WITH_CUDA
@@ -48,7 +49,13 @@ class StagedCommunicator::Staging {
     Event free_after;  // the copies out of it (GPU); empty once it may be reused
   };
 
-  explicit Staging(Device device) : device_(device) {
+  // Slots come from a caching host allocator (pinned on a GPU) and go back to its cache:
+  // nothing is freed while the run goes on (a cudaFreeHost waits for the whole device,
+  // streams blocked on the worker too).
+  explicit Staging(Device device)
+      : device_(device),
+        memory_(device.is_cuda() ? std::make_unique<PinnedHostAllocator>()
+                                 : std::make_unique<HostAllocator>()) {
 #if FSDP_WITH_CUDA
     if (device_.is_cuda()) {
       DeviceGuard guard(device_);
@@ -84,7 +91,7 @@ class StagedCommunicator::Staging {
       } catch (const std::exception&) {
         // A failed device: nothing more can be done with the memory than to free it.
       }
-      free_bytes(slot->data);
+      memory_->deallocate(slot->data);
     }
 #if FSDP_WITH_CUDA
     if (flag_) cudaFreeHost(flag_);
@@ -100,12 +107,12 @@ class StagedCommunicator::Staging {
       if (slot->bytes >= bytes && (!best || slot->bytes < best->bytes)) best = slot.get();
     }
     if (!best) {
-      // A new slot beside the others: freeing a smaller one instead would be a
-      // cudaFreeHost, which waits for the whole device, streams blocked on the worker too.
+      // A new slot beside the others (the smaller free ones stay for smaller operations).
       slots_.push_back(std::make_unique<Slot>());
       best = slots_.back().get();
       best->bytes = slot_size_for(bytes);
-      best->data = allocate_bytes(best->bytes);
+      DeviceGuard guard(device_);
+      best->data = static_cast<unsigned char*>(memory_->allocate(best->bytes, Stream()));
     }
     best->busy = true;
     best->free_after = Event();
@@ -119,29 +126,11 @@ class StagedCommunicator::Staging {
   }
 
   void copy_in(Slot* slot, const Part& part, const Stream& stream) {
-    if (part.bytes == 0) return;
-#if FSDP_WITH_CUDA
-    if (device_.is_cuda()) {
-      FSDP_CALL(cudaMemcpyAsync(slot->data + part.at, part.src, part.bytes, cudaMemcpyDefault,
-                                stream.cuda_stream()));
-      return;
-    }
-#endif
-    (void)stream;
-    std::memcpy(slot->data + part.at, part.src, part.bytes);
+    copy(slot->data + part.at, part.src, part.bytes, stream);
   }
 
   void copy_out(Slot* slot, const Part& part, const Stream& stream) {
-    if (part.bytes == 0) return;
-#if FSDP_WITH_CUDA
-    if (device_.is_cuda()) {
-      FSDP_CALL(cudaMemcpyAsync(part.dst, slot->data + part.at, part.bytes, cudaMemcpyDefault,
-                                stream.cuda_stream()));
-      return;
-    }
-#endif
-    (void)stream;
-    std::memcpy(part.dst, slot->data + part.at, part.bytes);
+    copy(part.dst, slot->data + part.at, part.bytes, stream);
   }
 
   // Later work on `stream` waits until the worker has published `seq` (GPU only).
@@ -191,27 +180,18 @@ class StagedCommunicator::Staging {
   }
 
  private:
-  unsigned char* allocate_bytes(size_t bytes) {
+  // Between the caller's buffer (device or host) and a slot: queued on `stream` on a GPU,
+  // at once on the CPU.
+  void copy(void* dst, const void* src, size_t bytes, const Stream& stream) const {
+    if (bytes == 0) return;
 #if FSDP_WITH_CUDA
     if (device_.is_cuda()) {
-      DeviceGuard guard(device_);
-      void* p = nullptr;
-      FSDP_CALL(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
-      return static_cast<unsigned char*>(p);
-    }
-#endif
-    return new unsigned char[bytes];
-  }
-
-  void free_bytes(unsigned char* p) {
-    if (!p) return;
-#if FSDP_WITH_CUDA
-    if (device_.is_cuda()) {
-      cudaFreeHost(p);  // destructor path: nothing to do about an error
+      FSDP_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream.cuda_stream()));
       return;
     }
 #endif
-    delete[] p;
+    (void)stream;
+    std::memcpy(dst, src, bytes);
   }
 
 #if FSDP_WITH_CUDA
@@ -232,6 +212,7 @@ class StagedCommunicator::Staging {
 #endif
 
   Device device_;
+  std::unique_ptr<HostAllocator> memory_;
   std::vector<std::unique_ptr<Slot>> slots_;
   uint32_t* flag_ = nullptr;  // [0] published, then the token ring (GPU only)
 #if FSDP_WITH_CUDA

@@ -1,13 +1,11 @@
 #include "collectives/world.h"
 
 #include <mpi.h>
-
-#include <cstdio>
-#include <exception>
-
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "collectives/check.h"
 #include "collectives/mpi_communicator.h"

@@ -82,11 +82,13 @@ void FsdpUnit::pre_backward() {
 }
 
 void FsdpUnit::prepare_grads(const Tensor& slot) {
-  s_.ctx.stream().wait(grads_reduced_);
   if (s_.grads_sharded()) {
     // A fresh full-gradient buffer for this micro-batch's backward of the unit.
     Tensor full;
     if (is_root_) {
+      // The root's is the same buffer every micro-batch: zeroed only once the reduce stream
+      // has read the last one's (a pool slot's reuse waits inside the pool).
+      s_.ctx.stream().wait(root_grad_reduced_);
       full = root_grad;
     } else if (slot.defined()) {
       full = slot;
@@ -262,7 +264,7 @@ void FsdpUnit::reduce_grads() {
     reduce_sharded_grads();
   else
     reduce_full_grads();
-  grads_reduced_ = mark(s_.reduce_stream);
+  if (is_root_) root_grad_reduced_ = mark(s_.reduce_stream);
 }
 
 namespace {

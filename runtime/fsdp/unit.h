@@ -230,10 +230,9 @@ class FsdpUnit {
   Event released_;              // compute stream, after the last use of root_gathered
   BufferPool::Lease gather_lease_;  // pool slot of the gathered weights (ZeRO-3 blocks)
   BufferPool::Lease grad_lease_;    // pool slot of the full gradients (ZeRO-2/3 blocks)
-  // The reduce stream's last read of this unit's per-micro-batch gradients (marked after its
-  // reduction): the next micro-batch's backward zeroes a buffer the reduction may not have
-  // read yet otherwise (the root's full gradients, a separate accumulation dtype's).
-  Event grads_reduced_;
+  // The root: the reduce stream's last read of root_grad, which the next micro-batch's
+  // backward zeroes and reuses.
+  Event root_grad_reduced_;
 };
 
 }  // namespace fsdp

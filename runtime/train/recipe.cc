@@ -514,6 +514,10 @@ void Recipe::resolve_device(bool cuda_available) {
              "'dist.backend' is \"mpi\" but 'dist.device' is \"cuda\": the MPI backend moves "
              "host buffers (use \"nccl\", one GPU per rank, or \"staged\", which lets ranks "
              "share a GPU)");
+  // The staged backend stages the buffers of the device it finds (a GPU where one is visible).
+  FSDP_CHECK(!(dist.backend == "staged" && dist.device == "cpu" && cuda_available), ConfigError,
+             "'dist.backend' is \"staged\" but 'dist.device' is \"cpu\" on a machine with a "
+             "GPU: the staged backend would run on the GPU (use \"mpi\" for CPU ranks)");
   FSDP_CHECK(!(train.cuda_graphs && dist.backend == "staged"), ConfigError,
              "'train.cuda_graphs' is true but 'dist.backend' is \"staged\": its collectives "
              "wait for a host thread, which a graph replay would not run (set "

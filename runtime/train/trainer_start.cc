@@ -43,10 +43,6 @@ void Trainer::State::setup_world() {
   wo.alone = options.alone;
   world = std::make_unique<World>(launch, wo);
   FSDP_ASSERT(world->size() == launch.size);
-  FSDP_CHECK(world->device().is_cuda() == (device_type_of(recipe) == DeviceType::CUDA), ConfigError,
-             "'dist.backend' \"", recipe.dist.backend, "\" runs on ", world->device().str(),
-             " but 'dist.device' is \"", recipe.dist.device, "\" (with dist.device=cpu use "
-             "dist.backend=mpi)");
   mesh = std::make_unique<Mesh>(mesh_sizes_of(recipe), world->size());
   comms = std::make_unique<MeshCommunicators>(*world, *mesh);
   ctx = std::make_unique<Context>(world->device());

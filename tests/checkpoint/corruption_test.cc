@@ -18,6 +18,7 @@
 #include "runtime/checkpoint/durable_files.h"
 #include "runtime/checkpoint/load.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "tests/checkpoint/damage.h"
 #include "runtime/checkpoint/save.h"
 #include "runtime/checkpoint/sha256.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
@@ -36,25 +37,6 @@ checkpoint::TrainingProgress progress_at(int64_t step) {
   checkpoint::TrainingProgress p;
   p.step = step;
   return p;
-}
-
-void flip_byte(const std::string& path, uint64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(std::streamoff(offset));
-  char c = 0;
-  f.read(&c, 1);
-  c = char(c ^ 0x10);
-  f.seekp(std::streamoff(offset));
-  f.write(&c, 1);
-  REQUIRE(f.good());
-}
-
-// Byte offset in the file of the middle of tensor `name`'s data.
-uint64_t middle_of(const std::string& path, const std::string& name) {
-  checkpoint::SafetensorsReader r(path);
-  const uint64_t data_start = fs::file_size(path) - r.entries().back().end;
-  const checkpoint::SafetensorsEntry& e = r.entry(name);
-  return data_start + e.begin + e.nbytes() / 2;
 }
 
 // The metadata's own checksum made to match its (edited) text again: these damages stand
@@ -123,9 +105,9 @@ TEST_CASE("a damaged checkpoint fails the load naming file and tensor; model and
        [&](const std::string& c) { fs::resize_file(c + "/" + last, fs::file_size(c + "/" + last) - 100); },
        {last, "truncated", "tensor \"exp_avg_sq/root\" is incomplete"}},
       {"bit flip in a tensor",
-       [&](const std::string& c) { flip_byte(c + "/" + last, middle_of(c + "/" + last, "exp_avg/h.1")); },
+       [&](const std::string& c) { REQUIRE(testing::flip_byte(c + "/" + last, testing::middle_of(c + "/" + last, "exp_avg/h.1"))); },
        {last, "checksum mismatch in tensor \"exp_avg/h.1\""}},
-      {"bit flip in a header", [&](const std::string& c) { flip_byte(c + "/" + first, 30); }, {first}},
+      {"bit flip in a header", [&](const std::string& c) { REQUIRE(testing::flip_byte(c + "/" + first, 30)); }, {first}},
       {"missing shard file", [&](const std::string& c) { fs::remove(c + "/" + first); }, {first, "missing"}},
       {"tensor missing from a shard file",
        [&](const std::string& c) {

@@ -4,18 +4,16 @@
 #include "tools/generate/load_model.h"
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "kernels/ops.h"
 #include "models/factory.h"
 #include "runtime/checkpoint/checkpoint_reader.h"
-#include "runtime/checkpoint/safetensors.h"
 #include "runtime/nn/moe.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
+#include "tests/checkpoint/damage.h"
 #include "tests/test_support.h"
 #include "tests/train/scratch_dir.h"
 #include "tools/convert/hf_import.h"
@@ -83,23 +81,7 @@ TEST_CASE("generate refuses a checkpoint whose weights were damaged, naming file
   const std::string shard = reader.file_path(0);
   const std::string tensor = reader.metadata().files[0].tensors[0].name;
   REQUIRE(tensor.rfind("main/", 0) == 0);
-  uint64_t offset = 0;
-  {
-    checkpoint::SafetensorsReader file(shard);
-    const uint64_t data_start = std::filesystem::file_size(shard) - file.entries().back().end;
-    const checkpoint::SafetensorsEntry& e = file.entry(tensor);
-    offset = data_start + e.begin + e.nbytes() / 2;
-  }
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(std::streamoff(offset));
-    char c = 0;
-    f.read(&c, 1);
-    c = char(c ^ 0x10);
-    f.seekp(std::streamoff(offset));
-    f.write(&c, 1);
-    REQUIRE(f.good());
-  }
+  REQUIRE(testing::flip_byte(shard, testing::middle_of(shard, tensor)));
   CHECK_THROWS_AS(generate::load_model(ctx, dir + "/ck", DType::f32), CheckpointError);
   CHECK_THROWS_WITH(generate::load_model(ctx, dir + "/ck", DType::f32),
                     Catch::Contains(shard) && Catch::Contains("checksum mismatch in tensor \"" + tensor));

@@ -28,8 +28,8 @@ run() {  # name ranks backend args...
   grep -q "backend $backend" "$work/$name-$backend.log" || fail "$name: the world did not say backend $backend"
 }
 
-records() { sed -e 's/"tokens_per_s[^,}]*//; s/"step_ms[^,}]*//; s/"elapsed_s[^,}]*//' "$1" | \
-  grep -o '"\(loss\|val_loss\|grad_norm\|moe_aux_loss\)":[^,}]*'; }
+# Every loss, validation loss, gradient norm and balancing loss of a metrics file, in order.
+records() { grep -o '"\(loss\|val_loss\|grad_norm\|moe_aux_loss\)":[^,}]*' "$1"; }
 
 check() {  # name ranks args...
   local name="$1" n="$2"; shift 2

@@ -13,7 +13,12 @@ namespace fsdp {
 
 class CollectiveCalls {
  public:
-  CollectiveCalls(Context& ctx, bool time_them) : ctx_(ctx), time_(time_them && ctx.is_cuda()) {}
+  // skip: FsdpOptions::skip_collectives (nothing is exchanged; see communicates()).
+  CollectiveCalls(Context& ctx, bool time_them, bool skip = false)
+      : ctx_(ctx), time_(time_them && ctx.is_cuda()), skip_(skip) {}
+
+  // Whether collectives over `c` really run (a group of one, or skip_collectives: no).
+  bool communicates(const Communicator* c) const { return c && c->size() > 1 && !skip_; }
 
   void all_gather(Communicator& c, const Tensor& out, const Tensor& in, const Stream& stream);
   void reduce_scatter(Communicator& c, const Tensor& out, const Tensor& in, ReduceOp op,
@@ -40,6 +45,7 @@ class CollectiveCalls {
   };
   Context& ctx_;
   bool time_;
+  bool skip_;
   IssuedCollectives issued_;
   std::vector<Span> spans_;
 };

@@ -68,14 +68,14 @@ void ShardedModel::start_step() {
   clear_fp8_weight_casts();
   shared_.calls.reset_counts();
   micro_batches_ = 0;
-  step_grads_finished_ = false;
+  shared_.phase = StepPhase::last_micro_batch;
   for (auto& u : units_) u->zero_grads();
   // Reductions of this step add into the buffers just zeroed on the compute stream.
   shared_.reduce_stream.wait(mark(shared_.ctx.stream()));
 }
 
 void ShardedModel::start_micro_batch(bool last) {
-  shared_.last_micro_batch = last;
+  shared_.phase = last ? StepPhase::last_micro_batch : StepPhase::accumulating;
   micro_batches_++;
   if (micro_batches_ == 1 && fp8_weight_amax_.defined()) {
     quantize_fp8_weights();
@@ -100,12 +100,16 @@ void ShardedModel::quantize_fp8_weights() {
   Communicator* group = shared_.groups.shard_gather;
   if (shared_.communicates(group))
     shared_.calls.all_reduce(*group, fp8_weight_amax_, ReduceOp::Max, ctx.stream(), 1.0);
-  // A tensor-parallel slice's amax, then over the tensor-parallel group: the whole weight's
-  // (the FP8 plan marks only split layers under tensor parallelism, and a whole weight's
-  // maximum over equal copies is its own).
-  Communicator* tp = shared_.groups.tensor_parallel;
-  if (tp && shared_.communicates(tp))
-    shared_.calls.all_reduce(*tp, fp8_weight_amax_, ReduceOp::Max, ctx.stream(), 1.0);
+  // Then over the groups holding the weights' other parts (a slice's amax becomes the whole
+  // weight's; a weight held whole there is its own maximum over equal copies). Every FP8
+  // unit of a rank is split alike, so the first one's groups serve all.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u]->plan().fp8) continue;
+    for (Communicator* c : split_groups(int(u)))
+      if (shared_.communicates(c))
+        shared_.calls.all_reduce(*c, fp8_weight_amax_, ReduceOp::Max, ctx.stream(), 1.0);
+    break;
+  }
   // The amax each weight is scaled by: its own, or under delayed scaling with a history
   // the history's (as the layer would take it: the same on every rank).
   const Tensor scale_amax = ops::clone(ctx, fp8_weight_amax_);
@@ -152,95 +156,17 @@ void ShardedModel::record_fp8_weight_amaxes() {
 
 void ShardedModel::finish_grad_sync() {
   shared_.ctx.stream().wait(mark(shared_.reduce_stream));
-  if (shared_.last_micro_batch && !step_grads_finished_) {
-    sum_tensor_parallel_grads();
-    scale_expert_grads();
-    step_grads_finished_ = true;
-  }
-}
-
-void ShardedModel::scale_expert_grads() {
-  // Each reduction averaged over its own group. An expert's gradient holds the tokens of
-  // every expert-parallel rank (the exchanges brought them), so its mean over the
-  // expert-data-parallel group is ep times the mean over all data-parallel ranks.
-  const int ep = shared_.groups.expert_parallel_size();
-  if (ep == 1) return;
-  for (auto& u : units_)
-    if (u->plan().experts) ops::scale(shared_.ctx, u->grad_shard, u->grad_shard, 1.0 / ep);
-}
-
-void ShardedModel::sum_tensor_parallel_grads() {
-  // Both reductions are sums, so the data-parallel one (done) and this one commute.
-  Communicator* tp = shared_.groups.tensor_parallel;
-  if (!tp || !shared_.communicates(tp)) return;
-  Context& ctx = shared_.ctx;
-  for (auto& u : units_)
-    for (const ShardSegment& s : u->plan().segments(u->shard_rank())) {
-      const nn::Parameter& p = *u->params()[size_t(s.param)];
-      if (p.tensor_parallel_grad_sum) {
-        tp->all_reduce(u->grad_shard.narrow(0, s.shard_offset, s.numel), ReduceOp::Sum, ctx.stream());
-        continue;
-      }
-      // (Most slices replicate nothing: their runs are not looked at.)
-      if (!p.parallel_slice() || p.parallel_slice()->replicas.empty() || p.expert_parallel) continue;
-      // Rows that `replicas` ranks hold (replicated key/value heads): each computed a part
-      // of their gradient. Every rank of the group holds this segment alike, so the pieces
-      // are all-gathered and each block of replicas adds its own in rank order (the same
-      // bits on each of them).
-      for (const nn::ParallelSlice::Run& run : p.parallel_slice()->runs(s.param_offset, s.numel)) {
-        if (run.replicas == 1) continue;
-        const Tensor piece = u->grad_shard.narrow(0, s.shard_offset + (run.local - s.param_offset), run.numel);
-        const Tensor all = ctx.empty(Shape{int64_t(tp->size()) * run.numel}, piece.dtype());
-        tp->all_gather(all, piece, ctx.stream());
-        const int first = tp->rank() / run.replicas * run.replicas;
-        ops::copy(ctx, piece, all.narrow(0, first * run.numel, run.numel));
-        for (int k = 1; k < run.replicas; ++k)
-          ops::add(ctx, piece, piece, all.narrow(0, (first + k) * run.numel, run.numel));
-      }
-    }
+  if (shared_.phase != StepPhase::last_micro_batch) return;
+  for (const auto& hook : grad_sync_hooks_)
+    for (size_t u = 0; u < units_.size(); ++u)
+      hook->after_reduction(unit_gradients(int(u), units_[u]->grad_shard), shared_.calls, shared_.ctx);
+  shared_.phase = StepPhase::grads_finished;
 }
 
 double ShardedModel::grad_multiplier() const {
   // Every collective already averaged over the ranks (pre-multiplied or Avg); what is left
   // is the mean over this rank's micro-batches.
   return 1.0 / std::max(micro_batches_, 1);
-}
-
-double ShardedModel::grad_norm() {
-  // Per-block sums of squares, gathered in rank order: the global list of blocks is the
-  // same for any data-parallel size, and it is summed in one fixed order.
-  Context& ctx = shared_.ctx;
-  if (shared_.groups.tensor_parallel || shared_.groups.expert_parallel) {
-    // Tensor or expert parallelism: the full parameters' sums (per parameter, in plan
-    // order). The order of the sums differs from one process's blocks: equal up to rounding.
-    std::vector<Tensor> grads;
-    for (auto& u : units_) grads.push_back(u->grad_shard);
-    double sum = 0;
-    for (double v : param_sums_of_squares(grads)) sum += v;
-    return std::sqrt(sum) * grad_multiplier();
-  }
-  Communicator* gather = shared_.groups.shard_gather;
-  const int64_t block = shared_.options.shard_block;
-  const int n = shared_.groups.shard_size();
-  std::vector<Tensor> ordered;
-  for (auto& u : units_) {
-    Tensor partials = ops::block_sum_squares(ctx, u->grad_shard, block);
-    if (shared_.communicates(gather)) {
-      Tensor all = ctx.empty(Shape{partials.numel() * n}, partials.dtype());
-      gather->all_gather(all, partials, ctx.stream());
-      partials = all;
-    }
-    ordered.push_back(partials);
-  }
-  // Each unit's total on the device, all read back in one transfer (one wait for the
-  // device, not one per unit), then added on the host in unit order.
-  // (f64 holds every unit's total exactly, whatever dtype the sum came in.)
-  Tensor totals = ctx.empty(Shape{int64_t(ordered.size())}, DType::f64);
-  for (size_t i = 0; i < ordered.size(); ++i)
-    ops::copy(ctx, totals.narrow(0, int64_t(i), 1), ops::sum(ctx, ordered[i]));
-  double sum = 0;
-  for (double v : ops::to_vector<double>(ctx, totals)) sum += v;
-  return std::sqrt(sum) * grad_multiplier();
 }
 
 void ShardedModel::install_weights() {

@@ -430,60 +430,6 @@ int64_t ShardedModel::main_offset(int u) const {
   return unit(u).plan().shard_begin(unit(u).shard_rank());
 }
 
-std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor>& shards) {
-  Context& ctx = shared_.ctx;
-  FSDP_CHECK(shards.size() == units_.size(), ValueError, "param_sums_of_squares: ",
-             shards.size(), " shards for ", units_.size(), " units");
-  std::vector<int64_t> first_param;  // per unit: its first parameter's index in plan order
-  int64_t n_params = 0;
-  for (const auto& up : units_) {
-    first_param.push_back(n_params);
-    n_params += int64_t(up->plan().params.size());
-  }
-  // Per parameter, its pieces in this rank's shard summed on the device; then one
-  // all-reduce per group and one read-back. Under tensor parallelism a sliced parameter's
-  // slices are summed over the tensor-parallel group too, and a replicated one is counted
-  // on its first tensor-parallel rank only (the others add zeros), as are the rows a slice
-  // shares with other ranks (replicated key/value heads) on their owner.
-  // Experts units' sums go over their own shard group and the expert-parallel group (whose
-  // ranks hold other experts), in a vector of their own.
-  Communicator* tp = shared_.groups.tensor_parallel;
-  const int tp_rank = tp ? tp->rank() : 0;
-  Tensor sums = ops::zeros(ctx, Shape{n_params}, DType::f64);
-  Tensor expert_sums = shared_.groups.expert_parallel ? ops::zeros(ctx, Shape{n_params}, DType::f64) : Tensor();
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const FsdpUnit& un = *units_[u];
-    for (const ShardSegment& s : un.plan().segments(un.shard_rank())) {
-      const nn::Parameter& param = *un.params()[size_t(s.param)];
-      // (An expert's slice is over the expert-parallel group: it counts whole here.)
-      const std::optional<nn::ParallelSlice> none;
-      const auto& slice = param.expert_parallel ? none : param.parallel_slice();
-      Tensor slot = (un.plan().experts ? expert_sums : sums).narrow(0, first_param[u] + s.param, 1);
-      // A whole replicated parameter (experts included: each tensor-parallel rank holds
-      // them all) counts on tp rank 0; a slice of which this rank holds no shared rows
-      // counts whole here; otherwise only the runs this rank owns.
-      const bool whole = slice ? slice->replicas.empty() : tp_rank == 0;
-      if (whole) {
-        ops::axpby(ctx, slot, 1.0, ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset, s.numel)));
-        continue;
-      }
-      if (!slice) continue;
-      for (const nn::ParallelSlice::Run& r : slice->owned_runs(s.param_offset, s.numel, tp_rank))
-        ops::axpby(ctx, slot, 1.0,
-                   ops::sum_squares(ctx, shards[u].narrow(0, s.shard_offset + (r.local - s.param_offset), r.numel)));
-    }
-  }
-  if (shared_.communicates(shared_.groups.shard_gather))
-    shared_.groups.shard_gather->all_reduce(sums, ReduceOp::Sum, ctx.stream());
-  if (expert_sums.defined()) {
-    for (Communicator* c : {shared_.groups.expert_shard_gather, shared_.groups.expert_parallel})
-      if (shared_.communicates(c)) c->all_reduce(expert_sums, ReduceOp::Sum, ctx.stream());
-    ops::add(ctx, sums, sums, expert_sums);
-  }
-  if (tp && shared_.communicates(tp)) tp->all_reduce(sums, ReduceOp::Sum, ctx.stream());
-  return ops::to_vector<double>(ctx, sums);
-}
-
 void ShardedModel::gather_full_weights(int u, const Tensor& out) {
   Context& ctx = shared_.ctx;
   FsdpUnit& un = unit(u);

@@ -53,6 +53,7 @@
 #include "runtime/core/context.h"
 #include "runtime/fsdp/buffer_layout.h"
 #include "runtime/fsdp/buffer_pool.h"
+#include "runtime/fsdp/grad_sync_hook.h"
 #include "runtime/fsdp/options.h"
 #include "runtime/fsdp/plan.h"
 #include "runtime/fsdp/unit.h"
@@ -77,12 +78,15 @@ class ShardedModel {
   const FsdpOptions& options() const { return shared_.options; }
   nn::Module& model() { return model_; }
 
+  // What a parallelism that splits parameters over other ranks adds to the gradients and
+  // norms (grad_sync_hook.h). Hooks run in the order they were added.
+  void add_grad_sync_hook(std::unique_ptr<GradSyncHook> hook);
+
   // ---- one optimizer step
   void start_step();                        // zeroes gradient accumulation
   void start_micro_batch(bool last);        // last: reduce what is accumulated
-  // The compute stream waits for every reduction; after the last micro-batch, the gradients
-  // of parameters marked tensor_parallel_grad_sum (sequence parallelism) are summed over
-  // the tensor-parallel group and the experts' gradients scaled by 1 / ep, once per step.
+  // The compute stream waits for every reduction; after the last micro-batch, each grad
+  // sync hook's after_reduction runs on every unit, once per step.
   void finish_grad_sync();
   // True gradient = accumulated gradient * grad_multiplier(): 1 / (micro-batches over all
   // data-parallel ranks), folded with the collectives' scaling.
@@ -116,9 +120,10 @@ class ShardedModel {
   Tensor compute_shard(int unit) const;
   int64_t main_offset(int unit) const;  // first element of the flat buffer main_shard covers
   // The sum of squares of every parameter's elements in `shards` (one tensor per unit,
-  // laid out as main_shard(u)), summed over the shard group, and for tensor-parallel
-  // slices over the tensor-parallel group (the full parameter's sum): element [k] belongs
-  // to the k-th parameter in plan order (unit by unit). Collective over those groups.
+  // laid out as main_shard(u)), summed over the unit's shard group and its hooks' split
+  // groups (the whole parameter's sum; runs a hook marks uncounted count on another rank):
+  // element [k] belongs to the k-th parameter in plan order (unit by unit). Collective over
+  // those groups.
   std::vector<double> param_sums_of_squares(const std::vector<Tensor>& shards);
   // Writes unit u's full compute weights into `out` (padded_numel; gathers if sharded).
   void gather_full_weights(int unit, const Tensor& out);
@@ -171,8 +176,13 @@ class ShardedModel {
   void record_fp8_weight_amaxes();
   void initialize_weights();
   void attach_hooks();
-  void sum_tensor_parallel_grads();
-  void scale_expert_grads();
+  // Unit u's view for the grad sync hooks, with `shard` (laid out as its shard) as gradients.
+  UnitGradients unit_gradients(int u, const Tensor& shard) const;
+  // The groups holding the other parts of unit u's parameters (every hook's, in order).
+  std::vector<Communicator*> split_groups(int u) const;
+  // `shard` (unit u's layout) with the runs the hooks mark uncounted zeroed (a copy; or
+  // `shard` itself when there are none).
+  Tensor counted(int u, const Tensor& shard);
   FsdpUnit& unit(int u) { return *units_[size_t(u)]; }
   const FsdpUnit& unit(int u) const { return *units_[size_t(u)]; }
 
@@ -184,8 +194,8 @@ class ShardedModel {
   std::vector<int> blocks_;  // unit indices of the blocks, in forward order
   std::vector<OptimizerRange> optimizer_ranges_;
   MemoryBreakdown memory_;
-  int micro_batches_ = 0;
-  bool step_grads_finished_ = false;  // the once-per-step work of finish_grad_sync is done
+  int micro_batches_ = 0;  // of the current step (the phase is shared_.phase)
+  std::vector<std::unique_ptr<GradSyncHook>> grad_sync_hooks_;
   // fp8_param: each FP8 weight's amax over the shard group ((weights) f32, plan order), and
   // whether the FP8 shards predate the compute shards.
   Tensor fp8_weight_amax_;

@@ -17,7 +17,7 @@ Event mark(const Stream& stream) {
 }  // namespace
 
 UnitShared::UnitShared(Context& c, const FsdpOptions& o, const DataParallelGroups& g)
-    : ctx(c), options(o), groups(g), expert_groups(g.experts()), calls(c, o.time_collectives) {
+    : ctx(c), options(o), groups(g), expert_groups(g.experts()), calls(c, o.time_collectives, o.skip_collectives) {
   // Collectives on their own streams (high priority: scheduled ahead of compute when both
   // are ready), unless overlap is turned off for that kind.
   gather_stream = c.is_cuda() && o.overlap_gather ? Stream::create_cuda(c.device().index, -1)
@@ -30,7 +30,9 @@ FsdpUnit::FsdpUnit(UnitShared& shared, int index, const UnitPlan& plan,
                    std::vector<nn::Module*> modules, std::vector<nn::Parameter*> params,
                    bool is_root)
     : s_(shared), index_(index), plan_(plan), modules_(std::move(modules)),
-      params_(std::move(params)), is_root_(is_root) {}
+      params_(std::move(params)), is_root_(is_root) {
+  segments_ = plan_.segments(shard_rank());
+}
 
 void FsdpUnit::set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
                               std::vector<FsdpUnit*> backward_prefetch, bool keep_for_backward) {
@@ -309,7 +311,7 @@ void FsdpUnit::reduce_sharded_grads() {
                             shard.prescale);
     ops::axpby(s_.ctx, grad_accum, shard.after, part, 1.0);
   }
-  if (s_.last_micro_batch && s_.communicates(groups().replicate))
+  if (s_.reduces_fully() && s_.communicates(groups().replicate))
     s_.calls.all_reduce(*groups().replicate, grad_accum, rep.op, s_.reduce_stream, rep.prescale);
   // The full-gradient buffer is free once the reduce stream has read it.
   if (grad_lease_.slot >= 0) {
@@ -322,7 +324,7 @@ void FsdpUnit::reduce_sharded_grads() {
 
 void FsdpUnit::reduce_full_grads() {
   if (!grad_full.shares_storage(grad_accum)) ops::axpby(s_.ctx, grad_accum, 1.0, grad_full, 1.0);
-  if (!s_.last_micro_batch) return;
+  if (!s_.reduces_fully()) return;
   const Averaging shard = averaging(s_.options, shard_size(), s_.registered_memory());
   const Averaging rep = averaging(s_.options, groups().replicate_size(), false);
   const bool replicated = s_.communicates(groups().replicate);

@@ -80,6 +80,14 @@ struct DataParallelGroups {
 // (ShardedModel::set_weights_fence).
 using WeightsFence = std::function<bool(size_t first, size_t last, bool block, Event* ready)>;
 
+// Where a step stands. Until start_micro_batch says otherwise a backward reduces its
+// gradients fully, as the step's last micro-batch does.
+enum class StepPhase : uint8_t {
+  accumulating,      // a micro-batch before the step's last: ZeRO-1/no_shard only accumulate
+  last_micro_batch,  // the step's last (or only) micro-batch: everything is reduced
+  grads_finished,    // finish_grad_sync ran the step's once-per-step gradient work
+};
+
 // What the units of one sharded model share.
 struct UnitShared {
   UnitShared(Context& ctx, const FsdpOptions& options, const DataParallelGroups& groups);
@@ -93,19 +101,19 @@ struct UnitShared {
   CollectiveCalls calls;
   Event params_updated;  // compute stream, after the latest write of the compute shards
   WeightsFence weights_fence;
-  bool last_micro_batch = true;
+  StepPhase phase = StepPhase::last_micro_batch;
   // nccl_ub, ZeRO-2/3: the persistent reduce-scatter output (and input of the reduce dtype
   // when the gradients are cast first), reused by every unit in the reduce stream's order.
   Tensor reduce_out, reduce_in;
 
+  // Whether this micro-batch's backward reduces what is accumulated (over every group).
+  bool reduces_fully() const { return phase != StepPhase::accumulating; }
   bool zero3() const { return options.strategy == ShardingStrategy::OptimGradsParams; }
   bool grads_sharded() const {
     return options.strategy == ShardingStrategy::OptimGrads || zero3();
   }
   // Whether collectives over `c` really run (a group of one, or skip_collectives: no).
-  bool communicates(const Communicator* c) const {
-    return c && c->size() > 1 && !options.skip_collectives;
-  }
+  bool communicates(const Communicator* c) const { return calls.communicates(c); }
   // Whether the shard group's buffers are registrable (nccl_ub with more than one shard;
   // never with expert parallelism, whose units span two groups).
   bool registered_memory() const {
@@ -177,6 +185,8 @@ class FsdpUnit {
   int index() const { return index_; }
   const std::string& name() const { return plan_.name; }
   const UnitPlan& plan() const { return plan_; }
+  // This rank's pieces of the unit's parameters (plan().segments(shard_rank())).
+  const std::vector<ShardSegment>& segments() const { return segments_; }
   bool is_root() const { return is_root_; }
   State state() const { return state_; }
   const std::vector<nn::Module*>& modules() const { return modules_; }
@@ -218,6 +228,7 @@ class FsdpUnit {
   UnitShared& s_;
   int index_;
   const UnitPlan& plan_;
+  std::vector<ShardSegment> segments_;
   std::vector<nn::Module*> modules_;
   std::vector<nn::Parameter*> params_;
   bool is_root_;

@@ -151,6 +151,9 @@ void Trainer::State::setup_model_and_sharding() {
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;
   sharded = fully_shard(*ctx, *model, data_parallel_groups(*comms, fsdp_options.strategy), fsdp_options);
+  // The parallelisms that split parameters add their gradient work and norms to FSDP's.
+  if (tp_group) sharded->add_grad_sync_hook(std::make_unique<TensorParallelGradSync>(&comms->axis(MeshAxis::tp)));
+  if (ep_group) sharded->add_grad_sync_hook(std::make_unique<ExpertParallelGradSync>(&comms->axis(MeshAxis::ep)));
   OptimizerConfig optimizer_config = optimizer_config_of(recipe);
   optimizer_config.offload_on_cpu = options.offload_on_cpu && recipe.optimizer.cpu_offload;
   // CPU offload: the ranks on this host share its cores.

@@ -23,6 +23,7 @@
 #include "runtime/parallel/expert_parallel.h"
 #include "runtime/parallel/fp8_delayed_scaling.h"
 #include "runtime/parallel/fp8_plan.h"
+#include "runtime/parallel/grad_sync.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"

@@ -13,6 +13,7 @@
 #include "runtime/checkpoint/sha256.h"
 #include "runtime/checkpoint/shard_state.h"
 #include "runtime/parallel/expert_parallel.h"
+#include "runtime/parallel/grad_sync.h"
 
 namespace fsdp::testing {
 
@@ -128,6 +129,7 @@ TinyTraining::TinyTraining(const models::ModelConfig& config, ShardingStrategy s
   fo.shard_block = 128;
   fo.seed = 42;
   sharded = fully_shard(ctx, *model, groups, fo);
+  if (experts) sharded->add_grad_sync_hook(std::make_unique<ExpertParallelGradSync>(expert_parallel));
   OptimizerConfig oc;
   oc.weight_decay = 0.1;
   optimizer = std::make_unique<Optimizer>(ctx, sharded->optimizer_ranges(), oc);

@@ -4,7 +4,7 @@
 # dies inside MPI without a word:
 #   1. below what the runtime itself maps (2 GiB + 128 MiB per hardware thread): refused
 #      before MPI starts (far below, under about 1 GiB plus 128 MiB per thread, OpenBLAS's
-#      own initializer loops before main runs: not tested, README says so);
+#      own initializer loops before main runs: not tested, docs/RELIABILITY.md says so);
 #   2. above that but below it plus the run's predicted memory: refused once the prediction
 #      is known, before the model is allocated;
 #   3. a limit with room for both: the run trains.

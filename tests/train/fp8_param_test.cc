@@ -80,7 +80,13 @@ int64_t step_gather_bytes(const Recipe& recipe) {
   for (size_t b = 0; b < blocks.size(); ++b) per_micro_batch += blocks[b] * (b + 1 < blocks.size() ? 2 : 1);
   const int64_t micro_batches =
       recipe.train.global_batch_size / (recipe.train.micro_batch_size * po.dp_size);
-  return per_micro_batch * micro_batches;
+  // The gradient norm gathers every unit's block sums of squares (of the reduce dtype, f32
+  // unless it is f64) over the shard group.
+  const int64_t partial = fo.reduce_dtype == DType::f64 ? 8 : 4;
+  int64_t norm = 0;
+  if (po.dp_size > 1)
+    for (const UnitPlan& u : units) norm += u.padded_numel / po.block * partial;
+  return per_micro_batch * micro_batches + norm;
 }
 
 void check_same_losses(const TrainResult& got, const TrainResult& reference, const std::string& what) {

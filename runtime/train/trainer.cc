@@ -59,8 +59,7 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), x_local, y_local;
   Tensor loss_sum = ops::zeros(*ctx, Shape{}, ctx->is_cuda() ? DType::f32 : DType::f64);
   sharded->start_step();
-  moe->start_step();
-  if (fp8_delayed) fp8_delayed->start_step(*ctx);
+  for (auto& p : participants) p->start_step(*ctx);
   clock->start_micro_batches();
   for (int64_t m = 0; m < accum; ++m) {
     sharded->start_micro_batch(m == accum - 1);
@@ -95,14 +94,12 @@ std::optional<double> Trainer::State::train_step(double lr, double* grad_norm) {
   clock->micro_batches_queued();
   NvtxRange r("optimizer");
   sharded->finish_grad_sync();
-  // The step's amaxes, over every rank, into the histories the next step scales by.
-  if (fp8_delayed) fp8_delayed->finish_step(*ctx, &world->comm());
+  for (auto& p : participants) p->after_grad_sync(*ctx);
   const double norm = sharded->grad_norm();
   FSDP_CHECK(std::isfinite(norm), Error, "training diverged at step ", step + 1,
              ": the gradient norm is ", norm, " (lower optimizer.lr or check the data)");
   const double clip = clip_coefficient(norm, recipe.optimizer.clip_grad);
   clock->start_optimizer();
-  if (update_norms) update_norms->before_step();
   optimizer->step(lr, sharded->grad_multiplier() * clip);
   sharded->install_weights();
   clock->end_optimizer();
@@ -182,6 +179,45 @@ std::string Trainer::State::sample_text() {
   return options.sample_prompt + tok.decode(out);
 }
 
+std::vector<double> Trainer::State::step_values(double local_loss, bool stop_here) {
+  std::vector<double> values = {local_loss, stop_here ? 1.0 : 0.0};
+  participant_values.clear();
+  for (auto& p : participants) {
+    const std::vector<double> v = p->local_values(*ctx);
+    values.insert(values.end(), v.begin(), v.end());
+    participant_values.push_back(v.size());
+  }
+  return values;
+}
+
+void Trainer::State::finish_participants(const std::vector<double>& summed, StepMetrics& m) {
+  // Each participant's sums, where step_values put its values.
+  size_t at = 2;
+  const double forwards = double(accum * world->size());
+  for (size_t i = 0; i < participants.size(); ++i) {
+    const auto first = summed.begin() + long(at), last = first + long(participant_values[i]);
+    participants[i]->after_optimizer_step(*ctx, std::vector<double>(first, last), forwards, m);
+    at += participant_values[i];
+  }
+}
+
+void Trainer::State::finish_run(TrainResult& result, RunStats& stats) {
+  result.steps = step;
+  result.cuda_graph_replays = graphs ? graphs->replays() : 0;
+  for (const auto& p : participants) p->report(result);
+  result.last_step_collectives = sharded->issued();
+  stats.finish(result);
+  if (world->rank() == 0 && !history.empty()) {
+    const std::string chart = recipe.run.output_dir + "/loss.svg";
+    write_loss_chart(chart, loss_series(history), recipe.run.name);
+    print(str_cat("loss picture: ", chart));
+  }
+  if (sample_tokenizer && !result.stopped) {
+    result.sample = sample_text();
+    print(str_cat("sample: ", result.sample));
+  }
+}
+
 // ---------------------------------------------------------------- the loop
 
 TrainResult Trainer::run() {
@@ -192,17 +228,12 @@ TrainResult Trainer::run_steps() {
   State& s = *s_;
   const int64_t total = s.recipe.train.train_iters;
   TrainResult result;
-  result.fp8_layers = s.fp8.fp8_layers;
-  result.fp8_bf16_blocks = s.fp8.bf16_blocks;
-  result.fp8_bf16_layers = s.fp8.bf16_layers;
-  result.fp8_classifier = s.fp8.classifier;
   result.first_step = s.step;
   RunStats stats(*s.ctx, s.step, s.options.warmup_steps, s.options.profile_timed_steps,
                  s.recipe.train.global_batch_size * s.recipe.model.seq_length,
                  s.flops_per_token, s.world->size());
   s.loop_start = Clock::now();
   s.loop_first_step = s.step;
-  const ExpertCounts experts_before = s.expert_counts();
   while (s.step < total) {
     s.world->set_step(s.step + 1);
     stats.start_step(s.step + 1);
@@ -220,35 +251,19 @@ TrainResult Trainer::run_steps() {
       result.stopped = true;
       break;
     }
-    // One small all-reduce carries the losses and any rank's stop request.
+    // One small all-reduce carries the losses, any rank's stop request and the
+    // participants' values; every rank's micro-batch losses (the tensor-parallel ranks of
+    // one data-parallel rank compute the same ones).
     const bool stop_here = s.options.stop_requested && s.options.stop_requested();
-    // The MoE layers' totals ride along (empty for a dense model).
-    std::vector<double> local = {*local_loss, stop_here ? 1.0 : 0.0};
-    if (s.moe->active()) {
-      const std::vector<double> moe_local = s.moe->local_values(*s.ctx);
-      local.insert(local.end(), moe_local.begin(), moe_local.end());
-    }
-    const std::vector<double> summed = s.sum_over_ranks(local);
-    // Every rank's micro-batch losses (the tensor-parallel ranks of one data-parallel rank
-    // compute the same ones).
+    const std::vector<double> summed = s.sum_over_ranks(s.step_values(*local_loss, stop_here));
     const double loss = summed[0] / double(s.accum * s.world->size());
     const double dt = seconds_since(t0);
     s.step++;
     result.losses.push_back(loss);
     result.grad_norms.push_back(norm);
     stats.end_step(s.step, dt, s.clock->times(), s.sharded->take_collective_times());
-
     StepMetrics m = stats.metrics(s.step, loss, lr, norm, dt);
-    if (s.recipe.mixed_precision.fp8) m.fp8_layers = int64_t(s.fp8.fp8_layers.size());
-    if (s.update_norms) m.update_norms = s.update_norms->after_step();
-    if (s.moe->active())
-      s.moe->finish_step(*s.ctx, std::vector<double>(summed.begin() + 2, summed.end()),
-                         double(s.accum * s.world->size()), m);
-    if (m.moe_aux_loss) {
-      result.moe_aux_losses.push_back(*m.moe_aux_loss);
-      result.moe_z_losses.push_back(*m.moe_z_loss);
-      result.moe_max_loads.push_back(*m.moe_max_load);
-    }
+    s.finish_participants(summed, m);
     const bool eval_now = s.val_data && s.recipe.train.eval_interval > 0 &&
                           (s.step % s.recipe.train.eval_interval == 0 || s.step == total);
     if (eval_now) {
@@ -265,24 +280,7 @@ TrainResult Trainer::run_steps() {
       break;
     }
   }
-
-  result.steps = s.step;
-  result.cuda_graph_replays = s.graphs ? s.graphs->replays() : 0;
-  const ExpertCounts experts_after = s.expert_counts();
-  result.expert_all_to_alls = experts_after.all_to_alls - experts_before.all_to_alls;
-  result.expert_all_gathers = experts_after.all_gathers - experts_before.all_gathers;
-  result.expert_reduce_scatters = experts_after.reduce_scatters - experts_before.reduce_scatters;
-  result.last_step_collectives = s.sharded->issued();
-  stats.finish(result);
-  if (s.world->rank() == 0 && !s.history.empty()) {
-    const std::string chart = s.recipe.run.output_dir + "/loss.svg";
-    write_loss_chart(chart, loss_series(s.history), s.recipe.run.name);
-    s.print(str_cat("loss picture: ", chart));
-  }
-  if (s.sample_tokenizer && !result.stopped) {
-    result.sample = s.sample_text();
-    s.print(str_cat("sample: ", result.sample));
-  }
+  s.finish_run(result, stats);
   return result;
 }
 

@@ -74,20 +74,25 @@ struct TrainResult {
   std::vector<double> grad_norms;    // each step's global gradient norm, before clipping
   std::vector<double> val_losses;    // each evaluation's mean validation loss
   // MoE models: each step's auxiliary losses (StepMetrics::moe_aux_loss, moe_z_loss) and
-  // load (moe_max_load); empty for dense models.
-  std::vector<double> moe_aux_losses, moe_z_losses, moe_max_loads;
-  // Expert parallelism: this rank's all-to-alls over the expert-parallel group (counts and
-  // rows), and the all-gathers and reduce-scatters over the experts' shard group, in this
-  // run's steps; 0 without expert parallelism.
-  uint64_t expert_all_to_alls = 0, expert_all_gathers = 0, expert_reduce_scatters = 0;
+  // load (moe_max_load), empty for dense models; with expert parallelism, this rank's
+  // all-to-alls over the expert-parallel group and all-gathers and reduce-scatters over the
+  // experts' shard group in this run's steps (0 without it).
+  struct Moe {
+    std::vector<double> aux_losses, z_losses, max_loads;
+    uint64_t expert_all_to_alls = 0, expert_all_gathers = 0, expert_reduce_scatters = 0;
+  };
+  Moe moe;
   // The sharded model's collectives since the last step began (its evaluation after it
   // included): this rank's count and bytes by kind (fsdp::IssuedCollectives).
   IssuedCollectives last_step_collectives;
-  // mixed_precision.fp8: the linear layers run in FP8 ("h.1.attn.qkv"), the blocks kept
-  // in bf16 ("h.0") and the layers of FP8 blocks kept in bf16, with why (Fp8Report); empty
-  // without fp8.
-  std::vector<std::string> fp8_layers, fp8_bf16_blocks, fp8_bf16_layers;
-  std::string fp8_classifier;  // the output head's layer name when it runs in FP8
+  // mixed_precision.fp8: the linear layers run in FP8 ("h.1.attn.qkv"), the blocks kept in
+  // bf16 ("h.0"), the layers of FP8 blocks kept in bf16 with why (Fp8Report), and the output
+  // head's layer name when it runs in FP8; empty without fp8.
+  struct Fp8 {
+    std::vector<std::string> layers, bf16_blocks, bf16_layers;
+    std::string classifier;
+  };
+  Fp8 fp8;
   bool stopped = false;              // ended early on a stop request
   std::string sample;                // the generated text, if any
   // Timing over the steps after options.warmup_steps (all ranks together).

@@ -100,7 +100,7 @@ void Trainer::State::apply_fp8_plan() {
   }
   Fp8Plan plan = fp8_plan_of(recipe);
   plan.token_group = cp_group.get();
-  fp8 = apply_fp8(model->blocks(), plan, model->vocabulary_tables().head);
+  const Fp8Report fp8 = apply_fp8(model->blocks(), plan, model->vocabulary_tables().head);
   if (mp.fp8_recipe == "delayed") {
     Fp8DelayedOptions delayed;
     delayed.history_len = mp.fp8_amax_history_len;
@@ -108,6 +108,8 @@ void Trainer::State::apply_fp8_plan() {
     delayed.margin = mp.fp8_margin;
     fp8_delayed = std::make_unique<Fp8DelayedScaling>(*ctx, fp8.fp8_layers, fp8.fp8_weights, delayed);
   }
+  participants.push_back(std::make_unique<Fp8Participant>(fp8, fp8_delayed.get(), &world->comm()));
+  fp8_line = fp8_summary(recipe, fp8);
 }
 
 void Trainer::State::setup_model_and_sharding() {
@@ -143,7 +145,9 @@ void Trainer::State::setup_model_and_sharding() {
   flops_per_token = train::flops_per_token(
       n_params - int64_t(model_config.inactive_parameters_per_token()),
       int(model_config.n_layer), int(model_config.d_model), int(model_config.seq_len));
-  moe = std::make_unique<MoeStep>(*model, recipe.model.moe_router_bias_update_rate);
+  auto moe = std::make_unique<MoeStep>(*model, recipe.model.moe_router_bias_update_rate);
+  if (moe->active())
+    participants.push_back(std::make_unique<MoeParticipant>(std::move(moe), ep_group ? comms.get() : nullptr));
   // A run whose predicted memory exceeds the device is refused before anything is allocated.
   check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(),
                     ctx->is_cuda() ? world->ranks_on_device() : world->local_size());
@@ -174,7 +178,8 @@ void Trainer::State::setup_model_and_sharding() {
     });
   }
   schedule = LrSchedule::from_recipe(recipe);
-  if (recipe.logger.log_update_norms) update_norms = std::make_unique<UpdateNorms>(*ctx, *sharded);
+  if (recipe.logger.log_update_norms)
+    participants.push_back(std::make_unique<UpdateNormsParticipant>(*ctx, *sharded));
 }
 
 void Trainer::State::setup_data() {
@@ -228,7 +233,7 @@ void Trainer::State::print_startup_report() const {
                 ep_group ? str_cat(", experts over ", ep_group->size(), " expert-parallel ranks") : "",
                 "), ", strategy_name(fsdp_options.strategy), ", ",
                 recipe.mixed_precision.compute_dtype, " compute"));
-  if (recipe.mixed_precision.fp8) print(fp8_summary(recipe, fp8));
+  if (!fp8_line.empty()) print(fp8_line);
   if (graphs)
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
                   "replayed for ", graphs->plan().graphs_last() ? "every later micro-batch"

@@ -28,15 +28,14 @@
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
 #include "runtime/train/metrics.h"
-#include "runtime/train/moe_step.h"
 #include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/tensorboard.h"
 #include "runtime/train/plot.h"
 #include "runtime/train/run_stats.h"
+#include "runtime/train/step_participants.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/trainer_setup.h"
-#include "runtime/train/update_norms.h"
 #include "runtime/train/token_uploader.h"
 #include "runtime/train/trainer.h"
 
@@ -47,11 +46,6 @@ using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// The expert-parallel collectives a rank has issued.
-struct ExpertCounts {
-  uint64_t all_to_alls = 0, all_gathers = 0, reduce_scatters = 0;
-};
 
 // Members are destroyed in reverse order: the sharded model (its hooks) before the model,
 // tensors before their context, communicators before the world.
@@ -92,30 +86,22 @@ struct Trainer::State {
   // For the step line's estimate of the time left: when this process's first step began.
   Clock::time_point loop_start;
   int64_t loop_first_step = 0;
-  std::unique_ptr<UpdateNorms> update_norms;   // logger.log_update_norms
-  std::unique_ptr<MoeStep> moe;                // the MoE layers' step accounting
   std::vector<StepMetrics> history;            // what the loss picture draws
   // The tokenizer of the end-of-run sample; null when no sample is printed (not asked for,
   // or the model's vocabulary cannot hold the tokenizer's: a finished run never fails there).
   std::unique_ptr<data::Gpt2Tokenizer> sample_tokenizer;
   int64_t step = 0;  // optimizer steps completed
   std::unique_ptr<StepClock> clock;
-  // mixed_precision.fp8: what the FP8 plan marked and kept in bf16 (empty without fp8).
-  Fp8Report fp8;
+  std::string fp8_line;  // mixed_precision.fp8: the start-up line of what runs in FP8
   // fp8_recipe "delayed": the FP8 layers' amax histories (null otherwise).
   std::unique_ptr<Fp8DelayedScaling> fp8_delayed;
+  // The features that take part in every step (MoE, FP8, update norms), in order.
+  std::vector<std::unique_ptr<StepParticipant>> participants;
+  std::vector<size_t> participant_values;  // how many values each gave this step
 
   // train.cuda_graphs: runs each micro-batch's forward and backward eagerly or as a graph
   // replay (null when off). Declared last: destroyed before the model and the context.
   std::unique_ptr<MicroBatchGraph> graphs;
-
-  // The expert-parallel collectives so far (zeros without expert parallelism).
-  ExpertCounts expert_counts() {
-    if (!ep_group) return {};
-    return {comms->axis(MeshAxis::ep).counts().all_to_all,
-            comms->all_gather_comm(DpGroup::expert_dp_shard).counts().all_gather,
-            comms->reduce_scatter_comm(DpGroup::expert_dp_shard).counts().reduce_scatter};
-  }
 
   // Set-up, in order.
   void setup_world();
@@ -150,6 +136,14 @@ struct Trainer::State {
   // One optimizer step; returns this rank's summed micro-batch losses, or nullopt when a
   // stop was requested between its micro-batches (the step is dropped: no update).
   std::optional<double> train_step(double lr, double* grad_norm);
+  // The values the step's all-reduce sums: this rank's loss, its stop request, then each
+  // participant's local_values.
+  std::vector<double> step_values(double local_loss, bool stop_here);
+  // After the update: each participant's sums into the step's metrics.
+  void finish_participants(const std::vector<double>& summed, StepMetrics& m);
+  // The end of the run: counts, the participants' reports, timing, the loss picture and
+  // the sample.
+  void finish_run(TrainResult& result, RunStats& stats);
   // Whether any rank was asked to stop (collective; every rank calls it at the same point).
   bool stop_agreed();
   // logger.samples_file: the global batch the next step reads (rank 0 writes it).

@@ -110,7 +110,7 @@ TEST_CASE("fp8_param gathers FP8 bytes and gives the losses of bf16 gathers", "[
       const std::vector<std::string> param = with(fp8, {"mixed_precision.fp8_param=true"});
       const TrainResult got = train(model, "p_param", param);
       check_same_losses(got, plain, what);
-      CHECK(got.fp8_layers.size() == 8);
+      CHECK(got.fp8.layers.size() == 8);
       // The FP8 units' gathers carry one byte per element: the plan's bytes, fewer than the
       // compute dtype's (f64 here: a block's weights take an eighth). (The tiny units are
       // mostly padding to the shard block, 4096 elements per rank, so the whole step's bytes
@@ -142,7 +142,7 @@ TEST_CASE("fp8_param under tensor parallelism x ZeRO-3 gives the single-process 
   const TrainResult plain = train("gpt2_tiny", "p_tp_plain", with(fp8, tp2));
   const TrainResult got = train("gpt2_tiny", "p_tp_param",
                                 with(fp8, with(tp2, {"mixed_precision.fp8_param=true"})));
-  CHECK(got.fp8_layers.size() == 8);
+  CHECK(got.fp8.layers.size() == 8);
   // The FP8 units' gathers carry one byte per element of the slices. (Padding to the shard
   // block outweighs the halved tiny slices here, so the step's bytes grow.)
   const IssuedCollectives& a = plain.last_step_collectives;
@@ -191,8 +191,8 @@ TEST_CASE("fp8 with experts: the router stays in bf16 and fp8_param gathers the 
   const std::vector<std::string> layers = {"layers.0.attn.qkv", "layers.0.attn.proj",
                                            "layers.0.mlp.shared_expert.gate_up",
                                            "layers.0.mlp.shared_expert.proj"};
-  REQUIRE(got.fp8_layers.size() == 8);
-  CHECK(std::vector<std::string>(got.fp8_layers.begin(), got.fp8_layers.begin() + 4) == layers);
+  REQUIRE(got.fp8.layers.size() == 8);
+  CHECK(std::vector<std::string>(got.fp8.layers.begin(), got.fp8.layers.begin() + 4) == layers);
   check_same_losses(got, plain, "llama MoE fp8_param");
 }
 

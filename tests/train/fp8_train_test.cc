@@ -73,9 +73,9 @@ TrainResult check_close_to_unquantized(const std::string& model, const std::stri
   // The products are really quantized: the first step's loss already differs.
   CHECK(q.losses[0] != plain.losses[0]);
   // Both blocks' four linear layers (qkv, attention proj, fc or gate_up, MLP proj).
-  CHECK(q.fp8_layers.size() == 8);
-  CHECK(q.fp8_bf16_blocks.empty());
-  CHECK(plain.fp8_layers.empty());
+  CHECK(q.fp8.layers.size() == 8);
+  CHECK(q.fp8.bf16_blocks.empty());
+  CHECK(plain.fp8.layers.empty());
   // ... and the model learns as the unquantized one does: the mean of the last 5 losses
   // within 0.05 of it (its fall from ln 256 = 5.55 is about 2), every loss finite.
   for (double l : q.losses) CHECK(std::isfinite(l));
@@ -96,8 +96,8 @@ TEST_CASE("the fp8 plan keeps the first and last blocks in bf16 by default", "[t
                               {"mixed_precision.fp8=e4m3", "mixed_precision.first_last_layers_bf16=true",
                                "train.train_iters=2"},
                               true);
-  CHECK(r.fp8_layers.empty());
-  CHECK(r.fp8_bf16_blocks == std::vector<std::string>{"h.0", "h.1"});
+  CHECK(r.fp8.layers.empty());
+  CHECK(r.fp8.bf16_blocks == std::vector<std::string>{"h.0", "h.1"});
 }
 
 TEST_CASE("fp8 gives the single-process losses under ZeRO-1, ZeRO-3 and context parallelism",
@@ -169,7 +169,7 @@ TEST_CASE("blockwise fp8 keeps layers whose sizes are not multiples of 128 in bf
                               with(short_run, {"mixed_precision.fp8=e4m3",
                                                "mixed_precision.fp8_recipe=blockwise"}),
                               true);
-  CHECK(q.fp8_layers.size() == 8);
+  CHECK(q.fp8.layers.size() == 8);
   CHECK(q.losses == plain.losses);
 }
 
@@ -185,7 +185,7 @@ TEST_CASE("blockwise fp8 gives the single-process losses under ZeRO-3", "[train]
       "gpt2_tiny", "block_zero3", with(extra, {"ddp.data_parallel_sharding_strategy=optim_grads_params"}));
   REQUIRE(got.losses.size() == size_t(kSteps));
   if (testing::world_rank() != 0) return;
-  CHECK(got.fp8_layers.size() == 8);
+  CHECK(got.fp8.layers.size() == 8);
   for (size_t i = 0; i < got.losses.size(); ++i) {
     INFO("ZeRO-3 step " << i + 1 << ": " << got.losses[i] << " against " << reference.losses[i]);
     CHECK(std::abs(got.losses[i] - reference.losses[i]) <= 1e-12 * reference.losses[i]);
@@ -208,7 +208,7 @@ TEST_CASE("delayed scaling: the first step as tensorwise, then from the amax his
   const TrainResult tensorwise = train("gpt2_tiny", "dl_tensorwise", {"mixed_precision.fp8=hybrid"}, true);
   const TrainResult delayed = train("gpt2_tiny", "dl_delayed", kDelayed, true);
   REQUIRE(delayed.losses.size() == size_t(kSteps));
-  CHECK(delayed.fp8_layers.size() == 8);
+  CHECK(delayed.fp8.layers.size() == 8);
   // Nothing in the history yet: the first step quantizes each operand by its own amax.
   CHECK(delayed.losses[0] == tensorwise.losses[0]);
   // From the second on, by the first step's amaxes: other bytes, other losses.
@@ -352,8 +352,8 @@ TEST_CASE("fp8 tensor-parallel layers give the single-process losses", "[train][
   for (const std::string model : {"gpt2_tiny", "llama_tiny"})
     for (const auto& layout : {tp2, tp2_sp}) {
       const TrainResult got = check_single_process_losses(model, {"mixed_precision.fp8=hybrid"}, layout);
-      CHECK(got.fp8_layers.size() == 8);  // qkv and fc (column), both projections (row)
-      CHECK(got.fp8_bf16_layers.empty());
+      CHECK(got.fp8.layers.size() == 8);  // qkv and fc (column), both projections (row)
+      CHECK(got.fp8.bf16_layers.empty());
     }
   // Delayed scaling: its first step as tensorwise's, then the amaxes of every rank.
   check_single_process_losses("llama_tiny", kDelayed, tp2_sp);
@@ -377,8 +377,8 @@ TEST_CASE("fp8 under tensor x context parallelism gives the single-process losse
   const TrainResult r = train("llama_tiny", "tp4_kv", {"mixed_precision.fp8=hybrid",
                                                        "model.tensor_model_parallel_size=4",
                                                        "train.train_iters=2"});
-  CHECK(r.fp8_layers.size() == 6);
-  CHECK(r.fp8_bf16_layers ==
+  CHECK(r.fp8.layers.size() == 6);
+  CHECK(r.fp8.bf16_layers ==
         std::vector<std::string>{"layers.0.attn.qkv (replicated key/value heads)",
                                  "layers.1.attn.qkv (replicated key/value heads)"});
   for (double l : r.losses) CHECK(std::isfinite(l));
@@ -426,8 +426,8 @@ TEST_CASE("fp8 with the MLP activation recomputed gives the same losses", "[trai
           train(model, "act_recomputed", with(o, {"model.activation_recompute=selective"}), true);
       INFO(model << " " << recipe);
       REQUIRE(kept.losses.size() == size_t(kRecomputeSteps));
-      CHECK(kept.fp8_layers.size() == 4);
-      CHECK(kept.fp8_bf16_blocks.size() == 2);
+      CHECK(kept.fp8.layers.size() == 4);
+      CHECK(kept.fp8.bf16_blocks.size() == 2);
       CHECK(recomputed.losses == kept.losses);
     }
 }
@@ -452,7 +452,7 @@ TEST_CASE("fp8 weights cast once per step give the losses of a cast per product"
     INFO(recipe);
     REQUIRE(cached.losses.size() == size_t(kCacheSteps));
     REQUIRE(per_product.losses.size() == size_t(kCacheSteps));
-    CHECK(cached.fp8_layers.size() == 8);
+    CHECK(cached.fp8.layers.size() == 8);
     CHECK(!cached.val_losses.empty());
     for (size_t i = 0; i < cached.losses.size(); ++i) {
       INFO("step " << i + 1);
@@ -495,10 +495,10 @@ TEST_CASE("the classifier in FP8 follows the unquantized curve on the CPU simula
       INFO(model << " " << recipe << ": last losses " << q.losses.back() << " against "
                  << plain.losses.back());
       REQUIRE(q.losses.size() == size_t(kSteps));
-      CHECK(q.fp8_layers.size() == 9);
-      CHECK(q.fp8_layers.back() == head);
-      CHECK(q.fp8_classifier == head);
-      CHECK(fp8_blocks.fp8_classifier.empty());
+      CHECK(q.fp8.layers.size() == 9);
+      CHECK(q.fp8.layers.back() == head);
+      CHECK(q.fp8.classifier == head);
+      CHECK(fp8_blocks.fp8.classifier.empty());
       // The head is really quantized: the first step's loss already differs.
       CHECK(q.losses[0] != fp8_blocks.losses[0]);
       for (double l : q.losses) CHECK(std::isfinite(l));
@@ -525,8 +525,8 @@ TEST_CASE("the classifier in FP8 gives the single-process losses under ZeRO-3 an
   // Tensor parallelism splits the Llama's head over the vocabulary: bf16, as without the key.
   const TrainResult tp = check_single_process_losses(
       "llama_tiny", kDelayed, {"model.tensor_model_parallel_size=2", "mixed_precision.fp8_classifier=true"});
-  CHECK(tp.fp8_classifier.empty());
-  CHECK(tp.fp8_bf16_layers == std::vector<std::string>{"lm_head (vocabulary-parallel)"});
+  CHECK(tp.fp8.classifier.empty());
+  CHECK(tp.fp8.bf16_layers == std::vector<std::string>{"lm_head (vocabulary-parallel)"});
 }
 
 TEST_CASE("rowwise fp8 training follows the unquantized curve on the CPU simulation",

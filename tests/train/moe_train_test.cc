@@ -115,7 +115,8 @@ int moe_layers(const std::string& name) { return name == "llama_tiny" ? 2 : 1; }
 // counts, the rows and the rows back, its backward the rows' gradients both ways; per
 // experts unit, ZeRO-3 gathers the experts in forward and again in backward (except the
 // last block's, kept from its forward: both models' last layer is MoE) and reduce-scatters
-// every micro-batch, ZeRO-1 reduce-scatters once and gathers the update once. Over a group
+// every micro-batch, ZeRO-1 reduce-scatters once and gathers the update once; the gradient
+// norm gathers the experts' block sums once per step. Over a group
 // of one rank the FSDP collectives do not run.
 void check_expert_counts(const std::string& name, const Layout& layout, const TrainResult& r) {
   const uint64_t steps = kSteps, layers = uint64_t(moe_layers(name));
@@ -123,18 +124,20 @@ void check_expert_counts(const std::string& name, const Layout& layout, const Tr
   const int dp = testing::world_size() / (layout.cp * layout.tp);
   const uint64_t accum = uint64_t(8 / (layout.micro_batch * dp));
   const int expert_dp = testing::world_size() / (layout.ep * layout.tp);
-  INFO("expert collectives: " << r.expert_all_to_alls << " all-to-alls, " << r.expert_all_gathers
-                              << " all-gathers, " << r.expert_reduce_scatters << " reduce-scatters");
+  INFO("expert collectives: " << r.moe.expert_all_to_alls << " all-to-alls, " << r.moe.expert_all_gathers
+                              << " all-gathers, " << r.moe.expert_reduce_scatters << " reduce-scatters");
   if (layout.ep == 1) {
-    CHECK(r.expert_all_to_alls + r.expert_all_gathers + r.expert_reduce_scatters == 0);
+    CHECK(r.moe.expert_all_to_alls + r.moe.expert_all_gathers + r.moe.expert_reduce_scatters == 0);
     return;
   }
-  CHECK(r.expert_all_to_alls == steps * accum * layers * 5);
+  CHECK(r.moe.expert_all_to_alls == steps * accum * layers * 5);
   const bool zero3 = layout.strategy == "optim_grads_params";
-  const uint64_t gathers = expert_dp == 1 ? 0 : zero3 ? steps * accum * (layers * 2 - 1) : steps * layers;
+  // (And once per step the gradient norm gathers the experts units' block sums.)
+  const uint64_t gathers =
+      expert_dp == 1 ? 0 : (zero3 ? steps * accum * (layers * 2 - 1) : steps * layers) + steps;
   const uint64_t reduces = expert_dp == 1 ? 0 : zero3 ? steps * accum * layers : steps * layers;
-  CHECK(r.expert_all_gathers == gathers);
-  CHECK(r.expert_reduce_scatters == reduces);
+  CHECK(r.moe.expert_all_gathers == gathers);
+  CHECK(r.moe.expert_reduce_scatters == reduces);
 }
 
 void check_model(const std::string& name) {
@@ -150,25 +153,25 @@ void check_model(const std::string& name) {
               << layout.cp << ", tp " << layout.tp << (layout.overlap ? ", shared expert overlapped" : ""));
     check_expert_counts(name, layout, got);
     REQUIRE(got.losses.size() == size_t(kSteps));
-    REQUIRE(got.moe_aux_losses.size() == size_t(kSteps));
-    REQUIRE(got.moe_max_loads.size() == size_t(kSteps));
+    REQUIRE(got.moe.aux_losses.size() == size_t(kSteps));
+    REQUIRE(got.moe.max_loads.size() == size_t(kSteps));
     // Learning: the last steps' loss well below the first's (ln 256 = 5.55 at the start).
     double last = 0;
     for (int i = kSteps - 5; i < kSteps; ++i) last += got.losses[size_t(i)] / 5;
     CHECK(last < got.losses[0] - 0.5);
     for (size_t i = 0; i < got.losses.size(); ++i) {
-      CHECK(got.moe_aux_losses[i] > 0);
-      CHECK(got.moe_max_loads[i] >= 1.0);
-      CHECK(got.moe_max_loads[i] <= 4.0);  // E / 1 at worst: every token on one expert
+      CHECK(got.moe.aux_losses[i] > 0);
+      CHECK(got.moe.max_loads[i] >= 1.0);
+      CHECK(got.moe.max_loads[i] <= 4.0);  // E / 1 at worst: every token on one expert
     }
     if (testing::world_rank() != 0) continue;
     REQUIRE(reference.losses.size() == got.losses.size());
     for (size_t i = 0; i < got.losses.size(); ++i) {
       INFO("step " << i + 1 << ": " << got.losses[i] << " against " << reference.losses[i]);
       CHECK(std::abs(got.losses[i] - reference.losses[i]) <= 1e-12 * reference.losses[i]);
-      CHECK(std::abs(got.moe_aux_losses[i] - reference.moe_aux_losses[i]) <=
-            1e-12 * reference.moe_aux_losses[i]);
-      CHECK(got.moe_max_loads[i] == reference.moe_max_loads[i]);  // counts: exact
+      CHECK(std::abs(got.moe.aux_losses[i] - reference.moe.aux_losses[i]) <=
+            1e-12 * reference.moe.aux_losses[i]);
+      CHECK(got.moe.max_loads[i] == reference.moe.max_loads[i]);  // counts: exact
     }
   }
 }
@@ -201,18 +204,18 @@ void check_resumes(const std::string& name, const Layout& saving, const std::vec
   const TrainResult whole =
       train(name, saving, false, {"checkpoint.save=" + save, "checkpoint.save_interval=15"});
   REQUIRE(whole.losses.size() == size_t(kSteps));
-  REQUIRE(whole.moe_max_loads.size() == size_t(kSteps));
+  REQUIRE(whole.moe.max_loads.size() == size_t(kSteps));
   for (const Layout& layout : resumes) {
     INFO(name << " saved at " << describe(saving) << ", resumed at " << describe(layout));
     const TrainResult tail = train(name, layout, false,
                                    {"checkpoint.load=" + save + "/step_000015", "checkpoint.save=null"});
     REQUIRE(tail.first_step == 15);
     REQUIRE(tail.losses.size() == size_t(kSteps - 15));
-    REQUIRE(tail.moe_max_loads.size() == size_t(kSteps - 15));
+    REQUIRE(tail.moe.max_loads.size() == size_t(kSteps - 15));
     for (size_t i = 0; i < tail.losses.size(); ++i) {
       INFO("step " << i + 16 << ": " << tail.losses[i] << " against " << whole.losses[i + 15]);
       CHECK(std::abs(tail.losses[i] - whole.losses[i + 15]) <= 1e-12 * whole.losses[i + 15]);
-      CHECK(tail.moe_max_loads[i] == whole.moe_max_loads[i + 15]);
+      CHECK(tail.moe.max_loads[i] == whole.moe.max_loads[i + 15]);
     }
   }
 }
@@ -265,15 +268,15 @@ TEST_CASE("the MoE metrics reach metrics.jsonl", "[train][moe]") {
   REQUIRE(records.size() == 3);
   for (size_t i = 0; i < records.size(); ++i) {
     REQUIRE(records[i].moe_aux_loss);
-    CHECK(*records[i].moe_aux_loss == r.moe_aux_losses[i]);
+    CHECK(*records[i].moe_aux_loss == r.moe.aux_losses[i]);
     REQUIRE(records[i].moe_z_loss);
     // Two MoE layers of 4 experts: each layer's z-loss is about ln(4)^2 at the start.
     CHECK(*records[i].moe_z_loss > 0);
     REQUIRE(records[i].moe_max_load);
   }
   // 2 layers, each about 1 when balanced (between 1 and E = 4).
-  CHECK(r.moe_aux_losses[0] >= 2.0 * 0.99);
-  CHECK(r.moe_aux_losses[0] <= 8.0);
+  CHECK(r.moe.aux_losses[0] >= 2.0 * 0.99);
+  CHECK(r.moe.aux_losses[0] <= 8.0);
 }
 
 }  // namespace

@@ -153,13 +153,13 @@ int run_train_bench(const std::vector<std::string>& args) {
     std::printf("tokens/s per GPU   %s\n", train::format_count(r.tokens_per_sec / size).c_str());
     std::printf("TFLOP/s per GPU    %.1f\n", r.tflops_per_device);
     std::printf("MFU                %.1f%%\n", 100 * r.mfu);
-    if (!r.fp8_layers.empty() || !r.fp8_bf16_blocks.empty()) {
+    if (!r.fp8.layers.empty() || !r.fp8.bf16_blocks.empty()) {
       std::string bf16;
-      for (const std::string& b : r.fp8_bf16_blocks) bf16 += (bf16.empty() ? "blocks " : ", ") + b;
-      for (const std::string& l : r.fp8_bf16_layers) bf16 += (bf16.empty() ? "" : ", ") + l;
+      for (const std::string& b : r.fp8.bf16_blocks) bf16 += (bf16.empty() ? "blocks " : ", ") + b;
+      for (const std::string& l : r.fp8.bf16_layers) bf16 += (bf16.empty() ? "" : ", ") + l;
       std::printf("fp8 layers         %zu linear layers of the blocks%s%s%s\n",
-                  r.fp8_layers.size() - (r.fp8_classifier.empty() ? 0 : 1),
-                  r.fp8_classifier.empty() ? "" : (" and the classifier " + r.fp8_classifier).c_str(),
+                  r.fp8.layers.size() - (r.fp8.classifier.empty() ? 0 : 1),
+                  r.fp8.classifier.empty() ? "" : (" and the classifier " + r.fp8.classifier).c_str(),
                   bf16.empty() ? "" : "; in bf16: ", bf16.c_str());
     }
     std::printf("peak allocated     %s\n", train::format_bytes(r.peak_allocated_bytes).c_str());

@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 

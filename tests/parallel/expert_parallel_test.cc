@@ -13,7 +13,6 @@
 
 #include "collectives/mesh.h"
 #include "collectives/world.h"
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/nn/expert_parallel.h"

@@ -37,6 +37,13 @@ void check_dtype(const Tensor& t, DType dtype, const char* what) {
              ", got ", t.str());
 }
 
+void check_flat(const Context& ctx, const Tensor& t, int64_t n, const char* what) {
+  check_on_ctx(ctx, t, what);
+  check_floating(t, what);
+  check_contiguous(t, what);
+  FSDP_CHECK(t.numel() == n, ShapeError, what, ": ", t.str(), " should hold ", n, " elements");
+}
+
 void check_dense(const Context& ctx, const Tensor& t, const Shape& shape, DType dtype,
                  const char* what) {
   check_on_ctx(ctx, t, what);

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/nn/functional.h"
 
 namespace fsdp::models {

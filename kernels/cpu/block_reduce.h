@@ -1,4 +1,4 @@
-// CPU reference for kernels/block_ops.h.
+// CPU reference for kernels/block_reduce.h.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// CPU reference of FP8 quantization and FP8 matmuls (the twins of kernels/cuda/fp8.h and
-// the FP8 path of kernels/cuda/matmul.h). On the CPU they simulate FP8 training for tests:
+// CPU reference of FP8 quantization and FP8 matmuls (the twins of kernels/cuda/fp8.h, and of
+// fp8_blocks.h and fp8_rows.h beside it). On the CPU they simulate FP8 training for tests:
 // the bytes and scales are exactly the GPU's; the products are computed from the decoded
 // values in f32 or f64.
 #pragma once

@@ -2,7 +2,9 @@
 // stream; every launch is checked. Floating math is done in f32 (f64 for f64 data).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "kernels/layout.h"
 #include "runtime/core/dtype.h"
@@ -12,6 +14,12 @@ struct CUstream_st;
 namespace fsdp::kernels::cuda {
 
 using stream_t = CUstream_st*;
+
+// Device memory that a function needs on some of its paths only (those taken when a library
+// call declines the problem, or for an optional output the caller did not pass), asked of
+// its caller when it takes one: `bytes` for work queued on the call's stream, valid until the
+// call returns. Memory needed on every path is a workspace pointer argument instead.
+using Scratch = std::function<void*(size_t bytes)>;
 
 void fill(void* out, DType dtype, const StridedLayout& layout, double value, stream_t stream);
 void copy(void* dst, DType dst_dtype, const StridedLayout& dst_layout, const void* src,

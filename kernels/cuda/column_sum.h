@@ -22,6 +22,16 @@ void column_partials(const void* x, DType dtype, int64_t m, int64_t n, float* pa
 void finish_column_sums(const float* partials, int64_t blocks, int64_t n, void* out,
                         DType out_dtype, bool accumulate, stream_t stream);
 
+// A bias gradient summed beside another kernel's read of x (rows, cols) (the FP8 casts):
+// out (cols) of out_dtype (bf16 or f32) += the column sums of x, which that kernel writes per
+// row tile into partials (tiles, cols) f32, workspace, and finish_column_sums then adds in
+// tile order. out null: no sums (partials unused).
+struct ColumnSums {
+  void* out = nullptr;
+  DType out_dtype = DType::f32;
+  float* partials = nullptr;
+};
+
 // The bias gradient built on them (the twin of kernels/cpu/matmul.h's bias_backward):
 // dbias (n) (+)= sum over the m rows of dout (m, n). Deterministic: fixed
 // row blocks write partial sums, then one pass adds the partials in block order.

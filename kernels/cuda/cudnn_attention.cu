@@ -14,10 +14,10 @@
 #include <cmath>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/cudnn_attention.h"
-#include "kernels/cuda/cudnn_attention_graph.h"
-#include "kernels/cuda/fp8.h"
+#include "kernels/cuda/cudnn_graph.h"
 #include "kernels/cuda/library_check.h"
 
 namespace fsdp::kernels::cuda {
@@ -31,7 +31,78 @@ enum Uid : int64_t {
 constexpr cudnnDataType_t kF32 = CUDNN_DATA_FLOAT;
 constexpr cudnnDataType_t kBf16 = CUDNN_DATA_BFLOAT16;
 
-using namespace attention_graph;
+using cudnn::GraphBuilder;
+using cudnn::TensorRef;
+using Dims = std::vector<int64_t>;
+
+// The keys' rows: L = past + T.
+int64_t keys(const AttentionDims& d) { return d.past + d.seq; }
+// (B, heads, T, D) and (B, heads, L, D) dims of one of our (B, rows, heads, D) tensors.
+Dims bhtd(const AttentionDims& d, int64_t heads) { return {d.batch, heads, d.seq, d.head_dim}; }
+Dims bhld(const AttentionDims& d, int64_t heads) { return {d.batch, heads, keys(d), d.head_dim}; }
+Dims strides_of(const HeadStrides& s) { return {s.b, s.h, s.t, 1}; }
+// The transpose (B, heads, D, L) of the keys' memory.
+Dims bhdl(const AttentionDims& d, int64_t heads) { return {d.batch, heads, d.head_dim, keys(d)}; }
+Dims transposed_strides(const HeadStrides& s) { return {s.b, s.h, 1, s.t}; }
+
+struct Shapes {  // dims and packed strides of the graph's intermediates
+  Dims scores, scores_strides, scores_t_strides, rows, rows_strides, full, full_strides,
+      full_keys, full_keys_strides;
+  explicit Shapes(const AttentionDims& d) {
+    const int64_t B = d.batch, H = d.heads, T = d.seq, L = keys(d), D = d.head_dim;
+    scores = {B, H, T, L};
+    scores_strides = {H * T * L, T * L, L, 1};
+    scores_t_strides = {H * T * L, T * L, 1, L};  // (B, H, L, T) view of the same scores
+    rows = {B, H, T, 1};
+    rows_strides = {H * T, T, 1, 1};
+    full = {B, H, T, D};
+    full_strides = {H * T * D, T * D, D, 1};
+    full_keys = {B, H, L, D};  // a key-side product before its sum over a head group
+    full_keys_strides = {H * L * D, L * D, D, 1};
+  }
+};
+
+// scores masked to the causal lower triangle: x where row + past >= col, else neg_inf (the
+// mask cuDNN knows as bottom-right aligned when past > 0, with the by-value int32 offset
+// kPast).
+TensorRef causal_mask(GraphBuilder& g, const AttentionDims& d, const Shapes& s, TensorRef x,
+                      TensorRef neg_inf) {
+  TensorRef row = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_INT32);
+  TensorRef col = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, {}, row, CUDNN_DATA_INT32, {}, 2);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, {}, col, CUDNN_DATA_INT32, {}, 3);
+  if (d.past > 0) {
+    TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_ADD, row, g.scalar(kPast, CUDNN_DATA_INT32), shifted,
+                CUDNN_DATA_INT32);
+    row = shifted;
+  }
+  TensorRef keep = g.virtual_tensor(s.scores, s.scores_strides, CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, CUDNN_DATA_BOOLEAN);
+  TensorRef y = g.virtual_tensor(s.scores, s.scores_strides, kF32);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, neg_inf, y, kF32, keep);
+  return y;
+}
+
+// P = softmax(scores) over each row of the (B, H, T, L) f32 scores, with its statistics
+// lse = max + log(sum exp(scores - max)) written into `lse` (B, H, T, 1): the softmax cuDNN's
+// flash attention recognizes. P is bf16, as the product with V reads it.
+TensorRef softmax_with_stats(GraphBuilder& g, const Shapes& s, TensorRef scores, TensorRef lse) {
+  TensorRef max = g.virtual_tensor(s.rows, s.rows_strides, kF32);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, max);
+  TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
+  g.pointwise(CUDNN_POINTWISE_SUB, scores, max, shifted);
+  TensorRef e = g.virtual_tensor(s.scores, s.scores_strides, kF32);
+  g.pointwise(CUDNN_POINTWISE_EXP, shifted, {}, e);
+  TensorRef z = g.virtual_tensor(s.rows, s.rows_strides, kF32);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  TensorRef log_z = g.virtual_tensor(s.rows, s.rows_strides, kF32);
+  g.pointwise(CUDNN_POINTWISE_LOG, z, {}, log_z);
+  g.pointwise(CUDNN_POINTWISE_ADD, max, log_z, lse);
+  TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, kBf16);
+  g.pointwise(CUDNN_POINTWISE_DIV, e, z, p);
+  return p;
+}
 
 // Scaled scores S (B, H, T, L) f32 from Q and K^T, masked when the problem is causal (an
 // unmasked block of context parallelism's ring has no mask and no -inf scalar).
@@ -41,7 +112,7 @@ TensorRef masked_scores(GraphBuilder& g, const AttentionDims& d, const Shapes& s
   g.matmul(q, kt, raw);
   TensorRef scaled = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
-  return d.causal ? causal_mask(g, d, s, scaled, neg_inf, kPast) : scaled;
+  return d.causal ? causal_mask(g, d, s, scaled, neg_inf) : scaled;
 }
 
 std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionDims& d) {
@@ -56,7 +127,7 @@ std::unique_ptr<cudnn::Plan> forward_plan(cudnnHandle_t handle, const AttentionD
   TensorRef neg_inf = d.causal ? g.scalar(kNegInf, kF32) : TensorRef{};
 
   TensorRef scores = masked_scores(g, d, s, q, kt, scale, neg_inf);
-  TensorRef p = softmax_with_stats(g, s, scores, lse, kBf16);  // P enters P @ V in bf16
+  TensorRef p = softmax_with_stats(g, s, scores, lse);
   g.matmul(p, v, o);
   return g.build();
 }
@@ -106,7 +177,7 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   g.pointwise(CUDNN_POINTWISE_MUL, raw, scale, scaled);
   TensorRef shifted = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_SUB, scaled, lse, shifted);
-  TensorRef masked = d.causal ? causal_mask(g, d, s, shifted, neg_inf, kPast) : shifted;
+  TensorRef masked = d.causal ? causal_mask(g, d, s, shifted, neg_inf) : shifted;
   TensorRef p = g.virtual_tensor(s.scores, s.scores_strides, kF32);
   g.pointwise(CUDNN_POINTWISE_EXP, masked, {}, p);
 
@@ -138,25 +209,19 @@ std::unique_ptr<cudnn::Plan> backward_plan(cudnnHandle_t handle, const Attention
   return g.build();
 }
 
-// Everything that shapes a plan: the precision (0 for bf16, else 1 + the FP8 types' code),
-// sizes and every stride (not the scale: it is by value).
-using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+// Everything that shapes a plan: the direction, the mask, sizes and every stride (not the
+// scale: it is by value).
+using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            std::vector<int64_t>>;
 
-int precision_code(const Fp8AttentionTypes* fp8) {
-  if (!fp8) return 0;
-  return 1 + int(fp8->forward) + 2 * int(fp8->backward) + 4 * fp8->out_fp8 + 8 * fp8->grads_fp8;
-}
-
-PlanKey key_of(const AttentionDims& d, bool backward, const Fp8AttentionTypes* fp8) {
+PlanKey key_of(const AttentionDims& d, bool backward) {
   std::vector<int64_t> strides;
   for (const HeadStrides* s : {&d.q, &d.k, &d.v, &d.out})
     strides.insert(strides.end(), {s->b, s->t, s->h});
   if (backward)
     for (const HeadStrides* s : {&d.dout, &d.dq, &d.dk, &d.dv})
       strides.insert(strides.end(), {s->b, s->t, s->h});
-  return {precision_code(fp8), backward, d.causal, d.batch, d.seq, d.past,
-          d.heads, d.kv_heads, d.head_dim, strides};
+  return {backward, d.causal, d.batch, d.seq, d.past, d.heads, d.kv_heads, d.head_dim, strides};
 }
 
 // Shape rules of the fused kernels, checked before asking cuDNN: bf16, a head size that is
@@ -166,14 +231,6 @@ std::string shape_refusal(const AttentionDims& d, DType dtype) {
   if (d.head_dim % 8 != 0 || d.head_dim > 128) return str_cat("head_dim ", d.head_dim);
   for (const HeadStrides* s : {&d.q, &d.k, &d.v, &d.out, &d.dout, &d.dq, &d.dk, &d.dv})
     if (s->b % 8 || s->t % 8 || s->h % 8) return "strides not multiples of 8 elements";
-  return "";
-}
-
-// The FP8 graphs' further rules: Hopper's FP8 kernels take a causal problem over the whole
-// sequence (no earlier keys) with a head size that is a multiple of 16.
-std::string fp8_shape_refusal(const AttentionDims& d) {
-  if (!d.causal || d.past != 0) return "FP8 attention is causal over the whole sequence only";
-  if (d.head_dim % 16 != 0) return str_cat("head_dim ", d.head_dim, " (FP8 needs a multiple of 16)");
   return "";
 }
 
@@ -203,19 +260,13 @@ struct CudnnAttention::Impl {
   }
 
   // The plan of `d`, built on first use; null (with the reason) when cuDNN refuses it.
-  // The FP8 graph's when `fp8` is given.
-  const Entry& entry(const AttentionDims& d, bool backward,
-                     const Fp8AttentionTypes* fp8 = nullptr) {
-    const PlanKey key = key_of(d, backward, fp8);
+  const Entry& entry(const AttentionDims& d, bool backward) {
+    const PlanKey key = key_of(d, backward);
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     Entry e;
     try {
-      if (fp8)
-        e.plan = backward ? attention_graph::fp8_backward_plan(handle, d, *fp8)
-                          : attention_graph::fp8_forward_plan(handle, d, *fp8);
-      else
-        e.plan = backward ? backward_plan(handle, d) : forward_plan(handle, d);
+      e.plan = backward ? backward_plan(handle, d) : forward_plan(handle, d);
     } catch (const Error& err) {
       e.why = err.what();
     }
@@ -255,24 +306,6 @@ bool CudnnAttention::supports(const AttentionDims& d, DType dtype, bool backward
     return false;
   }
   const Impl::Entry& e = impl_->entry(d, backward);
-  if (!e.plan) impl_->refusal = e.why;
-  return e.plan != nullptr;
-}
-
-bool CudnnAttention::supports_fp8(const AttentionDims& d, const Fp8AttentionTypes& types,
-                                  bool backward) {
-  if (!impl_->handle) return false;
-  AttentionDims shaped = d;
-  if (!backward) shaped.dout = shaped.dq = shaped.dk = shaped.dv = d.out;
-  std::string why = shape_refusal(shaped, DType::bf16);
-  if (why.empty()) why = fp8_shape_refusal(d);
-  if (why.empty() && compute_capability(impl_->ctx.device().index) < 90)
-    why = "FP8 attention needs a Hopper GPU or newer";
-  if (!why.empty()) {
-    impl_->refusal = why;
-    return false;
-  }
-  const Impl::Entry& e = impl_->entry(d, backward, &types);
   if (!e.plan) impl_->refusal = e.why;
   return e.plan != nullptr;
 }
@@ -332,63 +365,6 @@ void CudnnAttention::backward(const AttentionDims& d, void* dq, void* dk, void* 
   uids.insert(uids.end(), {kDelta, kDQAccum});
   ptrs.insert(ptrs.end(), {nullptr, nullptr});
   impl_->run(*e.plan, uids, ptrs, int64_t(delta_padded + acc_bytes), {0, delta_padded});
-}
-
-namespace {
-
-// The variant pack of an FP8 graph: its tensors, the by-value softmax scale and -inf, the
-// scales it reads and the amaxes it writes.
-struct Fp8Pack {
-  std::vector<int64_t> uids;
-  std::vector<void*> ptrs;
-  float scale, neg_inf = -INFINITY;
-  Fp8Pack(const AttentionDims& d, std::initializer_list<std::pair<int64_t, const void*>> tensors)
-      : scale(float(d.scale)) {
-    for (const auto& [uid, p] : tensors) add(uid, p);
-    add(attention_graph::kFp8AttnScale, &scale);
-    add(attention_graph::kFp8NegInf, &neg_inf);
-  }
-  void add(int64_t uid, const void* p) {
-    uids.push_back(uid);
-    ptrs.push_back(const_cast<void*>(p));
-  }
-  void add_scales(const float* scales, std::initializer_list<int> slots) {
-    for (int slot : slots) add(attention_graph::kFp8Scale + slot, scales + slot);
-  }
-  void add_amaxes(float* amaxes, std::initializer_list<int> slots) {
-    for (int slot : slots) add(attention_graph::kFp8Amax + slot, amaxes + slot);
-  }
-};
-
-}  // namespace
-
-void CudnnAttention::forward_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, void* out,
-                                 float* lse, const void* q, const void* k, const void* v,
-                                 const float* scales, float* amaxes) {
-  using namespace attention_graph;
-  const Impl::Entry& e = impl_->entry(d, false, &types);
-  FSDP_CHECK(e.plan, ValueError, "cuDNN FP8 attention forward: unsupported problem: ", e.why);
-  Fp8Pack pack(d, {{kFp8Q, q}, {kFp8K, k}, {kFp8V, v}, {kFp8O, out}, {kFp8Stats, lse}});
-  pack.add_scales(scales, {kFp8DescaleQ, kFp8DescaleK, kFp8DescaleV, kFp8ScaleS, kFp8DescaleS,
-                           kFp8ScaleO});
-  pack.add_amaxes(amaxes, {kFp8AmaxS, kFp8AmaxO});
-  impl_->run(*e.plan, pack.uids, pack.ptrs, 0, {});
-}
-
-void CudnnAttention::backward_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, void* dq,
-                                  void* dk, void* dv, const void* dout, const void* out,
-                                  const float* lse, const void* q, const void* k, const void* v,
-                                  const float* scales, float* amaxes) {
-  using namespace attention_graph;
-  const Impl::Entry& e = impl_->entry(d, true, &types);
-  FSDP_CHECK(e.plan, ValueError, "cuDNN FP8 attention backward: unsupported problem: ", e.why);
-  Fp8Pack pack(d, {{kFp8Q, q}, {kFp8K, k}, {kFp8V, v}, {kFp8O, out}, {kFp8DO, dout},
-                   {kFp8Stats, lse}, {kFp8DQ, dq}, {kFp8DK, dk}, {kFp8DV, dv}});
-  pack.add_scales(scales, {kFp8DescaleQ, kFp8DescaleK, kFp8DescaleV, kFp8ScaleS, kFp8DescaleS,
-                           kFp8DescaleO, kFp8DescaleDO, kFp8ScaleDS, kFp8DescaleDS,
-                           kFp8ScaleDQ, kFp8ScaleDK, kFp8ScaleDV});
-  pack.add_amaxes(amaxes, {kFp8AmaxDS, kFp8AmaxDQ, kFp8AmaxDK, kFp8AmaxDV});
-  impl_->run(*e.plan, pack.uids, pack.ptrs, 0, {});
 }
 
 }  // namespace fsdp::kernels::cuda

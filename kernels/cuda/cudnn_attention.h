@@ -1,15 +1,13 @@
 // cuDNN fused scaled-dot-product attention (flash attention) through cuDNN's backend graph
-// API, for one CUDA context: the handle, and one forward and one backward execution plan per
-// problem shape, stride pattern and precision (bf16; or FP8, kernels/cuda/cudnn_fp8_attention.cu,
-// which training does not use: slower than bf16 on Hopper, docs/PERFORMANCE.md), with their
-// workspaces. A Context extension: ctx.extension<kernels::cuda::CudnnAttention>().
+// API, for one CUDA context: the handle, and one bf16 forward and one backward execution plan
+// per problem shape and stride pattern, with their workspaces. A Context extension:
+// ctx.extension<kernels::cuda::CudnnAttention>().
 #pragma once
 
 #include <initializer_list>
 #include <memory>
 #include <string>
 
-#include "kernels/fp8_attention.h"
 #include "kernels/nn_shapes.h"
 #include "runtime/core/context.h"
 
@@ -35,19 +33,6 @@ class CudnnAttention {
                const void* v);
   void backward(const AttentionDims& d, void* dq, void* dk, void* dv, const void* dout,
                 const void* out, const float* lse, const void* q, const void* k, const void* v);
-
-  // FP8 attention (see Fp8AttentionTypes): whether cuDNN builds a plan for it (Hopper or
-  // newer, causal, no past keys, a head size that is a multiple of 16 up to 128).
-  bool supports_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, bool backward);
-  // q, k, v, out and dout are FP8 bytes in the layouts d's strides give (out bf16 in the
-  // forward when !types.out_fp8; dq, dk, dv bf16 unless types.grads_fp8); scales
-  // (kFp8ScalarCount) and amaxes (kFp8AmaxCount) are f32 on the device.
-  void forward_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, void* out, float* lse,
-                   const void* q, const void* k, const void* v, const float* scales,
-                   float* amaxes);
-  void backward_fp8(const AttentionDims& d, const Fp8AttentionTypes& types, void* dq, void* dk,
-                    void* dv, const void* dout, const void* out, const float* lse, const void* q,
-                    const void* k, const void* v, const float* scales, float* amaxes);
 
  private:
   struct Impl;

@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8_block8.cuh"
 #include "kernels/cuda/fp8_tile.cuh"
@@ -364,8 +365,9 @@ int64_t fp8_column_sum_tiles(int64_t rows) { return (rows + tile::kRows - 1) / t
 
 void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType dtype,
                   int64_t rows, int64_t cols, const float* amax, Fp8Format format, uint8_t* q,
-                  uint8_t* qt, float* scale_inv, float* partials, float* record_amax,
-                  stream_t stream) {
+                  uint8_t* qt, float* scale_inv, const ColumnSums& column_sums,
+                  float* record_amax, stream_t stream) {
+  float* partials = column_sums.out ? column_sums.partials : nullptr;
   const dim3 grid = tile::grid(rows, cols, "fp8_quantize");
   // Whole 8-element groups: rows of the inputs start 16-byte aligned, those of q and qt 8-byte.
   const bool vec = source_vectorizes(source, cols) && aligned16(x) && aligned16(dout) &&
@@ -411,13 +413,29 @@ void fp8_quantize(const void* x, const void* dout, Fp8CastSource source, DType d
     });
   });
   FSDP_CHECK_LAUNCH();
+  if (partials)
+    finish_column_sums(partials, fp8_column_sum_tiles(rows), cols, column_sums.out,
+                       column_sums.out_dtype, true, stream);
 }
 
 void fp8_quantize(const void* x, DType dtype, int64_t rows, int64_t cols, const float* amax,
-                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv, float* partials,
-                  float* record_amax, stream_t stream) {
+                  Fp8Format format, uint8_t* q, uint8_t* qt, float* scale_inv,
+                  const ColumnSums& column_sums, float* record_amax, stream_t stream) {
   fp8_quantize(x, nullptr, Fp8CastSource::tensor, dtype, rows, cols, amax, format, q, qt,
-               scale_inv, partials, record_amax, stream);
+               scale_inv, column_sums, record_amax, stream);
+}
+
+void fp8_quantize_flat(const void* x, DType dtype, int64_t n, const float* amax,
+                       Fp8Format format, uint8_t* q, float* scale_inv, stream_t stream) {
+  // Rows of kCols elements (the cast's tiles are 2-D), then the remainder as one row.
+  constexpr int64_t kCols = 4096;
+  const int64_t full = n / kCols, rest = n % kCols;
+  const auto* xp = static_cast<const char*>(x);
+  if (full > 0)
+    fp8_quantize(xp, dtype, full, kCols, amax, format, q, nullptr, scale_inv, {}, nullptr, stream);
+  if (rest > 0)
+    fp8_quantize(xp + full * kCols * int64_t(dtype_size(dtype)), dtype, 1, rest, amax, format,
+                 q + full * kCols, nullptr, scale_inv, {}, nullptr, stream);
 }
 
 namespace {
@@ -462,6 +480,116 @@ void fp8_matmul_scalars(float* alpha_beta, const float* scale_inv_a, const float
                         float alpha, float beta, stream_t stream) {
   scalars_kernel<<<1, 1, 0, stream>>>(alpha_beta, scale_inv_a, scale_inv_b, alpha, beta);
   FSDP_CHECK_LAUNCH();
+}
+
+namespace {
+
+// out (M, N) += bias (N) broadcast over the rows, through a contiguous copy of the broadcast
+// bias (as a Tensor-level add of a stride-0 view would make it).
+void add_bias_rows(int64_t m, int64_t n, void* out, DType dtype, const void* bias,
+                   const Scratch& scratch, stream_t stream) {
+  StridedLayout dense, rows;
+  dense.rank = rows.rank = 2;
+  dense.shape[0] = rows.shape[0] = m;
+  dense.shape[1] = rows.shape[1] = n;
+  dense.strides[0] = n;
+  dense.strides[1] = rows.strides[1] = 1;
+  rows.strides[0] = 0;
+  void* broadcast = scratch(size_t(m * n) * dtype_size(dtype));
+  copy(broadcast, dtype, dense, bias, dtype, rows, stream);
+  binary(BinaryOp::Add, out, out, broadcast, m * n, dtype, dtype, stream);
+}
+
+}  // namespace
+
+void fp8_matmul(Blas& blas, int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                const uint8_t* a, Fp8Format format_a, const float* scale_inv_a, const uint8_t* b,
+                Fp8Format format_b, const float* scale_inv_b, double alpha, double beta,
+                const void* bias, void* aux, MatmulEpilogue epilogue, bool fast_accum,
+                const Scratch& scratch, stream_t stream) {
+  const bool gelu = epilogue == MatmulEpilogue::Gelu, dgelu = epilogue == MatmulEpilogue::DGelu;
+  auto run = [&](void* o, DType od, double be, const void* bi, MatmulEpilogue ep, void* ax) {
+    return blas.try_fp8_matmul(m, n, k, o, od, a, format_a, scale_inv_a, b, format_b,
+                               scale_inv_b, alpha, be, bi, ax, ep, fast_accum);
+  };
+  // The GELU gradient is ours, after the plain product: cuBLASLt's FP8 DGELU kernels ran
+  // at a quarter of the plain product's speed on the H200 (bench fp8-matmul).
+  if (!dgelu && run(out, out_dtype, beta, bias, epilogue, aux)) return;
+  // cuBLASLt's FP8 kernels lack this epilogue or output: the plain FP8 product, then ours.
+  FSDP_CHECK(fp8_shape_ok(m, n, k), ShapeError, "fp8_matmul: (", m, " x ", k, ") @ (", k, " x ",
+             n, ") does not fit FP8 tensor cores (every size a multiple of 16)");
+  const size_t elements = size_t(m * n);
+  if (gelu) {
+    void* pre = aux ? aux : scratch(elements * dtype_size(out_dtype));
+    if (run(pre, out_dtype, 0.0, bias, MatmulEpilogue::None, nullptr)) {
+      gelu_forward(out, pre, m * n, out_dtype, stream);
+      return;
+    }
+  } else if (dgelu) {
+    if (run(out, out_dtype, 0.0, nullptr, MatmulEpilogue::None, nullptr)) {
+      gelu_backward(out, out, aux, m * n, out_dtype, stream);
+      return;
+    }
+  } else if (out_dtype == DType::f32 && beta != 0.0) {
+    // An accumulating f32 output (a weight gradient): the product in f32 scratch, added.
+    void* prod = scratch(elements * sizeof(float));
+    if (run(prod, DType::f32, 0.0, bias, MatmulEpilogue::None, nullptr)) {
+      axpby(out, DType::f32, prod, DType::f32, 1.0, beta, m * n, stream);
+      return;
+    }
+  }
+  FSDP_THROW(ValueError, "fp8_matmul: cuBLASLt has no FP8 algorithm for (", m, " x ", k,
+             ") @ (", k, " x ", n, ") ", fp8_format_name(format_a), " x ",
+             fp8_format_name(format_b), " -> ", dtype_name(out_dtype),
+             bias ? " with bias" : "");
+}
+
+void fp8_matmul_blocks(Blas& blas, int64_t m, int64_t n, int64_t k, void* out, DType out_dtype,
+                       const uint8_t* a, Fp8Format format_a, Fp8Granularity ga, const float* sa,
+                       const uint8_t* b, Fp8Format format_b, Fp8Granularity gb, const float* sb,
+                       double alpha, double beta, const void* bias, void* aux,
+                       MatmulEpilogue epilogue, const Scratch& scratch, stream_t stream) {
+  auto run = [&](void* o, DType od, double be, const void* bi) {
+    return blas.try_fp8_block_matmul(m, n, k, o, od, a, format_a, ga, sa, b, format_b, gb, sb,
+                                     alpha, be, bi);
+  };
+  // Only the plain product and its bias are asked of cuBLASLt's block-scaled kernels;
+  // GELU and its gradient are ours, after, and so is the bias where cuBLASLt offers no
+  // block-scaled algorithm with it (cuBLASLt 13.1 on Hopper offers none).
+  auto run_with_bias = [&](void* o, double be) {
+    if (run(o, out_dtype, be, bias)) return true;
+    if (!bias || !run(o, out_dtype, be, nullptr)) return false;
+    add_bias_rows(m, n, o, out_dtype, bias, scratch, stream);
+    return true;
+  };
+  if (epilogue == MatmulEpilogue::Gelu) {
+    void* pre = aux ? aux : scratch(size_t(m * n) * dtype_size(out_dtype));
+    if (run_with_bias(pre, 0.0)) {
+      gelu_forward(out, pre, m * n, out_dtype, stream);
+      return;
+    }
+  } else if (epilogue == MatmulEpilogue::DGelu) {
+    if (run(out, out_dtype, 0.0, nullptr)) {
+      gelu_backward(out, out, aux, m * n, out_dtype, stream);
+      return;
+    }
+  } else {
+    if (run_with_bias(out, beta)) return;
+    if (out_dtype == DType::f32 && beta != 0.0) {
+      // An accumulating f32 output (a weight gradient): the product in f32 scratch, added.
+      void* prod = scratch(size_t(m * n) * sizeof(float));
+      if (run(prod, DType::f32, 0.0, bias)) {
+        axpby(out, DType::f32, prod, DType::f32, 1.0, beta, m * n, stream);
+        return;
+      }
+    }
+  }
+  const bool rows = ga == Fp8Granularity::row;
+  FSDP_THROW(ValueError, "fp8_matmul: cuBLASLt has no ", rows ? "row" : "block",
+             "-scaled FP8 algorithm for (", m, " x ", k, ") @ (", k, " x ", n, ") ",
+             fp8_format_name(format_a), " ", fp8_granularity_name(ga), " x ",
+             fp8_format_name(format_b), " ", fp8_granularity_name(gb), " -> ",
+             dtype_name(out_dtype), bias ? " with bias" : "");
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -163,7 +163,8 @@ int64_t fp8_block_column_sum_tiles(int64_t rows) { return (rows + kTile - 1) / k
 
 void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
                          Fp8Granularity granularity, uint8_t* q, float* q_scale_inv, uint8_t* qt,
-                         float* qt_scale_inv, float* partials, stream_t stream) {
+                         float* qt_scale_inv, const ColumnSums& column_sums, stream_t stream) {
+  float* partials = column_sums.out ? column_sums.partials : nullptr;
   FSDP_CHECK(granularity != Fp8Granularity::tensor, ValueError,
              "fp8_quantize_blocks: tensor-wise scaling goes through fp8_quantize");
   FSDP_CHECK(rows > 0 && cols > 0 && fp8_blocks(rows) < 65536, ValueError,
@@ -201,6 +202,9 @@ void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols,
   };
   fp8_tile::dispatch_cast_input(dtype, "fp8_quantize_blocks", with_sums);
   FSDP_CHECK_LAUNCH();
+  if (partials)
+    finish_column_sums(partials, fp8_block_column_sum_tiles(rows), cols, column_sums.out,
+                       column_sums.out_dtype, true, stream);
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/basic.h"
+#include "kernels/cuda/column_sum.h"
 #include "kernels/fp8_format.h"
 
 namespace fsdp::kernels::cuda {
@@ -15,12 +16,12 @@ namespace fsdp::kernels::cuda {
 // qt_scale_inv in the grid of (cols, rows) (blocks along rows), as cpu::fp8_quantize_blocks
 // lays them out; either of q and qt may be null (with its scales). Padding entries of the
 // grids are not written (the caller sets them). One block of threads per 128 x 128 tile of
-// x, read once for both layouts. When partials is not null it receives
-// (fp8_block_column_sum_tiles(rows), cols) f32: each row tile's column sums of x (unscaled),
-// for column_sum.h's finish_column_sums (a bias gradient from the same read).
+// x, read once for both layouts. With column_sums.out: column_sums.out += the column sums of
+// x (unscaled), from the same read (a bias gradient), through partials of
+// (fp8_block_column_sum_tiles(rows), cols) f32.
 int64_t fp8_block_column_sum_tiles(int64_t rows);
 void fp8_quantize_blocks(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
                          Fp8Granularity granularity, uint8_t* q, float* q_scale_inv, uint8_t* qt,
-                         float* qt_scale_inv, float* partials, stream_t stream);
+                         float* qt_scale_inv, const ColumnSums& column_sums, stream_t stream);
 
 }  // namespace fsdp::kernels::cuda

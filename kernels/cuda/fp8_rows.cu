@@ -125,7 +125,8 @@ void fp8_column_amax(const void* x, DType dtype, int64_t rows, int64_t cols, flo
 void fp8_quantize_rowwise(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
                           const float* row_amax, uint8_t* q, float* q_scale_inv,
                           const float* column_amax, uint8_t* qt, float* qt_scale_inv,
-                          float* partials, stream_t stream) {
+                          const ColumnSums& column_sums, stream_t stream) {
+  float* partials = column_sums.out ? column_sums.partials : nullptr;
   const dim3 grid = tile::grid(rows, cols, "fp8_quantize_rowwise");
   // The inverse scales, with the bits of the scales the kernel multiplies by.
   if (q) fp8_scale_inverses(row_amax, rows, format, q_scale_inv, stream);
@@ -147,6 +148,9 @@ void fp8_quantize_rowwise(const void* x, DType dtype, int64_t rows, int64_t cols
     else launch(no{}, no{});
   });
   FSDP_CHECK_LAUNCH();
+  if (partials)
+    finish_column_sums(partials, fp8_column_sum_tiles(rows), cols, column_sums.out,
+                       column_sums.out_dtype, true, stream);
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/basic.h"
+#include "kernels/cuda/column_sum.h"
 #include "kernels/fp8_format.h"
 
 namespace fsdp::kernels::cuda {
@@ -21,12 +22,13 @@ void fp8_column_amax(const void* x, DType dtype, int64_t rows, int64_t cols, flo
 // x (rows, cols) quantized row-wise from one read of it: q (rows, cols) with row r scaled by
 // fp8_scale_for_amax(row_amax[r]) and q_scale_inv[r] its inverse; qt (cols, rows), the
 // transpose, with its row c scaled by that of column_amax[c] and qt_scale_inv[c] its
-// inverse. Either of q and qt may be null (with its amaxes and scales). When partials is not
-// null it receives (fp8_column_sum_tiles(rows), cols) f32 (fp8.h: the same tiles as
-// fp8_quantize's), for column_sum.h's finish_column_sums (a bias gradient from the same read).
+// inverse. Either of q and qt may be null (with its amaxes and scales). With
+// column_sums.out: column_sums.out += the column sums of x, from the same read (a bias
+// gradient), through partials of (fp8_column_sum_tiles(rows), cols) f32 (fp8.h: the same
+// tiles as fp8_quantize's).
 void fp8_quantize_rowwise(const void* x, DType dtype, int64_t rows, int64_t cols, Fp8Format format,
                           const float* row_amax, uint8_t* q, float* q_scale_inv,
                           const float* column_amax, uint8_t* qt, float* qt_scale_inv,
-                          float* partials, stream_t stream);
+                          const ColumnSums& column_sums, stream_t stream);
 
 }  // namespace fsdp::kernels::cuda

@@ -568,4 +568,18 @@ bool Blas::try_fp8_block_matmul(int64_t m, int64_t n, int64_t k, void* out, DTyp
   return true;
 }
 
+bool matmul_bias_grad(Blas& blas, const MatmulDims& dims, void* dw, DType dw_dtype, const void* a,
+                      const void* b, DType in_dtype, double alpha, double beta, void* dbias,
+                      DType dbias_dtype, bool accumulate, const Scratch& scratch,
+                      stream_t stream) {
+  const bool direct = dbias_dtype == DType::f32 && !accumulate;
+  void* sums = direct ? dbias : scratch(size_t(dims.m) * sizeof(float));
+  if (!blas.try_matmul(dims, dw, dw_dtype, a, b, in_dtype, alpha, beta, nullptr, sums,
+                       MatmulEpilogue::BiasGrad))
+    return false;
+  if (!direct)
+    axpby(dbias, dbias_dtype, sums, DType::f32, 1.0, accumulate ? 1.0 : 0.0, dims.m, stream);
+  return true;
+}
+
 }  // namespace fsdp::kernels::cuda

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cuda/basic.h"
 #include "kernels/fp8_format.h"
 #include "kernels/nn_shapes.h"
 #include "runtime/core/context.h"
@@ -114,5 +115,16 @@ class Blas {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// A linear layer's weight and bias gradients from one matmul (ops::matmul_bias_grad's CUDA
+// path): dw as Blas::matmul, and dbias (M) of dbias_dtype (bf16 or f32; += when accumulate)
+// the sums over K of op(a), from cuBLASLt's BGRADB epilogue. BGRADB writes f32 sums: straight
+// into an f32 dbias that is not accumulated, else into M floats of scratch then added.
+// Returns false, having queued nothing, when cuBLASLt has no BGRADB algorithm for the
+// problem (the caller then runs the matmul and sums the bias gradient itself).
+bool matmul_bias_grad(Blas& blas, const MatmulDims& dims, void* dw, DType dw_dtype, const void* a,
+                      const void* b, DType in_dtype, double alpha, double beta, void* dbias,
+                      DType dbias_dtype, bool accumulate, const Scratch& scratch,
+                      stream_t stream);
 
 }  // namespace fsdp::kernels::cuda

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <utility>
 
-#include "kernels/block_ops.h"
+#include "kernels/block_reduce.h"
 #include "kernels/ops.h"
 #include "runtime/fsdp/sharded_model.h"
 

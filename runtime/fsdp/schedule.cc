@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/block_ops.h"
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "runtime/fsdp/sharded_model.h"
 

@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 
@@ -105,38 +104,6 @@ std::shared_ptr<const ExpertExchange> plan_expert_exchange(Context& ctx,
   e->gather = ops::from_host<int32_t>(ctx, e->regroup.gather, Shape{received});
   e->scatter = ops::from_host<int32_t>(ctx, e->regroup.scatter, Shape{received});
   return e;
-}
-
-Tensor expert_dispatch(Graph& g, const Tensor& x_sorted, const std::vector<int64_t>& counts,
-                       const ExpertParallelLayout& layout, ExpertParallelGroup& group,
-                       std::shared_ptr<const ExpertExchange>* exchange_out) {
-  Context& ctx = g.ctx();
-  const std::shared_ptr<const ExpertExchange> e = plan_expert_exchange(ctx, counts, layout, group);
-  if (exchange_out) *exchange_out = e;
-  Tensor out = rows_to_experts(ctx, group, *e, x_sorted);  // (R', C)
-  if (!g.should_record({&x_sorted}, false)) return out;
-  out = Graph::track(out);
-  g.record("expert_dispatch", {out.autograd_meta()},
-           [tx = Graph::target(x_sorted), om = out.autograd_meta(), e, &group](Graph& g) {
-             const Tensor dout = Graph::grad_of(om);
-             if (dout.defined()) g.accumulate(tx, rows_from_experts(g.ctx(), group, *e, dout));
-           });
-  return out;
-}
-
-Tensor expert_combine(Graph& g, const Tensor& y, const std::shared_ptr<const ExpertExchange>& e,
-                      ExpertParallelGroup& group) {
-  FSDP_CHECK(e != nullptr, ValueError, "expert_combine: no dispatch plan");
-  Context& ctx = g.ctx();
-  Tensor out = rows_from_experts(ctx, group, *e, y);  // (R, C')
-  if (!g.should_record({&y}, false)) return out;
-  out = Graph::track(out);
-  g.record("expert_combine", {out.autograd_meta()},
-           [ty = Graph::target(y), om = out.autograd_meta(), e, &group](Graph& g) {
-             const Tensor dout = Graph::grad_of(om);
-             if (dout.defined()) g.accumulate(ty, rows_to_experts(g.ctx(), group, *e, dout));
-           });
-  return out;
 }
 
 }  // namespace fsdp::nn

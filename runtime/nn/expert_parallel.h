@@ -1,6 +1,7 @@
 // What expert parallelism communicates, without the layers knowing how: the tokens' rows
-// go to the ranks that hold their experts (dispatch) and come back (combine), both
-// differentiable. runtime/parallel implements the group over a communicator.
+// go to the ranks that hold their experts (dispatch) and come back (combine). The MoE layer
+// records their backward itself (the same exchanges the other way). runtime/parallel
+// implements the group over a communicator.
 //
 // Shapes: R rows of this rank's tokens grouped by expert in global expert order (as
 // ops::moe_sort_by_expert and ops::moe_permute give them), C channels; R' rows of this
@@ -13,15 +14,12 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/autograd/graph.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/expert_parallel_layout.h"
 #include "runtime/nn/pending_transfer.h"
 
 namespace fsdp::nn {
-
-using autograd::Graph;
 
 class ExpertParallelGroup {
  public:
@@ -93,15 +91,5 @@ class PendingRows {
   Tensor regroup_;  // to_experts: the map from source-major to expert-major rows
   std::unique_ptr<PendingTransfer> pending_;
 };
-
-// x_sorted (R, C) with counts (E) rows per expert -> (R', C) and the plan (into *exchange).
-// Backward: the gradient goes back the same way. The counts are exchanged first.
-Tensor expert_dispatch(Graph& g, const Tensor& x_sorted, const std::vector<int64_t>& counts,
-                       const ExpertParallelLayout& layout, ExpertParallelGroup& group,
-                       std::shared_ptr<const ExpertExchange>* exchange);
-// y (R', C') of this rank's experts -> (R, C') at the rows' own ranks, in x_sorted's order.
-// Backward: the gradient goes to the experts' ranks as the dispatch sent the rows.
-Tensor expert_combine(Graph& g, const Tensor& y, const std::shared_ptr<const ExpertExchange>& exchange,
-                      ExpertParallelGroup& group);
 
 }  // namespace fsdp::nn

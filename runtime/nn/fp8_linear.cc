@@ -1,6 +1,5 @@
 #include "runtime/nn/fp8_linear.h"
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/nn/tensor_parallel.h"
 

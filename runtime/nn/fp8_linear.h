@@ -6,7 +6,7 @@
 // kernel writes both layouts of dy). Not a public header: linear() and mlp() call it.
 #pragma once
 
-#include "kernels/fp8_ops.h"
+#include "kernels/ops.h"
 #include "runtime/nn/parameter.h"
 
 namespace fsdp::nn::fp8 {

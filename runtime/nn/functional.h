@@ -1,4 +1,4 @@
-// Differentiable ops: each runs its forward kernel (kernels/nn_ops.h) and, when the graph is
+// Differentiable ops: each runs its forward kernel (kernels/ops.h) and, when the graph is
 // recording, records one node whose backward adds into its inputs' and parameters' gradients.
 //
 // Rules every op here follows:
@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/nn/parameter.h"
 #include "runtime/nn/tensor_parallel.h"

@@ -1,6 +1,5 @@
 #include "runtime/nn/init.h"
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 
 namespace fsdp::nn {

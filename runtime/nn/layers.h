@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/nn/context_parallel.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/module.h"

@@ -1,6 +1,5 @@
 #include "runtime/nn/moe_losses.h"
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "runtime/nn/tensor_parallel.h"

@@ -3,7 +3,6 @@
 
 #include <functional>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/nn/parameter.h"

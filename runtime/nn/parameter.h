@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/fp8_ops.h"
+#include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/context_parallel_layout.h"

@@ -1,6 +1,5 @@
 #include "runtime/nn/tensor_parallel.h"
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/nn/op_support.h"
 

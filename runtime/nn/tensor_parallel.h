@@ -17,7 +17,7 @@
 #include <memory>
 #include <optional>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"

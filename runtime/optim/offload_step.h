@@ -32,7 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/thread_pool.h"
 #include "runtime/optim/offload_plan.h"

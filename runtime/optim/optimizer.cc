@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/arena.h"
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
 #include "runtime/optim/offload_step.h"

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 

@@ -98,7 +98,10 @@ std::vector<FieldSpec> build_schema() {
           "Weight of the router z-loss (mean squared log-sum-exp of the router logits)."),
       KEY(model.moe_token_dispatcher_type).one_of({"alltoall", "allgather"})
           .default_to("alltoall").help_text(
-              "How tokens reach experts on other ranks under expert parallelism."),
+              "How tokens reach experts on other ranks under expert parallelism: alltoall, the "
+              "only one this build has. allgather, Megatron's other choice, is accepted "
+              "only without expert parallelism, where no token travels, so that a recipe "
+              "using Megatron's name and value reads unchanged."),
       KEY(model.moe_shared_expert_overlap).default_to(false).help_text(
           "Compute the shared expert while the routed tokens travel to their experts' ranks "
           "(on GPUs the all-to-alls then run on their own stream, beside the compute), "
@@ -109,7 +112,10 @@ std::vector<FieldSpec> build_schema() {
 
       // tokenizer
       KEY(tokenizer.type).one_of({"gpt2_bpe"}).default_to("gpt2_bpe").help_text(
-          "Tokenizer: GPT-2 byte-level BPE."),
+          "Tokenizer: GPT-2 byte-level BPE, the only one this build has. The key exists so a "
+          "recipe names its tokenizer, as Megatron-Bridge's tokenizer section does (there "
+          "tokenizer_type GPT2BPETokenizer), and a tokenizer this build lacks is refused by "
+          "name rather than read as GPT-2's."),
       KEY(tokenizer.vocab_file).default_to("third_party/gpt2_tokenizer/encoder.json").help_text(
           "BPE vocabulary (encoder.json / vocab.json)."),
       KEY(tokenizer.merges_file).default_to("third_party/gpt2_tokenizer/vocab.bpe").help_text(
@@ -265,7 +271,10 @@ std::vector<FieldSpec> build_schema() {
       KEY(ddp.max_inflight_reduce_mb).default_to(512.0).at_least(0).help_text(
           "Full-gradient buffers awaiting reduction, in MB (2 to 8 unit-sized buffers)."),
       KEY(ddp.unit).one_of({"block"}).default_to("block").help_text(
-          "Granularity of sharding units: one transformer block each (plus the root unit)."),
+          "Granularity of sharding units: one transformer block each (plus the root unit), "
+          "the only kind this build has (Megatron-FSDP's fsdp_unit_modules names the module "
+          "types that are units; here they are always the blocks). The key exists so a "
+          "recipe states its unit and any other is refused rather than ignored."),
       KEY(ddp.blocks_per_unit).default_to(1).at_least(1).help_text(
           "Consecutive blocks per sharding unit (the bucket): each unit's weights are gathered "
           "and its gradients reduced in one collective, so more blocks per unit means fewer, "

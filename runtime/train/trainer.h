@@ -58,7 +58,7 @@ struct TrainerOptions {
   // single-process run inside a multi-rank program (the tests' reference runs).
   bool alone = false;
   // Tests only: run mixed_precision.fp8 on the CPU, whose kernels simulate FP8 with the
-  // GPU's bytes and scales (kernels/fp8_ops.h); a CPU run refuses fp8 otherwise.
+  // GPU's bytes and scales (kernels/fp8.h); a CPU run refuses fp8 otherwise.
   bool simulate_fp8_on_cpu = false;
   // Tests only: run optimizer.cpu_offload on the CPU through the offloaded optimizer
   // (OptimizerConfig::offload_on_cpu); a CPU run refuses cpu_offload otherwise.

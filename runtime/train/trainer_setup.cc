@@ -237,12 +237,14 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // in bf16: only its attention changes (the MLP part is counted for the dense blocks, as
   // many of the FP8 blocks as there are).
   const int64_t norm_output = sequence_parallel ? 0 : -C * (e - 1);
-  const int64_t fp8_attention = n * (norm_output + C / tp);
-  const int64_t fp8_mlp =
+  // Per block: the change from the linear layers around attention (qkv and the output
+  // projection; attention itself stays bf16), and from the MLP's.
+  const int64_t fp8_attention_linears = n * (norm_output + C / tp);
+  const int64_t fp8_mlp_linears =
       n * (norm_output + (recompute == models::Recompute::selective ? F / tp : -F / tp * (e - 1)));
   const int64_t moe_layers = c.num_moe_layers();
   const int64_t fp8_dense_blocks = std::min<int64_t>(fp8_blocks, L - moe_layers);
-  int64_t fp8_change = fp8_blocks * fp8_attention + fp8_dense_blocks * fp8_mlp;
+  int64_t fp8_change = fp8_blocks * fp8_attention_linears + fp8_dense_blocks * fp8_mlp_linears;
   if (recompute == models::Recompute::full) {
     layer_bytes = moe_layer_bytes = n * C * r / stream_parts;  // the block input
     fp8_change = 0;

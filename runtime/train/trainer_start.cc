@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "kernels/fp8_ops.h"
+#include "kernels/ops.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/matmul.h"

@@ -9,7 +9,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/nn_test_util.h"
 #include "tests/test_support.h"

@@ -13,12 +13,11 @@ using namespace fsdp::testing;
 namespace {
 
 // One family per kernel header under kernels/cuda/, named as the header. Not listed:
-// cudnn_graph.h (the cuDNN graph builder cudnn_attention runs on, no kernel of its own),
-// cudnn_attention_graph.h (the graphs themselves, run by the cudnn_attention and
-// fp8_attention cases) and library_check.h (status checks).
+// cudnn_graph.h (the cuDNN graph builder cudnn_attention runs on, no kernel of its own) and
+// library_check.h (status checks).
 const char* const kKernelFamilies[] = {
     "activation",  "adamw",  "attention",  "attention_gemm", "basic",  "block_reduce",
-    "column_sum",  "cross_entropy", "cudnn_attention", "embedding", "fp8", "fp8_attention",
+    "column_sum",  "cross_entropy", "cudnn_attention", "embedding", "fp8",
     "fp8_blocks", "fp8_rows", "init", "matmul", "moe",
     "norm",
 };

@@ -2,7 +2,6 @@
 // against f64 finite differences, on q/k/v views into one fused projection.
 #include <cmath>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/nn_test_util.h"
 #include "tests/test_support.h"

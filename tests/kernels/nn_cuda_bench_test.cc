@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <functional>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/nn_cuda_test_util.h"
 #include "tests/test_support.h"

@@ -2,7 +2,6 @@
 // backward passes checked against f64 central differences.
 #include <cmath>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/nn_test_util.h"
 #include "tests/test_support.h"

@@ -1,7 +1,6 @@
 // CPU fused cross-entropy, fused AdamW and the counter-based initializers.
 #include <cmath>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/nn_test_util.h"
 #include "tests/test_support.h"

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "kernels/cpu/matmul.h"
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "kernels/scalar_math.h"
 #include "tests/kernels/nn_test_util.h"

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/nn_test_util.h"
 #include "tests/test_support.h"

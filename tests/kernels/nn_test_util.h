@@ -7,7 +7,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/tensor.h"
 

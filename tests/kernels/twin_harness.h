@@ -1,6 +1,6 @@
 // The CPU-vs-CUDA twin harness: every CUDA kernel is run through the dispatch layer
-// (kernels/ops.h, kernels/nn_ops.h, kernels/block_ops.h) on a CPU context and on a CUDA
-// context, and every output of the CUDA side is compared with the CPU reference's.
+// (kernels/ops.h) on a CPU context and on a CUDA context, and every output of the CUDA side
+// is compared with the CPU reference's.
 //
 // A twin case is one function, run once per side. It builds its inputs through the side (the
 // same values on both), calls the ops on side.ctx(), and records each output with the

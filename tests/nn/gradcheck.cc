@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "tests/test_support.h"
 

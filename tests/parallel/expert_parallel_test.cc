@@ -1,8 +1,10 @@
-// Expert parallelism's dispatch and combine under mpirun -np 1/2/4 (f64, CPU ranks): every
-// rank routes its own rows to experts that the ranks hold in equal parts, each rank runs
-// its experts (a grouped matmul) on the rows it receives, and the results come home. The
-// outputs, the rows' gradients and the expert weights' gradients must equal what one process
-// computes with every expert and every rank's rows (gathered here with plain MPI).
+// Expert parallelism's exchanges under mpirun -np 1/2/4 (f64, CPU ranks): every rank routes
+// its own rows to experts that the ranks hold in equal parts (plan_expert_exchange, then the
+// rows to the experts' ranks), each rank runs its experts (a grouped matmul) on the rows it
+// receives, and the results come home; the backward sends the gradients the same two ways,
+// as the MoE layer does. The outputs, the rows' gradients and the expert weights' gradients
+// must equal what one process computes with every expert and every rank's rows (gathered
+// here with plain MPI).
 #include <mpi.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 
 #include "collectives/mesh.h"
 #include "collectives/world.h"
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/nn/expert_parallel.h"
@@ -42,8 +43,8 @@ std::vector<double> all_gather_doubles(const std::vector<double>& mine, int n) {
   return all;
 }
 
-TEST_CASE("expert dispatch and combine equal one process holding every expert (f64)",
-          "[parallel][mpi]") {
+TEST_CASE("expert exchanges to the experts' ranks and back equal one process holding every "
+          "expert (f64)", "[parallel][mpi]") {
   testing::MpiWorld w;
   const int n = w.size(), me = w.rank();
   Communicator& comm = w.world.comm();
@@ -67,36 +68,31 @@ TEST_CASE("expert dispatch and combine equal one process holding every expert (f
     for (int64_t f = 0; f < F; ++f) dys.push_back(value(me + 7, r, f));
   }
 
-  autograd::Graph g(ctx);
-  const Tensor x = autograd::Graph::leaf(ops::from_vector(ctx, xs, Shape{rows, C}, DType::f64));
+  const Tensor x = ops::from_vector(ctx, xs, Shape{rows, C}, DType::f64);
   comm.reset_counts();
-  std::shared_ptr<const nn::ExpertExchange> plan;
-  const Tensor at_experts = nn::expert_dispatch(g, x, counts, layout, group, &plan);
-  // The local experts' matmul, recorded by hand: y = x_e w_e^T per expert.
+  const std::shared_ptr<const nn::ExpertExchange> plan =
+      nn::plan_expert_exchange(ctx, counts, layout, group);
   const std::vector<int64_t>& mine_counts = plan->regroup.expert_counts;
-  Tensor y_local = ctx.empty(Shape{at_experts.size(0), F}, DType::f64);
+  // Forward: the rows to their experts, y = x_e w_e^T per local expert, and home.
+  const Tensor at_experts = nn::rows_to_experts(ctx, group, *plan, x);
+  const Tensor y_local = ctx.empty(Shape{at_experts.size(0), F}, DType::f64);
   ops::moe_grouped_matmul(ctx, y_local, at_experts, w_local, mine_counts);
-  y_local = autograd::Graph::track(y_local);
-  Tensor dw_local = ctx.empty(w_local.shape(), DType::f64);
-  ops::fill(ctx, dw_local, 0.0);
-  g.record("experts", {y_local.autograd_meta()},
-           [ta = autograd::Graph::target(at_experts), ym = y_local.autograd_meta(), at_experts,
-            w_local, dw_local, mine_counts](autograd::Graph& g) {
-             const Tensor dy = autograd::Graph::grad_of(ym);
-             Tensor dx = g.ctx().empty(at_experts.shape(), DType::f64);
-             ops::moe_grouped_matmul_backward(g.ctx(), dx, dw_local, dy, at_experts, w_local,
-                                              mine_counts, true);
-             g.accumulate(ta, dx);
-           });
-  const Tensor y = nn::expert_combine(g, y_local, plan, group);
+  const Tensor y = nn::rows_from_experts(ctx, group, *plan, y_local);
   REQUIRE(y.size(0) == rows);
-  g.backward(y, ops::from_vector(ctx, dys, Shape{rows, F}, DType::f64));
+  // Backward: the output gradient to the experts, through their matmul, and home.
+  const Tensor dy_local =
+      nn::rows_to_experts(ctx, group, *plan, ops::from_vector(ctx, dys, Shape{rows, F}, DType::f64));
+  const Tensor dx_local = ctx.empty(at_experts.shape(), DType::f64);
+  const Tensor dw_local = ops::zeros(ctx, w_local.shape(), DType::f64);
+  ops::moe_grouped_matmul_backward(ctx, dx_local, dw_local, dy_local, at_experts, w_local,
+                                   mine_counts, true);
+  const Tensor dx = nn::rows_from_experts(ctx, group, *plan, dx_local);
   // One exchange of counts and one of rows each way, forward and backward.
   CHECK(comm.counts().all_to_all == 5);
 
   // The single process: every rank's rows, every expert.
   const std::vector<double> got_y = ops::to_vector<double>(ctx, y);
-  const std::vector<double> got_dx = ops::to_vector<double>(ctx, autograd::Graph::grad(x));
+  const std::vector<double> got_dx = ops::to_vector<double>(ctx, dx);
   for (int64_t r = 0, e = 0, left = counts[0]; r < rows; ++r, --left) {
     while (left == 0) left = counts[size_t(++e)];
     for (int64_t f = 0; f < F; ++f) {
@@ -147,9 +143,9 @@ WorldOptions nccl_options() {
 }
 
 // On one GPU through a real NCCL group of one (the counts through device memory, the rows by
-// grouped sends and receives to itself): dispatch, a grouped matmul and combine, forward and
+// grouped sends and receives to itself): the exchanges around a grouped matmul, forward and
 // backward, against the CPU's.
-TEST_CASE("CUDA expert dispatch and combine over NCCL match the CPU's", "[parallel][gpu]") {
+TEST_CASE("CUDA expert exchanges over NCCL match the CPU's", "[parallel][gpu]") {
   FSDP_REQUIRE_GPU();
   World world(nccl_options());
   if (world.size() != 1) return;  // a group of one: this process alone
@@ -167,25 +163,21 @@ TEST_CASE("CUDA expert dispatch and combine over NCCL match the CPU's", "[parall
   auto run = [&](Context& ctx, nn::ExpertParallelGroup& group) {
     const auto layout = nn::ExpertParallelLayout::make(E, 1, 0);
     const Tensor w = ops::from_vector(ctx, ws, Shape{E, F, C}, DType::f32);
-    autograd::Graph g(ctx);
-    const Tensor x = autograd::Graph::leaf(ops::from_vector(ctx, xs, Shape{rows, C}, DType::f32));
-    std::shared_ptr<const nn::ExpertExchange> plan;
-    const Tensor at = nn::expert_dispatch(g, x, counts, layout, group, &plan);
-    Tensor y_local = ctx.empty(Shape{rows, F}, DType::f32);
-    ops::moe_grouped_matmul(ctx, y_local, at, w, plan->regroup.expert_counts);
-    y_local = autograd::Graph::track(y_local);
-    g.record("experts", {y_local.autograd_meta()},
-             [ta = autograd::Graph::target(at), ym = y_local.autograd_meta(), at, w,
-              c = plan->regroup.expert_counts](autograd::Graph& g) {
-               Tensor dx = g.ctx().empty(at.shape(), DType::f32);
-               ops::moe_grouped_matmul_backward(g.ctx(), dx, Tensor(), autograd::Graph::grad_of(ym),
-                                                at, w, c, false);
-               g.accumulate(ta, dx);
-             });
-    const Tensor y = nn::expert_combine(g, y_local, plan, group);
-    g.backward(y, ops::from_vector(ctx, dys, Shape{rows, F}, DType::f32));
+    const Tensor x = ops::from_vector(ctx, xs, Shape{rows, C}, DType::f32);
+    const std::shared_ptr<const nn::ExpertExchange> plan =
+        nn::plan_expert_exchange(ctx, counts, layout, group);
+    const std::vector<int64_t>& c = plan->regroup.expert_counts;
+    const Tensor at = nn::rows_to_experts(ctx, group, *plan, x);
+    const Tensor y_local = ctx.empty(Shape{rows, F}, DType::f32);
+    ops::moe_grouped_matmul(ctx, y_local, at, w, c);
+    const Tensor y = nn::rows_from_experts(ctx, group, *plan, y_local);
+    const Tensor dy_local =
+        nn::rows_to_experts(ctx, group, *plan, ops::from_vector(ctx, dys, Shape{rows, F}, DType::f32));
+    const Tensor dx_local = ctx.empty(at.shape(), DType::f32);
+    ops::moe_grouped_matmul_backward(ctx, dx_local, Tensor(), dy_local, at, w, c, false);
+    const Tensor dx = nn::rows_from_experts(ctx, group, *plan, dx_local);
     return std::make_pair(ops::to_vector<float>(ctx, ops::cast(ctx, y, DType::f32)),
-                          ops::to_vector<float>(ctx, autograd::Graph::grad(x)));
+                          ops::to_vector<float>(ctx, dx));
   };
   const auto want = run(cpu, local_group), got = run(gpu, nccl_group);
   REQUIRE(got.first.size() == want.first.size());

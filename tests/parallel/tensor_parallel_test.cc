@@ -18,7 +18,6 @@
 
 #include "collectives/mesh.h"
 #include "collectives/world.h"
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "models/factory.h"
 #include "runtime/autograd/graph.h"

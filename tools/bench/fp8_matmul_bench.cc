@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"

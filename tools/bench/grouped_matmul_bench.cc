@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
 #include "tools/bench/device_timing.h"

@@ -1,7 +1,6 @@
 // bench: benchmarks of fsdp.cpp's parts, one subcommand each.
 //
 //   bench collectives [flags]   bus bandwidth of our collectives against raw NCCL / MPI
-//   bench fp8-attention [flags] a workload's attention in bf16 against FP8 (GPU)
 //   bench fp8-matmul [flags]    a workload's linear layers in bf16 against FP8 (GPU)
 //   bench grouped-matmul [flags] the experts' grouped matmul beside a dense one (GPU)
 //   bench matmul [flags]        the CPU matmul on one shape, OpenBLAS against our kernel
@@ -17,7 +16,6 @@
 #include <vector>
 
 #include "tools/bench/collectives_bench.h"
-#include "tools/bench/fp8_attention_bench.h"
 #include "tools/bench/fp8_matmul_bench.h"
 #include "tools/bench/grouped_matmul_bench.h"
 #include "tools/bench/matmul_bench.h"
@@ -36,8 +34,6 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
     {"collectives", fsdp::bench::run_collectives_bench,
      "all-gather / reduce-scatter / all-reduce bus bandwidth, ours vs raw"},
-    {"fp8-attention", fsdp::bench::run_fp8_attention_bench,
-     "a workload's attention, forward / backward, bf16 against cuDNN's FP8 graphs (GPU)"},
     {"fp8-matmul", fsdp::bench::run_fp8_matmul_bench,
      "a workload's linear layers, forward / dgrad / wgrad, bf16 against FP8 (GPU)"},
     {"grouped-matmul", fsdp::bench::run_grouped_matmul_bench,

@@ -6,14 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"
+#include "runtime/train/recipe.h"
 #include "tools/bench/device_timing.h"
 #include "tools/bench/linear_shapes.h"
 #include "tools/bench/workload_flags.h"
-#include "runtime/train/recipe.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/matmul.h"

@@ -5,8 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/fp8_ops.h"
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/error.h"

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "models/factory.h"
 #include "runtime/checkpoint/safetensors.h"

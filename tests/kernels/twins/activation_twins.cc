@@ -1,6 +1,5 @@
 // GELU and SwiGLU (kernels/cuda/activation.h) against the CPU, in bf16 and f32, at GPT-2
 // 124M's MLP width and Llama's, and at odd sizes (the scalar tails of the packed loads).
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

@@ -1,7 +1,6 @@
 // The fused AdamW step (kernels/cuda/adamw.h) against the CPU over three steps: against the
 // double-precision reference for every moment and gradient dtype, and against the host's
 // f32 AdamW (the CPU-offloaded optimizer's update) to the last bits.
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

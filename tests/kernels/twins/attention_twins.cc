@@ -5,7 +5,6 @@
 // ring's merge of partial results, in bf16 and f32.
 #include <cmath>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

@@ -1,7 +1,6 @@
 // Per-block sums of squares with a fixed order (kernels/cuda/block_reduce.h, the sharded
 // gradient norm) against the CPU, in every floating dtype, with blocks that fit the thread
 // block exactly and blocks that do not.
-#include "kernels/block_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

@@ -2,7 +2,6 @@
 // CPU: into f32 (accumulated) and into bf16, on the packed and the scalar column paths.
 // (The norms' weight gradients and the position-embedding gradient use the same sums; their
 // cases are in norm_twins.cc and embedding_twins.cc.)
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

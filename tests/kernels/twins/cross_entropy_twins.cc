@@ -4,7 +4,6 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/nn_test_util.h"

@@ -3,7 +3,6 @@
 // falling back to our kernels), an unmasked block (context parallelism's ring), a chunk of
 // queries after earlier keys (context parallelism's gathered keys), and checks that cuDNN
 // really takes the GPT-2 problem, the unmasked block and the chunk's forward.
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

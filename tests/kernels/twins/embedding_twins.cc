@@ -4,7 +4,6 @@
 // stream, and rope on strided q/k views of a fused projection, in place and into copies.
 #include <vector>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/nn_test_util.h"

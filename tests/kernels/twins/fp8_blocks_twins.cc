@@ -7,7 +7,6 @@
 // layout it reads otherwise would scale blocks by their neighbours' scales, far outside the
 // tolerance. K = 768 and 640 give 128x128 grids whose rows are padded (6 and 5 blocks of K,
 // rounded up to 8).
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/twin_harness.h"
 

@@ -5,7 +5,6 @@
 // products of the same FP8 bytes and scales, which also checks cuBLASLt's reading of the
 // scale vectors: a vector read along the other dimension would scale rows by other rows'
 // scales, far outside the tolerance (the rows of a and b have different magnitudes).
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/twin_harness.h"
 

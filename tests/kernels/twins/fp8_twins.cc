@@ -5,7 +5,6 @@
 // values. The matmuls are compared as products of the same FP8 bytes.
 #include <cmath>
 
-#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/twin_harness.h"
 #include "tests/kernels/twins/timed_matmuls.h"

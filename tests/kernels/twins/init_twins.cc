@@ -2,7 +2,6 @@
 // and double math on both sides, slice invariance and the normal's moments, in f32 and bf16.
 #include <cmath>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

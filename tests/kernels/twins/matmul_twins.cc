@@ -4,7 +4,6 @@
 // products, batched problems, and the plan cache.
 #include <algorithm>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

@@ -6,7 +6,6 @@
 // whole layer chained.
 #include <vector>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/nn_test_util.h"
 #include "tests/kernels/twin_harness.h"

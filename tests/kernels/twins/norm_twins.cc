@@ -4,7 +4,6 @@
 // what the register-resident backward holds.
 #include <algorithm>
 
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "tests/kernels/twin_harness.h"

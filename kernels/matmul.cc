@@ -1,12 +1,14 @@
-// Dispatch of matmul, batched_matmul and bias_backward (kernels/nn_ops.h).
+// Dispatch of matmul, batched_matmul and bias_backward (kernels/matmul.h).
+#include "kernels/matmul.h"
+
+#include <functional>
+
 #include "kernels/checks.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
-#include "kernels/cuda/basic.h"
-#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/column_sum.h"
+#include "kernels/cuda/matmul.h"
 #endif
 
 namespace fsdp::ops {
@@ -115,19 +117,15 @@ void matmul_bias_grad(Context& ctx, const Tensor& dw, const Tensor& a, const Ten
   FSDP_CHECK(trans_a && alpha == 1.0, ValueError, what,
              ": the bias gradient is the column sums of a = dy (K, M): trans_a and alpha 1");
 #if FSDP_WITH_CUDA
+  // cuBLASLt's BGRADB epilogue where it has one for the problem (its scratch is given back
+  // before the fallback below runs).
   if (ctx.device().is_cuda()) {
-    // BGRADB writes f32 sums: straight into an f32 gradient that starts here, else into a
-    // scratch vector added afterwards.
-    const bool direct = dbias.dtype() == DType::f32 && !accumulate_dbias;
-    const Tensor sums = direct ? dbias : ctx.empty(Shape{d.m}, DType::f32);
-    if (ctx.extension<kernels::cuda::Blas>().try_matmul(
-            d, dw.data_ptr(), dw.dtype(), a.data_ptr(), b.data_ptr(), a.dtype(), alpha, beta,
-            nullptr, sums.data_ptr(), kernels::MatmulEpilogue::BiasGrad)) {
-      if (!direct)
-        kernels::cuda::axpby(dbias.data_ptr(), dbias.dtype(), sums.data_ptr(), DType::f32, 1.0,
-                             accumulate_dbias ? 1.0 : 0.0, d.m, ctx.stream().cuda_stream());
+    ScratchTensors scratch(ctx);
+    if (kernels::cuda::matmul_bias_grad(ctx.extension<kernels::cuda::Blas>(), d, dw.data_ptr(),
+                                        dw.dtype(), a.data_ptr(), b.data_ptr(), a.dtype(), alpha,
+                                        beta, dbias.data_ptr(), dbias.dtype(), accumulate_dbias,
+                                        std::ref(scratch), ctx.stream().cuda_stream()))
       return;
-    }
   }
 #endif
   matmul(ctx, dw, a, b, trans_a, trans_b, alpha, beta);

@@ -1,12 +1,16 @@
-// FP8 at the Tensor level: tensor-wise quantization and FP8 matmuls (Hopper's FP8 tensor
-// cores through cuBLASLt on CUDA; on the CPU a simulation for tests, with the GPU's exact
-// bytes and scales). kernels/fp8_format.h has the formats and the scaling rule.
+// FP8 at the Tensor level: quantization and FP8 matmuls (Hopper's FP8 tensor cores through
+// cuBLASLt on CUDA; on the CPU a simulation for tests, with the GPU's exact bytes and
+// scales). kernels/fp8.cc routes them to kernels/cpu/fp8.h or kernels/cuda/fp8.h (block and
+// row scaling: fp8_blocks.h, fp8_rows.h). kernels/fp8_format.h has the formats and the
+// scaling rule.
 #pragma once
 
 #include <string>
 
 #include "kernels/fp8_format.h"
-#include "kernels/nn_ops.h"
+#include "kernels/matmul.h"
+#include "runtime/core/context.h"
+#include "runtime/core/tensor.h"
 
 namespace fsdp::ops {
 

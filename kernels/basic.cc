@@ -1,4 +1,5 @@
-#include "kernels/ops.h"
+// Dispatch of the basic ops (kernels/basic.h).
+#include "kernels/basic.h"
 
 #include <cmath>
 #include <cstring>

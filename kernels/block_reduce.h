@@ -1,5 +1,7 @@
 // Per-block reductions with a fixed summation order, for results that must not depend on
-// how a buffer is split across ranks (the global gradient norm of sharded training).
+// how a buffer is split across ranks (the global gradient norm of sharded training), at the
+// Tensor level: kernels/block_reduce.cc routes them to kernels/cpu/block_reduce.h or
+// kernels/cuda/block_reduce.h.
 #pragma once
 
 #include "runtime/core/context.h"

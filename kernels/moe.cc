@@ -1,12 +1,14 @@
-// Dispatch of the mixture-of-experts ops (kernels/nn_ops.h): routing, the grouping of rows
+// Dispatch of the mixture-of-experts ops (kernels/moe.h): routing, the grouping of rows
 // by expert and the gathers to and from it on kernels/cpu/moe.h and kernels/cuda/moe.h; the
 // grouped matmul as one ops::matmul per expert on views of the contiguous buffers.
+#include "kernels/moe.h"
+
 #include <limits>
 
+#include "kernels/basic.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/moe.h"
-#include "kernels/nn_ops.h"
-#include "kernels/ops.h"
+#include "kernels/matmul.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/grouped_matmul.h"

@@ -1,9 +1,10 @@
-// Dispatch of the fused softmax cross-entropy (kernels/nn_ops.h).
+// Dispatch of the fused softmax cross-entropy (kernels/cross_entropy.h).
+#include "kernels/cross_entropy.h"
+
 #include <algorithm>
 
 #include "kernels/checks.h"
 #include "kernels/cpu/cross_entropy.h"
-#include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/cross_entropy.h"

@@ -1,12 +1,13 @@
-// Dispatch of causal grouped-query attention (kernels/nn_ops.h): the CPU reference, or on
+// Dispatch of causal grouped-query attention (kernels/attention.h): the CPU reference, or on
 // CUDA: f32 through cuBLAS matmuls (attention_gemm.h; exact f32 at matmul speed), bf16
 // through cuDNN's fused attention when it supports the problem and KernelOptions allow it,
 // and our own kernels otherwise.
+#include "kernels/attention.h"
+
 #include <cmath>
 
 #include "kernels/checks.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/attention_gemm.h"

@@ -1,28 +1,20 @@
-// Dispatch of the fused AdamW step and the counter-based initializers (kernels/nn_ops.h).
+// Dispatch of the fused AdamW step (kernels/adamw.h).
+#include "kernels/adamw.h"
+
 #include <cmath>
 
 #include "kernels/checks.h"
 #include "kernels/cpu/adamw_f32.h"
 #include "kernels/cpu/adamw.h"
-#include "kernels/cpu/init.h"
-#include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/adamw.h"
-#include "kernels/cuda/init.h"
 #endif
 
 namespace fsdp::ops {
 namespace {
 
 using namespace detail;
-
-void check_flat(Context& ctx, const Tensor& t, int64_t n, const char* what) {
-  check_on_ctx(ctx, t, what);
-  check_floating(t, what);
-  check_contiguous(t, what);
-  FSDP_CHECK(t.numel() == n, ShapeError, what, ": ", t.str(), " should hold ", n, " elements");
-}
 
 // Checks the operands of an AdamW step and describes them for the kernels.
 kernels::AdamWBuffers adamw_buffers(Context& ctx, const Tensor& param, const Tensor& grad,
@@ -92,48 +84,6 @@ void adamw_step_host_f32(Context& host, const Tensor& param, const Tensor& grad,
   const kernels::AdamWBuffers buf =
       adamw_buffers(host, param, grad, exp_avg, exp_avg_sq, p, param_copy, what);
   kernels::cpu::adamw_step_f32(buf, param.numel(), adamw_scalars(p));
-}
-
-void init_normal(Context& ctx, const Tensor& out, uint64_t seed, uint64_t key, int64_t offset,
-                 double mean, double std) {
-  const char* what = "init_normal";
-  check_flat(ctx, out, out.numel(), what);
-  FSDP_CHECK(offset >= 0, IndexError, what, ": negative offset ", offset);
-  FSDP_CHECK(std >= 0, ValueError, what, ": negative standard deviation ", std);
-  if (ctx.device().is_cpu()) {
-    kernels::cpu::init_normal(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, mean, std);
-    return;
-  }
-#if FSDP_WITH_CUDA
-  kernels::cuda::init_normal(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, mean, std,
-                             ctx.stream().cuda_stream());
-#endif
-}
-
-void init_uniform(Context& ctx, const Tensor& out, uint64_t seed, uint64_t key, int64_t offset,
-                  double low, double high) {
-  const char* what = "init_uniform";
-  check_flat(ctx, out, out.numel(), what);
-  FSDP_CHECK(offset >= 0, IndexError, what, ": negative offset ", offset);
-  FSDP_CHECK(low <= high, ValueError, what, ": empty range [", low, ", ", high, ")");
-  if (ctx.device().is_cpu()) {
-    kernels::cpu::init_uniform(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, low,
-                               high);
-    return;
-  }
-#if FSDP_WITH_CUDA
-  kernels::cuda::init_uniform(out.data_ptr(), out.dtype(), out.numel(), seed, key, offset, low,
-                              high, ctx.stream().cuda_stream());
-#endif
-}
-
-uint64_t name_key(const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64-bit offset basis
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 0x100000001b3ull;  // FNV prime
-  }
-  return h;
 }
 
 }  // namespace fsdp::ops

@@ -1,7 +1,8 @@
-// Dispatch of gelu and swiglu, forward and backward (kernels/nn_ops.h).
+// Dispatch of gelu and swiglu, forward and backward (kernels/activation.h).
+#include "kernels/activation.h"
+
 #include "kernels/checks.h"
 #include "kernels/cpu/activation.h"
-#include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/activation.h"

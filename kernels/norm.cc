@@ -1,7 +1,8 @@
-// Dispatch of layernorm and rmsnorm, forward and backward (kernels/nn_ops.h).
+// Dispatch of layernorm and rmsnorm, forward and backward (kernels/norm.h).
+#include "kernels/norm.h"
+
 #include "kernels/checks.h"
 #include "kernels/cpu/norm.h"
-#include "kernels/nn_ops.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/norm.h"

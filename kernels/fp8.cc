@@ -1,19 +1,18 @@
-// Dispatch of the FP8 ops (kernels/fp8_ops.h).
-#include "kernels/fp8_ops.h"
+// Dispatch of the FP8 ops (kernels/fp8.h).
+#include "kernels/fp8.h"
 
+#include <functional>
+
+#include "kernels/activation.h"
+#include "kernels/basic.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/ops.h"
 
 #if FSDP_WITH_CUDA
-#include "kernels/cuda/activation.h"
-#include "kernels/cuda/basic.h"
-#include "kernels/cuda/column_sum.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/fp8_blocks.h"
 #include "kernels/cuda/fp8_rows.h"
-#include "kernels/cuda/matmul.h"
 #endif
 
 namespace fsdp::ops {
@@ -50,9 +49,9 @@ void check_quantize_args(const Context& ctx, const Tensor& x, bool rows, bool co
 }
 
 // The bias gradient beside a cast: add_column_sums (C) += the column sums of x (R, C). On
-// the CPU a pass of its own (add_column_sums_cpu); on CUDA the cast kernel writes each row
-// tile's sums into partials (tiles, C), which ColumnSumPartials then adds (deterministic:
-// a fixed order), so x is read once.
+// the CPU a pass of its own (add_column_sums_cpu); on CUDA the cast kernel sums each row
+// tile of x into partials (tiles, C), a workspace, and then adds them in a fixed order
+// (deterministic), so x is read once (column_sums_cuda).
 void add_column_sums_cpu(const Tensor& add_column_sums, const Tensor& x) {
   if (!add_column_sums.defined()) return;
   kernels::cpu::bias_backward(add_column_sums.data_ptr(), add_column_sums.dtype(), x.data_ptr(),
@@ -60,25 +59,14 @@ void add_column_sums_cpu(const Tensor& add_column_sums, const Tensor& x) {
 }
 
 #if FSDP_WITH_CUDA
-class ColumnSumPartials {
- public:
-  // For a cast of x (R, C) in row tiles of `tiles` (none without add_column_sums).
-  ColumnSumPartials(Context& ctx, const Tensor& add_column_sums, int64_t tiles, int64_t c)
-      : sums_(add_column_sums), tiles_(tiles) {
-    if (sums_.defined()) partials_ = ctx.empty(Shape{tiles, c}, DType::f32);
-  }
-  float* data() const { return partials_.defined() ? partials_.data<float>() : nullptr; }
-  void finish(Context& ctx) const {
-    if (!sums_.defined()) return;
-    kernels::cuda::finish_column_sums(partials_.data<float>(), tiles_, partials_.size(1),
-                                      sums_.data_ptr(), sums_.dtype(), true,
-                                      ctx.stream().cuda_stream());
-  }
-
- private:
-  Tensor sums_, partials_;
-  int64_t tiles_;
-};
+// add_column_sums and the partials of a cast of `tiles` row tiles of c columns; `partials`
+// holds the workspace (none without add_column_sums).
+kernels::cuda::ColumnSums column_sums_cuda(Context& ctx, const Tensor& add_column_sums,
+                                           int64_t tiles, int64_t c, Tensor& partials) {
+  if (!add_column_sums.defined()) return {};
+  partials = ctx.empty(Shape{tiles, c}, DType::f32);
+  return {add_column_sums.data_ptr(), add_column_sums.dtype(), partials.data<float>()};
+}
 #endif
 
 // An (rows, k) FP8 matrix (K = k) and its grid of inverse scales, scaled by block or by row
@@ -98,9 +86,11 @@ Fp8Matrix scaled_matrix(Context& ctx, int64_t rows, int64_t k, Fp8Format format,
 bool block_scaled(const Fp8Matrix& m) { return m.granularity != Fp8Granularity::tensor; }
 bool row_scaled(const Fp8Matrix& m) { return m.granularity == Fp8Granularity::row; }
 
+const uint8_t* bytes(const Fp8Matrix& m) { return static_cast<const uint8_t*>(m.data.data_ptr()); }
+const float* scales(const Fp8Matrix& m) { return static_cast<const float*>(m.scale_inv.data_ptr()); }
+
 // The block- or row-scaled product (both operands so): the CPU's simulation, or cuBLASLt's
-// block-scaled (VEC128, BLK128x128) or outer-vector (OUTER_VEC) kernels with our GELU
-// kernels where its epilogues are not offered for them.
+// block-scaled or outer-vector kernels (kernels/cuda/fp8.h).
 void fp8_block_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                       double alpha, double beta, const Tensor& bias, Epilogue epilogue,
                       const Tensor& aux) {
@@ -116,63 +106,20 @@ void fp8_block_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const
              "cuBLASLt; one operand must be 1x128");
   FSDP_CHECK(row_scaled(a) || k % kernels::kFp8Block == 0, ShapeError, what, ": block-scaled "
              "operands need K a multiple of 128, got ", a.data.str(), " and ", b.data.str());
-  auto scales = [](const Fp8Matrix& x) { return static_cast<const float*>(x.scale_inv.data_ptr()); };
   if (ctx.device().is_cpu()) {
-    kernels::cpu::fp8_matmul_blocks(m, n, k, out.data_ptr(), out.dtype(),
-                                    static_cast<const uint8_t*>(a.data.data_ptr()), a.format,
-                                    a.granularity, scales(a),
-                                    static_cast<const uint8_t*>(b.data.data_ptr()), b.format,
-                                    b.granularity, scales(b), alpha, beta, data_or_null(bias),
+    kernels::cpu::fp8_matmul_blocks(m, n, k, out.data_ptr(), out.dtype(), bytes(a), a.format,
+                                    a.granularity, scales(a), bytes(b), b.format, b.granularity,
+                                    scales(b), alpha, beta, data_or_null(bias),
                                     data_or_null(aux), epilogue);
     return;
   }
 #if FSDP_WITH_CUDA
-  auto& blas = ctx.extension<kernels::cuda::Blas>();
-  CUstream_st* stream = ctx.stream().cuda_stream();
-  auto run = [&](void* o, DType od, double be, const Tensor& bi) {
-    return blas.try_fp8_block_matmul(m, n, k, o, od, a.data.data_ptr(), a.format, a.granularity,
-                                     scales(a), b.data.data_ptr(), b.format, b.granularity,
-                                     scales(b), alpha, be, data_or_null(bi));
-  };
-  // Only the plain product and its bias are asked of cuBLASLt's block-scaled kernels;
-  // GELU and its gradient are ours, after, and so is the bias where cuBLASLt offers no
-  // block-scaled algorithm with it (cuBLASLt 13.1 on Hopper offers none).
-  auto run_with_bias = [&](const Tensor& o, double be) {
-    if (run(o.data_ptr(), o.dtype(), be, bias)) return true;
-    if (!bias.defined() || !run(o.data_ptr(), o.dtype(), be, Tensor())) return false;
-    ops::add(ctx, o, o, bias.as_strided(Shape{m, n}, Strides{0, 1}, bias.offset()));  // (M, N) + (N)
-    return true;
-  };
-  if (epilogue == Epilogue::Gelu) {
-    const Tensor pre = aux.defined() ? aux : ctx.empty(Shape{m, n}, out.dtype());
-    if (run_with_bias(pre.view(Shape{m, n}), 0.0)) {
-      kernels::cuda::gelu_forward(out.data_ptr(), pre.data_ptr(), m * n, out.dtype(), stream);
-      return;
-    }
-  } else if (epilogue == Epilogue::DGelu) {
-    if (run(out.data_ptr(), out.dtype(), 0.0, Tensor())) {
-      kernels::cuda::gelu_backward(out.data_ptr(), out.data_ptr(), aux.data_ptr(), m * n,
-                                   out.dtype(), stream);
-      return;
-    }
-  } else {
-    if (run_with_bias(out.view(Shape{m, n}), beta)) return;
-    if (out.dtype() == DType::f32 && beta != 0.0) {
-      // An accumulating f32 output (a weight gradient): the product in f32 scratch, added.
-      const Tensor prod = ctx.empty(Shape{m, n}, DType::f32);
-      if (run(prod.data_ptr(), DType::f32, 0.0, bias)) {
-        kernels::cuda::axpby(out.data_ptr(), DType::f32, prod.data_ptr(), DType::f32, 1.0, beta,
-                             m * n, stream);
-        return;
-      }
-    }
-  }
-  FSDP_THROW(ValueError, what, ": cuBLASLt has no ", row_scaled(a) ? "row" : "block",
-             "-scaled FP8 algorithm for (", m, " x ", k,
-             ") @ (", k, " x ", n, ") ", fp8_format_name(a.format), " ",
-             fp8_granularity_name(a.granularity), " x ", fp8_format_name(b.format), " ",
-             fp8_granularity_name(b.granularity), " -> ", dtype_name(out.dtype()),
-             bias.defined() ? " with bias" : "");
+  ScratchTensors scratch(ctx);
+  kernels::cuda::fp8_matmul_blocks(ctx.extension<kernels::cuda::Blas>(), m, n, k, out.data_ptr(),
+                                   out.dtype(), bytes(a), a.format, a.granularity, scales(a),
+                                   bytes(b), b.format, b.granularity, scales(b), alpha, beta,
+                                   data_or_null(bias), data_or_null(aux), epilogue,
+                                   std::ref(scratch), ctx.stream().cuda_stream());
 #endif
 }
 
@@ -274,11 +221,12 @@ Fp8Quantized quantize_tensorwise(Context& ctx, const CastSource& s, const Tensor
     return q;
   }
 #if FSDP_WITH_CUDA
-  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c);
-  kernels::cuda::fp8_quantize(s.x.data_ptr(), data_or_null(s.dout), s.kind, s.x.dtype(), r, c,
-                              static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
-                              partials.data(), record, ctx.stream().cuda_stream());
-  partials.finish(ctx);
+  Tensor partials;
+  kernels::cuda::fp8_quantize(
+      s.x.data_ptr(), data_or_null(s.dout), s.kind, s.x.dtype(), r, c,
+      static_cast<const float*>(amax.data_ptr()), format, qp, qtp, sinv,
+      column_sums_cuda(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c, partials),
+      record, ctx.stream().cuda_stream());
 #endif
   return q;
 }
@@ -351,21 +299,10 @@ void fp8_quantize_flat(Context& ctx, const Tensor& q, const Tensor& x, const Ten
     return;
   }
 #if FSDP_WITH_CUDA
-  // Rows of kCols elements (the kernel's tiles are 2-D), then the remainder as one row.
-  constexpr int64_t kCols = 4096;
   const Tensor scale_inv = ctx.empty(Shape{1}, DType::f32);  // not needed: fp8_scale_inverses
-  const int64_t full = n / kCols, rest = n % kCols;
-  const auto* xp = static_cast<const char*>(x.data_ptr());
-  const int64_t esize = int64_t(dtype_size(x.dtype()));
-  auto* sinv = static_cast<float*>(scale_inv.data_ptr());
-  const auto* a = static_cast<const float*>(amax.data_ptr());
-  CUstream_st* stream = ctx.stream().cuda_stream();
-  if (full > 0)
-    kernels::cuda::fp8_quantize(xp, x.dtype(), full, kCols, a, format, qp, nullptr, sinv, nullptr,
-                                nullptr, stream);
-  if (rest > 0)
-    kernels::cuda::fp8_quantize(xp + full * kCols * esize, x.dtype(), 1, rest, a, format,
-                                qp + full * kCols, nullptr, sinv, nullptr, nullptr, stream);
+  kernels::cuda::fp8_quantize_flat(x.data_ptr(), x.dtype(), n,
+                                   static_cast<const float*>(amax.data_ptr()), format, qp,
+                                   scale_inv.data<float>(), ctx.stream().cuda_stream());
 #endif
 }
 
@@ -408,10 +345,12 @@ Fp8Quantized fp8_quantize_blocks(Context& ctx, const Tensor& x, Fp8Format format
     return q;
   }
 #if FSDP_WITH_CUDA
-  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_block_column_sum_tiles(r), c);
-  kernels::cuda::fp8_quantize_blocks(x.data_ptr(), x.dtype(), r, c, format, granularity, qp, qs,
-                                     qtp, qts, partials.data(), ctx.stream().cuda_stream());
-  partials.finish(ctx);
+  Tensor partials;
+  kernels::cuda::fp8_quantize_blocks(
+      x.data_ptr(), x.dtype(), r, c, format, granularity, qp, qs, qtp, qts,
+      column_sums_cuda(ctx, add_column_sums, kernels::cuda::fp8_block_column_sum_tiles(r), c,
+                       partials),
+      ctx.stream().cuda_stream());
 #endif
   return q;
 }
@@ -477,10 +416,11 @@ Fp8Quantized fp8_quantize_rowwise(Context& ctx, const Tensor& x, Fp8Format forma
     return q;
   }
 #if FSDP_WITH_CUDA
-  const ColumnSumPartials partials(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c);
-  kernels::cuda::fp8_quantize_rowwise(x.data_ptr(), x.dtype(), r, c, format, ra, qp, qs, ca, qtp,
-                                      qts, partials.data(), ctx.stream().cuda_stream());
-  partials.finish(ctx);
+  Tensor partials;
+  kernels::cuda::fp8_quantize_rowwise(
+      x.data_ptr(), x.dtype(), r, c, format, ra, qp, qs, ca, qtp, qts,
+      column_sums_cuda(ctx, add_column_sums, kernels::cuda::fp8_column_sum_tiles(r), c, partials),
+      ctx.stream().cuda_stream());
 #endif
   return q;
 }
@@ -541,54 +481,17 @@ void fp8_matmul(Context& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Ma
     return;
   }
   if (ctx.device().is_cpu()) {
-    kernels::cpu::fp8_matmul(m, n, k, out.data_ptr(), out.dtype(),
-                             static_cast<const uint8_t*>(a.data.data_ptr()), a.format,
-                             *static_cast<const float*>(a.scale_inv.data_ptr()),
-                             static_cast<const uint8_t*>(b.data.data_ptr()), b.format,
-                             *static_cast<const float*>(b.scale_inv.data_ptr()), alpha, beta,
-                             data_or_null(bias), data_or_null(aux), epilogue);
+    kernels::cpu::fp8_matmul(m, n, k, out.data_ptr(), out.dtype(), bytes(a), a.format, *scales(a),
+                             bytes(b), b.format, *scales(b), alpha, beta, data_or_null(bias),
+                             data_or_null(aux), epilogue);
     return;
   }
 #if FSDP_WITH_CUDA
-  auto& blas = ctx.extension<kernels::cuda::Blas>();
-  CUstream_st* stream = ctx.stream().cuda_stream();
-  auto run = [&](void* o, DType od, double be, const Tensor& bi, Epilogue ep, const Tensor& ax) {
-    return blas.try_fp8_matmul(m, n, k, o, od, a.data.data_ptr(), a.format,
-                               static_cast<const float*>(a.scale_inv.data_ptr()),
-                               b.data.data_ptr(), b.format,
-                               static_cast<const float*>(b.scale_inv.data_ptr()), alpha, be,
-                               data_or_null(bi), data_or_null(ax), ep, fast_accum);
-  };
-  // The GELU gradient is ours, after the plain product: cuBLASLt's FP8 DGELU kernels ran
-  // at a quarter of the plain product's speed on the H200 (bench fp8-matmul).
-  if (!dgelu && run(out.data_ptr(), out.dtype(), beta, bias, epilogue, aux)) return;
-  // cuBLASLt's FP8 kernels lack this epilogue or output: the plain FP8 product, then ours.
-  FSDP_CHECK(fp8_shape_ok(m, n, k), ShapeError, what, ": (", m, " x ", k, ") @ (", k, " x ", n,
-             ") does not fit FP8 tensor cores (every size a multiple of 16)");
-  if (gelu) {
-    const Tensor pre = aux.defined() ? aux : ctx.empty(Shape{m, n}, out.dtype());
-    if (run(pre.data_ptr(), out.dtype(), 0.0, bias, Epilogue::None, Tensor())) {
-      kernels::cuda::gelu_forward(out.data_ptr(), pre.data_ptr(), m * n, out.dtype(), stream);
-      return;
-    }
-  } else if (dgelu) {
-    if (run(out.data_ptr(), out.dtype(), 0.0, Tensor(), Epilogue::None, Tensor())) {
-      kernels::cuda::gelu_backward(out.data_ptr(), out.data_ptr(), aux.data_ptr(), m * n,
-                                   out.dtype(), stream);
-      return;
-    }
-  } else if (out.dtype() == DType::f32 && beta != 0.0) {
-    // An accumulating f32 output (a weight gradient): the product in f32 scratch, added.
-    const Tensor prod = ctx.empty(Shape{m, n}, DType::f32);
-    if (run(prod.data_ptr(), DType::f32, 0.0, bias, Epilogue::None, Tensor())) {
-      kernels::cuda::axpby(out.data_ptr(), DType::f32, prod.data_ptr(), DType::f32, 1.0, beta,
-                           m * n, stream);
-      return;
-    }
-  }
-  FSDP_THROW(ValueError, what, ": cuBLASLt has no FP8 algorithm for (", m, " x ", k, ") @ (", k,
-             " x ", n, ") ", fp8_format_name(a.format), " x ", fp8_format_name(b.format), " -> ",
-             dtype_name(out.dtype()), bias.defined() ? " with bias" : "");
+  ScratchTensors scratch(ctx);
+  kernels::cuda::fp8_matmul(ctx.extension<kernels::cuda::Blas>(), m, n, k, out.data_ptr(),
+                            out.dtype(), bytes(a), a.format, scales(a), bytes(b), b.format,
+                            scales(b), alpha, beta, data_or_null(bias), data_or_null(aux),
+                            epilogue, fast_accum, std::ref(scratch), ctx.stream().cuda_stream());
 #endif
 }
 

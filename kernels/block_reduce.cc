@@ -1,4 +1,5 @@
-#include "kernels/block_ops.h"
+// Dispatch of the per-block reductions (kernels/block_reduce.h).
+#include "kernels/block_reduce.h"
 
 #include "kernels/cpu/block_reduce.h"
 

@@ -56,6 +56,12 @@ class Event {
   static Event create(Device device, bool enable_timing = false);
 
   void record(const Stream& stream);  // marks the current end of `stream`'s queue
+  // A new event marking the current end of `stream`'s queue.
+  static Event at_end_of(const Stream& stream) {
+    Event e;
+    e.record(stream);
+    return e;
+  }
   void synchronize() const;           // block the host until the marked work is done
   bool query() const;                 // true when the marked work is done
   // Milliseconds between two recorded timing events (both must have completed).

@@ -8,17 +8,6 @@
 #include "runtime/fsdp/sharded_model.h"
 
 namespace fsdp {
-namespace {
-
-// An event marking the current end of `stream`'s queue.
-Event mark(const Stream& stream) {
-  Event e;
-  e.record(stream);
-  return e;
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------- hooks
 
 void ShardedModel::attach_hooks() {
@@ -69,7 +58,7 @@ void ShardedModel::start_step() {
   shared_.phase = StepPhase::last_micro_batch;
   for (auto& u : units_) u->zero_grads();
   // Reductions of this step add into the buffers just zeroed on the compute stream.
-  shared_.reduce_stream.wait(mark(shared_.ctx.stream()));
+  shared_.reduce_stream.wait(Event::at_end_of(shared_.ctx.stream()));
 }
 
 void ShardedModel::start_micro_batch(bool last) {
@@ -132,7 +121,7 @@ void ShardedModel::quantize_fp8_weights() {
     first += n;
   }
   // The gathers read the new FP8 shards.
-  shared_.params_updated = mark(ctx.stream());
+  shared_.params_updated = Event::at_end_of(ctx.stream());
   fp8_stale_ = false;
 }
 
@@ -153,7 +142,7 @@ void ShardedModel::record_fp8_weight_amaxes() {
 }
 
 void ShardedModel::finish_grad_sync() {
-  shared_.ctx.stream().wait(mark(shared_.reduce_stream));
+  shared_.ctx.stream().wait(Event::at_end_of(shared_.reduce_stream));
   if (shared_.phase != StepPhase::last_micro_batch) return;
   for (const auto& hook : grad_sync_hooks_)
     for (size_t u = 0; u < units_.size(); ++u)
@@ -168,7 +157,7 @@ double ShardedModel::grad_multiplier() const {
 }
 
 void ShardedModel::install_weights() {
-  shared_.params_updated = mark(shared_.ctx.stream());
+  shared_.params_updated = Event::at_end_of(shared_.ctx.stream());
   fp8_stale_ = true;  // (fp8_param: requantized before the next gather)
   clear_fp8_weight_casts();  // (Fp8Recipe::cache_weight: cast again from the new weights)
   if (shared_.zero3() || shared_.options.strategy == ShardingStrategy::NoShard) return;

@@ -5,17 +5,6 @@
 #include "kernels/ops.h"
 
 namespace fsdp {
-namespace {
-
-// An event marking the current end of `stream`'s queue.
-Event mark(const Stream& stream) {
-  Event e;
-  e.record(stream);
-  return e;
-}
-
-}  // namespace
-
 UnitShared::UnitShared(Context& c, const FsdpOptions& o, const DataParallelGroups& g)
     : ctx(c), options(o), groups(g), expert_groups(g.experts()), calls(c, o.time_collectives, o.skip_collectives) {
   // Collectives on their own streams (high priority: scheduled ahead of compute when both
@@ -168,7 +157,7 @@ bool FsdpUnit::start_gather(bool prefetch, const Tensor& slot) {
   } else {
     s_.calls.all_gather(*groups().shard_gather, dst, src, s_.gather_stream);
   }
-  gathered_ = mark(s_.gather_stream);
+  gathered_ = Event::at_end_of(s_.gather_stream);
   state_ = State::gathering;
   return true;
 }
@@ -192,7 +181,7 @@ void FsdpUnit::reshard() {
     gather_lease_ = BufferPool::Lease();
     compute_full = Tensor();
   } else if (is_root_) {
-    released_ = mark(s_.ctx.stream());
+    released_ = Event::at_end_of(s_.ctx.stream());
   } else {
     compute_full = Tensor();  // a companion's part of its block's slot
   }
@@ -203,7 +192,7 @@ void FsdpUnit::reshard() {
 void FsdpUnit::install() {
   if (s_.communicates(groups().shard_gather))
     s_.calls.all_gather(*groups().shard_gather, compute_full, compute_shard, s_.gather_stream);
-  gathered_ = mark(s_.gather_stream);
+  gathered_ = Event::at_end_of(s_.gather_stream);
   state_ = State::gathering;
 }
 
@@ -260,13 +249,13 @@ void FsdpUnit::unbind_grads() {
 
 void FsdpUnit::reduce_grads() {
   // The reductions run on the reduce stream once this unit's gradients are final.
-  s_.reduce_stream.wait(mark(s_.ctx.stream()));
+  s_.reduce_stream.wait(Event::at_end_of(s_.ctx.stream()));
   StreamScope scope(s_.ctx, s_.reduce_stream);
   if (s_.grads_sharded())
     reduce_sharded_grads();
   else
     reduce_full_grads();
-  if (is_root_) root_grad_reduced_ = mark(s_.reduce_stream);
+  if (is_root_) root_grad_reduced_ = Event::at_end_of(s_.reduce_stream);
 }
 
 namespace {

@@ -20,6 +20,8 @@
 #include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp::nn {
+// (Over 80 lines on purpose: an op's forward and the backward closure it records are one
+// function, so the tensors the forward saves and the backward reads stay in one view.)
 Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tensor& targets,
                        int64_t vocab_size, int64_t n_valid, int64_t chunk_rows) {
   Context& ctx = g.ctx();

@@ -88,15 +88,8 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
              };
              // Column-parallel: this rank's part of dx, summed over the group while the
              // weight gradient is computed.
-             std::optional<ColumnInputGrad> dx;
-             if (!column.group) {
-               const autograd::GradSink sx = g.grad_sink(tx);
-               if (sx.defined()) input_grad(sx.buffer.view(Shape{n, in_f}), sx.accumulate ? 1.0 : 0.0);
-             } else if (tx.defined()) {
-               const Tensor part = ctx.empty(whole_shape, dy.dtype());  // (..., in)
-               input_grad(part.view(Shape{n, in_f}), 0.0);
-               dx = ColumnInputGrad::start(ctx, part, column);
-             }
+             std::optional<ColumnInputGrad> dx =
+                 ColumnInputGrad::compute(g, tx, column, whole_shape, in_f, dy.dtype(), input_grad);
              // dW (out, in) += dy^T (out, N) @ x (N, in) [db (out) += column sums of dy]
              const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), in_f) : saved;
              if (q)

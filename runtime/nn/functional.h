@@ -71,6 +71,11 @@ enum class MlpActivation { Gelu, SwiGLU };
 Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
            Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
            bool recompute_activation, const ColumnParallelInput& column = {});
+namespace detail {
+// out (N, F) = the MLP activation of h: GELU of h (N, F), or SwiGLU of h (N, 2F) (the MLP's
+// and the experts' forward and recompute).
+void mlp_activation(Context& ctx, MlpActivation act, const Tensor& out, const Tensor& h);
+}  // namespace detail
 
 // a + b, same shapes (the residual stream): the result has a's dtype, and b may be narrower
 // (a bf16 branch added to an f32 stream; b's gradient is then the stream's, rounded once).

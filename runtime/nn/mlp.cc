@@ -18,19 +18,19 @@ using detail::rows;
 using detail::weight_and_bias_grad;
 using detail::with_last;
 
-namespace {
-
-// act (N, F) = the activation of the saved input h: GELU of h (N, F), or SwiGLU of
-// h (N, 2F).
-void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, const Tensor& h) {
+void detail::mlp_activation(Context& ctx, MlpActivation act, const Tensor& out, const Tensor& h) {
   if (act == MlpActivation::Gelu)
     ops::gelu_forward(ctx, out, h);
   else
     ops::swiglu_forward(ctx, out, h);
 }
 
+namespace {
+
 }  // namespace
 
+// (Over 80 lines on purpose: an op's forward and the backward closure it records are one
+// function, so the tensors the forward saves and the backward reads stay in one view.)
 Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
            Parameter& proj_weight, Parameter* proj_bias, MlpActivation activation,
            bool recompute_activation, const ColumnParallelInput& column) {
@@ -122,7 +122,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              Tensor a = saved_a;
              if (!a.defined() && !proj_fp8) {
                a = ctx.empty(Shape{n, f}, h.dtype());  // (N, F), recomputed
-               activation_forward(ctx, activation, a, h);
+               detail::mlp_activation(ctx, activation, a, h);
              }
              // dW_proj (C, F) += dy^T (C, N) @ a (N, F); db_proj (C) += column sums of dy
              std::optional<ops::Fp8Quantized> qdy;
@@ -175,15 +175,8 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              };
              // Column-parallel: this rank's part of dx, summed over the group while fc's
              // weight gradient is computed.
-             std::optional<ColumnInputGrad> dx;
-             if (!column.group) {
-               const autograd::GradSink sx = g.grad_sink(tx);
-               if (sx.defined()) fc_input_grad(sx.buffer.view(Shape{n, c}), sx.accumulate ? 1.0 : 0.0);
-             } else if (tx.defined()) {
-               const Tensor part = ctx.empty(whole_shape, dy.dtype());  // (..., C)
-               fc_input_grad(part.view(Shape{n, c}), 0.0);
-               dx = ColumnInputGrad::start(ctx, part, column);
-             }
+             std::optional<ColumnInputGrad> dx =
+                 ColumnInputGrad::compute(g, tx, column, whole_shape, c, dy.dtype(), fc_input_grad);
              // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
              const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), c) : saved_x;
              if (qdh)

@@ -18,13 +18,6 @@ using detail::rows;
 
 namespace {
 
-void activation_forward(Context& ctx, MlpActivation act, const Tensor& out, const Tensor& h) {
-  if (act == MlpActivation::Gelu)
-    ops::gelu_forward(ctx, out, h);
-  else
-    ops::swiglu_forward(ctx, out, h);
-}
-
 // The routed path's input gradient: dx (N, C) (+)= the sum of each token's k rows of dxs
 // (R, C), + dlogits (N, E) @ W_router (E, C). dest (N, k): the row of each (token, expert).
 void write_input_grad(Graph& g, const autograd::GradTarget& tx, const Tensor& dxs,
@@ -48,6 +41,8 @@ struct InputGradOnItsWay {
 
 }  // namespace
 
+// (Over 80 lines on purpose: an op's forward and the backward closure it records are one
+// function, so the tensors the forward saves and the backward reads stay in one view.)
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& o, const Tensor& expert_bias,
            MoeStats* stats, bool recompute_activation, const MoeGroups& groups,
@@ -133,7 +128,7 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
   const Tensor h = ctx.empty(Shape{Re, h_f}, cd);  // (R', F or 2F) the activation's input
   ops::moe_grouped_matmul(ctx, h, xe, w_fc, local_counts);
   Tensor a = ctx.empty(Shape{Re, f}, cd);  // (R', F)
-  activation_forward(ctx, activation, a, h);
+  detail::mlp_activation(ctx, activation, a, h);
   Tensor ys = ctx.empty(Shape{Re, C}, cd);  // (R', C) each row's expert output
   ops::moe_grouped_matmul(ctx, ys, a, w_proj, local_counts);
   // Expert parallelism: the outputs go home while the auxiliary losses are computed.
@@ -187,7 +182,7 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
              Tensor a = saved_a;
              if (!a.defined()) {
                a = ctx.empty(Shape{Re, f}, cd);  // (R', F), recomputed
-               activation_forward(ctx, activation, a, h);
+               detail::mlp_activation(ctx, activation, a, h);
              }
              // The router: dlogits (N, E) from the weights' gradient and the balancing loss's
              // gradient of the scores, plus the z-loss's gradient of the logits.

@@ -161,6 +161,22 @@ Tensor SequenceExchange::finish(Context& ctx) {
   return out;
 }
 
+std::optional<ColumnInputGrad> ColumnInputGrad::compute(Graph& g, const autograd::GradTarget& x,
+                                                        const ColumnParallelInput& column,
+                                                        const Shape& x_shape, int64_t in_features,
+                                                        DType dtype, const Product& product) {
+  const int64_t n = x_shape.numel() / in_features;
+  if (!column.group) {
+    const autograd::GradSink sink = g.grad_sink(x);
+    if (sink.defined()) product(sink.buffer.view(Shape{n, in_features}), sink.accumulate ? 1.0 : 0.0);
+    return std::nullopt;
+  }
+  if (!x.defined()) return std::nullopt;
+  const Tensor part = g.ctx().empty(x_shape, dtype);  // (..., in)
+  product(part.view(Shape{n, in_features}), 0.0);
+  return start(g.ctx(), part, column);
+}
+
 ColumnInputGrad ColumnInputGrad::start(Context& ctx, const Tensor& dx,
                                        const ColumnParallelInput& column) {
   ColumnInputGrad d;

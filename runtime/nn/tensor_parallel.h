@@ -14,6 +14,7 @@
 // all-gather), and the norms and biases between them see only their rank's tokens.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -97,6 +98,15 @@ struct ColumnParallelInput {
 class ColumnInputGrad {
  public:
   static ColumnInputGrad start(Context& ctx, const Tensor& dx, const ColumnParallelInput& column);
+  // The input gradient of a (column-parallel or plain) linear in its backward: `product(dx,
+  // beta)` writes dx (n, in) = dy @ W (+ beta dx). Without a group it writes x's gradient
+  // directly (nothing to finish); with one, a new part in x's shape `x_shape` that is then
+  // started on its way (finish() it after the weight gradient). Empty when x takes none.
+  using Product = std::function<void(const Tensor& dx, double beta)>;
+  static std::optional<ColumnInputGrad> compute(Graph& g, const autograd::GradTarget& x,
+                                                const ColumnParallelInput& column,
+                                                const Shape& x_shape, int64_t in_features,
+                                                DType dtype, const Product& product);
   Tensor finish(Context& ctx);
 
  private:

@@ -98,10 +98,16 @@ double ShardedModel::grad_norm() {
       at += partials[size_t(u)].numel();
     }
   }
-  // Each unit's total (f64 holds it exactly, whatever dtype the blocks were summed in).
+  // Each unit's total, its blocks added in f64: f32 block sums add exactly there unless
+  // their magnitudes span more than 2^29, so a unit's total is the same however its blocks
+  // are split among ranks (or its parameters among units, as experts are under expert
+  // parallelism).
   Tensor totals = ctx.empty(Shape{n_units}, DType::f64);
-  for (int u = 0; u < n_units; ++u)
-    ops::copy(ctx, totals.narrow(0, u, 1), ops::sum(ctx, per_rank[size_t(u)]));
+  for (int u = 0; u < n_units; ++u) {
+    const Tensor& blocks = per_rank[size_t(u)];
+    ops::copy(ctx, totals.narrow(0, u, 1),
+              ops::sum(ctx, blocks.dtype() == DType::f64 ? blocks : ops::cast(ctx, blocks, DType::f64)));
+  }
 
   // Over the split groups: the units sharing a list of groups, packed, one all-reduce each.
   std::vector<std::vector<Communicator*>> group_lists;

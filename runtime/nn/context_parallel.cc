@@ -13,7 +13,7 @@
 //     (which makes each block's gradients exact parts of the whole), with the key and value
 //     gradients travelling along with the keys and values and arriving home after cp steps.
 //     On a GPU each step's keys and values travel on the group's own stream while the step
-//     before computes (TensorParallelGroup::start_send_recv).
+//     before computes (ParallelGroup::start_send_recv).
 #include "runtime/nn/context_parallel.h"
 
 #include <cmath>
@@ -71,7 +71,7 @@ std::vector<RingBlock> ring_blocks(const ContextParallelLayout& layout, int sour
 // function, so the tensors the forward saves and the backward reads stay in one view.)
 Tensor ring_attention(Graph& g, const Tensor& qkv, const Tensor& q, const Tensor& kv,
                       int64_t n_head, int64_t n_kv_head, double rope_theta,
-                      const ContextParallelLayout& layout, TensorParallelGroup& group) {
+                      const ContextParallelLayout& layout, ParallelGroup& group) {
   Context& ctx = g.ctx();
   const int64_t b = q.size(0), tl = q.size(1), d = q.size(3), c = layout.chunk();
   const int cp = layout.cp, r = layout.rank, next = (r + 1) % cp, prev = (r + cp - 1) % cp;
@@ -105,7 +105,7 @@ Tensor ring_attention(Graph& g, const Tensor& qkv, const Tensor& q, const Tensor
   if (!g.should_record({&qkv}, false)) return out;
 
   out = Graph::track(out);
-  TensorParallelGroup* grp = &group;
+  ParallelGroup* grp = &group;
   g.record("context_parallel_attention:ring", {out.autograd_meta()},
            [tqkv = Graph::target(qkv), om = out.autograd_meta(), q, kv, chunk_out, lse, layout,
             grp, b, tl, c, d, n_head, n_kv_head, rope_theta](Graph& g) {
@@ -176,7 +176,7 @@ Tensor ring_attention(Graph& g, const Tensor& qkv, const Tensor& q, const Tensor
 // function, so the tensors the forward saves and the backward reads stay in one view.)
 Tensor context_parallel_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
                                   double rope_theta, const ContextParallelLayout& layout,
-                                  TensorParallelGroup& group, ContextParallelComm comm) {
+                                  ParallelGroup& group, ContextParallelComm comm) {
   Context& ctx = g.ctx();
   FSDP_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0, ShapeError,
              "attention: ", n_head, " query heads cannot share ", n_kv_head, " key/value heads");
@@ -232,7 +232,7 @@ Tensor context_parallel_attention(Graph& g, const Tensor& qkv, int64_t n_head, i
   if (!g.should_record({&qkv}, false)) return out;
 
   out = Graph::track(out);
-  TensorParallelGroup* grp = &group;
+  ParallelGroup* grp = &group;
   g.record("context_parallel_attention", {out.autograd_meta()},
            [tqkv = Graph::target(qkv), om = out.autograd_meta(), q, keys, values, chunk_out, lse,
             layout, grp, b, tl, c, d, n_head, n_kv_head, heads, rope_theta](Graph& g) {

@@ -24,7 +24,7 @@ enum class ContextParallelComm : uint8_t {
 // embeddings at their positions when rope_theta > 0).
 Tensor context_parallel_attention(Graph& g, const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
                                   double rope_theta, const ContextParallelLayout& layout,
-                                  TensorParallelGroup& group,
+                                  ParallelGroup& group,
                                   ContextParallelComm comm = ContextParallelComm::all_gather);
 
 }  // namespace fsdp::nn

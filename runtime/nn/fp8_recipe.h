@@ -42,7 +42,7 @@ struct Fp8LayerAmax {
   const bool* primed = nullptr;  // whether the history holds a step yet (owned there too)
 };
 
-class TensorParallelGroup;
+class ParallelGroup;
 
 struct Fp8Recipe {
   kernels::Fp8Format forward = kernels::Fp8Format::e4m3;   // inputs and weights
@@ -52,13 +52,13 @@ struct Fp8Recipe {
   // The ranks that split the layer's tokens among them (context parallelism), or null: a
   // current amax of an input or output gradient is the maximum over them, so that every
   // rank scales by the amax the whole sequence has, as one process would.
-  TensorParallelGroup* token_group = nullptr;
+  ParallelGroup* token_group = nullptr;
   // The tensor-parallel group of a split layer, or null, and how it splits each operand:
   // a column-parallel layer its weight's rows and its output gradient's columns, a
   // row-parallel one its weight's and its input's columns. A current amax over a split
   // axis (tensor-wise: any; row-wise: a row's over split columns, a column's over split
   // rows) is the maximum over the group, as the whole operand's is.
-  TensorParallelGroup* feature_group = nullptr;
+  ParallelGroup* feature_group = nullptr;
   std::array<Fp8Split, kFp8Operands> split{};
   // The weight's owner keeps it unchanged from one update to the next and clears
   // Parameter::fp8_weight_cast whenever it writes new weights (FSDP's no_shard, ZeRO-1 and

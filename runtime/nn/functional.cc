@@ -123,7 +123,7 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
   // holds), summed over the group below. The positions are added on the group's rank 0
   // only, so that the sum holds them once; the plan marks wpe's gradient, which only rank 0
   // computes, tensor_parallel_grad_sum.
-  TensorParallelGroup* group = wte.vocab_parallel;
+  ParallelGroup* group = wte.vocab_parallel;
   const ops::VocabShard shard = group ? vocab_shard(wte) : ops::VocabShard{};
   if (group && group->rank() != 0) wpe = nullptr;
   // The tokens' positions: [0, T), or under context parallelism this rank's two chunks of

@@ -20,7 +20,7 @@ Tensor Linear::compute(Graph& g, const Tensor& x) {
   return parallel_output(g, linear(g, x, *weight_, fused_bias(), epilogue_, parallel_input()));
 }
 
-void Linear::set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence) {
+void Linear::set_parallel_style(ParallelStyle style, ParallelGroup* group, bool sequence) {
   FSDP_CHECK(style == ParallelStyle::replicated || group, ValueError, "Linear ", name(), ": a ",
              parallel_style_name(style), "-parallel layer needs a tensor-parallel group");
   FSDP_CHECK(style != ParallelStyle::row || epilogue_ == ops::Epilogue::None, ValueError, "Linear ",
@@ -157,7 +157,7 @@ void CausalSelfAttention::set_local_heads(int64_t n_head, int64_t n_kv_head) {
 }
 
 void CausalSelfAttention::set_context_parallel(const ContextParallelLayout& layout,
-                                               TensorParallelGroup* group,
+                                               ParallelGroup* group,
                                                ContextParallelComm comm) {
   cp_layout_ = layout;
   cp_group_ = group;

@@ -53,9 +53,9 @@ class Linear : public UnaryModule {
 
   // `sequence`: sequence parallelism around the layer (the input of a column-parallel layer
   // and the output of a row-parallel one are this rank's part of the sequence).
-  void set_parallel_style(ParallelStyle style, TensorParallelGroup* group, bool sequence = false);
+  void set_parallel_style(ParallelStyle style, ParallelGroup* group, bool sequence = false);
   ParallelStyle parallel_style() const { return style_; }
-  TensorParallelGroup* parallel_group() const { return group_; }  // null when replicated
+  ParallelGroup* parallel_group() const { return group_; }  // null when replicated
   // How the matmul takes its input (column-parallel: its exchange over the group).
   ColumnParallelInput parallel_input() const {
     return {style_ == ParallelStyle::column ? group_ : nullptr, sequence_};
@@ -73,7 +73,7 @@ class Linear : public UnaryModule {
   Parameter* bias_ = nullptr;
   ops::Epilogue epilogue_;
   ParallelStyle style_ = ParallelStyle::replicated;
-  TensorParallelGroup* group_ = nullptr;
+  ParallelGroup* group_ = nullptr;
   bool sequence_ = false;
 };
 
@@ -191,7 +191,7 @@ class CausalSelfAttention : public UnaryModule {
   int64_t local_kv_heads() const { return local_kv_heads_; }
   // Context parallelism: this rank holds the tokens `layout` says of each sequence, and the
   // attention runs over the whole sequence through `group` (context_parallel_attention).
-  void set_context_parallel(const ContextParallelLayout& layout, TensorParallelGroup* group,
+  void set_context_parallel(const ContextParallelLayout& layout, ParallelGroup* group,
                             ContextParallelComm comm);
   // Generation, with the graph's gradients off: x (B, Tn, C) holds the tokens at positions
   // [position, position + Tn); their keys and values join `cache` (nn::cached_attention).
@@ -207,7 +207,7 @@ class CausalSelfAttention : public UnaryModule {
   AttentionConfig config_;
   int64_t local_heads_, local_kv_heads_;
   ContextParallelLayout cp_layout_;
-  TensorParallelGroup* cp_group_ = nullptr;
+  ParallelGroup* cp_group_ = nullptr;
   ContextParallelComm cp_comm_ = ContextParallelComm::all_gather;
 };
 

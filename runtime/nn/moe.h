@@ -86,8 +86,8 @@ struct MoeStats {
 // tape.
 struct MoeGroups {
   ExpertParallelGroup* experts = nullptr;
-  TensorParallelGroup* context = nullptr;
-  TensorParallelGroup* sequence = nullptr;
+  ParallelGroup* context = nullptr;
+  ParallelGroup* sequence = nullptr;
 };
 Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Parameter& proj,
            MlpActivation activation, const MoeOptions& options, const Tensor& expert_bias,
@@ -142,8 +142,8 @@ class MoELayer : public MLP {
   // choices of every part. Null: none. Under tensor parallelism the router and the experts
   // are whole on every rank, each running its own T / tp tokens (their gradients are summed
   // over the group), and the shared expert is split as a dense MLP is.
-  void set_context_parallel(TensorParallelGroup* group) { groups_.context = group; }
-  void set_sequence_parallel(TensorParallelGroup* group) { groups_.sequence = group; }
+  void set_context_parallel(ParallelGroup* group) { groups_.context = group; }
+  void set_sequence_parallel(ParallelGroup* group) { groups_.sequence = group; }
 
  protected:
   Tensor compute(Graph& g, const Tensor& x) override;

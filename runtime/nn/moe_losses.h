@@ -21,7 +21,7 @@ enum class MoeBalancing : uint8_t {
 const char* moe_balancing_name(MoeBalancing b);        // "none", "aux_loss", "seq_aux_loss"
 MoeBalancing moe_balancing_from_name(const std::string& name);  // throws ConfigError
 
-class TensorParallelGroup;
+class ParallelGroup;
 
 struct MoeLossOptions {
   int64_t sequences = 1;  // the N tokens are this many sequences of N / sequences, in order
@@ -39,8 +39,8 @@ struct MoeLossOptions {
   // balancing loss's terms count cp times the rank's part of the whole loss, and the
   // z-loss's, a mean over the rank's tokens (cp times its part already), 1 / tp of it. The
   // reported values count as every rank's do, summed over all ranks and divided by them.
-  TensorParallelGroup* context_group = nullptr;
-  TensorParallelGroup* sequence_group = nullptr;
+  ParallelGroup* context_group = nullptr;
+  ParallelGroup* sequence_group = nullptr;
 };
 
 // On the device, without waiting for it: the values are () tensors of the scores' dtype,

@@ -21,7 +21,7 @@
 
 namespace fsdp::nn {
 
-class TensorParallelGroup;
+class ParallelGroup;
 
 // How a parameter's elements are initialized. Random rules draw element i from the
 // counter-based generator keyed by (seed, hash of the parameter's full name, i).
@@ -92,7 +92,7 @@ class Parameter {
   // A vocabulary-parallel table (token embedding, classifier head): its rows, the
   // vocabulary, are split over this group (one range per rank, set_parallel_slice), and the
   // ops that read it (nn::embedding, nn::classifier_loss) combine the ranks' parts.
-  TensorParallelGroup* vocab_parallel = nullptr;
+  ParallelGroup* vocab_parallel = nullptr;
   // Sequence parallelism of a vocabulary-parallel token table: the ranks' rows are summed
   // by a reduce-scatter along the sequence, so each rank keeps the T/tp tokens its first
   // block takes (instead of an all-reduce and a split).

@@ -21,23 +21,23 @@ void check_sequence(const Tensor& x, int parts, const char* what) {
              " must be (B, T, C) with T divisible by the ", parts, " tensor-parallel ranks");
 }
 
-Tensor gather_sequence(Context& ctx, const Tensor& x, TensorParallelGroup& group) {
+Tensor gather_sequence(Context& ctx, const Tensor& x, ParallelGroup& group) {
   return SequenceExchange::start_gather(ctx, x, group).finish(ctx);
 }
 
-Tensor reduce_scatter_sequence(Context& ctx, const Tensor& y, TensorParallelGroup& group) {
+Tensor reduce_scatter_sequence(Context& ctx, const Tensor& y, ParallelGroup& group) {
   return SequenceExchange::start_reduce_scatter(ctx, y, group).finish(ctx);
 }
 
 // This rank's (B, T/tp, C) of x (B, T, C), copied.
-Tensor split_sequence(Context& ctx, const Tensor& x, TensorParallelGroup& group) {
+Tensor split_sequence(Context& ctx, const Tensor& x, ParallelGroup& group) {
   const int64_t t = x.size(1) / group.size();
   return ops::clone(ctx, x.narrow(1, group.rank() * t, t));
 }
 
 // Records `out`, a new tensor computed from x, whose backward sends back(dout) to x.
-using Backward = Tensor (*)(Context&, const Tensor&, TensorParallelGroup&);
-Tensor record(Graph& g, const Tensor& x, Tensor out, const char* name, TensorParallelGroup& group,
+using Backward = Tensor (*)(Context&, const Tensor&, ParallelGroup&);
+Tensor record(Graph& g, const Tensor& x, Tensor out, const char* name, ParallelGroup& group,
               Backward back) {
   if (!g.should_record({&x}, false)) return out;
   out = Graph::track(out);
@@ -50,17 +50,17 @@ Tensor record(Graph& g, const Tensor& x, Tensor out, const char* name, TensorPar
 }
 
 // The identity's backward: the gradient adopted as it is (accumulate copies on write).
-Tensor pass(Context&, const Tensor& dout, TensorParallelGroup&) { return dout; }
+Tensor pass(Context&, const Tensor& dout, ParallelGroup&) { return dout; }
 
 }  // namespace
 
-Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& group, bool sequence) {
+Tensor tensor_parallel_enter(Graph& g, const Tensor& x, ParallelGroup& group, bool sequence) {
   if (sequence) check_sequence(x, 1, "tensor_parallel_enter");
   Tensor out = sequence ? gather_sequence(g.ctx(), x, group) : x;
   if (!g.should_record({&x}, false)) return out;
   // A new handle on the data: later nodes send their (partial) gradients to it.
   out = Graph::track(out.view(out.shape()));
-  TensorParallelGroup* grp = &group;
+  ParallelGroup* grp = &group;
   g.record(sequence ? "sequence_parallel_enter" : "tensor_parallel_enter", {out.autograd_meta()},
            [tx = Graph::target(x), om = out.autograd_meta(), grp, sequence](Graph& g) {
              const Tensor dout = Graph::grad_of(om);
@@ -78,7 +78,7 @@ Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& gro
   return out;
 }
 
-Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& group, bool sequence) {
+Tensor tensor_parallel_leave(Graph& g, const Tensor& y, ParallelGroup& group, bool sequence) {
   if (sequence) {
     check_sequence(y, group.size(), "tensor_parallel_leave");
     return record(g, y, reduce_scatter_sequence(g.ctx(), y, group), "sequence_parallel_leave",
@@ -89,45 +89,45 @@ Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& gro
   return record(g, y, sum, "tensor_parallel_leave", group, pass);
 }
 
-Tensor sequence_split(Graph& g, const Tensor& x, TensorParallelGroup& group) {
+Tensor sequence_split(Graph& g, const Tensor& x, ParallelGroup& group) {
   check_sequence(x, group.size(), "sequence_split");
   return record(g, x, split_sequence(g.ctx(), x, group), "sequence_split", group, gather_sequence);
 }
 
-Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group) {
+Tensor sequence_gather(Graph& g, const Tensor& x, ParallelGroup& group) {
   check_sequence(x, 1, "sequence_gather");
   return record(g, x, gather_sequence(g.ctx(), x, group), "sequence_gather", group, split_sequence);
 }
 
-std::unique_ptr<PendingTransfer> TensorParallelGroup::start_send_recv(Context& ctx,
+std::unique_ptr<PendingTransfer> ParallelGroup::start_send_recv(Context& ctx,
                                                                       const Tensor& send, int to,
                                                                       const Tensor& recv, int from) {
   send_recv(ctx, send, to, recv, from);
   return std::make_unique<CompletedTransfer>();
 }
 
-std::unique_ptr<PendingTransfer> TensorParallelGroup::start_all_gather(Context& ctx,
+std::unique_ptr<PendingTransfer> ParallelGroup::start_all_gather(Context& ctx,
                                                                        const Tensor& out,
                                                                        const Tensor& in) {
   all_gather(ctx, out, in);
   return std::make_unique<CompletedTransfer>();
 }
 
-std::unique_ptr<PendingTransfer> TensorParallelGroup::start_reduce_scatter_sum(Context& ctx,
+std::unique_ptr<PendingTransfer> ParallelGroup::start_reduce_scatter_sum(Context& ctx,
                                                                                const Tensor& out,
                                                                                const Tensor& in) {
   reduce_scatter_sum(ctx, out, in);
   return std::make_unique<CompletedTransfer>();
 }
 
-std::unique_ptr<PendingTransfer> TensorParallelGroup::start_all_reduce_sum(Context& ctx,
+std::unique_ptr<PendingTransfer> ParallelGroup::start_all_reduce_sum(Context& ctx,
                                                                            const Tensor& t) {
   all_reduce_sum(ctx, t);
   return std::make_unique<CompletedTransfer>();
 }
 
 SequenceExchange SequenceExchange::start_gather(Context& ctx, const Tensor& x,
-                                                TensorParallelGroup& group) {
+                                                ParallelGroup& group) {
   const int tp = group.size();
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
   SequenceExchange e;
@@ -139,7 +139,7 @@ SequenceExchange SequenceExchange::start_gather(Context& ctx, const Tensor& x,
 }
 
 SequenceExchange SequenceExchange::start_reduce_scatter(Context& ctx, const Tensor& y,
-                                                        TensorParallelGroup& group) {
+                                                        ParallelGroup& group) {
   const int tp = group.size();
   const int64_t b = y.size(0), t = y.size(1) / tp, c = y.size(2);
   SequenceExchange e;

@@ -1,7 +1,7 @@
 // What tensor-parallel layers need to communicate, without the layers knowing how.
 //
 // A plan from outside the model (runtime/parallel) slices parameters (ParallelSlice) and
-// gives layers a style and a TensorParallelGroup; runtime/nn stays free of communicators.
+// gives layers a style and a ParallelGroup; runtime/nn stays free of communicators.
 // The differentiable ops below are the two conjugate regions of Megatron's tensor
 // parallelism:
 //   enter: the input of a column-parallel layer. Forward: identity (every rank holds the
@@ -29,9 +29,12 @@ namespace fsdp::nn {
 
 using autograd::Graph;
 
-class TensorParallelGroup {
+// A group of ranks that a layer's collectives run over, whatever split it serves: tensor
+// parallelism (sliced weights), context parallelism (sliced sequences), the FP8 amaxes of a
+// split layer. runtime/parallel implements it over a communicator.
+class ParallelGroup {
  public:
-  virtual ~TensorParallelGroup() = default;
+  virtual ~ParallelGroup() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
   // t (contiguous, on ctx's device) = the sum of t over the group, in place, queued on
@@ -68,9 +71,9 @@ class TensorParallelGroup {
 //   reduce-scatter: y (B, T, C) of every rank -> this rank's (B, T/tp, C) of their sum.
 class SequenceExchange {
  public:
-  static SequenceExchange start_gather(Context& ctx, const Tensor& x, TensorParallelGroup& group);
+  static SequenceExchange start_gather(Context& ctx, const Tensor& x, ParallelGroup& group);
   static SequenceExchange start_reduce_scatter(Context& ctx, const Tensor& y,
-                                               TensorParallelGroup& group);
+                                               ParallelGroup& group);
   Tensor finish(Context& ctx);
 
  private:
@@ -87,7 +90,7 @@ class SequenceExchange {
 // which gathers it again beside the input-gradient product and then sums the input
 // gradient beside the weight-gradient product.
 struct ColumnParallelInput {
-  TensorParallelGroup* group = nullptr;
+  ParallelGroup* group = nullptr;
   bool sequence = false;
 };
 
@@ -126,19 +129,19 @@ const char* parallel_style_name(ParallelStyle s);  // "replicated", "column", "r
 // Identity forward; backward sums x's gradient over `group`. With `sequence`, x (B, T/tp, C)
 // is this rank's part of the sequence: forward all-gathers it to (B, T, C), backward
 // reduce-scatters the gradient.
-Tensor tensor_parallel_enter(Graph& g, const Tensor& x, TensorParallelGroup& group,
+Tensor tensor_parallel_enter(Graph& g, const Tensor& x, ParallelGroup& group,
                              bool sequence = false);
 // Forward sums y over `group` (into a new tensor); backward is the identity. With
 // `sequence`, y (B, T, C) is reduce-scattered to this rank's (B, T/tp, C); backward
 // all-gathers the gradient.
-Tensor tensor_parallel_leave(Graph& g, const Tensor& y, TensorParallelGroup& group,
+Tensor tensor_parallel_leave(Graph& g, const Tensor& y, ParallelGroup& group,
                              bool sequence = false);
 // Sequence parallelism's ends. split: x (B, T, C), the same on every rank -> this rank's
 // (B, T/tp, C); backward all-gathers the gradient. gather: x (B, T/tp, C) -> (B, T, C);
 // backward keeps this rank's part of the gradient, which every rank holds whole and equal
 // (what follows is replicated).
-Tensor sequence_split(Graph& g, const Tensor& x, TensorParallelGroup& group);
-Tensor sequence_gather(Graph& g, const Tensor& x, TensorParallelGroup& group);
+Tensor sequence_split(Graph& g, const Tensor& x, ParallelGroup& group);
+Tensor sequence_gather(Graph& g, const Tensor& x, ParallelGroup& group);
 // What a model tells a vocabulary-parallel plan: the parameters whose rows are the
 // vocabulary (the token embedding, and the classifier head, which may be the same tied
 // parameter), and a learned position table added to the token embedding (null if none).

@@ -15,7 +15,7 @@ nn::ContextParallelComm context_parallel_comm(const std::string& name) {
 
 std::vector<std::string> apply_context_parallel(nn::Module& model,
                                                 const nn::VocabularyTables& vocabulary,
-                                                nn::TensorParallelGroup& group, int64_t seq_len,
+                                                nn::ParallelGroup& group, int64_t seq_len,
                                                 nn::ContextParallelComm comm) {
   std::vector<std::string> report;
   if (group.size() == 1) return report;

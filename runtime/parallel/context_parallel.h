@@ -25,7 +25,7 @@ namespace fsdp {
 // read at this rank's positions. Returns one line per layer. A group of size 1 leaves the
 // model as it is. ShapeError unless seq_len splits into 2 x group.size() chunks.
 std::vector<std::string> apply_context_parallel(
-    nn::Module& model, const nn::VocabularyTables& vocabulary, nn::TensorParallelGroup& group,
+    nn::Module& model, const nn::VocabularyTables& vocabulary, nn::ParallelGroup& group,
     int64_t seq_len, nn::ContextParallelComm comm = nn::ContextParallelComm::all_gather);
 // "p2p" (the ring) or "all_gather" (Megatron's names); ConfigError otherwise.
 nn::ContextParallelComm context_parallel_comm(const std::string& name);

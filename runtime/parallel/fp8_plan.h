@@ -30,7 +30,7 @@ struct Fp8Plan {
   int bf16_last_blocks = 1;   // the last blocks kept in bf16
   bool classifier = false;    // the output head (apply_fp8's `head`) in FP8 too
   // The context-parallel group, when the sequence is split (nn::Fp8Recipe::token_group).
-  nn::TensorParallelGroup* token_group = nullptr;
+  nn::ParallelGroup* token_group = nullptr;
 };
 
 // What apply_fp8 did: the linear layers it marked ("h.1.attn.qkv") and the blocks it kept

@@ -8,19 +8,19 @@
 
 namespace fsdp {
 
-void CommunicatorTensorParallelGroup::all_reduce_sum(Context& ctx, const Tensor& t) {
+void CommunicatorParallelGroup::all_reduce_sum(Context& ctx, const Tensor& t) {
   comm_.all_reduce(t, ReduceOp::Sum, ctx.stream());
 }
 
-void CommunicatorTensorParallelGroup::all_reduce_max(Context& ctx, const Tensor& t) {
+void CommunicatorParallelGroup::all_reduce_max(Context& ctx, const Tensor& t) {
   comm_.all_reduce(t, ReduceOp::Max, ctx.stream());
 }
 
-void CommunicatorTensorParallelGroup::all_gather(Context& ctx, const Tensor& out, const Tensor& in) {
+void CommunicatorParallelGroup::all_gather(Context& ctx, const Tensor& out, const Tensor& in) {
   comm_.all_gather(out, in, ctx.stream());
 }
 
-void CommunicatorTensorParallelGroup::reduce_scatter_sum(Context& ctx, const Tensor& out,
+void CommunicatorParallelGroup::reduce_scatter_sum(Context& ctx, const Tensor& out,
                                                          const Tensor& in) {
   comm_.reduce_scatter(out, in, ReduceOp::Sum, ctx.stream());
 }
@@ -47,40 +47,40 @@ std::vector<Work> issue_send_recv(Communicator& comm, const Tensor& send, int to
 
 }  // namespace
 
-void CommunicatorTensorParallelGroup::send_recv(Context& ctx, const Tensor& send, int to,
+void CommunicatorParallelGroup::send_recv(Context& ctx, const Tensor& send, int to,
                                                 const Tensor& recv, int from) {
   check_transfer(comm_, send, recv);
   issue_send_recv(comm_, send, to, recv, from, ctx.stream());
 }
 
-std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_send_recv(
+std::unique_ptr<nn::PendingTransfer> CommunicatorParallelGroup::start_send_recv(
     Context& ctx, const Tensor& send, int to, const Tensor& recv, int from) {
-  if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_send_recv(ctx, send, to, recv, from);
+  if (!ctx.is_cuda()) return nn::ParallelGroup::start_send_recv(ctx, send, to, recv, from);
   check_transfer(comm_, send, recv);
   auto t = std::make_unique<CommunicatorTransfer>();
   t->work = issue_send_recv(comm_, send, to, recv, from, transfers_.after(ctx));
   return t;
 }
 
-std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_all_gather(
+std::unique_ptr<nn::PendingTransfer> CommunicatorParallelGroup::start_all_gather(
     Context& ctx, const Tensor& out, const Tensor& in) {
-  if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_all_gather(ctx, out, in);
+  if (!ctx.is_cuda()) return nn::ParallelGroup::start_all_gather(ctx, out, in);
   auto t = std::make_unique<CommunicatorTransfer>();
   t->work.push_back(comm_.all_gather(out, in, transfers_.after(ctx)));
   return t;
 }
 
-std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_reduce_scatter_sum(
+std::unique_ptr<nn::PendingTransfer> CommunicatorParallelGroup::start_reduce_scatter_sum(
     Context& ctx, const Tensor& out, const Tensor& in) {
-  if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_reduce_scatter_sum(ctx, out, in);
+  if (!ctx.is_cuda()) return nn::ParallelGroup::start_reduce_scatter_sum(ctx, out, in);
   auto t = std::make_unique<CommunicatorTransfer>();
   t->work.push_back(comm_.reduce_scatter(out, in, ReduceOp::Sum, transfers_.after(ctx)));
   return t;
 }
 
-std::unique_ptr<nn::PendingTransfer> CommunicatorTensorParallelGroup::start_all_reduce_sum(
+std::unique_ptr<nn::PendingTransfer> CommunicatorParallelGroup::start_all_reduce_sum(
     Context& ctx, const Tensor& t) {
-  if (!ctx.is_cuda()) return nn::TensorParallelGroup::start_all_reduce_sum(ctx, t);
+  if (!ctx.is_cuda()) return nn::ParallelGroup::start_all_reduce_sum(ctx, t);
   auto transfer = std::make_unique<CommunicatorTransfer>();
   transfer->work.push_back(comm_.all_reduce(t, ReduceOp::Sum, transfers_.after(ctx)));
   return transfer;
@@ -93,13 +93,13 @@ namespace {
 }
 }  // namespace
 
-void PlanningTensorParallelGroup::all_reduce_sum(Context&, const Tensor&) { planning_only(); }
-void PlanningTensorParallelGroup::all_reduce_max(Context&, const Tensor&) { planning_only(); }
-void PlanningTensorParallelGroup::all_gather(Context&, const Tensor&, const Tensor&) { planning_only(); }
-void PlanningTensorParallelGroup::reduce_scatter_sum(Context&, const Tensor&, const Tensor&) {
+void PlanningParallelGroup::all_reduce_sum(Context&, const Tensor&) { planning_only(); }
+void PlanningParallelGroup::all_reduce_max(Context&, const Tensor&) { planning_only(); }
+void PlanningParallelGroup::all_gather(Context&, const Tensor&, const Tensor&) { planning_only(); }
+void PlanningParallelGroup::reduce_scatter_sum(Context&, const Tensor&, const Tensor&) {
   planning_only();
 }
-void PlanningTensorParallelGroup::send_recv(Context&, const Tensor&, int, const Tensor&, int) {
+void PlanningParallelGroup::send_recv(Context&, const Tensor&, int, const Tensor&, int) {
   planning_only();
 }
 
@@ -121,7 +121,7 @@ std::string line(const nn::Linear& layer, nn::ParallelStyle style) {
   return layer.name() + ": " + nn::parallel_style_name(style);
 }
 
-void split_attention(nn::CausalSelfAttention& a, nn::TensorParallelGroup& group, bool sequence,
+void split_attention(nn::CausalSelfAttention& a, nn::ParallelGroup& group, bool sequence,
                      std::vector<std::string>& report) {
   const int r = group.rank(), tp = group.size();
   const nn::AttentionConfig& c = a.config();
@@ -147,7 +147,7 @@ void split_attention(nn::CausalSelfAttention& a, nn::TensorParallelGroup& group,
 
 // fc (hidden rows, made of `parts` equal parts such as [gate | up]) column-parallel, proj
 // (C, F) row-parallel over the same F/tp features.
-void split_mlp(nn::Linear& fc, int parts, nn::Linear& proj, nn::TensorParallelGroup& group,
+void split_mlp(nn::Linear& fc, int parts, nn::Linear& proj, nn::ParallelGroup& group,
                bool sequence, std::vector<std::string>& report) {
   const int r = group.rank(), tp = group.size();
   const int64_t f = proj.weight().shape()[1];
@@ -183,7 +183,7 @@ void mark_sequence_parallel_grads(nn::Module& model, std::vector<std::string>& r
 // (its shared expert, a dense MLP, is split as the others are): the router's and the
 // experts' gradients are then partial sums over the group, and the balancing loss counts
 // every part's choices.
-void run_moe_on_sequence_parts(nn::MoELayer& moe, nn::TensorParallelGroup& group, bool sequence,
+void run_moe_on_sequence_parts(nn::MoELayer& moe, nn::ParallelGroup& group, bool sequence,
                                std::vector<std::string>& report) {
   FSDP_CHECK(sequence, ConfigError, moe.name(), ": a mixture-of-experts layer under tensor "
              "parallelism needs sequence parallelism ('model.sequence_parallel'): its router "
@@ -196,7 +196,7 @@ void run_moe_on_sequence_parts(nn::MoELayer& moe, nn::TensorParallelGroup& group
 }
 
 // Rows [r Vp/tp, (r+1) Vp/tp) of a vocabulary table, read by the ops as a shard.
-void split_vocabulary(nn::Parameter& table, nn::TensorParallelGroup& group,
+void split_vocabulary(nn::Parameter& table, nn::ParallelGroup& group,
                       std::vector<std::string>& report) {
   if (table.vocab_parallel) return;  // a tied head: already split as the embedding
   const auto rows = nn::equal_part(0, table.shape()[0], group.rank(), group.size(),
@@ -210,7 +210,7 @@ void split_vocabulary(nn::Parameter& table, nn::TensorParallelGroup& group,
 
 std::vector<std::string> apply_tensor_parallel(nn::Module& model,
                                                const nn::VocabularyTables& vocabulary,
-                                               nn::TensorParallelGroup& group,
+                                               nn::ParallelGroup& group,
                                                bool sequence_parallel) {
   std::vector<std::string> report;
   if (group.size() == 1) return report;
@@ -241,7 +241,7 @@ std::vector<std::string> apply_tensor_parallel(nn::Module& model,
     if (m->kind() == "layernorm" || m->kind() == "rmsnorm") final_norm = dynamic_cast<nn::UnaryModule*>(m);
   FSDP_CHECK(final_norm, ConfigError, "tensor parallelism of the head or the sequence needs a "
              "final norm (a direct child of the model of kind \"layernorm\" or \"rmsnorm\")");
-  nn::TensorParallelGroup* grp = &group;
+  nn::ParallelGroup* grp = &group;
   if (vocabulary_head) {
     // The head's input enters the tensor-parallel region: each rank's head gives a part of
     // its gradient (summed; with sequence parallelism the sequence is gathered first and

@@ -46,9 +46,9 @@ namespace fsdp {
 
 // A tensor- or context-parallel group over a communicator: its collectives run on the
 // context's stream.
-class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
+class CommunicatorParallelGroup : public nn::ParallelGroup {
  public:
-  explicit CommunicatorTensorParallelGroup(Communicator& comm) : comm_(comm) {}
+  explicit CommunicatorParallelGroup(Communicator& comm) : comm_(comm) {}
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
@@ -74,9 +74,9 @@ class CommunicatorTensorParallelGroup : public nn::TensorParallelGroup {
 
 // A group that only plans (the dry run, memory estimates): rank `rank` of `size`, never
 // communicating (all_reduce_sum throws).
-class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
+class PlanningParallelGroup : public nn::ParallelGroup {
  public:
-  PlanningTensorParallelGroup(int size, int rank) : size_(size), rank_(rank) {}
+  PlanningParallelGroup(int size, int rank) : size_(size), rank_(rank) {}
   int size() const override { return size_; }
   int rank() const override { return rank_; }
   void all_reduce_sum(Context& ctx, const Tensor& t) override;
@@ -96,7 +96,7 @@ class PlanningTensorParallelGroup : public nn::TensorParallelGroup {
 // heads, features or vocabulary rows do not split into equal parts.
 std::vector<std::string> apply_tensor_parallel(nn::Module& model,
                                                const nn::VocabularyTables& vocabulary,
-                                               nn::TensorParallelGroup& group,
+                                               nn::ParallelGroup& group,
                                                bool sequence_parallel = false);
 
 }  // namespace fsdp

@@ -63,9 +63,9 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
   auto model = models::build_model(mc);  // specs only: no memory
   const int64_t n_params = model->num_parameters();  // the whole model's
   // The estimate is rank 0's: its slices under tensor parallelism (every rank's are equal).
-  PlanningTensorParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
+  PlanningParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
   apply_tensor_parallel(*model, model->vocabulary_tables(), tp_plan, recipe.model.sequence_parallel);
-  PlanningTensorParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
+  PlanningParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
   apply_context_parallel(*model, model->vocabulary_tables(), cp_plan, recipe.model.seq_length,
                          context_parallel_comm(recipe.model.cp_comm_type));
   PlanningExpertParallelGroup ep_plan(mesh.size(MeshAxis::ep), 0);

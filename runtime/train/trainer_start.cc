@@ -119,12 +119,12 @@ void Trainer::State::setup_model_and_sharding() {
   n_params = model->num_parameters();  // the whole model's, before any split
   if (mesh->size(MeshAxis::tp) > 1) {
     // Tensor parallelism slices the specs first; FSDP then shards this rank's slices.
-    tp_group = std::make_unique<CommunicatorTensorParallelGroup>(comms->axis(MeshAxis::tp));
+    tp_group = std::make_unique<CommunicatorParallelGroup>(comms->axis(MeshAxis::tp));
     apply_tensor_parallel(*model, model->vocabulary_tables(), *tp_group,
                           recipe.model.sequence_parallel);
   }
   if (mesh->size(MeshAxis::cp) > 1) {
-    cp_group = std::make_unique<CommunicatorTensorParallelGroup>(comms->axis(MeshAxis::cp));
+    cp_group = std::make_unique<CommunicatorParallelGroup>(comms->axis(MeshAxis::cp));
     apply_context_parallel(*model, model->vocabulary_tables(), *cp_group, recipe.model.seq_length,
                            context_parallel_comm(recipe.model.cp_comm_type));
     cp_layout = nn::ContextParallelLayout::make(recipe.model.seq_length, cp_group->size(),

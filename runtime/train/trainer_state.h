@@ -62,8 +62,8 @@ struct Trainer::State {
   // The model, its sharding and its optimizer. The tensor- and context-parallel groups
   // outlive the model, whose split layers keep pointers to them.
   models::ModelConfig model_config;
-  std::unique_ptr<CommunicatorTensorParallelGroup> tp_group;
-  std::unique_ptr<CommunicatorTensorParallelGroup> cp_group;
+  std::unique_ptr<CommunicatorParallelGroup> tp_group;
+  std::unique_ptr<CommunicatorParallelGroup> cp_group;
   std::unique_ptr<CommunicatorExpertParallelGroup> ep_group;
   // Context parallelism: this rank's tokens of each sequence (every rank reads the whole
   // micro-batch of its data-parallel rank and keeps these).

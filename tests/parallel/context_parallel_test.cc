@@ -62,7 +62,7 @@ TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[para
   Mesh mesh({1, w.size() / cp, cp, 1, 1}, w.size());
   MeshCommunicators comms(w.world, mesh);
   Communicator& cp_comm = comms.axis(MeshAxis::cp);
-  CommunicatorTensorParallelGroup group(cp_comm);
+  CommunicatorParallelGroup group(cp_comm);
   Context ctx;
   const int64_t B = 2, T = 8;
   const std::vector<int32_t> idx = testing::tiny_tokens(B * T, 7, 3), tgt = testing::tiny_tokens(B * T, 5, 1);
@@ -154,10 +154,10 @@ TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]"
   options.backend = backend_from_name(testing::gpu_backend_name(), "FSDP_TEST_GPU_BACKEND");
   options.print_summary = false;
   World world(options);
-  CommunicatorTensorParallelGroup nccl_group(world.comm());
+  CommunicatorParallelGroup nccl_group(world.comm());
   struct Variant {
     nn::ContextParallelComm comm;
-    nn::TensorParallelGroup* group;
+    nn::ParallelGroup* group;
     const char* what;
   };
   std::vector<Variant> variants = {{nn::ContextParallelComm::all_gather, &group, "all-gather"},
@@ -165,7 +165,7 @@ TEST_CASE("CUDA context-parallel attention matches the CPU's", "[parallel][gpu]"
   if (world.size() == 1) variants.push_back({nn::ContextParallelComm::ring, &nccl_group, "ring over NCCL"});
   for (const Variant& variant : variants) {
   INFO(variant.what);
-  auto run = [&](Context& ctx, nn::TensorParallelGroup& grp) {
+  auto run = [&](Context& ctx, nn::ParallelGroup& grp) {
     autograd::Graph g(ctx);
     const Tensor qkv = autograd::Graph::leaf(ops::from_vector(ctx, x, Shape{B, T, width}, DType::f32));
     const Tensor y = nn::context_parallel_attention(g, qkv, H, Hkv, 10000.0, layout, grp, variant.comm);

@@ -42,7 +42,7 @@ inline std::vector<double> values(Context& ctx, const Tensor& t) {
 // A one-rank group: what the parallel ops do on one device, whatever the group's size (the
 // collectives are the communicators' job, tested on CPU ranks): sums leave their input,
 // gathers, scatters and ring steps copy it.
-struct LocalGroup : nn::TensorParallelGroup {
+struct LocalGroup : nn::ParallelGroup {
   int size() const override { return 1; }
   int rank() const override { return 0; }
   void all_reduce_sum(Context&, const Tensor&) override {}

@@ -126,7 +126,7 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
   Mesh mesh({1, w.size() / tp, 1, 1, tp}, w.size());
   MeshCommunicators comms(w.world, mesh);
   Communicator& tp_comm = comms.axis(MeshAxis::tp);
-  CommunicatorTensorParallelGroup group(tp_comm);
+  CommunicatorParallelGroup group(tp_comm);
   Context ctx;
   const int64_t B = 2, T = 8;
   const std::vector<int32_t> idx = testing::tiny_tokens(B * T, 7, 3), tgt = testing::tiny_tokens(B * T, 5, 1);
@@ -277,7 +277,7 @@ TEST_CASE("CUDA column-parallel linear and MLP equal the plain ones, also over N
   testing::LocalGroup local;
   const std::unique_ptr<World> world = nccl_world();
   if (world->size() != 1) return;  // a group of one: this process alone
-  CommunicatorTensorParallelGroup nccl_group(world->comm());
+  CommunicatorParallelGroup nccl_group(world->comm());
   const int64_t B = 2, T = 16, C = 32, F = 48;
   auto wave = [](int64_t n, double a, double scale) {
     std::vector<double> v(static_cast<size_t>(n));
@@ -293,7 +293,7 @@ TEST_CASE("CUDA column-parallel linear and MLP equal the plain ones, also over N
     return p;
   };
   // Outputs and every gradient of a GELU linear and a GELU MLP on x.
-  auto run = [&](Context& ctx, nn::TensorParallelGroup* group, bool sequence) {
+  auto run = [&](Context& ctx, nn::ParallelGroup* group, bool sequence) {
     std::vector<std::vector<double>> out;
     const nn::ColumnParallelInput column{group, sequence};
     auto fc = param(ctx, "fc", w_fc, Shape{F, C}), bias = param(ctx, "fc_bias", b_fc, Shape{F});
@@ -322,8 +322,8 @@ TEST_CASE("CUDA column-parallel linear and MLP equal the plain ones, also over N
     for (double v : plain_cpu[k]) scale = std::max(scale, std::abs(v));
     for (size_t i = 0; i < plain[k].size(); ++i) CHECK(std::abs(plain[k][i] - plain_cpu[k][i]) <= 1e-4 * scale);
   }
-  for (nn::TensorParallelGroup* group : {static_cast<nn::TensorParallelGroup*>(&local),
-                                         static_cast<nn::TensorParallelGroup*>(&nccl_group)}) {
+  for (nn::ParallelGroup* group : {static_cast<nn::ParallelGroup*>(&local),
+                                         static_cast<nn::ParallelGroup*>(&nccl_group)}) {
     for (bool sequence : {false, true}) {
       INFO((group == &local ? "copying group" : "NCCL group") << (sequence ? ", sequence-parallel" : ""));
       const auto got = run(gpu, group, sequence);
@@ -354,7 +354,7 @@ constexpr int64_t kB = 2, kT = 16, kC = 32, kF = 48;  // every size a multiple o
 // with their weights in FP8 (hybrid, tensorwise) or not; with a group, column-parallel,
 // the FP8 recipes' weights and output gradients split over it.
 std::vector<std::vector<double>> run_fp8(Context& ctx, DType dtype, bool fp8,
-                                         nn::TensorParallelGroup* group, bool sequence) {
+                                         nn::ParallelGroup* group, bool sequence) {
   const std::vector<double> x = sine_wave(kB * kT * kC, 0.37, 1.0),
                             w_fc = sine_wave(kF * kC, 0.21, 0.2), w_proj = sine_wave(kC * kF, 0.13, 0.2),
                             b_fc = sine_wave(kF, 0.7, 0.1), dy_lin = sine_wave(kB * kT * kF, 0.11, 1.0),
@@ -430,11 +430,11 @@ TEST_CASE("CUDA FP8 column-parallel linear and MLP equal the plain FP8 ones, als
   testing::LocalGroup local;
   const std::unique_ptr<World> world = nccl_world();
   if (world->size() != 1) return;  // a group of one: this process alone
-  CommunicatorTensorParallelGroup nccl_group(world->comm());
+  CommunicatorParallelGroup nccl_group(world->comm());
   const auto plain = run_fp8(gpu, DType::bf16, true, nullptr, false);
   CHECK(plain[0] != run_fp8(gpu, DType::bf16, false, nullptr, false)[0]);
-  for (nn::TensorParallelGroup* group : {static_cast<nn::TensorParallelGroup*>(&local),
-                                         static_cast<nn::TensorParallelGroup*>(&nccl_group)})
+  for (nn::ParallelGroup* group : {static_cast<nn::ParallelGroup*>(&local),
+                                         static_cast<nn::ParallelGroup*>(&nccl_group)})
     for (bool sequence : {false, true}) {
       INFO((group == &local ? "copying group" : "NCCL group") << (sequence ? ", sequence-parallel" : ""));
       check_equal(run_fp8(gpu, DType::bf16, true, group, sequence), plain);

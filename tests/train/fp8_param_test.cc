@@ -53,7 +53,7 @@ TrainResult train(const std::string& model, const std::string& tag,
 int64_t step_gather_bytes(const Recipe& recipe) {
   const std::unique_ptr<models::LanguageModel> model = models::build_model(model_config_of(recipe));
   const int tp = recipe.model.tensor_model_parallel_size;
-  PlanningTensorParallelGroup tp_group(tp, testing::world_rank() % tp);
+  PlanningParallelGroup tp_group(tp, testing::world_rank() % tp);
   apply_tensor_parallel(*model, model->vocabulary_tables(), tp_group);
   Fp8Plan fp8;
   fp8.bf16_first_blocks = fp8.bf16_last_blocks = 0;

@@ -1,6 +1,5 @@
 #include "runtime/parallel/grad_sync.h"
 
-#include <optional>
 #include <set>
 
 #include "kernels/ops.h"
@@ -27,11 +26,10 @@ void unpack(Context& ctx, const Tensor& t, const std::vector<ShardRun>& runs, co
   }
 }
 
-// The tensor-parallel slice a parameter's rows follow, if any (an expert's slice is over
+// The tensor-parallel slice a parameter's rows follow, or null (an expert's slice is over
 // the expert-parallel group: every tensor-parallel rank holds it whole).
-const std::optional<nn::ParallelSlice>& tensor_parallel_slice(const nn::Parameter& p) {
-  static const std::optional<nn::ParallelSlice> none;
-  return p.expert_parallel ? none : p.parallel_slice();
+const nn::ParallelSlice* tensor_parallel_slice(const nn::Parameter& p) {
+  return p.expert_parallel || !p.parallel_slice() ? nullptr : &*p.parallel_slice();
 }
 
 }  // namespace
@@ -54,7 +52,7 @@ void TensorParallelGradSync::after_reduction(const UnitGradients& unit, Collecti
       summed_numel += s.numel;
       continue;
     }
-    const auto& slice = tensor_parallel_slice(p);
+    const nn::ParallelSlice* slice = tensor_parallel_slice(p);
     if (!slice || slice->replicas.empty()) continue;  // (most slices replicate nothing)
     for (const nn::ParallelSlice::Run& run : slice->runs(s.param_offset, s.numel)) {
       if (run.replicas == 1) continue;
@@ -95,7 +93,7 @@ void TensorParallelGradSync::uncounted(const UnitGradients& unit, std::vector<Sh
   if (!group_ || group_->size() == 1) return;
   const int rank = group_->rank();
   for (const ShardSegment& s : unit.segments) {
-    const auto& slice = tensor_parallel_slice(*unit.params[size_t(s.param)]);
+    const nn::ParallelSlice* slice = tensor_parallel_slice(*unit.params[size_t(s.param)]);
     // A parameter every rank holds whole counts on the first rank; a slice of which no rows
     // are shared counts everywhere; otherwise only the runs this rank owns count.
     if (!slice) {

@@ -151,8 +151,7 @@ std::vector<double> ShardedModel::param_sums_of_squares(const std::vector<Tensor
   for (int u = 0; u < num_units(); ++u) {
     const FsdpUnit& un = unit(u);
     std::vector<Communicator*> groups;
-    for (Communicator* c : {un.groups().shard_gather})
-      if (shared_.communicates(c)) groups.push_back(c);
+    if (shared_.communicates(un.groups().shard_gather)) groups.push_back(un.groups().shard_gather);
     for (Communicator* c : split_groups(u))
       if (shared_.communicates(c)) groups.push_back(c);
     const size_t k = index_of(group_lists, groups);

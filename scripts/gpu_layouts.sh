@@ -10,7 +10,14 @@
 #   a TP2 checkpoint saved at step 25 resumed on one rank, and a one-rank one resumed on TP2.
 # Bars: f32, every step's loss within 1e-5 relative of the one-rank run; bf16 (and FP8), the
 # validation loss at step 50 within 0.02; the resumed runs, f32, every step as the one-rank
-# run's. Writes LOG_DIR/layouts.md (docs/CORRECTNESS.md's table) and ends with the line
+# run's. MoE in f32: every step within 1e-5 while both runs route every token alike (the
+# tokens per expert of every layer, logger.log_expert_tokens, are equal), at least 10 steps,
+# and the validation loss at step 50 within 0.02. Why: top-k routing is discontinuous. EP2
+# sums each expert's weight gradient over both ranks' rows in one product where one rank sums
+# micro-batch by micro-batch, so the weights differ in the last bits; once a token's two
+# best scores are that close, it goes to another expert and from then on the two runs train
+# different networks. In f64 on CPU ranks the same layouts agree to 1e-12 over every step
+# (tests/train/moe_train_test.cc), which is where this layout is proven exact. Writes LOG_DIR/layouts.md (docs/CORRECTNESS.md's table) and ends with the line
 # "N passed, N failed". From the repository root of a GPU machine, with the bundle of
 # scripts/gpu_bundle.sh:
 #
@@ -30,7 +37,7 @@ common=(train.train_iters=50 train.eval_interval=50 train.eval_iters=4 logger.lo
 GPT=(--config configs/tiny.json)
 LLAMA=(--config configs/tiny.json model.family=llama model.n_kv_head=2 model.d_ff=384
        model.tie_embeddings=false)
-MOE=(--config configs/moe-tiny.json)
+MOE=(--config configs/moe-tiny.json logger.log_expert_tokens=true)
 F32=(mixed_precision.compute_dtype=f32)
 BF16=(mixed_precision.compute_dtype=bf16)
 FP8=(mixed_precision.compute_dtype=bf16 mixed_precision.fp8=hybrid)
@@ -99,22 +106,34 @@ d = sys.argv[1]
 
 def curve(name):
     path = os.path.join(d, name, "metrics.jsonl")
-    loss, val = {}, None
+    loss, val, tokens = {}, None, {}
     if not os.path.exists(path):
-        return loss, val
+        return loss, val, tokens
     for line in open(path):
         r = json.loads(line)
         if "loss" in r: loss[r["step"]] = r["loss"]
+        if "moe_expert_tokens" in r: tokens[r["step"]] = r["moe_expert_tokens"]
         if "val_loss" in r and r["step"] == 50: val = r["val_loss"]
-    return loss, val
+    return loss, val, tokens
 
 rows, passed, failed = [], 0, 0
 def check(name, base, kind, ranks, first=1):
     global passed, failed
-    got, gval = curve(name)
-    want, wval = curve(base)
+    got, gval, gtok = curve(name)
+    want, wval, wtok = curve(base)
     steps = range(first, 51)
-    if kind == "f32":
+    if kind == "moe_f32":  # see the header: step by step while routed alike, then val@50
+        alike = next((s for s in steps if s not in gtok or gtok.get(s) != wtok.get(s)), 51)
+        prefix = range(first, alike)
+        worst = max((abs(got[s] - want[s]) / abs(want[s]) for s in prefix if s in got and s in want),
+                    default=float("nan"))
+        have = gval is not None and wval is not None
+        diff = gval - wval if have else float("nan")
+        ok = (alike > 10 and all(s in got and s in want for s in prefix) and worst <= 1e-5
+              and have and abs(diff) <= 0.02)
+        measure = (f"max rel. loss diff {worst:.1e} (steps {first}-{alike - 1}, routed alike); "
+                   f"val@50 {gval} vs {wval} ({diff:+.4f})")
+    elif kind == "f32":
         ok = all(s in got and s in want for s in steps)
         worst = max((abs(got[s] - want[s]) / abs(want[s]) for s in steps if s in got and s in want),
                     default=float("nan"))
@@ -134,8 +153,8 @@ for m in ("gpt2", "llama"):
     for p in ("f32", "bf16"):
         for l, n in layouts:
             check(f"{m}_{p}_{l}", f"{m}_{p}_1rank", p, n)
-for p in ("f32", "bf16"):
-    check(f"moe_{p}_ep2_z3", f"moe_{p}_1rank", p, 2)
+check("moe_f32_ep2_z3", "moe_f32_1rank", "moe_f32", 2)
+check("moe_bf16_ep2_z3", "moe_bf16_1rank", "bf16", 2)
 check("gpt2_fp8_param_z3_np2", "gpt2_fp8_1rank", "bf16", 2)
 check("ck_tp2_to_1rank", "gpt2_f32_1rank", "f32", 1, first=26)
 check("ck_1rank_to_tp2", "gpt2_f32_1rank", "f32", 2, first=26)

@@ -73,6 +73,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   if (m.moe_aux_loss) obj["moe_aux_loss"] = number(*m.moe_aux_loss);
   if (m.moe_z_loss) obj["moe_z_loss"] = number(*m.moe_z_loss);
   if (m.moe_max_load) obj["moe_max_load"] = number(*m.moe_max_load);
+  if (!m.moe_expert_tokens.empty()) obj["moe_expert_tokens"] = m.moe_expert_tokens;
   if (!m.update_norms.empty()) {
     Json norms = Json::object();
     for (const auto& [group, norm] : m.update_norms) norms[group] = number(norm);
@@ -104,6 +105,23 @@ StepMetrics parse_metrics_line(const std::string& line) {
   m.moe_aux_loss = read_optional(obj, "moe_aux_loss");
   m.moe_z_loss = read_optional(obj, "moe_z_loss");
   m.moe_max_load = read_optional(obj, "moe_max_load");
+  if (obj.contains("moe_expert_tokens")) {
+    const Json& layers = obj["moe_expert_tokens"];
+    bool ok = layers.is_array();
+    for (const Json& counts : layers) {
+      ok = ok && counts.is_array();
+      if (!ok) break;
+      std::vector<int64_t> row;
+      for (const Json& c : counts) {
+        ok = ok && c.is_number_integer();
+        if (!ok) break;
+        row.push_back(c.get<int64_t>());
+      }
+      m.moe_expert_tokens.push_back(std::move(row));
+    }
+    FSDP_CHECK(ok, DataError,
+               "metrics field 'moe_expert_tokens' is not a list of lists of integers");
+  }
   if (obj.contains("update_norms")) {
     const Json& norms = obj["update_norms"];
     FSDP_CHECK(norms.is_object(), DataError, "metrics field 'update_norms' is not an object");

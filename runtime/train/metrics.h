@@ -30,6 +30,9 @@ struct StepMetrics {
   std::optional<double> moe_aux_loss;
   std::optional<double> moe_z_loss;
   std::optional<double> moe_max_load;
+  // logger.log_expert_tokens: tokens per expert over the global batch, one list per MoE
+  // layer (empty: off).
+  std::vector<std::vector<int64_t>> moe_expert_tokens;
   // mixed_precision.fp8: how many linear layers run their products in FP8 (the step line
   // shows it; not written to metrics.jsonl, it does not change within a run).
   std::optional<int64_t> fp8_layers;

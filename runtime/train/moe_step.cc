@@ -1,14 +1,15 @@
 #include "runtime/train/moe_step.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 
 namespace fsdp::train {
 
-MoeStep::MoeStep(models::LanguageModel& model, double bias_update_rate)
-    : layers_(model.moe_layers()), rate_(bias_update_rate) {}
+MoeStep::MoeStep(models::LanguageModel& model, double bias_update_rate, bool record_tokens)
+    : layers_(model.moe_layers()), rate_(bias_update_rate), record_tokens_(record_tokens) {}
 
 void MoeStep::start_step() {
   for (nn::MoELayer* l : layers_) l->stats().reset();
@@ -49,6 +50,11 @@ void MoeStep::finish_step(Context& ctx, const std::vector<double>& summed, doubl
     double total = 0, most = 0;
     for (double c : counts) total += c, most = std::max(most, c);
     if (total > 0) worst = std::max(worst, most / (total / double(E)));
+    if (record_tokens_) {
+      std::vector<int64_t> tokens;
+      for (double c : counts) tokens.push_back(std::llround(c));
+      m.moe_expert_tokens.push_back(std::move(tokens));
+    }
     l->update_expert_bias(ctx, counts, rate_);
   }
   m.moe_max_load = worst;

@@ -17,8 +17,9 @@ namespace fsdp::train {
 
 class MoeStep {
  public:
-  // `bias_update_rate`: model.moe_router_bias_update_rate.
-  MoeStep(models::LanguageModel& model, double bias_update_rate);
+  // `bias_update_rate`: model.moe_router_bias_update_rate; `record_tokens`:
+  // logger.log_expert_tokens.
+  MoeStep(models::LanguageModel& model, double bias_update_rate, bool record_tokens = false);
   bool active() const { return !layers_.empty(); }
 
   // Before the step's first forward.
@@ -35,6 +36,7 @@ class MoeStep {
  private:
   std::vector<nn::MoELayer*> layers_;
   double rate_;
+  bool record_tokens_;
 };
 
 }  // namespace fsdp::train

@@ -159,6 +159,7 @@ struct LoggerSection {
   std::optional<std::string> samples_file;  // relative to run.output_dir; nullopt = none
   std::optional<std::string> tensorboard_dir;  // event files go to DIR/run.name; nullopt = none
   bool log_update_norms = false;            // per tensor group, in metrics_file
+  bool log_expert_tokens = false;           // per MoE layer and expert, in metrics_file
 };
 
 struct RunSection {

@@ -345,6 +345,10 @@ std::vector<FieldSpec> build_schema() {
           "parameter name with its layer numbers replaced by *, e.g. h.*.attn.qkv.weight) in "
           "the metrics file (logged steps only; costs a device copy of the master-weight "
           "shards; not with optimizer.cpu_offload)."),
+      KEY(logger.log_expert_tokens).default_to(false).help_text(
+          "MoE models: record each step's tokens per expert (one list per MoE layer, counted "
+          "over the global batch) in the metrics file as moe_expert_tokens. Shows the load "
+          "balance in detail, and tells whether two runs routed every token alike."),
 
       // run
       KEY(run.name).default_to("fsdp").help_text("Name of the run, printed and saved."),

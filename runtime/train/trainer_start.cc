@@ -145,7 +145,8 @@ void Trainer::State::setup_model_and_sharding() {
   flops_per_token = train::flops_per_token(
       n_params - int64_t(model_config.inactive_parameters_per_token()),
       int(model_config.n_layer), int(model_config.d_model), int(model_config.seq_len));
-  auto moe = std::make_unique<MoeStep>(*model, recipe.model.moe_router_bias_update_rate);
+  auto moe = std::make_unique<MoeStep>(*model, recipe.model.moe_router_bias_update_rate,
+                                       recipe.logger.log_expert_tokens);
   if (moe->active())
     participants.push_back(std::make_unique<MoeParticipant>(std::move(moe), ep_group ? comms.get() : nullptr));
   // A run whose predicted memory exceeds the device is refused before anything is allocated.

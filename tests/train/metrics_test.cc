@@ -230,5 +230,11 @@ TEST_CASE("an MoE model's losses and load are in its step line and metrics recor
   CHECK(*back.moe_z_loss == 0.125);
   REQUIRE(back.moe_max_load);
   CHECK(*back.moe_max_load == 1.75);
+  CHECK(back.moe_expert_tokens.empty());  // logger.log_expert_tokens off
+  m.moe_expert_tokens = {{3, 0, 5}, {1, 7, 0}};
+  CHECK(parse_metrics_line(metrics_json_line(m)).moe_expert_tokens == m.moe_expert_tokens);
+  CHECK_THROWS_AS(parse_metrics_line(R"({"step": 1, "moe_expert_tokens": [[1, 2.5]]})"),
+                  DataError);
+  CHECK_THROWS_AS(parse_metrics_line(R"({"step": 1, "moe_expert_tokens": [3]})"), DataError);
   CHECK_FALSE(parse_metrics_line(metrics_json_line(record(1, 1.0))).moe_aux_loss);
 }

@@ -18,11 +18,13 @@
 // The same micro-batch size on both sides: the load-balancing loss of a micro-batch is not
 // the mean of its halves' (f_e P_e is a product of two means), so, as in Megatron, the
 // micro-batch size is part of the objective; the data-parallel layout is not.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -260,7 +262,8 @@ TEST_CASE("the MoE metrics reach metrics.jsonl", "[train][moe]") {
   std::vector<std::string> overrides = {"dataset.train_path=" + testing::byte_tokens_shard("moe"),
                                         "run.output_dir=" + out, "logger.samples_file=null",
                                         "train.train_iters=3", "train.eval_interval=0",
-                                        "scheduler.lr_warmup_iters=1"};
+                                        "scheduler.lr_warmup_iters=1",
+                                        "logger.log_expert_tokens=true"};
   const TrainResult r = Trainer(load_recipe("tests/train/golden/llama_tiny.json",
                                             with(overrides, moe_overrides("llama_tiny"))),
                                 testing::quiet_options()).run();
@@ -273,6 +276,19 @@ TEST_CASE("the MoE metrics reach metrics.jsonl", "[train][moe]") {
     // Two MoE layers of 4 experts: each layer's z-loss is about ln(4)^2 at the start.
     CHECK(*records[i].moe_z_loss > 0);
     REQUIRE(records[i].moe_max_load);
+    // Tokens per expert, per layer: every layer routes the step's tokens k times each, and the
+    // load is the busiest expert's count over the mean.
+    const auto& tokens = records[i].moe_expert_tokens;
+    REQUIRE(tokens.size() == 2);
+    double load = 0;
+    for (const std::vector<int64_t>& layer : tokens) {
+      REQUIRE(layer.size() == 4);
+      int64_t total = 0, most = 0;
+      for (int64_t c : layer) total += c, most = std::max(most, c);
+      CHECK(total == std::accumulate(tokens[0].begin(), tokens[0].end(), int64_t(0)));
+      load = std::max(load, double(most) / (double(total) / 4));
+    }
+    CHECK(load == *records[i].moe_max_load);
   }
   // 2 layers, each about 1 when balanced (between 1 and E = 4).
   CHECK(r.moe.aux_losses[0] >= 2.0 * 0.99);

@@ -16,16 +16,9 @@ int grad_pool_slots(const FsdpOptions& options, int64_t max_block_numel) {
 }
 
 int64_t gathered_numel(const UnitPlan& unit, DType compute_dtype) {
-  if (!unit.fp8) return unit.padded_numel;
+  if (!unit.encoded()) return unit.padded_numel;
   const int64_t size = int64_t(dtype_size(compute_dtype));
-  return (unit.padded_numel + size - 1) / size;
-}
-
-size_t fp8_scales_cost(const ShardingPlan& plan) {
-  size_t scales = 0;
-  for (const UnitPlan& u : plan.units())
-    if (u.fp8) scales += buffer_cost(int64_t(u.params.size()), DType::f32);
-  return scales;
+  return (unit.padded_numel * unit.wire_element_size + size - 1) / size;
 }
 
 int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool weights) {
@@ -34,8 +27,7 @@ int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool wei
   int64_t most = 0, slot = 0;
   for (size_t i = 0; i + 1 < units.size(); ++i) {
     const UnitPlan& u = units[i];
-    const bool companion = u.experts || u.fp8;
-    if (!companion) slot = 0;
+    if (!u.companion()) slot = 0;
     slot += weights ? gathered_numel(u, compute_dtype) : u.padded_numel;
     most = std::max(most, slot);
   }
@@ -73,10 +65,10 @@ PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& 
       l.grad_shard.add(u.shard_numel);
     else
       l.grad_shard.skip();
-    if (zero3 && u.fp8)
-      l.fp8.add(u.shard_numel);
+    if (zero3 && u.encoded())
+      l.wire.add(u.shard_numel * u.wire_element_size);
     else
-      l.fp8.skip();
+      l.wire.skip();
   }
   return l;
 }

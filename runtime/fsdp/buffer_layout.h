@@ -21,20 +21,17 @@ struct PersistentLayout {
   ArenaLayout grad_accum;  // accumulated gradients: shards (ZeRO-2/3) or full buffers
   ArenaLayout grad_full;   // per-micro-batch full gradients when their dtype differs (no_shard, optim)
   ArenaLayout grad_shard;  // ZeRO-1's reduce-scatter output
-  ArenaLayout fp8;         // ZeRO-3 FP8 units (fp8_param): this rank's shard of FP8 bytes
+  ArenaLayout wire;        // ZeRO-3 encoded units: this rank's wire shard, in bytes
 };
 PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& options);
 
 // Elements of one pool slot: the largest block's full buffer, with its companions' after it
-// (an experts or FP8 unit is gathered and reduced with its block, in the same slot). For the
-// gathered weights (`weights`) an FP8 unit takes its bytes in elements of compute_dtype; for
-// the gradients, its elements.
+// (an experts or encoded unit is gathered and reduced with its block, in the same slot). For
+// the gathered weights (`weights`) an encoded unit takes its wire bytes in elements of
+// compute_dtype; for the gradients, its elements.
 int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool weights);
 // Elements of compute_dtype that a unit's gathered weights take (FsdpUnit::gathered_numel).
 int64_t gathered_numel(const UnitPlan& unit, DType compute_dtype);
-// Bytes of the FP8 units' inverse scales on each rank (ZeRO-3 with fp8_param; their shards
-// of FP8 bytes are PersistentLayout::fp8). 0 without FP8 units.
-size_t fp8_scales_cost(const ShardingPlan& plan);
 
 // nccl_ub with sharded gradients (ZeRO-2/3): elements of reduce_dtype in the persistent
 // reduce-scatter output (the largest unit's shard) and input (the largest unit, when the

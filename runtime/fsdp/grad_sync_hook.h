@@ -9,8 +9,8 @@
 //   uncounted        the runs of this rank's shard that other ranks hold too: a norm counts
 //                    them on one rank only;
 //   split_groups     the groups whose ranks hold the other parts of the unit's parameters: a
-//                    sum or a maximum over whole parameters (norms, FP8 weight amaxes)
-//                    reduces over them too.
+//                    sum or a maximum over whole parameters (norms, a gather codec's
+//                    scales) reduces over them too.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "runtime/fsdp/buffer_layout.h"
+#include "runtime/fsdp/gather_codec.h"
 
 namespace fsdp {
 
@@ -39,7 +40,8 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
     if (grads_sharded)
       b.grad_pool += size_t(grad_pool_slots(o, max_block)) * buffer_cost(max_block, o.grad_dtype, ub);
   }
-  b.compute_weights += arena_cost(l.fp8, DType::u8, ub) + fp8_scales_cost(plan);
+  b.compute_weights += arena_cost(l.wire, DType::u8, ub);
+  if (o.gather_codec) b.compute_weights += o.gather_codec->state_bytes(plan);
   if (ub && grads_sharded) {
     const ReduceStaging staging = reduce_staging(plan, o);
     b.grad_pool += buffer_cost(staging.out_numel, o.reduce_dtype, true);

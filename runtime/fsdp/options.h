@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "collectives/communicator.h"
@@ -54,12 +55,10 @@ struct FsdpOptions {
   // Benchmarks: time every collective of the step with CUDA events on its stream (from the
   // moment its stream reaches it until it ends: waiting for the peers included).
   bool time_collectives = false;
-  // ZeRO-3: the blocks' weights whose layers run in FP8 (Parameter::fp8) are all-gathered in
-  // FP8, one byte per element with a scale per weight (half of bf16's bytes), in an FP8 unit
-  // beside each block's unit (mixed_precision.fp8_param). Each weight's scale comes from its
-  // amax over the shard group (one all-reduce per step) or, under delayed scaling with a
-  // history, from the history, so the bytes equal those the layer would quantize itself.
-  bool fp8_param = false;
+  // ZeRO-3: the blocks' weights this codec takes travel in its wire format, in an encoded
+  // unit beside each block's unit (gather_codec.h). A codec serves one sharded model.
+  // Null: none.
+  std::shared_ptr<GatherCodec> gather_codec;
   // NCCL user-buffer registration (ddp.nccl_ub). With a shard group of more than one rank,
   // every buffer the shard group's collectives read or write is allocated registrable
   // (collectives/comm_memory.h: ncclMemAlloc on a GPU, outside the caching allocator) and

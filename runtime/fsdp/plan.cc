@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <set>
 
-#include "kernels/fp8_format.h"
 #include "runtime/core/error.h"
+#include "runtime/fsdp/gather_codec.h"
 #include "runtime/nn/module.h"
 
 namespace fsdp {
@@ -95,10 +95,12 @@ ShardingPlan ShardingPlan::build(
     FSDP_CHECK(experts == 0 || experts == int64_t(specs.size()), ValueError, "unit '", uname,
                "' mixes expert-parallel parameters with others; experts go in a unit of their own");
     u.experts = experts > 0;
-    const auto fp8 = std::count_if(specs.begin(), specs.end(), [](const ParamSpec& s) { return s.fp8; });
-    FSDP_CHECK(fp8 == 0 || (fp8 == int64_t(specs.size()) && !u.experts), ValueError, "unit '",
-               uname, "' mixes weights gathered in FP8 with others; they go in a unit of their own");
-    u.fp8 = fp8 > 0;
+    const int64_t wire = specs.empty() ? 0 : specs.front().wire_element_size;
+    const bool alike = std::all_of(specs.begin(), specs.end(),
+                                   [&](const ParamSpec& s) { return s.wire_element_size == wire; });
+    FSDP_CHECK(wire >= 0 && alike && (wire == 0 || !u.experts), ValueError, "unit '", uname,
+               "' mixes weights gathered through a codec with others; they go in a unit of their own");
+    u.wire_element_size = wire;
     u.dp_size = u.experts ? options.expert_dp_size : options.dp_size;
     // Decayed parameters first (stable: model order within each group).
     std::vector<const ParamSpec*> ordered;
@@ -174,7 +176,7 @@ uint64_t ShardingPlan::hash() const {
   for (const UnitPlan& u : units_) {
     f.str(u.name);
     f.i64(u.experts);
-    f.i64(u.fp8);
+    f.i64(u.wire_element_size);
     f.i64(u.padded_numel);
     for (const ParamPlacement& p : u.params) {
       f.str(p.name);
@@ -231,26 +233,21 @@ std::string unit_group_name(const std::vector<nn::Module*>& group) {
 std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
                                                                        const std::string& module_kind,
                                                                        int per_unit,
-                                                                       bool fp8_units) {
+                                                                       const GatherCodec* codec) {
   std::vector<std::pair<std::string, std::vector<ParamSpec>>> specs;
   std::set<nn::Parameter*> in_blocks;
   auto spec = [](const nn::Parameter* p) {
-    return ParamSpec{p->name(), p->shape(), p->weight_decay(), p->expert_parallel, false};
-  };
-  // A weight whose products run in FP8 whatever the batch (its sizes fit FP8 tensor cores).
-  auto gathered_in_fp8 = [&](const nn::Parameter* p) {
-    return fp8_units && p->fp8 && !p->expert_parallel && p->shape().rank() == 2 &&
-           kernels::fp8_shape_ok(16, p->shape()[0], p->shape()[1]);
+    return ParamSpec{p->name(), p->shape(), p->weight_decay(), p->expert_parallel, 0};
   };
   for (const std::vector<nn::Module*>& group : unit_module_groups(model, module_kind, per_unit)) {
-    std::vector<ParamSpec> ps, experts, fp8;
+    std::vector<ParamSpec> ps, experts, encoded;
     for (nn::Module* m : group)
       for (nn::Parameter* p : m->named_parameters()) {
         FSDP_CHECK(in_blocks.insert(p).second, ConfigError, "parameter '", p->name(),
                    "' is shared between two units; shared parameters must live in the root unit");
-        if (gathered_in_fp8(p)) {
-          fp8.push_back(spec(p));
-          fp8.back().fp8 = true;
+        if (codec && !p->expert_parallel && codec->takes(*p)) {
+          encoded.push_back(spec(p));
+          encoded.back().wire_element_size = codec->wire_element_size();
         } else {
           (p->expert_parallel ? experts : ps).push_back(spec(p));
         }
@@ -258,7 +255,7 @@ std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Modul
     const std::string name = unit_group_name(group);
     specs.emplace_back(name, std::move(ps));
     if (!experts.empty()) specs.emplace_back(name + ".experts", std::move(experts));
-    if (!fp8.empty()) specs.emplace_back(name + ".fp8", std::move(fp8));
+    if (!encoded.empty()) specs.emplace_back(name + "." + codec->name(), std::move(encoded));
   }
   std::vector<ParamSpec> root;
   for (nn::Parameter* p : model.named_parameters()) {

@@ -30,6 +30,8 @@ class Module;
 
 namespace fsdp {
 
+class GatherCodec;
+
 enum class ShardingStrategy : uint8_t {
   NoShard,           // DDP: everything replicated; all-reduce gradients
   Optim,             // ZeRO-1: main weights and optimizer state sharded
@@ -50,7 +52,9 @@ struct ParamSpec {
   Shape shape;
   bool weight_decay = false;
   bool expert = false;  // Parameter::expert_parallel: sharded over the expert-data-parallel group
-  bool fp8 = false;     // gathered in FP8 (FsdpOptions::fp8_param): goes in an FP8 unit
+  // Gathered through a gather codec (gather_codec.h) at this many bytes per element: goes in
+  // an encoded unit; 0: gathered as compute weights.
+  int64_t wire_element_size = 0;
 };
 
 // Where one parameter sits in its unit's flat buffer.
@@ -85,10 +89,14 @@ struct UnitPlan {
   // expert-data-parallel group (expert_dp_size ranks) and gathered and reduced with its
   // block's unit, which precedes it in the plan.
   bool experts = false;
-  // An FP8 unit holds a block's weights that are all-gathered in FP8 (fp8_param): one byte
-  // per element on the wire and in the gathered buffer, with a scale per weight. It follows
-  // its block's unit as an experts unit does (after it, if the block has one).
-  bool fp8 = false;
+  // An encoded unit holds a block's weights that are all-gathered through a gather codec:
+  // wire_element_size bytes per element on the wire and in the gathered buffer (0: not
+  // encoded). It follows its block's unit as an experts unit does (after it, if the block
+  // has one).
+  int64_t wire_element_size = 0;
+  bool encoded() const { return wire_element_size > 0; }
+  // Experts and encoded units are companions: gathered and reduced with their block's unit.
+  bool companion() const { return experts || encoded(); }
   int dp_size = 1;           // the ranks the unit is sharded over
   int64_t numel = 0;         // used elements, alignment gaps included
   int64_t padded_numel = 0;  // a multiple of dp_size * block
@@ -115,8 +123,8 @@ class ShardingPlan {
   // `units[i]` lists the parameters of unit i in the model's order; each parameter must
   // appear in exactly one unit (a shared parameter, such as a tied embedding, once). A unit
   // whose parameters are all experts (ParamSpec::expert) is an experts unit, one whose
-  // parameters are all ParamSpec::fp8 an FP8 unit; one that mixes either kind with other
-  // parameters is refused.
+  // parameters all have a ParamSpec::wire_element_size an encoded unit; one that mixes
+  // either kind with other parameters is refused.
   static ShardingPlan build(const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units,
                             const PlanOptions& options);
 
@@ -152,13 +160,13 @@ std::string unit_group_name(const std::vector<nn::Module*>& group);
 
 // The units of `model` as fully_shard() forms them: one per group of `per_unit` modules of
 // `module_kind` in forward order (named by unit_group_name), each followed by an experts unit
-// ("<name>.experts") when the group has expert-parallel parameters, and with fp8_units by an
-// FP8 unit ("<name>.fp8") holding the group's weights that run in FP8 (Parameter::fp8, of a
-// shape FP8 tensor cores take), then "root" with every other parameter (a parameter shared
-// by several modules appears once, in the root). The input of ShardingPlan::build.
+// ("<name>.experts") when the group has expert-parallel parameters, and with a gather
+// `codec` by an encoded unit ("<name>.<codec name>") holding the group's parameters the codec
+// takes, then "root" with every other parameter (a parameter shared by several modules
+// appears once, in the root). The input of ShardingPlan::build.
 std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
                                                                        const std::string& module_kind,
                                                                        int per_unit = 1,
-                                                                       bool fp8_units = false);
+                                                                       const GatherCodec* codec = nullptr);
 
 }  // namespace fsdp

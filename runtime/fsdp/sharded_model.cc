@@ -28,10 +28,11 @@ ShardedModel::ShardedModel(Context& ctx, nn::Module& model, const DataParallelGr
              ConfigError, "no_shard replicates everything: its data-parallel group is the "
              "replicate group, not a shard group");
   FSDP_CHECK(options.prefetch_units >= 0, ConfigError, "ddp.prefetch_units must be >= 0");
-  FSDP_CHECK(!options.fp8_param || (options.strategy == ShardingStrategy::OptimGradsParams &&
-                                    !options.offload_main),
-             ConfigError, "FP8 weight gathers (mixed_precision.fp8_param) need ZeRO-3 "
-             "(optim_grads_params), whose forward gathers the weights, without CPU offload");
+  codec_ = options.gather_codec.get();
+  FSDP_CHECK(!codec_ || (options.strategy == ShardingStrategy::OptimGradsParams && !options.offload_main),
+             ConfigError, "weights gathered through a codec ('", codec_ ? codec_->name() : "",
+             "') need ZeRO-3 (optim_grads_params), whose forward gathers the weights, without "
+             "CPU offload");
   build_units();
   check_plan_across_ranks();
   allocate();
@@ -101,7 +102,7 @@ DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrate
 void ShardedModel::build_units() {
   const FsdpOptions& o = shared_.options;
   const char* kind = unit_module_kind(o.unit_kind);
-  const auto specs = unit_specs(model_, kind, o.blocks_per_unit, o.fp8_param);
+  const auto specs = unit_specs(model_, kind, o.blocks_per_unit, codec_);
   const auto groups = unit_module_groups(model_, kind, o.blocks_per_unit);
   PlanOptions po;
   po.dp_size = shared_.groups.shard_size();
@@ -114,7 +115,7 @@ void ShardedModel::build_units() {
   // unit's parameters in the plan's order (decayed first).
   std::map<std::string, nn::Parameter*> by_name;
   for (nn::Parameter* p : model_.named_parameters()) by_name[p->name()] = p;
-  // An experts or FP8 unit follows its block's unit, which hands it every event (no hooks).
+  // An experts or encoded unit follows its block's unit, which hands it every event (no hooks).
   size_t group = 0;
   for (size_t i = 0; i < plan_.units().size(); ++i) {
     const UnitPlan& up = plan_.units()[i];
@@ -122,7 +123,7 @@ void ShardedModel::build_units() {
     std::vector<nn::Parameter*> params;
     for (const ParamPlacement& pp : up.params) params.push_back(by_name.at(pp.name));
     std::vector<nn::Module*> modules{&model_};
-    const bool companion = up.experts || up.fp8;
+    const bool companion = up.companion();
     if (!root) modules = companion ? units_.back()->modules() : groups.at(group++);
     units_.push_back(std::make_unique<FsdpUnit>(shared_, int(i), up, std::move(modules),
                                                 std::move(params), root));
@@ -219,14 +220,9 @@ ShardedModel::Arenas ShardedModel::allocate_arenas() {
   a.grad_full = arena(a.layout.grad_full, o.grad_dtype, memory_.full_grads);
   a.grad_shard = arena(a.layout.grad_shard, o.reduce_dtype, memory_.grad_accumulation, ub && zero1,
                        "gradient shards");
-  // FP8 units: the shards of FP8 bytes the all-gathers send.
-  a.fp8 = arena(a.layout.fp8, DType::u8, memory_.compute_weights, ub, "FP8 weight shards");
-  if (a.fp8.defined()) {
-    int64_t weights = 0;
-    for (const UnitPlan& p : plan_.units())
-      if (p.fp8) weights += int64_t(p.params.size());
-    fp8_weight_amax_ = ops::zeros(ctx, Shape{weights}, DType::f32);
-  }
+  // Encoded units: the wire shards the all-gathers send.
+  a.wire = arena(a.layout.wire, DType::u8, memory_.compute_weights, ub, "wire shards");
+  if (codec_) memory_.compute_weights += codec_->state_bytes(plan_);
   return a;
 }
 
@@ -240,11 +236,7 @@ void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
   u.main = view(a.main, a.layout.main, p.shard_numel);
   if (shared_.zero3()) {
     u.compute_shard = view(a.compute, a.layout.compute, p.shard_numel);
-    if (p.fp8) {
-      u.fp8_shard = view(a.fp8, a.layout.fp8, p.shard_numel);
-      u.fp8_scale_inv = new_buffer(int64_t(p.params.size()), DType::f32, false,
-                                   "FP8 weight scales", memory_.compute_weights);
-    }
+    if (p.encoded()) u.wire_shard = view(a.wire, a.layout.wire, p.shard_numel * p.wire_element_size);
     if (u.is_root()) {
       // The root stays gathered from its forward to the end of its backward: its own buffer.
       u.root_gathered = new_buffer(p.padded_numel, o.compute_dtype, ub, "the root's gathered weights",
@@ -322,10 +314,10 @@ void ShardedModel::allocate() {
   const Arenas a = allocate_arenas();
   for (auto& u : units_) lay_out_unit(*u, a);
   allocate_pools();
-  if (shared_.registered_memory()) register_buffers(a.compute, a.fp8, a.grad_accum, a.grad_shard);
+  if (shared_.registered_memory()) register_buffers(a.compute, a.wire, a.grad_accum, a.grad_shard);
 }
 
-void ShardedModel::register_buffers(const Tensor& compute, const Tensor& fp8, const Tensor& grad_accum,
+void ShardedModel::register_buffers(const Tensor& compute, const Tensor& wire, const Tensor& grad_accum,
                                     const Tensor& grad_shard) {
   const BufferRegistration kind = shared_.options.nccl_ub_kind;
   const DataParallelGroups& g = shared_.groups;
@@ -337,7 +329,7 @@ void ShardedModel::register_buffers(const Tensor& compute, const Tensor& fp8, co
                                                 kind, what));
   };
   add(g.shard_gather, compute, "compute weights");
-  add(g.shard_gather, fp8, "FP8 weight shards");
+  add(g.shard_gather, wire, "wire shards");
   if (shared_.zero3()) {
     add(g.shard_gather, unit(root_).root_gathered, "the root's gathered weights");
     if (shared_.gather_pool)

@@ -53,6 +53,7 @@
 #include "runtime/core/context.h"
 #include "runtime/fsdp/buffer_layout.h"
 #include "runtime/fsdp/buffer_pool.h"
+#include "runtime/fsdp/gather_codec.h"
 #include "runtime/fsdp/grad_sync_hook.h"
 #include "runtime/fsdp/options.h"
 #include "runtime/fsdp/plan.h"
@@ -152,7 +153,7 @@ class ShardedModel {
   struct Arenas {
     PersistentLayout layout;
     Tensor main, compute, grad_accum, grad_full, grad_shard;
-    Tensor fp8;  // FP8 units' shards of FP8 bytes (fp8_param)
+    Tensor wire;  // encoded units' wire shards (bytes)
   };
   void allocate();
   Arenas allocate_arenas();
@@ -162,18 +163,14 @@ class ShardedModel {
   Tensor new_buffer(int64_t n, DType dtype, bool registrable, const std::string& what,
                     size_t& account);
   // nccl_ub: registers every collective buffer with its communicator (see FsdpOptions).
-  void register_buffers(const Tensor& compute, const Tensor& fp8, const Tensor& grad_accum,
+  void register_buffers(const Tensor& compute, const Tensor& wire, const Tensor& grad_accum,
                         const Tensor& grad_shard);
-  // fp8_param: quantizes each FP8 unit's compute shard into its FP8 shard when an update
-  // (or a load) changed the weights since the last time: per weight, the amax of its piece
-  // on this rank, the maximum over the shard group (one all-reduce), the scale from it (or
-  // from the delayed-scaling history, once that holds a step) and the bytes. Before any
-  // forward that gathers them (a model pre-forward hook) and at a step's first micro-batch.
-  void quantize_fp8_weights();
-  // Delayed scaling: the step amax of each FP8 unit's weight is the amax taken above (the
-  // layers, reading gathered FP8 bytes, record none). At each step's first micro-batch,
-  // after the delayed-scaling state started the step.
-  void record_fp8_weight_amaxes();
+  // The gather codec writes the encoded units' wire shards when an update (or a load)
+  // changed the weights since the last time: before any forward that gathers them (a model
+  // pre-forward hook) and at a step's first micro-batch. The first call attaches the codec
+  // to the units (after the grad sync hooks were added: their split groups are the groups
+  // a whole parameter lies over).
+  void encode_weights();
   void initialize_weights();
   void attach_hooks();
   // Unit u's view for the grad sync hooks, with `shard` (laid out as its shard) as gradients.
@@ -196,12 +193,11 @@ class ShardedModel {
   MemoryBreakdown memory_;
   int micro_batches_ = 0;  // of the current step (the phase is shared_.phase)
   std::vector<std::unique_ptr<GradSyncHook>> grad_sync_hooks_;
-  // fp8_param: each FP8 weight's amax over the shard group ((weights) f32, plan order), and
-  // whether the FP8 shards predate the compute shards.
-  Tensor fp8_weight_amax_;
-  bool fp8_stale_ = true;
-  // Drops every parameter's cached FP8 weight casts (nn::Fp8Recipe::cache_weight).
-  void clear_fp8_weight_casts();
+  // The gather codec (null: none), whether it is attached, and whether the wire shards
+  // predate the compute shards.
+  GatherCodec* codec_ = nullptr;
+  bool codec_attached_ = false;
+  bool wire_stale_ = true;
   std::vector<std::pair<nn::Module*, nn::HookId>> hooks_;
   // Last: deregistered before any buffer they cover can be freed.
   std::vector<Registration> registrations_;

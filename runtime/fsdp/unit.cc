@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "kernels/ops.h"
+#include "runtime/fsdp/buffer_layout.h"
+#include "runtime/fsdp/gather_codec.h"
 
 namespace fsdp {
 UnitShared::UnitShared(Context& c, const FsdpOptions& o, const DataParallelGroups& g)
@@ -31,16 +33,13 @@ void FsdpUnit::set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
 }
 
 void FsdpUnit::add_companion(FsdpUnit* companion) {
-  FSDP_ASSERT(companion && (companion->plan().experts || companion->plan().fp8) &&
-                  !plan_.experts && !plan_.fp8 && !is_root_,
-              "an experts or FP8 unit follows a block's unit");
+  FSDP_ASSERT(companion && companion->plan().companion() && !plan_.companion() && !is_root_,
+              "an experts or encoded unit follows a block's unit");
   companions_.push_back(companion);
 }
 
 int64_t FsdpUnit::gathered_numel() const {
-  if (!plan_.fp8) return plan_.padded_numel;
-  const int64_t size = int64_t(dtype_size(s_.options.compute_dtype));
-  return (plan_.padded_numel + size - 1) / size;
+  return fsdp::gathered_numel(plan_, s_.options.compute_dtype);
 }
 
 // ---------------------------------------------------------------- events
@@ -144,16 +143,18 @@ bool FsdpUnit::start_gather(bool prefetch, const Tensor& slot) {
   // The shard is written by the optimizer on the compute stream.
   s_.gather_stream.wait(s_.params_updated);
   s_.gather_stream.wait(updated);
-  // An FP8 unit sends and receives its weights' FP8 bytes.
-  const Tensor dst = plan_.fp8 ? full.as_bytes().narrow(0, 0, plan_.padded_numel) : full;
-  const Tensor src = plan_.fp8 ? fp8_shard : compute_shard;
+  // An encoded unit sends and receives its wire bytes.
+  const Tensor dst = plan_.encoded()
+                         ? full.as_bytes().narrow(0, 0, plan_.padded_numel * plan_.wire_element_size)
+                         : full;
+  const Tensor src = plan_.encoded() ? wire_shard : compute_shard;
   if (!s_.communicates(groups().shard_gather)) {
     StreamScope scope(s_.ctx, s_.gather_stream);
     // One rank: its shard is the whole. Several under skip_collectives (the benchmark's
     // compute baseline): every rank's place gets this rank's shard, so the weights hold real
     // values; half-zero weights would draw less power and run faster than training does.
     for (int r = 0; r < shard_size(); ++r)
-      ops::copy(s_.ctx, dst.narrow(0, plan_.shard_begin(r), plan_.shard_numel), src);
+      ops::copy(s_.ctx, dst.narrow(0, r * src.numel(), src.numel()), src);
   } else {
     s_.calls.all_gather(*groups().shard_gather, dst, src, s_.gather_stream);
   }
@@ -203,15 +204,18 @@ void FsdpUnit::adopt_full_weights(const Tensor& full) {
 }
 
 void FsdpUnit::bind_weights(const Tensor& full) {
-  const Tensor bytes = plan_.fp8 ? full.as_bytes() : Tensor();
+  if (plan_.encoded()) {
+    // The layers read the codec's form of the weights; there is no data.
+    const Tensor bytes = full.as_bytes();
+    const int64_t w = plan_.wire_element_size;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamPlacement& pp = plan_.params[i];
+      s_.options.gather_codec->bind(index_, i, *params_[i], bytes.narrow(0, pp.offset * w, pp.numel * w));
+    }
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamPlacement& pp = plan_.params[i];
-    if (plan_.fp8) {
-      // The layer reads the FP8 bytes and scale (Parameter::fp8_bytes); there is no data.
-      params_[i]->fp8_bytes = bytes.narrow(0, pp.offset, pp.numel).view(pp.shape);
-      params_[i]->fp8_scale_inv = fp8_scale_inv.narrow(0, int64_t(i), 1);
-      continue;
-    }
     params_[i]->data = full.narrow(0, pp.offset, pp.numel).view(pp.shape);
   }
 }
@@ -219,8 +223,7 @@ void FsdpUnit::bind_weights(const Tensor& full) {
 void FsdpUnit::unbind_weights() {
   for (nn::Parameter* p : params_) {
     p->data = Tensor();
-    p->fp8_bytes = Tensor();
-    p->fp8_scale_inv = Tensor();
+    if (plan_.encoded()) s_.options.gather_codec->unbind(*p);
   }
 }
 

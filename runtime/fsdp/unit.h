@@ -135,14 +135,14 @@ class FsdpUnit {
   // embedding is used at both ends; the last block: its backward comes next).
   void set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
                       std::vector<FsdpUnit*> backward_prefetch, bool keep_for_backward);
-  // A block's experts unit (plan().experts, sharded over other groups) or FP8 unit
-  // (plan().fp8, gathered in FP8): it has no hooks of its own but follows this unit through
-  // every event, its full weights and gradients in the tail of this unit's pool slots, after
-  // those of the companions added before it.
+  // A block's experts unit (plan().experts, sharded over other groups) or encoded unit
+  // (plan().encoded(), gathered through the gather codec): it has no hooks of its own but
+  // follows this unit through every event, its full weights and gradients in the tail of
+  // this unit's pool slots, after those of the companions added before it.
   void add_companion(FsdpUnit* companion);
   const std::vector<FsdpUnit*>& companions() const { return companions_; }
   // Elements of the compute dtype its gathered weights take in a pool slot: padded_numel,
-  // or for an FP8 unit its padded_numel bytes.
+  // or for an encoded unit its wire bytes.
   int64_t gathered_numel() const;
 
   // ---- events of a micro-batch (the module hooks call these)
@@ -201,10 +201,10 @@ class FsdpUnit {
   Tensor grad_shard;     // the reduced gradient the optimizer reads
   Tensor root_gathered;  // ZeRO-3 root: gathered weights, held from forward to backward
   Tensor root_grad;      // ZeRO-2/3 root: full gradients, held through the backward
-  // An FP8 unit (ZeRO-3): this rank's shard of the weights in FP8 (shard_numel u8, written
-  // by ShardedModel from compute_shard after each update; what the all-gather sends), and
-  // each weight's inverse scale ((params) f32, the same on every rank).
-  Tensor fp8_shard, fp8_scale_inv;
+  // An encoded unit (ZeRO-3): this rank's wire shard (shard_numel * wire_element_size u8,
+  // written by the gather codec from compute_shard after each update; what the all-gather
+  // sends).
+  Tensor wire_shard;
   size_t first_range = 0, end_range = 0;  // this unit's optimizer ranges
 
  private:

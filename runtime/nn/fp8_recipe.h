@@ -60,10 +60,11 @@ struct Fp8Recipe {
   // rows) is the maximum over the group, as the whole operand's is.
   ParallelGroup* feature_group = nullptr;
   std::array<Fp8Split, kFp8Operands> split{};
-  // The weight's owner keeps it unchanged from one update to the next and clears
-  // Parameter::fp8_weight_cast whenever it writes new weights (FSDP's no_shard, ZeRO-1 and
-  // ZeRO-2): the weight is then cast once per step, both layouts in one read, instead of
-  // once per product in every micro-batch.
+  // The weight is unchanged from one update to the next (FSDP's no_shard, ZeRO-1 and
+  // ZeRO-2 keep the full weights) and whoever runs the steps clears Parameter::
+  // fp8_weight_cast whenever new weights are written (the trainer's FP8 step participant):
+  // the weight is then cast once per step, both layouts in one read, instead of once per
+  // product in every micro-batch.
   bool cache_weight = false;
 };
 

@@ -49,7 +49,14 @@ Fp8Participant::Fp8Participant(const Fp8Report& plan, Fp8DelayedScaling* delayed
                                Communicator* world)
     : plan_(plan), delayed_(delayed), world_(world) {}
 
+void Fp8Participant::clear_weight_casts() {
+  for (nn::Parameter* w : plan_.fp8_weights) w->fp8_weight_cast.reset();
+}
+
 void Fp8Participant::start_step(Context& ctx) {
+  // A cast made since the update (an evaluation's) is made again, so that the step's first
+  // product records the weight's amax under delayed scaling.
+  clear_weight_casts();
   if (delayed_) delayed_->start_step(ctx);
 }
 
@@ -61,6 +68,7 @@ void Fp8Participant::after_grad_sync(Context& ctx) {
 void Fp8Participant::after_optimizer_step(Context& ctx, const std::vector<double>& summed,
                                           double forwards, StepMetrics& m) {
   (void)ctx, (void)summed, (void)forwards;
+  clear_weight_casts();  // (Fp8Recipe::cache_weight: cast again from the new weights)
   m.fp8_layers = int64_t(plan_.fp8_layers.size());
 }
 

@@ -54,6 +54,10 @@ class Fp8Participant : public StepParticipant {
   void report(TrainResult& result) const override;
 
  private:
+  // Drops the FP8 weights' cached casts (nn::Fp8Recipe::cache_weight): at each step's
+  // start and after each update.
+  void clear_weight_casts();
+
   Fp8Report plan_;
   Fp8DelayedScaling* delayed_;
   Communicator* world_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "runtime/core/error.h"
+#include "runtime/parallel/fp8_gather.h"
 
 namespace fsdp::train {
 
@@ -65,7 +66,8 @@ FsdpOptions fsdp_options_of(const Recipe& r) {
   o.overlap_gather = r.ddp.overlap_param_gather;
   o.overlap_reduce = r.ddp.overlap_grad_reduce;
   o.offload_main = r.optimizer.cpu_offload;
-  o.fp8_param = r.mixed_precision.fp8 && r.mixed_precision.fp8_param;
+  // fp8_param: the FP8 layers' weights are gathered as FP8 bytes.
+  if (r.mixed_precision.fp8 && r.mixed_precision.fp8_param) o.gather_codec = std::make_shared<Fp8GatherCodec>();
   // The MPI backend registers nothing: on the CPU the option would only round buffers up.
   o.nccl_ub = r.ddp.nccl_ub && gpu;
   o.nccl_ub_kind = buffer_registration_from_name(r.ddp.nccl_ub_registration);

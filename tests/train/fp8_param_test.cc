@@ -64,14 +64,15 @@ int64_t step_gather_bytes(const Recipe& recipe) {
   po.block = fo.shard_block;
   po.strategy = fo.strategy;
   const ShardingPlan plan = ShardingPlan::build(
-      unit_specs(*model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit, fo.fp8_param), po);
+      unit_specs(*model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit, fo.gather_codec.get()),
+      po);
   const int64_t element = int64_t(dtype_size(fo.compute_dtype));
   const std::vector<UnitPlan>& units = plan.units();
   // Each block's bytes with its companions' (the units after it up to the next block).
   std::vector<int64_t> blocks;
   for (size_t i = 0; i + 1 < units.size(); ++i) {
-    const int64_t bytes = units[i].padded_numel * (units[i].fp8 ? 1 : element);
-    if (units[i].fp8 || units[i].experts)
+    const int64_t bytes = units[i].padded_numel * (units[i].encoded() ? units[i].wire_element_size : element);
+    if (units[i].companion())
       blocks.back() += bytes;
     else
       blocks.push_back(bytes);

@@ -61,7 +61,7 @@ Tensor computed(Context& ctx, const Source& s) {
 // (its values never stored); the block and row casts get its values computed first.
 ops::Fp8Quantized quantize(Context& ctx, const Source& s, const Parameter& weight, Fp8Operand op,
                            bool rows, bool columns, const Tensor& add_column_sums = Tensor()) {
-  const Fp8Recipe& r = *weight.fp8;
+  const Fp8Recipe& r = weight.fp8->recipe;
   const kernels::Fp8Format f = op == Fp8Operand::output_grad ? r.backward : r.forward;
   const bool fused = s.kind != ops::Fp8CastSource::tensor;
   const bool by_parts = r.scaling == Fp8Scaling::blockwise || r.scaling == Fp8Scaling::rowwise;
@@ -94,9 +94,9 @@ ops::Fp8Quantized quantize(Context& ctx, const Source& s, const Parameter& weigh
 }  // namespace
 
 bool applies(const Parameter& weight, int64_t rows) {
-  const bool gathered = weight.fp8_bytes.defined();
+  const bool gathered = weight.fp8 && weight.fp8->gathered();
   if (!weight.fp8 || (!weight.data.defined() && !gathered) || weight.shape().rank() != 2) return false;
-  const bool fits = weight.fp8->scaling == Fp8Scaling::blockwise
+  const bool fits = weight.fp8->recipe.scaling == Fp8Scaling::blockwise
                         ? kernels::fp8_block_shape_ok(rows, weight.shape()[0], weight.shape()[1])
                         : ops::fp8_shape_ok(rows, weight.shape()[0], weight.shape()[1]);
   FSDP_CHECK(fits || !gathered, ShapeError, "layer ", weight.name(), ": its weight is gathered "
@@ -109,19 +109,18 @@ namespace {
 
 // The weight's FP8 form for the forward (out, in) as FSDP gathered it (fp8_param).
 ops::Fp8Matrix gathered_rows(const Parameter& weight) {
-  return ops::Fp8Matrix{weight.fp8_bytes, weight.fp8_scale_inv, weight.fp8->forward};
+  return ops::Fp8Matrix{weight.fp8->bytes, weight.fp8->scale_inv, weight.fp8->recipe.forward};
 }
 
 // The weight quantized for the forward (rows, (out, in)) or the input gradient (columns,
 // (in, out)): cast for this product alone, or under cache_weight both layouts at the first
 // product after an update, kept for the products until the next.
 ops::Fp8Matrix weight_operand(Context& ctx, const Parameter& weight, bool rows) {
-  const bool cache = weight.fp8->cache_weight;
-  if (cache && weight.fp8_weight_cast)
-    return rows ? weight.fp8_weight_cast->rows : weight.fp8_weight_cast->columns;
+  const bool cache = weight.fp8->recipe.cache_weight;
+  if (cache && weight.fp8->cast) return rows ? weight.fp8->cast->rows : weight.fp8->cast->columns;
   const ops::Fp8Quantized q = quantize(ctx, weight.checked_data(), weight, Fp8Operand::weight,
                                        rows || cache, !rows || cache);
-  if (cache) weight.fp8_weight_cast = q;
+  if (cache) weight.fp8->cast = q;
   return rows ? q.rows : q.columns;
 }
 
@@ -133,13 +132,13 @@ ops::Fp8Matrix forward(Context& ctx, const Tensor& y, const Source& x, const Par
   const ops::Fp8Quantized qx =
       quantize(ctx, x, weight, Fp8Operand::input, true, keep_input);  // (N, in), (in, N)
   const ops::Fp8Matrix qw =
-      weight.fp8_bytes.defined()
+      weight.fp8->gathered()
           ? gathered_rows(weight)
           : weight_operand(ctx, weight, true);  // (out, in)
   // Fast accumulation in the forward only, as Transformer Engine's recipes do: gradients
   // keep the more exact accumulation. Block- and row-scaled products have none to offer.
-  const bool fast_accum = weight.fp8->scaling != Fp8Scaling::blockwise &&
-                          weight.fp8->scaling != Fp8Scaling::rowwise;
+  const bool fast_accum = weight.fp8->recipe.scaling != Fp8Scaling::blockwise &&
+                          weight.fp8->recipe.scaling != Fp8Scaling::rowwise;
   ops::fp8_matmul(ctx, y, qx.rows, qw, 1.0, 0.0, bias, epilogue, aux, fast_accum);
   return qx.columns;
 }
@@ -166,7 +165,7 @@ void input_grad(Context& ctx, const Tensor& dx, const ops::Fp8Quantized& dy, con
   // W^T (in, out): the weight with the output features as K (gathered in FP8: its bytes
   // transposed, same scale).
   ops::Fp8Matrix qwt;
-  if (weight.fp8_bytes.defined()) {
+  if (weight.fp8->gathered()) {
     qwt = gathered_rows(weight);
     qwt.data = ops::contiguous(ctx, qwt.data.transpose(0, 1));
   } else {

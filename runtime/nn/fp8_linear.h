@@ -25,7 +25,7 @@ struct Source {
 // Whether the layer of `weight` runs its products in FP8 for an input of `rows` rows: the
 // weight is marked and every size fits FP8 tensor cores (multiples of 16; of 128 under the
 // blockwise recipe, whose three products each take one of the sizes as K). A weight gathered
-// in FP8 (Parameter::fp8_bytes) has no other form: for it, false throws, naming the layer.
+// in FP8 (Fp8Weight::bytes) has no other form: for it, false throws, naming the layer.
 bool applies(const Parameter& weight, int64_t rows);
 
 // y (N, out) = x (N, in) @ W^T [+ bias] [Gelu: aux (N, out) receives the pre-activation],

@@ -61,8 +61,8 @@ struct Fp8Recipe {
   ParallelGroup* feature_group = nullptr;
   std::array<Fp8Split, kFp8Operands> split{};
   // The weight is unchanged from one update to the next (FSDP's no_shard, ZeRO-1 and
-  // ZeRO-2 keep the full weights) and whoever runs the steps clears Parameter::
-  // fp8_weight_cast whenever new weights are written (the trainer's FP8 step participant):
+  // ZeRO-2 keep the full weights) and whoever runs the steps clears Fp8Weight::cast
+  // whenever new weights are written (the trainer's FP8 step participant):
   // the weight is then cast once per step, both layouts in one read, instead of once per
   // product in every micro-batch.
   bool cache_weight = false;

@@ -23,7 +23,7 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
              "vocabulary-parallel (its rows are split over the tensor-parallel group), so its "
              "logits would be a part of the vocabulary; only the loss (classifier_loss) runs it");
   // (out, in); a weight gathered in FP8 has only its FP8 bytes (fp8::applies).
-  const Tensor w = weight.fp8_bytes.defined() ? Tensor() : weight.checked_data();
+  const Tensor w = weight.fp8 && weight.fp8->gathered() ? Tensor() : weight.checked_data();
   FSDP_CHECK(weight.shape().rank() == 2, ShapeError, "linear ", weight.name(), ": the weight ",
              weight.shape(), " is not 2-D");
   const int64_t out_f = weight.shape()[0], in_f = weight.shape()[1];

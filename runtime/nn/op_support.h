@@ -50,7 +50,7 @@ inline void overwrite_grad(Graph& g, const autograd::GradTarget& x,
 
 // Throws unless x has the compute dtype of `p` (activations and weights share one dtype).
 inline void check_compute_dtype(const Tensor& x, const Parameter& p, const char* op) {
-  if (p.fp8_bytes.defined()) return;  // gathered in FP8: the FP8 product takes any input dtype
+  if (p.fp8 && p.fp8->gathered()) return;  // gathered in FP8: the FP8 product takes any input dtype
   FSDP_CHECK(x.dtype() == p.checked_data().dtype(), DTypeError, op, " ", p.name(), ": input ",
              x.str(), " does not have the weight's dtype ", dtype_name(p.data.dtype()));
 }

@@ -38,6 +38,23 @@ struct InitRule {
   std::string str() const;  // "normal(0, 0.02)"
 };
 
+// A weight whose linear layer runs its three products (forward, input and weight gradients)
+// in FP8, and the FP8 forms of it the layer reads.
+struct Fp8Weight {
+  Fp8Recipe recipe;  // how, where the shapes fit FP8 tensor cores
+  // The weight as gathered in FP8 (FSDP's FP8 gather codec, mixed_precision.fp8_param), in
+  // place of Parameter::data (then undefined): bytes (out, in) u8 in the recipe's forward
+  // format and scale_inv (1) f32. The layer reads them instead of quantizing the weight.
+  Tensor bytes, scale_inv;
+  bool gathered() const { return bytes.defined(); }
+  // Under recipe.cache_weight, the weight's casts for the forward (rows) and the input
+  // gradient (columns), made by its first product after an update and read by the rest;
+  // cleared whenever new weights are written (and at each step's start, so that the step's
+  // first cast records the weight's amax under delayed scaling). (mutable: a cache of the
+  // weight's value, filled by products that read the weight.)
+  mutable std::optional<ops::Fp8Quantized> cast;
+};
+
 class Parameter {
  public:
   // A spec: no memory yet. `weight_decay` says whether AdamW decays it (2-D weights and
@@ -101,19 +118,8 @@ class Parameter {
   // rows of this rank's positions (ContextParallelLayout) to its tokens.
   std::optional<ContextParallelLayout> sequence_chunks;
   // ---- FP8 (set by a plan from outside the model)
-  // The linear layer that owns this weight runs its three products (forward, input and
-  // weight gradients) in FP8 with this recipe, where the shapes fit FP8 tensor cores.
-  std::optional<Fp8Recipe> fp8;
-  // The weight as FSDP gathered it in FP8 (fp8_param), in place of `data` (then undefined):
-  // its bytes fp8_bytes (out, in) u8 in the recipe's forward format and fp8_scale_inv (1)
-  // f32. The layer reads them instead of quantizing the weight.
-  Tensor fp8_bytes, fp8_scale_inv;
-  // Under Fp8Recipe::cache_weight, the weight's FP8 casts for the forward (rows) and the
-  // input gradient (columns), made by its first product after an update and read by the
-  // rest; the owner clears it when it writes new weights (and at each step's start, so
-  // that the step's first cast records the weight's amax under delayed scaling).
-  // (mutable: a cache of the weight's value, filled by products that read the weight.)
-  mutable std::optional<ops::Fp8Quantized> fp8_weight_cast;
+  // The linear layer that owns this weight runs its products in FP8 (Fp8Weight).
+  std::optional<Fp8Weight> fp8;
 
  private:
   friend class Module;

@@ -26,8 +26,8 @@ Fp8DelayedScaling::Fp8DelayedScaling(Context& ctx, const std::vector<std::string
     nn::Parameter& w = *weights[size_t(i)];
     FSDP_CHECK(w.fp8.has_value(), ValueError, "Fp8DelayedScaling: ", w.name(),
                " is not marked for FP8");
-    w.fp8->scaling = nn::Fp8Scaling::delayed;
-    w.fp8->delayed = {scale_amax_.select(0, i), step_amax_.select(0, i), &primed_};
+    w.fp8->recipe.scaling = nn::Fp8Scaling::delayed;
+    w.fp8->recipe.delayed = {scale_amax_.select(0, i), step_amax_.select(0, i), &primed_};
   }
 }
 

@@ -59,13 +59,13 @@ void Fp8GatherCodec::encode(CollectiveCalls& calls, Context& ctx) {
     const std::vector<nn::Parameter*>& params = u.encoded.params;
     const int64_t n = int64_t(params.size());
     for (int64_t i = 0; i < n; ++i) {
-      const nn::Fp8Recipe& r = *params[size_t(i)]->fp8;
+      const nn::Fp8Recipe& r = params[size_t(i)]->fp8->recipe;
       if (r.scaling == nn::Fp8Scaling::delayed && *r.delayed.primed)
         ops::copy(ctx, scale_amax.narrow(0, u.first + i, 1),
                   r.delayed.scale_amax.narrow(0, int(nn::Fp8Operand::weight), 1));
     }
     // One recipe for every FP8 layer (the plan's), so one format per unit.
-    const kernels::Fp8Format format = params.front()->fp8->forward;
+    const kernels::Fp8Format format = params.front()->fp8->recipe.forward;
     ops::fp8_scale_inverses(ctx, u.scale_inv, scale_amax.narrow(0, u.first, n), format);
     for (const ShardSegment& s : u.encoded.segments)
       ops::fp8_quantize_flat(ctx, u.encoded.wire_shard.narrow(0, s.shard_offset, s.numel),
@@ -78,7 +78,7 @@ void Fp8GatherCodec::first_micro_batch(Context& ctx) {
   for (const Unit& u : units_) {
     const std::vector<nn::Parameter*>& params = u.encoded.params;
     for (size_t i = 0; i < params.size(); ++i) {
-      const nn::Fp8Recipe& r = *params[i]->fp8;
+      const nn::Fp8Recipe& r = params[i]->fp8->recipe;
       // The step's amaxes start at zero, and nothing else records a gathered weight's.
       if (r.scaling == nn::Fp8Scaling::delayed)
         ops::copy(ctx, r.delayed.step_amax.narrow(0, int(nn::Fp8Operand::weight), 1),
@@ -88,14 +88,14 @@ void Fp8GatherCodec::first_micro_batch(Context& ctx) {
 }
 
 void Fp8GatherCodec::bind(int unit_index, size_t param, nn::Parameter& p, const Tensor& wire) {
-  // The layer reads the FP8 bytes and scale (Parameter::fp8_bytes); there is no data.
-  p.fp8_bytes = wire.view(p.shape());
-  p.fp8_scale_inv = unit(unit_index).scale_inv.narrow(0, int64_t(param), 1);
+  // The layer reads the FP8 bytes and scale (nn::Fp8Weight::bytes); there is no data.
+  p.fp8->bytes = wire.view(p.shape());
+  p.fp8->scale_inv = unit(unit_index).scale_inv.narrow(0, int64_t(param), 1);
 }
 
 void Fp8GatherCodec::unbind(nn::Parameter& p) {
-  p.fp8_bytes = Tensor();
-  p.fp8_scale_inv = Tensor();
+  p.fp8->bytes = Tensor();
+  p.fp8->scale_inv = Tensor();
 }
 
 }  // namespace fsdp

@@ -60,7 +60,7 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
         report.bf16_layers.push_back(linear->name() + " (replicated key/value heads)");
         continue;
       }
-      nn::Fp8Recipe& r = linear->weight().fp8.emplace(plan.recipe);
+      nn::Fp8Recipe& r = linear->weight().fp8.emplace(nn::Fp8Weight{plan.recipe}).recipe;
       r.token_group = plan.token_group;
       mark_split_operands(*linear, r);
       report.fp8_layers.push_back(linear->name());
@@ -78,7 +78,7 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
       // Its logits' softmax spans the ranks' vocabulary slices (nn::classifier_loss).
       report.bf16_layers.push_back(layer + " (vocabulary-parallel)");
     } else {
-      nn::Fp8Recipe& r = head->fp8.emplace(plan.recipe);
+      nn::Fp8Recipe& r = head->fp8.emplace(nn::Fp8Weight{plan.recipe}).recipe;
       r.token_group = plan.token_group;
       report.fp8_layers.push_back(layer);
       report.fp8_weights.push_back(head);

@@ -50,7 +50,7 @@ Fp8Participant::Fp8Participant(const Fp8Report& plan, Fp8DelayedScaling* delayed
     : plan_(plan), delayed_(delayed), world_(world) {}
 
 void Fp8Participant::clear_weight_casts() {
-  for (nn::Parameter* w : plan_.fp8_weights) w->fp8_weight_cast.reset();
+  for (nn::Parameter* w : plan_.fp8_weights) w->fp8->cast.reset();
 }
 
 void Fp8Participant::start_step(Context& ctx) {

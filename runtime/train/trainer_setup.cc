@@ -187,7 +187,7 @@ int fp8_block_count(models::LanguageModel& model) {
 int64_t fp8_weight_cast_bytes(models::LanguageModel& model) {
   int64_t bytes = 0;
   for (nn::Parameter* w : model.named_parameters())
-    if (w->fp8 && w->fp8->cache_weight) bytes += 2 * w->numel();
+    if (w->fp8 && w->fp8->recipe.cache_weight) bytes += 2 * w->numel();
   return bytes;
 }
 

@@ -365,7 +365,7 @@ std::vector<std::vector<double>> run_fp8(Context& ctx, DType dtype, bool fp8,
     auto p = std::make_unique<nn::Parameter>(name, shape, nn::InitRule::zeros(), true);
     p->data = ops::from_vector(ctx, v, shape, dtype);
     if (fp8 && shape.rank() == 2) {
-      nn::Fp8Recipe& r = p->fp8.emplace(recipe);
+      nn::Fp8Recipe& r = p->fp8.emplace(nn::Fp8Weight{recipe}).recipe;
       if (split && group) {
         r.feature_group = group;
         r.split[size_t(nn::Fp8Operand::weight)] = nn::Fp8Split::rows;

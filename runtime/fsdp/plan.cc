@@ -237,7 +237,7 @@ std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Modul
   std::vector<std::pair<std::string, std::vector<ParamSpec>>> specs;
   std::set<nn::Parameter*> in_blocks;
   auto spec = [](const nn::Parameter* p) {
-    return ParamSpec{p->name(), p->shape(), p->weight_decay(), p->expert_parallel, 0};
+    return ParamSpec{p->name(), p->shape(), p->weight_decay(), p->placement().split_over_experts(), 0};
   };
   for (const std::vector<nn::Module*>& group : unit_module_groups(model, module_kind, per_unit)) {
     std::vector<ParamSpec> ps, experts, encoded;
@@ -245,11 +245,11 @@ std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Modul
       for (nn::Parameter* p : m->named_parameters()) {
         FSDP_CHECK(in_blocks.insert(p).second, ConfigError, "parameter '", p->name(),
                    "' is shared between two units; shared parameters must live in the root unit");
-        if (codec && !p->expert_parallel && codec->takes(*p)) {
+        if (codec && !p->placement().split_over_experts() && codec->takes(*p)) {
           encoded.push_back(spec(p));
           encoded.back().wire_element_size = codec->wire_element_size();
         } else {
-          (p->expert_parallel ? experts : ps).push_back(spec(p));
+          (p->placement().split_over_experts() ? experts : ps).push_back(spec(p));
         }
       }
     const std::string name = unit_group_name(group);
@@ -260,7 +260,7 @@ std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Modul
   std::vector<ParamSpec> root;
   for (nn::Parameter* p : model.named_parameters()) {
     if (in_blocks.count(p)) continue;
-    FSDP_CHECK(!p->expert_parallel, ConfigError, "expert-parallel parameter '", p->name(),
+    FSDP_CHECK(!p->placement().split_over_experts(), ConfigError, "expert-parallel parameter '", p->name(),
                "' is outside every unit of kind '", module_kind, "': its experts must be part of "
                "a block");
     root.push_back(spec(p));

@@ -33,7 +33,7 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
              " does not end in the ", c, " features of weight ", weight.name(), " ", w.str());
   detail::check_compute_dtype(x, weight, "classifier_loss");
   // A vocabulary-parallel head holds rows [begin, begin + Vp) of the full (Vp_full, C) one.
-  ParallelGroup* group = weight.vocab_parallel;
+  ParallelGroup* group = weight.placement().vocabulary_group;
   const ops::VocabShard shard = group ? vocab_shard(weight) : ops::VocabShard{0, vp};
   FSDP_CHECK(vocab_size > 0 && vocab_size <= shard.total, ShapeError, "classifier_loss: "
              "vocab_size ", vocab_size, " must lie in [1, ", shard.total, "] for weight ",

@@ -19,7 +19,7 @@ DType stat_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DT
 Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
               ops::Epilogue epilogue, const ColumnParallelInput& column) {
   Context& ctx = g.ctx();
-  FSDP_CHECK(!weight.vocab_parallel, ValueError, "linear ", weight.name(), ": the weight is "
+  FSDP_CHECK(!weight.placement().vocabulary_group, ValueError, "linear ", weight.name(), ": the weight is "
              "vocabulary-parallel (its rows are split over the tensor-parallel group), so its "
              "logits would be a part of the vocabulary; only the loss (classifier_loss) runs it");
   // (out, in); a weight gathered in FP8 has only its FP8 bytes (fp8::applies).
@@ -122,8 +122,8 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
   // A vocabulary-parallel table gives each rank's rows (zeros for the ids another rank
   // holds), summed over the group below. The positions are added on the group's rank 0
   // only, so that the sum holds them once; the plan marks wpe's gradient, which only rank 0
-  // computes, tensor_parallel_grad_sum.
-  ParallelGroup* group = wte.vocab_parallel;
+  // computes, Placement::partial_grad.
+  ParallelGroup* group = wte.placement().vocabulary_group;
   const ops::VocabShard shard = group ? vocab_shard(wte) : ops::VocabShard{};
   if (group && group->rank() != 0) wpe = nullptr;
   // The tokens' positions: [0, T), or under context parallelism this rank's two chunks of
@@ -132,8 +132,8 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
     int64_t first, n, at;
   };
   std::vector<Piece> pieces{{0, t, 0}};
-  if (wpe && wpe->sequence_chunks) {
-    const ContextParallelLayout& layout = *wpe->sequence_chunks;
+  if (wpe && wpe->placement().sequence_chunks) {
+    const ContextParallelLayout& layout = *wpe->placement().sequence_chunks;
     FSDP_CHECK(t == layout.local_seq(), ShapeError, "embedding: ", t, " tokens for ", wpe->name(),
                "'s context-parallel chunks of ", layout.local_seq());
     const int64_t n = layout.chunk();
@@ -172,7 +172,7 @@ Tensor embedding(Graph& g, const Tensor& idx, Parameter& wte, Parameter* wpe,
                }
              });
   }
-  return group ? tensor_parallel_leave(g, out, *group, wte.vocab_parallel_sequence) : out;
+  return group ? tensor_parallel_leave(g, out, *group, wte.placement().scatter_sequence) : out;
 }
 
 // ---------------------------------------------------------------- norms

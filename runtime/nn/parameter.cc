@@ -44,15 +44,29 @@ void Parameter::zero_grad(Context& ctx) {
   if (grad.defined()) ops::fill(ctx, grad, 0.0);
 }
 
-void Parameter::set_parallel_slice(ParallelSlice slice) {
+void Parameter::set_placement(Placement placement) {
   FSDP_CHECK(!data.defined() && !grad.defined(), ValueError, "parameter ", name_,
-             ": a parallel slice applies to a spec, before it has data");
-  FSDP_CHECK(!slice_, ValueError, "parameter ", name_, " is already sliced (", slice_->str(), ")");
-  FSDP_CHECK(slice.full_shape == shape_, ShapeError, "parameter ", name_, " ", shape_,
-             ": the slice ", slice.str(), " is of another shape");
-  slice.check();
-  shape_ = slice.local_shape();
-  slice_ = std::move(slice);
+             ": a placement applies to a spec, before it has data");
+  const std::optional<ParallelSlice>& old = placement_.slice;
+  std::optional<ParallelSlice>& slice = placement.slice;
+  if (old) {
+    FSDP_CHECK(slice && slice->str() == old->str(), ValueError, "parameter ", name_,
+               " is already sliced (", old->str(), ")");
+  } else if (slice) {
+    FSDP_CHECK(slice->full_shape == shape_, ShapeError, "parameter ", name_, " ", shape_,
+               ": the slice ", slice->str(), " is of another shape");
+    slice->check();
+    shape_ = slice->local_shape();
+  }
+  placement_ = std::move(placement);
+}
+
+void Parameter::set_parallel_slice(ParallelSlice slice) {
+  FSDP_CHECK(!placement_.slice, ValueError, "parameter ", name_, " is already sliced (",
+             placement_.slice->str(), ")");
+  Placement p = placement_;
+  p.slice = std::move(slice);
+  set_placement(std::move(p));
 }
 
 const Tensor& Parameter::checked_data() const {

@@ -15,9 +15,9 @@
 #include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
-#include "runtime/nn/context_parallel_layout.h"
 #include "runtime/nn/fp8_recipe.h"
 #include "runtime/nn/parallel_slice.h"
+#include "runtime/nn/placement.h"
 
 namespace fsdp::nn {
 
@@ -91,32 +91,17 @@ class Parameter {
   // parameter otherwise.
   const Tensor& checked_data() const;
 
-  // ---- tensor parallelism (set by a plan from outside the model, on specs only)
-  // This rank holds `slice` of the full parameter: shape() becomes the local shape; the
-  // name, the init rule and full_shape() stay those of the full parameter, so every local
-  // element initializes to, and is saved as, its element of the full tensor.
+  // ---- placement (set by the plans from outside the model, on specs only)
+  // How the parameter lies over the model-parallel ranks. With a slice, this rank holds that
+  // part of the full parameter: shape() becomes the local shape; the name, the init rule and
+  // full_shape() stay those of the full parameter, so every local element initializes to,
+  // and is saved as, its element of the full tensor. A slice, once set, stays.
+  const Placement& placement() const { return placement_; }
+  void set_placement(Placement placement);
+  // Shorthands: the slice, and a placement with only `slice` changed.
+  const std::optional<ParallelSlice>& parallel_slice() const { return placement_.slice; }
   void set_parallel_slice(ParallelSlice slice);
-  const std::optional<ParallelSlice>& parallel_slice() const { return slice_; }
-  const Shape& full_shape() const { return slice_ ? slice_->full_shape : shape_; }
-  // The parameter's gradient must be summed over the tensor-parallel group before the
-  // update (a replicated parameter fed by sequence-parallel activations); set by the plan.
-  bool tensor_parallel_grad_sum = false;
-  // Expert parallelism: the experts (dim 0) are split over the expert-parallel group
-  // (set_parallel_slice holds this rank's), so FSDP shards the parameter over the
-  // expert-data-parallel group (the ranks holding the same experts), not the data-parallel
-  // one; set by the plan.
-  bool expert_parallel = false;
-  // A vocabulary-parallel table (token embedding, classifier head): its rows, the
-  // vocabulary, are split over this group (one range per rank, set_parallel_slice), and the
-  // ops that read it (nn::embedding, nn::classifier_loss) combine the ranks' parts.
-  ParallelGroup* vocab_parallel = nullptr;
-  // Sequence parallelism of a vocabulary-parallel token table: the ranks' rows are summed
-  // by a reduce-scatter along the sequence, so each rank keeps the T/tp tokens its first
-  // block takes (instead of an all-reduce and a split).
-  bool vocab_parallel_sequence = false;
-  // Learned positions of a sequence split by context parallelism: the embedding adds the
-  // rows of this rank's positions (ContextParallelLayout) to its tokens.
-  std::optional<ContextParallelLayout> sequence_chunks;
+  const Shape& full_shape() const { return placement_.slice ? placement_.slice->full_shape : shape_; }
   // ---- FP8 (set by a plan from outside the model)
   // The linear layer that owns this weight runs its products in FP8 (Fp8Weight).
   std::optional<Fp8Weight> fp8;
@@ -129,7 +114,7 @@ class Parameter {
   InitRule init_;
   bool weight_decay_;
   std::optional<DType> grad_dtype_;
-  std::optional<ParallelSlice> slice_;
+  Placement placement_;
 };
 
 }  // namespace fsdp::nn

@@ -32,7 +32,9 @@ std::vector<std::string> apply_context_parallel(nn::Module& model,
     }
   }
   if (vocabulary.positions) {
-    vocabulary.positions->sequence_chunks = layout;
+    nn::Placement positions = vocabulary.positions->placement();
+    positions.sequence_chunks = layout;
+    vocabulary.positions->set_placement(positions);
     report.push_back(vocabulary.positions->name() + ": read at this rank's positions");
   }
   return report;

@@ -78,8 +78,10 @@ std::vector<std::string> apply_expert_parallel(nn::Module& model, nn::ExpertPara
     for (nn::Parameter* p : {&layer->experts.fc(), &layer->experts.proj()}) {
       FSDP_CHECK(!p->parallel_slice(), ConfigError, p->name(), " is already split (",
                  p->parallel_slice()->str(), "): expert parallelism does not compose with that");
-      p->set_parallel_slice({p->shape(), 0, {{first, last}}});
-      p->expert_parallel = true;
+      nn::Placement experts = p->placement();
+      experts.slice = nn::ParallelSlice{p->shape(), 0, {{first, last}}};
+      experts.split_over = nn::Placement::SplitOver::expert_parallel;
+      p->set_placement(std::move(experts));
     }
     layer->set_expert_parallel(&group);
     report.push_back(str_cat(layer->name(), ": experts ", first, "..", last - 1, " of ", E));

@@ -74,7 +74,7 @@ Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
     const std::string& name = head->name();
     const size_t local = head->local_name().size() + 1;
     const std::string layer = name.size() > local ? name.substr(0, name.size() - local) : name;
-    if (head->vocab_parallel) {
+    if (head->placement().vocabulary_group) {
       // Its logits' softmax spans the ranks' vocabulary slices (nn::classifier_loss).
       report.bf16_layers.push_back(layer + " (vocabulary-parallel)");
     } else {

@@ -29,7 +29,7 @@ void unpack(Context& ctx, const Tensor& t, const std::vector<ShardRun>& runs, co
 // The tensor-parallel slice a parameter's rows follow, or null (an expert's slice is over
 // the expert-parallel group: every tensor-parallel rank holds it whole).
 const nn::ParallelSlice* tensor_parallel_slice(const nn::Parameter& p) {
-  return p.expert_parallel || !p.parallel_slice() ? nullptr : &*p.parallel_slice();
+  return p.placement().split_over_experts() || !p.parallel_slice() ? nullptr : &*p.parallel_slice();
 }
 
 }  // namespace
@@ -47,7 +47,7 @@ void TensorParallelGradSync::after_reduction(const UnitGradients& unit, Collecti
   int64_t summed_numel = 0, replicated_numel = 0;
   for (const ShardSegment& s : unit.segments) {
     const nn::Parameter& p = *unit.params[size_t(s.param)];
-    if (p.tensor_parallel_grad_sum) {
+    if (p.placement().partial_grad) {
       summed.push_back({s.shard_offset, s.numel});
       summed_numel += s.numel;
       continue;

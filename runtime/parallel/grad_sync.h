@@ -13,7 +13,7 @@
 namespace fsdp {
 
 // Tensor parallelism (apply_tensor_parallel): after the data-parallel reduction, the
-// gradients of parameters marked tensor_parallel_grad_sum (each rank computed a part of
+// gradients of parameters marked Placement::partial_grad (each rank computed a part of
 // them: sequence parallelism, the vocabulary-parallel head's positions) are summed over the
 // group, one all-reduce per unit; rows several ranks hold (replicated key/value heads) add
 // the parts each computed, one all-gather per unit. For norms, a parameter every rank holds

@@ -107,6 +107,13 @@ namespace {
 
 using Ranges = std::vector<std::pair<int64_t, int64_t>>;
 
+// A whole parameter that sees only its rank's tokens: its gradient is summed over the group.
+void mark_partial_grad(nn::Parameter& p) {
+  nn::Placement partial = p.placement();
+  partial.partial_grad = true;
+  p.set_placement(std::move(partial));
+}
+
 // Slices a Linear's weight (out, in) along `dim` by `ranges` (each held by `replicas`
 // ranks; empty: one), and its bias with the rows when column-parallel.
 void slice_linear(nn::Linear& layer, int dim, const Ranges& ranges,
@@ -173,7 +180,7 @@ void mark_sequence_parallel_grads(nn::Module& model, std::vector<std::string>& r
     if (!norm && !row_bias) continue;
     for (const auto& p : m->own_parameters())
       if (norm || p.get() == linear->bias()) {
-        p->tensor_parallel_grad_sum = true;
+        mark_partial_grad(*p);
         report.push_back(p->name() + ": gradient summed over tp");
       }
   }
@@ -190,7 +197,7 @@ void run_moe_on_sequence_parts(nn::MoELayer& moe, nn::ParallelGroup& group, bool
              "and experts run on each rank's part of the sequence");
   moe.set_sequence_parallel(&group);
   for (nn::Parameter* p : {&moe.router.weight(), &moe.experts.fc(), &moe.experts.proj()}) {
-    p->tensor_parallel_grad_sum = true;
+    mark_partial_grad(*p);
     report.push_back(p->name() + ": on this rank's tokens, gradient summed over tp");
   }
 }
@@ -198,11 +205,13 @@ void run_moe_on_sequence_parts(nn::MoELayer& moe, nn::ParallelGroup& group, bool
 // Rows [r Vp/tp, (r+1) Vp/tp) of a vocabulary table, read by the ops as a shard.
 void split_vocabulary(nn::Parameter& table, nn::ParallelGroup& group,
                       std::vector<std::string>& report) {
-  if (table.vocab_parallel) return;  // a tied head: already split as the embedding
+  if (table.placement().vocabulary_group) return;  // a tied head: already split as the embedding
   const auto rows = nn::equal_part(0, table.shape()[0], group.rank(), group.size(),
                                    table.name() + " vocabulary rows");
-  table.set_parallel_slice({table.shape(), 0, {rows}});
-  table.vocab_parallel = &group;
+  nn::Placement split = table.placement();
+  split.slice = nn::ParallelSlice{table.shape(), 0, {rows}};
+  split.vocabulary_group = &group;
+  table.set_placement(std::move(split));
   report.push_back(table.name() + ": vocabulary-parallel");
 }
 
@@ -217,7 +226,7 @@ std::vector<std::string> apply_tensor_parallel(nn::Module& model,
   if (vocabulary.tokens) split_vocabulary(*vocabulary.tokens, group, report);
   if (vocabulary.head) split_vocabulary(*vocabulary.head, group, report);
   if (vocabulary.tokens && vocabulary.positions) {
-    vocabulary.positions->tensor_parallel_grad_sum = true;
+    mark_partial_grad(*vocabulary.positions);
     report.push_back(vocabulary.positions->name() + ": added on rank 0, gradient summed over tp");
   }
   nn::UnaryModule* first_block = nullptr;
@@ -258,7 +267,9 @@ std::vector<std::string> apply_tensor_parallel(nn::Module& model,
   FSDP_CHECK(first_block, ConfigError, "sequence parallelism needs a model of blocks (modules "
              "of kind \"block\") followed by a final norm");
   if (vocabulary.tokens) {
-    vocabulary.tokens->vocab_parallel_sequence = true;
+    nn::Placement scattered = vocabulary.tokens->placement();
+    scattered.scatter_sequence = true;
+    vocabulary.tokens->set_placement(std::move(scattered));
     report.push_back(vocabulary.tokens->name() + ": rows summed by a reduce-scatter along the sequence");
   } else {
     first_block->set_input_transform(

@@ -31,7 +31,7 @@
 // reduce-scatter their output (instead of all-reducing it), and the final norm's output is
 // gathered again for the head. The norms inside and after the blocks and the
 // row-parallel biases then see only their rank's tokens: their gradients are partial sums,
-// marked Parameter::tensor_parallel_grad_sum for FSDP to sum over the group.
+// marked nn::Placement::partial_grad, summed over the group by the grad sync hook.
 #pragma once
 
 #include <string>

@@ -192,14 +192,14 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
                                    name.find("ln_") != std::string::npos ||
                                    name.find("proj.bias") != std::string::npos;
         // GPT-2's positions are added (and get their gradient) on rank 0 only.
-        CHECK(pp[i]->tensor_parallel_grad_sum ==
+        CHECK(pp[i]->placement().partial_grad ==
               (tp > 1 && ((sp && partial_in_sp) || name == "wpe.weight")));
         const bool vocabulary = name == "wte.weight" || name == "embed.weight" || name == "lm_head.weight";
-        CHECK((pp[i]->vocab_parallel != nullptr) == (tp > 1 && vocabulary));
+        CHECK((pp[i]->placement().vocabulary_group != nullptr) == (tp > 1 && vocabulary));
         // What sees only this rank's tokens holds a partial gradient: FSDP sums it over the
         // group (ShardedModel::finish_grad_sync); here the test does.
         // (A rank that computed none of it, as for GPT-2's positions off rank 0, adds zeros.)
-        if (pp[i]->tensor_parallel_grad_sum)
+        if (pp[i]->placement().partial_grad)
           tp_comm.all_reduce(pp[i]->grad_for_accumulation(ctx), ReduceOp::Sum, ctx.stream());
         // A replicated key/value head (on both ranks here): each rank's gradient is the part
         // from its query heads.

@@ -2,6 +2,7 @@
 #include "runtime/nn/functional.h"
 
 #include "kernels/ops.h"
+#include "runtime/nn/dense_product.h"
 #include "runtime/nn/fp8_linear.h"
 #include "runtime/nn/op_support.h"
 #include "runtime/nn/tensor_parallel.h"
@@ -19,23 +20,21 @@ DType stat_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DT
 Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
               ops::Epilogue epilogue, const ColumnParallelInput& column) {
   Context& ctx = g.ctx();
-  FSDP_CHECK(!weight.placement().vocabulary_group, ValueError, "linear ", weight.name(), ": the weight is "
-             "vocabulary-parallel (its rows are split over the tensor-parallel group), so its "
-             "logits would be a part of the vocabulary; only the loss (classifier_loss) runs it");
+  FSDP_CHECK(!weight.placement().vocabulary_group, ValueError, "linear ", weight.name(),
+             ": the weight is vocabulary-parallel (its rows are split over the tensor-parallel "
+             "group), so its logits would be a part of the vocabulary; only the loss "
+             "(classifier_loss) runs it");
   // (out, in); a weight gathered in FP8 has only its FP8 bytes (fp8::applies).
-  const Tensor w = weight.fp8 && weight.fp8->gathered() ? Tensor() : weight.checked_data();
   FSDP_CHECK(weight.shape().rank() == 2, ShapeError, "linear ", weight.name(), ": the weight ",
              weight.shape(), " is not 2-D");
   const int64_t out_f = weight.shape()[0], in_f = weight.shape()[1];
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, ShapeError, "linear ", weight.name(), ": input ",
              x.str(), " does not end in ", in_f, " features");
   detail::check_compute_dtype(x, weight, "linear");
-  const bool gathered = column.group && column.sequence;
-  FSDP_CHECK(!gathered || x.dim() == 3, ShapeError, "linear ", weight.name(), ": a sequence-"
-             "parallel input must be (B, T/tp, C), got ", x.str());
-  // The whole input (B, T, in) under sequence parallelism, gathered from every rank.
-  const Tensor whole = gathered ? SequenceExchange::start_gather(ctx, x, *column.group).finish(ctx) : x;
-  const Tensor x2 = rows(ctx, whole, in_f);  // (N, in)
+  const detail::ProductInput in = detail::product_input(ctx, x, column, in_f, "linear", weight);
+  const bool gathered = in.gathered;
+  const Tensor& whole = in.whole;  // (..., in)
+  const Tensor& x2 = in.rows;      // (N, in)
   const int64_t n = x2.size(0);
   Tensor y = ctx.empty(with_last(whole.shape(), out_f), x.dtype());  // (..., out)
   const bool gelu = epilogue == ops::Epilogue::Gelu;
@@ -46,14 +45,9 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
   // The weight gradient's input: in FP8, its transposed FP8 copy (in, N) from the forward's
   // quantization; under sequence parallelism only this rank's part of the input (gathered
   // again, and quantized again in FP8, in the backward), as the unquantized layer keeps it.
-  ops::Fp8Matrix x_columns;
-  if (use_fp8)
-    x_columns = fp8::forward(ctx, y.view(Shape{n, out_f}), x2, weight,
-                             bias ? bias->checked_data() : Tensor(), epilogue, pre,
-                             records && !gathered);
-  else
-    ops::matmul(ctx, y.view(Shape{n, out_f}), x2, w, false, true, 1.0, 0.0,
-                bias ? bias->checked_data() : Tensor(), epilogue, pre);
+  const ops::Fp8Matrix x_columns =
+      detail::product(ctx, y.view(Shape{n, out_f}), x2, weight, use_fp8,
+                      bias ? bias->checked_data() : Tensor(), epilogue, pre, records && !gathered);
   if (!records) return y;
 
   y = Graph::track(y);

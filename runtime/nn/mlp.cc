@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "kernels/ops.h"
+#include "runtime/nn/dense_product.h"
 #include "runtime/nn/fp8_linear.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/op_support.h"
@@ -48,12 +49,10 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              fc_weight.name(), " ", w_fc, " and ", proj_weight.name(), " ", w_proj,
              " do not fit a ", gelu ? "GELU" : "SwiGLU", " MLP");
   detail::check_compute_dtype(x, fc_weight, "mlp");
-  const bool gathered = column.group && column.sequence;
-  FSDP_CHECK(!gathered || x.dim() == 3, ShapeError, "mlp ", fc_weight.name(), ": a sequence-"
-             "parallel input must be (B, T/tp, C), got ", x.str());
-  // The whole input (B, T, C) under sequence parallelism, gathered from every rank.
-  const Tensor whole = gathered ? SequenceExchange::start_gather(ctx, x, *column.group).finish(ctx) : x;
-  const Tensor x2 = rows(ctx, whole, c);  // (N, C)
+  const detail::ProductInput in = detail::product_input(ctx, x, column, c, "mlp", fc_weight);
+  const bool gathered = in.gathered;
+  const Tensor& whole = in.whole;  // (..., C)
+  const Tensor& x2 = in.rows;      // (N, C)
   const int64_t n = x2.size(0);
   const Tensor b_fc = fc_bias ? fc_bias->checked_data() : Tensor();
   const Tensor b_proj = proj_bias ? proj_bias->checked_data() : Tensor();
@@ -62,14 +61,6 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   const bool fc_fp8 = fp8::applies(fc_weight, n);
   const bool proj_fp8 = fp8::applies(proj_weight, n);
   const bool records = g.should_record({&x}, true);
-  // out (N, out) = in @ W^T [+ b] [Gelu: aux], in FP8 or not; in FP8, with keep_input, the
-  // input's transposed FP8 copy for the weight gradient is returned.
-  auto product = [&](const Tensor& out, const fp8::Source& in, const Parameter& w, bool in_fp8,
-                     const Tensor& b, ops::Epilogue ep, const Tensor& aux, bool keep_input) {
-    if (in_fp8) return fp8::forward(ctx, out, in, w, b, ep, aux, keep_input);
-    ops::matmul(ctx, out, in.x, w.checked_data(), false, true, 1.0, 0.0, b, ep, aux);
-    return ops::Fp8Matrix();
-  };
   ops::Fp8Matrix x_columns, a_columns;  // (C, N), (F, N) FP8: for the FP8 weight gradients
   Tensor h = ctx.empty(Shape{n, h_f}, x.dtype());  // (N, F or 2F): the activation's input
   Tensor a;                                          // (N, F): the activation
@@ -80,9 +71,11 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   const bool keep_x = records && !gathered;
   if (gelu) {
     a = ctx.empty(Shape{n, f}, x.dtype());
-    x_columns = product(a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, keep_x);
+    x_columns =
+        detail::product(ctx, a, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::Gelu, h, keep_x);
   } else {
-    x_columns = product(h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None, Tensor(), keep_x);
+    x_columns = detail::product(ctx, h, x2, fc_weight, fc_fp8, b_fc, ops::Epilogue::None,
+                                Tensor(), keep_x);
     if (!swiglu_in_cast) {
       a = ctx.empty(Shape{n, f}, x.dtype());
       ops::swiglu_forward(ctx, a, h);
@@ -94,9 +87,10 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
   // keeping, written by the forward's cast in the same read, where recomputing it would
   // read the activation's input again (2F values per token for SwiGLU) and, for GELU,
   // write and read the activation too.
-  a_columns = product(y.view(Shape{n, c}),
-                      swiglu_in_cast ? fp8::Source(ops::Fp8CastSource::swiglu, h) : fp8::Source(a), proj_weight,
-                      proj_fp8, b_proj, ops::Epilogue::None, Tensor(), records);
+  const fp8::Source proj_in =
+      swiglu_in_cast ? fp8::Source(ops::Fp8CastSource::swiglu, h) : fp8::Source(a);
+  a_columns = detail::product(ctx, y.view(Shape{n, c}), proj_in, proj_weight, proj_fp8, b_proj,
+                              ops::Epilogue::None, Tensor(), records);
   if (!records) return y;
 
   y = Graph::track(y);

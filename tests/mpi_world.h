@@ -6,6 +6,7 @@
 #include "collectives/mesh.h"
 #include "collectives/world.h"
 #include "runtime/fsdp/sharded_model.h"
+#include "runtime/parallel/data_parallel_groups.h"
 
 namespace fsdp::testing {
 

@@ -57,14 +57,14 @@ struct FilePosition {
 
 FilePosition file_position(const ShardedModel& model, const DataParallelGroups& groups) {
   FilePosition p;
-  p.tp_rank = groups.tensor_parallel ? groups.tensor_parallel->rank() : 0;
+  p.tp_rank = groups.slices ? groups.slices->rank() : 0;
   p.shard_rank = groups.shard_rank();
-  p.ep_rank = groups.expert_parallel ? groups.expert_parallel->rank() : 0;
-  p.expert_shard_rank = groups.experts().shard_rank();
+  p.ep_rank = groups.parts ? groups.parts->rank() : 0;
+  p.expert_shard_rank = groups.part_groups().shard_rank();
   for (int u = 0; u < model.num_units(); ++u) {
     const DataParallelGroups& g = model.unit_groups(u);
     const UnitPlan& plan = model.plan().units()[size_t(u)];
-    FSDP_ASSERT(g.shard_rank() == (plan.experts ? p.expert_shard_rank : p.shard_rank),
+    FSDP_ASSERT(g.shard_rank() == (plan.part ? p.expert_shard_rank : p.shard_rank),
                 "save_checkpoint: unit ", plan.name, " is not sharded over the groups given");
     p.units.push_back(!g.replicate || g.replicate->rank() == 0);
   }
@@ -224,9 +224,9 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
   m.world_size = world_size;
   m.shard_size = groups.shard_size();
   m.replicas = groups.replicate_size();
-  m.tensor_parallel = groups.tensor_parallel ? groups.tensor_parallel->size() : 1;
-  m.expert_parallel = groups.expert_parallel_size();
-  m.expert_shard_size = groups.experts().shard_size();
+  m.tensor_parallel = groups.slices ? groups.slices->size() : 1;
+  m.expert_parallel = groups.parts_size();
+  m.expert_shard_size = groups.part_groups().shard_size();
   m.mesh = progress.mesh;
   m.plan_hash = plan.hash();
   m.shard_block = plan.options().block;
@@ -246,11 +246,11 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
     FSDP_ASSERT(written[i].record.name == shard_file_name(int(i), int(written.size())),
                 "shard file ", written[i].record.name, " is not numbered by its position");
   for (const UnitPlan& u : plan.units()) {
-    m.units.push_back({u.name, u.numel, u.padded_numel, u.shard_numel, u.params, u.experts});
+    m.units.push_back({u.name, u.numel, u.padded_numel, u.shard_numel, u.params, u.part});
     const size_t first = m.params.size();
     for (const ParamPlacement& p : u.params) {
       ParamRecord r{p.name, p.shape, u.name, {}, {}, {}};
-      if (u.experts) {
+      if (u.part) {
         for (int e = 0; e < m.expert_parallel; ++e)
           r.ep_slices.push_back(slice_in_files(written, p.name,
               [e](const FileRecord& f) { return f.ep_rank == e; }, str_cat("expert-parallel rank ", e)));
@@ -267,7 +267,7 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
     for (size_t f = 0; f < written.size(); ++f) {
       const FileRecord& file = written[f].record;
       if (!file.find_tensor(tensor)) continue;  // not a writer of this unit
-      const int shard = u.experts ? file.expert_shard_rank : file.shard_rank;
+      const int shard = u.part ? file.expert_shard_rank : file.shard_rank;
       for (const ShardSegment& s : u.segments(shard)) {
         ParamRecord& r = m.params[first + size_t(s.param)];
         // Slices of the whole parameter, by global coordinates: an expert-parallel rank's

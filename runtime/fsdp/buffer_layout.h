@@ -26,7 +26,7 @@ struct PersistentLayout {
 PersistentLayout persistent_layout(const ShardingPlan& plan, const FsdpOptions& options);
 
 // Elements of one pool slot: the largest block's full buffer, with its companions' after it
-// (an experts or encoded unit is gathered and reduced with its block, in the same slot). For
+// (a part or encoded unit is gathered and reduced with its block, in the same slot). For
 // the gathered weights (`weights`) an encoded unit takes its wire bytes in elements of
 // compute_dtype; for the gradients, its elements.
 int64_t block_slot_numel(const ShardingPlan& plan, DType compute_dtype, bool weights);

@@ -100,7 +100,7 @@ double ShardedModel::grad_norm() {
   }
   // Each unit's total, its blocks added in f64: f32 block sums add exactly there unless
   // their magnitudes span more than 2^29, so a unit's total is the same however its blocks
-  // are split among ranks (or its parameters among units, as experts are under expert
+  // are split among ranks (or its parameters among units, as part units
   // parallelism).
   Tensor totals = ctx.empty(Shape{n_units}, DType::f64);
   for (int u = 0; u < n_units; ++u) {

@@ -79,9 +79,9 @@ int UnitPlan::param_index(const std::string& pname) const {
 ShardingPlan ShardingPlan::build(
     const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units,
     const PlanOptions& options) {
-  FSDP_CHECK(options.dp_size >= 1 && options.expert_dp_size >= 1, ConfigError,
-             "data-parallel sizes must be >= 1, got ", options.dp_size, " and (experts) ",
-             options.expert_dp_size);
+  FSDP_CHECK(options.dp_size >= 1 && options.part_dp_size >= 1, ConfigError,
+             "data-parallel sizes must be >= 1, got ", options.dp_size, " and (part units) ",
+             options.part_dp_size);
   FSDP_CHECK(options.block >= kParamAlign && options.block % kParamAlign == 0, ConfigError,
              "shard block must be a positive multiple of ", kParamAlign, ", got ", options.block);
   ShardingPlan plan;
@@ -91,17 +91,18 @@ ShardingPlan ShardingPlan::build(
     FSDP_CHECK(unit_names.insert(uname).second, ValueError, "unit '", uname, "' appears twice");
     UnitPlan u;
     u.name = uname;
-    const auto experts = std::count_if(specs.begin(), specs.end(), [](const ParamSpec& s) { return s.expert; });
-    FSDP_CHECK(experts == 0 || experts == int64_t(specs.size()), ValueError, "unit '", uname,
-               "' mixes expert-parallel parameters with others; experts go in a unit of their own");
-    u.experts = experts > 0;
+    const auto parts = std::count_if(specs.begin(), specs.end(), [](const ParamSpec& s) { return s.part; });
+    FSDP_CHECK(parts == 0 || parts == int64_t(specs.size()), ValueError, "unit '", uname,
+               "' mixes parameters whose parts differ within the data-parallel group with "
+               "others; they go in a unit of their own");
+    u.part = parts > 0;
     const int64_t wire = specs.empty() ? 0 : specs.front().wire_element_size;
     const bool alike = std::all_of(specs.begin(), specs.end(),
                                    [&](const ParamSpec& s) { return s.wire_element_size == wire; });
-    FSDP_CHECK(wire >= 0 && alike && (wire == 0 || !u.experts), ValueError, "unit '", uname,
+    FSDP_CHECK(wire >= 0 && alike && (wire == 0 || !u.part), ValueError, "unit '", uname,
                "' mixes weights gathered through a codec with others; they go in a unit of their own");
     u.wire_element_size = wire;
-    u.dp_size = u.experts ? options.expert_dp_size : options.dp_size;
+    u.dp_size = u.part ? options.part_dp_size : options.dp_size;
     // Decayed parameters first (stable: model order within each group).
     std::vector<const ParamSpec*> ordered;
     for (const ParamSpec& s : specs)
@@ -170,12 +171,12 @@ struct Fnv {
 uint64_t ShardingPlan::hash() const {
   Fnv f;
   f.i64(options_.dp_size);
-  f.i64(options_.expert_dp_size);
+  f.i64(options_.part_dp_size);
   f.i64(options_.block);
   f.i64(int64_t(options_.strategy));
   for (const UnitPlan& u : units_) {
     f.str(u.name);
-    f.i64(u.experts);
+    f.i64(u.part);
     f.i64(u.wire_element_size);
     f.i64(u.padded_numel);
     for (const ParamPlacement& p : u.params) {
@@ -189,11 +190,11 @@ uint64_t ShardingPlan::hash() const {
 }
 
 std::string ShardingPlan::describe() const {
-  const std::string experts_dp = options_.expert_dp_size == options_.dp_size
-                                     ? ""
-                                     : str_cat(" (experts: ", options_.expert_dp_size, ")");
+  const std::string part_dp = options_.part_dp_size == options_.dp_size
+                                  ? ""
+                                  : str_cat(" (part units: ", options_.part_dp_size, ")");
   std::string out = str_cat("sharding plan: ", strategy_name(options_.strategy), ", dp ",
-                            options_.dp_size, experts_dp, ", ", units_.size(), " units\n");
+                            options_.dp_size, part_dp, ", ", units_.size(), " units\n");
   char line[256];
   std::snprintf(line, sizeof line, "  %-16s %7s %14s %14s %14s\n", "unit", "params", "elements",
                 "padded", "shard");
@@ -233,36 +234,39 @@ std::string unit_group_name(const std::vector<nn::Module*>& group) {
 std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
                                                                        const std::string& module_kind,
                                                                        int per_unit,
-                                                                       const GatherCodec* codec) {
+                                                                       const GatherCodec* codec,
+                                                                       const std::string& part_name) {
   std::vector<std::pair<std::string, std::vector<ParamSpec>>> specs;
   std::set<nn::Parameter*> in_blocks;
   auto spec = [](const nn::Parameter* p) {
-    return ParamSpec{p->name(), p->shape(), p->weight_decay(), p->placement().split_over_experts(), 0};
+    return ParamSpec{p->name(), p->shape(), p->weight_decay(),
+                     p->placement().parts_within_data_parallel(), 0};
   };
   for (const std::vector<nn::Module*>& group : unit_module_groups(model, module_kind, per_unit)) {
-    std::vector<ParamSpec> ps, experts, encoded;
+    std::vector<ParamSpec> ps, parts, encoded;
     for (nn::Module* m : group)
       for (nn::Parameter* p : m->named_parameters()) {
         FSDP_CHECK(in_blocks.insert(p).second, ConfigError, "parameter '", p->name(),
                    "' is shared between two units; shared parameters must live in the root unit");
-        if (codec && !p->placement().split_over_experts() && codec->takes(*p)) {
+        const bool part = p->placement().parts_within_data_parallel();
+        if (codec && !part && codec->takes(*p)) {
           encoded.push_back(spec(p));
           encoded.back().wire_element_size = codec->wire_element_size();
         } else {
-          (p->placement().split_over_experts() ? experts : ps).push_back(spec(p));
+          (part ? parts : ps).push_back(spec(p));
         }
       }
     const std::string name = unit_group_name(group);
     specs.emplace_back(name, std::move(ps));
-    if (!experts.empty()) specs.emplace_back(name + ".experts", std::move(experts));
+    if (!parts.empty()) specs.emplace_back(name + "." + part_name, std::move(parts));
     if (!encoded.empty()) specs.emplace_back(name + "." + codec->name(), std::move(encoded));
   }
   std::vector<ParamSpec> root;
   for (nn::Parameter* p : model.named_parameters()) {
     if (in_blocks.count(p)) continue;
-    FSDP_CHECK(!p->placement().split_over_experts(), ConfigError, "expert-parallel parameter '", p->name(),
-               "' is outside every unit of kind '", module_kind, "': its experts must be part of "
-               "a block");
+    FSDP_CHECK(!p->placement().parts_within_data_parallel(), ConfigError, "parameter '", p->name(),
+               "' (its parts differ within the data-parallel group) is outside every unit of "
+               "kind '", module_kind, "': it must be part of a block");
     root.push_back(spec(p));
   }
   specs.emplace_back("root", std::move(root));

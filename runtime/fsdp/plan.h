@@ -51,7 +51,9 @@ struct ParamSpec {
   std::string name;  // full dotted name, unique in the model
   Shape shape;
   bool weight_decay = false;
-  bool expert = false;  // Parameter::expert_parallel: sharded over the expert-data-parallel group
+  // Its ranks' parts differ within the data-parallel group (nn::Placement::
+  // parts_within_data_parallel): sharded over the part groups, in a part unit.
+  bool part = false;
   // Gathered through a gather codec (gather_codec.h) at this many bytes per element: goes in
   // an encoded unit; 0: gathered as compute weights.
   int64_t wire_element_size = 0;
@@ -83,20 +85,21 @@ struct DecayRange {
 };
 
 struct UnitPlan {
-  std::string name;  // e.g. "root" or the block module's name, "h.3"; "h.3.experts"
+  std::string name;  // e.g. "root" or the block module's name, "h.3"; "h.3.<part name>"
   std::vector<ParamPlacement> params;
-  // An experts unit holds a block's expert-parallel parameters: it is sharded over the
-  // expert-data-parallel group (expert_dp_size ranks) and gathered and reduced with its
-  // block's unit, which precedes it in the plan.
-  bool experts = false;
+  // A part unit holds a block's parameters whose parts differ within the data-parallel
+  // group (ParamSpec::part): it is sharded over the ranks holding the same part
+  // (part_dp_size of them) and gathered and reduced with its block's unit, which precedes
+  // it in the plan.
+  bool part = false;
   // An encoded unit holds a block's weights that are all-gathered through a gather codec:
   // wire_element_size bytes per element on the wire and in the gathered buffer (0: not
-  // encoded). It follows its block's unit as an experts unit does (after it, if the block
-  // has one).
+  // encoded). It follows its block's unit as a part unit does (after it, if the block has
+  // one).
   int64_t wire_element_size = 0;
   bool encoded() const { return wire_element_size > 0; }
-  // Experts and encoded units are companions: gathered and reduced with their block's unit.
-  bool companion() const { return experts || encoded(); }
+  // Part and encoded units are companions: gathered and reduced with their block's unit.
+  bool companion() const { return part || encoded(); }
   int dp_size = 1;           // the ranks the unit is sharded over
   int64_t numel = 0;         // used elements, alignment gaps included
   int64_t padded_numel = 0;  // a multiple of dp_size * block
@@ -115,14 +118,14 @@ struct PlanOptions {
   int dp_size = 1;
   int64_t block = 4096;  // shard granularity in elements (see the file comment)
   ShardingStrategy strategy = ShardingStrategy::OptimGradsParams;
-  int expert_dp_size = 1;  // what experts units are sharded over (expert parallelism)
+  int part_dp_size = 1;  // what part units are sharded over
 };
 
 class ShardingPlan {
  public:
   // `units[i]` lists the parameters of unit i in the model's order; each parameter must
   // appear in exactly one unit (a shared parameter, such as a tied embedding, once). A unit
-  // whose parameters are all experts (ParamSpec::expert) is an experts unit, one whose
+  // whose parameters are all ParamSpec::part is a part unit, one whose
   // parameters all have a ParamSpec::wire_element_size an encoded unit; one that mixes
   // either kind with other parameters is refused.
   static ShardingPlan build(const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units,
@@ -159,14 +162,16 @@ std::vector<std::vector<nn::Module*>> unit_module_groups(nn::Module& model,
 std::string unit_group_name(const std::vector<nn::Module*>& group);
 
 // The units of `model` as fully_shard() forms them: one per group of `per_unit` modules of
-// `module_kind` in forward order (named by unit_group_name), each followed by an experts unit
-// ("<name>.experts") when the group has expert-parallel parameters, and with a gather
+// `module_kind` in forward order (named by unit_group_name), each followed by a part unit
+// ("<name>.<part_name>") when the group has parameters whose parts differ within the
+// data-parallel group (DataParallelGroups::part_name names them), and with a gather
 // `codec` by an encoded unit ("<name>.<codec name>") holding the group's parameters the codec
 // takes, then "root" with every other parameter (a parameter shared by several modules
 // appears once, in the root). The input of ShardingPlan::build.
 std::vector<std::pair<std::string, std::vector<ParamSpec>>> unit_specs(nn::Module& model,
                                                                        const std::string& module_kind,
                                                                        int per_unit = 1,
-                                                                       const GatherCodec* codec = nullptr);
+                                                                       const GatherCodec* codec = nullptr,
+                                                                       const std::string& part_name = "parts");
 
 }  // namespace fsdp

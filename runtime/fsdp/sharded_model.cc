@@ -63,50 +63,16 @@ std::unique_ptr<ShardedModel> fully_shard(Context& ctx, nn::Module& model,
   return std::make_unique<ShardedModel>(ctx, model, groups, options);
 }
 
-DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrategy strategy) {
-  const Mesh& mesh = comms.mesh();
-  DataParallelGroups g;
-  if (mesh.size(MeshAxis::tp) > 1) g.tensor_parallel = &comms.axis(MeshAxis::tp);
-  // Context-parallel ranks join the data-parallel ones (their groups span dp x cp).
-  const int cp = mesh.size(MeshAxis::cp);
-  if (strategy == ShardingStrategy::NoShard) {
-    if (mesh.dp_size() * cp > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp);
-    if (mesh.size(MeshAxis::ep) > 1) {
-      g.expert_parallel = &comms.axis(MeshAxis::ep);
-      if (mesh.dp_size() / mesh.size(MeshAxis::ep) * cp > 1)
-        g.expert_replicate = &comms.reduce_scatter_comm(DpGroup::expert_dp);
-    }
-    return g;
-  }
-  const int ep = mesh.size(MeshAxis::ep);
-  if (mesh.size(MeshAxis::dp_shard) * cp * ep > 1) {
-    g.shard_gather = &comms.all_gather_comm(DpGroup::dp_shard);
-    g.shard_reduce = &comms.reduce_scatter_comm(DpGroup::dp_shard);
-  }
-  if (mesh.size(MeshAxis::dp_outer) > 1) g.replicate = &comms.reduce_scatter_comm(DpGroup::dp_outer);
-  if (ep > 1) {
-    // Expert parallelism: the ranks that hold the same experts are the data-parallel ones
-    // without the ep axis (the dense groups above span it).
-    g.expert_parallel = &comms.axis(MeshAxis::ep);
-    if (mesh.size(MeshAxis::dp_shard) * cp > 1) {
-      g.expert_shard_gather = &comms.all_gather_comm(DpGroup::expert_dp_shard);
-      g.expert_shard_reduce = &comms.reduce_scatter_comm(DpGroup::expert_dp_shard);
-    }
-    g.expert_replicate = g.replicate;  // dp_outer: the same ranks for both
-  }
-  return g;
-}
-
 // ---------------------------------------------------------------- units
 
 void ShardedModel::build_units() {
   const FsdpOptions& o = shared_.options;
   const char* kind = unit_module_kind(o.unit_kind);
-  const auto specs = unit_specs(model_, kind, o.blocks_per_unit, codec_);
+  const auto specs = unit_specs(model_, kind, o.blocks_per_unit, codec_, shared_.groups.part_name);
   const auto groups = unit_module_groups(model_, kind, o.blocks_per_unit);
   PlanOptions po;
   po.dp_size = shared_.groups.shard_size();
-  po.expert_dp_size = shared_.expert_groups.shard_size();
+  po.part_dp_size = shared_.part_groups.shard_size();
   po.block = o.shard_block;
   po.strategy = o.strategy;
   plan_ = ShardingPlan::build(specs, po);
@@ -115,7 +81,7 @@ void ShardedModel::build_units() {
   // unit's parameters in the plan's order (decayed first).
   std::map<std::string, nn::Parameter*> by_name;
   for (nn::Parameter* p : model_.named_parameters()) by_name[p->name()] = p;
-  // An experts or encoded unit follows its block's unit, which hands it every event (no hooks).
+  // A part or encoded unit follows its block's unit, which hands it every event (no hooks).
   size_t group = 0;
   for (size_t i = 0; i < plan_.units().size(); ++i) {
     const UnitPlan& up = plan_.units()[i];
@@ -157,7 +123,7 @@ void ShardedModel::check_plan_across_ranks() {
   Context& ctx = shared_.ctx;
   const uint64_t h = plan_.hash();
   for (Communicator* c : {shared_.groups.shard_gather, shared_.groups.replicate,
-                         shared_.groups.expert_shard_gather, shared_.groups.expert_parallel}) {
+                         shared_.groups.part_shard_gather, shared_.groups.parts}) {
     if (!c || c->size() == 1) continue;
     Tensor mine = ctx.empty_host(Shape{1}, DType::i64);
     mine.data<int64_t>()[0] = int64_t(h);

@@ -48,7 +48,6 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/mesh.h"
 #include "runtime/autograd/graph.h"
 #include "runtime/core/context.h"
 #include "runtime/fsdp/buffer_layout.h"
@@ -63,9 +62,7 @@
 
 namespace fsdp {
 
-// The groups a strategy uses on a mesh: the ZeRO strategies shard over dp_shard and
-// replicate over dp_outer (HSDP when dp_outer > 1); no_shard replicates over all of dp.
-DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrategy strategy);
+// (The groups of a device mesh: runtime/parallel/data_parallel_groups.h.)
 
 class ShardedModel {
  public:
@@ -131,8 +128,8 @@ class ShardedModel {
   int num_units() const { return int(units_.size()); }
   int shard_rank() const { return shared_.groups.shard_rank(); }
   int shard_size() const { return shared_.groups.shard_size(); }
-  // The groups unit u is sharded and replicated over: an experts unit's are the expert
-  // groups (DataParallelGroups::experts()), whose shard rank and size differ from the above.
+  // The groups unit u is sharded and replicated over: a part unit's are the part groups
+  // (DataParallelGroups::part_groups()), whose shard rank and size differ from the above.
   const DataParallelGroups& unit_groups(int u) const { return unit(u).groups(); }
 
   // ---- reports

@@ -8,7 +8,7 @@
 
 namespace fsdp {
 UnitShared::UnitShared(Context& c, const FsdpOptions& o, const DataParallelGroups& g)
-    : ctx(c), options(o), groups(g), expert_groups(g.experts()), calls(c, o.time_collectives, o.skip_collectives) {
+    : ctx(c), options(o), groups(g), part_groups(g.part_groups()), calls(c, o.time_collectives, o.skip_collectives) {
   // Collectives on their own streams (high priority: scheduled ahead of compute when both
   // are ready), unless overlap is turned off for that kind.
   gather_stream = c.is_cuda() && o.overlap_gather ? Stream::create_cuda(c.device().index, -1)
@@ -34,7 +34,7 @@ void FsdpUnit::set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
 
 void FsdpUnit::add_companion(FsdpUnit* companion) {
   FSDP_ASSERT(companion && companion->plan().companion() && !plan_.companion() && !is_root_,
-              "an experts or encoded unit follows a block's unit");
+              "a part or encoded unit follows a block's unit");
   companions_.push_back(companion);
 }
 

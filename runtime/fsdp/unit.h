@@ -48,25 +48,26 @@ struct DataParallelGroups {
   Communicator* shard_gather = nullptr;
   Communicator* shard_reduce = nullptr;
   Communicator* replicate = nullptr;
-  // Tensor parallelism: the group over which parameters are sliced (ParallelSlice). The
-  // scheduler never reduces over it; norms of sliced parameters are summed over it.
-  Communicator* tensor_parallel = nullptr;
-  // Expert parallelism (null without it): expert-parallel parameters
-  // (Parameter::expert_parallel) are sharded and replicated over the expert-data-parallel
-  // groups instead (the ranks that hold the same experts; null when of one rank), and the
-  // sums of their norms run over expert_parallel too (its ranks hold other experts).
-  Communicator* expert_shard_gather = nullptr;
-  Communicator* expert_shard_reduce = nullptr;
-  Communicator* expert_replicate = nullptr;
-  Communicator* expert_parallel = nullptr;
-  int expert_parallel_size() const { return expert_parallel ? expert_parallel->size() : 1; }
-  // The groups of an experts unit: the expert groups in the places of the shard and
-  // replicate groups.
-  DataParallelGroups experts() const {
+  // The group whose ranks hold the other slices of sliced parameters (nn::ParallelSlice),
+  // or null. FSDP never communicates over it; checkpoints number their files by it.
+  Communicator* slices = nullptr;
+  // Parameters whose parts differ within the data-parallel group
+  // (nn::Placement::parts_within_data_parallel) are sharded and replicated over the ranks
+  // holding the same part instead: the part groups (null when of one rank). `parts` is the
+  // group of the ranks holding the other parts, or null; `part_name` names their units.
+  Communicator* part_shard_gather = nullptr;
+  Communicator* part_shard_reduce = nullptr;
+  Communicator* part_replicate = nullptr;
+  Communicator* parts = nullptr;
+  std::string part_name = "parts";
+  int parts_size() const { return parts ? parts->size() : 1; }
+  // The groups of a part unit: the part groups in the places of the shard and replicate
+  // groups.
+  DataParallelGroups part_groups() const {
     DataParallelGroups g = *this;
-    g.shard_gather = expert_shard_gather;
-    g.shard_reduce = expert_shard_reduce;
-    g.replicate = expert_replicate;
+    g.shard_gather = part_shard_gather;
+    g.shard_reduce = part_shard_reduce;
+    g.replicate = part_replicate;
     return g;
   }
   int shard_size() const { return shard_gather ? shard_gather->size() : 1; }
@@ -95,7 +96,7 @@ struct UnitShared {
   Context& ctx;
   FsdpOptions options;
   DataParallelGroups groups;
-  DataParallelGroups expert_groups;  // groups.experts(): what experts units use
+  DataParallelGroups part_groups;  // groups.part_groups(): what part units use
   Stream gather_stream, reduce_stream;  // the compute stream when overlap is off
   std::unique_ptr<BufferPool> gather_pool, grad_pool;  // ZeRO-3 weights; ZeRO-2/3 gradients
   CollectiveCalls calls;
@@ -115,9 +116,9 @@ struct UnitShared {
   // Whether collectives over `c` really run (a group of one, or skip_collectives: no).
   bool communicates(const Communicator* c) const { return calls.communicates(c); }
   // Whether the shard group's buffers are registrable (nccl_ub with more than one shard;
-  // never with expert parallelism, whose units span two groups).
+  // never with part units, which span two groups).
   bool registered_memory() const {
-    return options.nccl_ub && groups.shard_size() > 1 && !groups.expert_parallel;
+    return options.nccl_ub && groups.shard_size() > 1 && !groups.parts;
   }
 };
 
@@ -135,7 +136,7 @@ class FsdpUnit {
   // embedding is used at both ends; the last block: its backward comes next).
   void set_neighbours(std::vector<FsdpUnit*> forward_prefetch,
                       std::vector<FsdpUnit*> backward_prefetch, bool keep_for_backward);
-  // A block's experts unit (plan().experts, sharded over other groups) or encoded unit
+  // A block's part unit (plan().part, sharded over other groups) or encoded unit
   // (plan().encoded(), gathered through the gather codec): it has no hooks of its own but
   // follows this unit through every event, its full weights and gradients in the tail of
   // this unit's pool slots, after those of the companions added before it.
@@ -177,9 +178,9 @@ class FsdpUnit {
   void bind_grads(const Tensor& full);
 
   // ---- identity and buffers (laid out by the ShardedModel)
-  // The groups this unit is sharded and replicated over (the expert groups for an experts
+  // The groups this unit is sharded and replicated over (the part groups for a part
   // unit), its rank in the shard group and the group's size.
-  const DataParallelGroups& groups() const { return plan_.experts ? s_.expert_groups : s_.groups; }
+  const DataParallelGroups& groups() const { return plan_.part ? s_.part_groups : s_.groups; }
   int shard_rank() const { return groups().shard_rank(); }
   int shard_size() const { return groups().shard_size(); }
   int index() const { return index_; }

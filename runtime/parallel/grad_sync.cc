@@ -119,12 +119,12 @@ void ExpertParallelGradSync::after_reduction(const UnitGradients& unit, Collecti
                                              Context& ctx) {
   (void)calls;
   const int ep = group_ ? group_->size() : 1;
-  if (ep == 1 || !unit.plan.experts) return;
+  if (ep == 1 || !unit.plan.part) return;
   ops::scale(ctx, unit.grad_shard, unit.grad_shard, 1.0 / ep);
 }
 
 void ExpertParallelGradSync::split_groups(const UnitPlan& unit, std::vector<Communicator*>* groups) const {
-  if (unit.experts) groups->push_back(group_);
+  if (unit.part) groups->push_back(group_);
 }
 
 }  // namespace fsdp

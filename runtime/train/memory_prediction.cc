@@ -17,13 +17,13 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   PlanOptions po;
   const bool sharded = fo.strategy != ShardingStrategy::NoShard;
   // Experts shard over the data-parallel ranks that hold them; the rest over ep too.
-  po.expert_dp_size = sharded ? mesh.size(MeshAxis::dp_shard) * mesh.size(MeshAxis::cp) : 1;
-  po.dp_size = po.expert_dp_size * (sharded ? mesh.size(MeshAxis::ep) : 1);
+  po.part_dp_size = sharded ? mesh.size(MeshAxis::dp_shard) * mesh.size(MeshAxis::cp) : 1;
+  po.dp_size = po.part_dp_size * (sharded ? mesh.size(MeshAxis::ep) : 1);
   po.block = fo.shard_block;
   po.strategy = fo.strategy;
   MemoryPrediction p;
   p.plan = ShardingPlan::build(unit_specs(model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit,
-                                                fo.gather_codec.get()), po);
+                                                fo.gather_codec.get(), "experts"), po);
   p.fsdp = estimate_memory(p.plan, fo);
   p.optimizer_state = optimizer_state_bytes(p.plan, optimizer_kind_from_name(recipe.optimizer.optimizer),
                                             dtype_from_name(recipe.optimizer.moments_dtype));

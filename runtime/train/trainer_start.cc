@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "runtime/parallel/data_parallel_groups.h"
 
 #if FSDP_WITH_CUDA
 #include "kernels/cuda/matmul.h"

@@ -45,7 +45,7 @@ class TinyTraining {
                int dp_size, bool llama = false);
   // A model of `config`; with `expert_parallel` (a group of more than one rank, whose ranks
   // take different data: dp_rank and dp_size count them) its MoE layers' experts are split
-  // over that group (apply_expert_parallel) and sharded over groups.experts().
+  // over that group (apply_expert_parallel) and sharded over groups.part_groups().
   TinyTraining(const models::ModelConfig& config, ShardingStrategy strategy,
                const DataParallelGroups& groups, int dp_rank, int dp_size,
                Communicator* expert_parallel = nullptr);

@@ -27,6 +27,7 @@
 #include "runtime/checkpoint/load.h"
 #include "runtime/checkpoint/save.h"
 #include "runtime/checkpoint/sha256.h"
+#include "runtime/parallel/data_parallel_groups.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
 #include "tests/mpi_world.h"
 #include "tests/test_support.h"

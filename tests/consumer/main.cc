@@ -13,6 +13,7 @@
 #include "runtime/autograd/graph.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/data_parallel_groups.h"
 
 namespace {
 

@@ -34,6 +34,7 @@
 #include "runtime/fsdp/sharded_model.h"
 #include "tests/mpi_world.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/data_parallel_groups.h"
 #include "tests/test_support.h"
 
 using namespace fsdp;

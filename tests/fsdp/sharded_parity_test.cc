@@ -13,6 +13,7 @@
 #include "runtime/fsdp/memory.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/data_parallel_groups.h"
 #include "tests/mpi_world.h"
 #include "tests/test_support.h"
 

@@ -29,6 +29,7 @@
 #include "runtime/core/error.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/data_parallel_groups.h"
 
 namespace {
 

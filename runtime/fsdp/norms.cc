@@ -49,22 +49,10 @@ Tensor ShardedModel::counted(int u, const Tensor& shard) {
   return out;
 }
 
-double ShardedModel::grad_norm() {
-  // Per unit, the sums of squares of fixed-size blocks of the elements this rank counts,
-  // gathered over the unit's shard group in rank order (one all-gather per group, for all
-  // its units), and summed per unit; each unit's total is then summed over its split
-  // groups (the ranks holding its parameters' other parts). The totals come back in one
-  // transfer and are added on the host in unit order. The blocks are the same for any
-  // number of shards, so without split groups the norm has the same bits for every
-  // data-parallel layout.
-  Context& ctx = shared_.ctx;
-  const int64_t block = shared_.options.shard_block;
-  const int n_units = num_units();
-  std::vector<Tensor> partials(static_cast<size_t>(n_units));
-  for (int u = 0; u < n_units; ++u)
-    partials[size_t(u)] = ops::block_sum_squares(ctx, counted(u, unit(u).grad_shard), block);
-
+std::vector<Tensor> ShardedModel::gather_block_sums(const std::vector<Tensor>& partials) {
   // Units by shard group; one all-gather of each group's units' partials, packed.
+  Context& ctx = shared_.ctx;
+  const int n_units = num_units();
   std::vector<Communicator*> gather_groups;
   std::vector<std::vector<int>> members;
   for (int u = 0; u < n_units; ++u) {
@@ -98,21 +86,15 @@ double ShardedModel::grad_norm() {
       at += partials[size_t(u)].numel();
     }
   }
-  // Each unit's total, its blocks added in f64: f32 block sums add exactly there unless
-  // their magnitudes span more than 2^29, so a unit's total is the same however its blocks
-  // are split among ranks (or its parameters among units, as part units
-  // parallelism).
-  Tensor totals = ctx.empty(Shape{n_units}, DType::f64);
-  for (int u = 0; u < n_units; ++u) {
-    const Tensor& blocks = per_rank[size_t(u)];
-    ops::copy(ctx, totals.narrow(0, u, 1),
-              ops::sum(ctx, blocks.dtype() == DType::f64 ? blocks : ops::cast(ctx, blocks, DType::f64)));
-  }
+  return per_rank;
+}
 
-  // Over the split groups: the units sharing a list of groups, packed, one all-reduce each.
+void ShardedModel::sum_over_split_groups(const Tensor& totals) {
+  // The units sharing a list of groups, packed, one all-reduce each.
+  Context& ctx = shared_.ctx;
   std::vector<std::vector<Communicator*>> group_lists;
   std::vector<std::vector<int>> sharing;
-  for (int u = 0; u < n_units; ++u) {
+  for (int u = 0; u < num_units(); ++u) {
     std::vector<Communicator*> groups;
     for (Communicator* c : split_groups(u))
       if (shared_.communicates(c)) groups.push_back(c);
@@ -130,6 +112,33 @@ double ShardedModel::grad_norm() {
     for (size_t i = 0; i < sharing[k].size(); ++i)
       ops::copy(ctx, totals.narrow(0, sharing[k][i], 1), packed.narrow(0, int64_t(i), 1));
   }
+}
+
+double ShardedModel::grad_norm() {
+  // Per unit, the sums of squares of fixed-size blocks of the elements this rank counts,
+  // gathered over the unit's shard group in rank order (one all-gather per group, for all
+  // its units), and summed per unit; each unit's total is then summed over its split
+  // groups (the ranks holding its parameters' other parts). The totals come back in one
+  // transfer and are added on the host in unit order. The blocks are the same for any
+  // number of shards, so without split groups the norm has the same bits for every
+  // data-parallel layout.
+  Context& ctx = shared_.ctx;
+  const int64_t block = shared_.options.shard_block;
+  const int n_units = num_units();
+  std::vector<Tensor> partials(static_cast<size_t>(n_units));
+  for (int u = 0; u < n_units; ++u)
+    partials[size_t(u)] = ops::block_sum_squares(ctx, counted(u, unit(u).grad_shard), block);
+  const std::vector<Tensor> per_rank = gather_block_sums(partials);
+  // Each unit's total, its blocks added in f64: f32 block sums add exactly there unless
+  // their magnitudes span more than 2^29, so a unit's total is the same however its blocks
+  // are split among ranks (or its parameters among units, as part units split them).
+  Tensor totals = ctx.empty(Shape{n_units}, DType::f64);
+  for (int u = 0; u < n_units; ++u) {
+    const Tensor& blocks = per_rank[size_t(u)];
+    ops::copy(ctx, totals.narrow(0, u, 1),
+              ops::sum(ctx, blocks.dtype() == DType::f64 ? blocks : ops::cast(ctx, blocks, DType::f64)));
+  }
+  sum_over_split_groups(totals);
   double sum = 0;
   for (double v : ops::to_vector<double>(ctx, totals)) sum += v;
   return std::sqrt(sum) * grad_multiplier();

@@ -177,6 +177,11 @@ class ShardedModel {
   // `shard` (unit u's layout) with the runs the hooks mark uncounted zeroed (a copy; or
   // `shard` itself when there are none).
   Tensor counted(int u, const Tensor& shard);
+  // The gradient norm's two exchanges: each unit's block sums gathered over its shard
+  // group ((ranks, blocks) per unit; one all-gather per group, packed), and the units'
+  // totals ((units) f64) summed in place over their split groups.
+  std::vector<Tensor> gather_block_sums(const std::vector<Tensor>& partials);
+  void sum_over_split_groups(const Tensor& totals);
   FsdpUnit& unit(int u) { return *units_[size_t(u)]; }
   const FsdpUnit& unit(int u) const { return *units_[size_t(u)]; }
 

@@ -26,10 +26,6 @@ void detail::mlp_activation(Context& ctx, MlpActivation act, const Tensor& out, 
     ops::swiglu_forward(ctx, out, h);
 }
 
-namespace {
-
-}  // namespace
-
 // (Over 80 lines on purpose: an op's forward and the backward closure it records are one
 // function, so the tensors the forward saves and the backward reads stay in one view.)
 Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,

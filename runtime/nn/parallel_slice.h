@@ -54,6 +54,10 @@ struct ParallelSlice {
   int64_t local_of(int64_t full, int64_t n) const;
 
   std::string str() const;  // "dim 0 of (96, 32): [0, 16) [32, 40) [64, 72)"
+  bool operator==(const ParallelSlice& o) const {
+    return full_shape == o.full_shape && dim == o.dim && ranges == o.ranges &&
+           replicas == o.replicas;
+  }
 };
 
 // The equal part `rank` of `parts` of the range [begin, end): [begin + rank * len, ... + len)

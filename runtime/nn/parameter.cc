@@ -50,7 +50,7 @@ void Parameter::set_placement(Placement placement) {
   const std::optional<ParallelSlice>& old = placement_.slice;
   std::optional<ParallelSlice>& slice = placement.slice;
   if (old) {
-    FSDP_CHECK(slice && slice->str() == old->str(), ValueError, "parameter ", name_,
+    FSDP_CHECK(slice && *slice == *old, ValueError, "parameter ", name_,
                " is already sliced (", old->str(), ")");
   } else if (slice) {
     FSDP_CHECK(slice->full_shape == shape_, ShapeError, "parameter ", name_, " ", shape_,

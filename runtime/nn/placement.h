@@ -38,13 +38,12 @@ struct Placement {
   // rows of this rank's positions (ContextParallelLayout) to its tokens.
   std::optional<ContextParallelLayout> sequence_chunks;
 
-  bool split_over_experts() const {
-    return slice.has_value() && split_over == SplitOver::expert_parallel;
-  }
   // Whether the ranks holding the other parts are data-parallel ranks of each other (the
   // expert-parallel axis lies inside the data-parallel group): FSDP then shards the
   // parameter only over the ranks holding the same part.
-  bool parts_within_data_parallel() const { return split_over_experts(); }
+  bool parts_within_data_parallel() const {
+    return slice.has_value() && split_over == SplitOver::expert_parallel;
+  }
 };
 
 }  // namespace fsdp::nn

@@ -5,7 +5,7 @@ namespace fsdp {
 DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrategy strategy) {
   const Mesh& mesh = comms.mesh();
   DataParallelGroups g;
-  g.part_name = "experts";
+  g.part_name = kExpertPartName;
   if (mesh.size(MeshAxis::tp) > 1) g.slices = &comms.axis(MeshAxis::tp);
   // Context-parallel ranks join the data-parallel ones (their groups span dp x cp).
   const int cp = mesh.size(MeshAxis::cp);

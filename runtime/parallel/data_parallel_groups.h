@@ -7,10 +7,12 @@
 #pragma once
 
 #include "collectives/mesh.h"
-#include "runtime/fsdp/plan.h"
-#include "runtime/fsdp/unit.h"
+#include "runtime/fsdp/sharded_model.h"
 
 namespace fsdp {
+
+// The part units' name under expert parallelism (DataParallelGroups::part_name).
+inline constexpr const char* kExpertPartName = "experts";
 
 DataParallelGroups data_parallel_groups(MeshCommunicators& comms, ShardingStrategy strategy);
 

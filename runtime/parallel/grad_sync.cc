@@ -29,7 +29,10 @@ void unpack(Context& ctx, const Tensor& t, const std::vector<ShardRun>& runs, co
 // The tensor-parallel slice a parameter's rows follow, or null (an expert's slice is over
 // the expert-parallel group: every tensor-parallel rank holds it whole).
 const nn::ParallelSlice* tensor_parallel_slice(const nn::Parameter& p) {
-  return p.placement().split_over_experts() || !p.parallel_slice() ? nullptr : &*p.parallel_slice();
+  const nn::Placement& placement = p.placement();
+  return placement.slice && placement.split_over == nn::Placement::SplitOver::tensor_parallel
+             ? &*placement.slice
+             : nullptr;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "runtime/optim/offload_step.h"
+#include "runtime/parallel/data_parallel_groups.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/trainer_setup.h"
 
@@ -23,7 +24,7 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   po.strategy = fo.strategy;
   MemoryPrediction p;
   p.plan = ShardingPlan::build(unit_specs(model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit,
-                                                fo.gather_codec.get(), "experts"), po);
+                                                fo.gather_codec.get(), kExpertPartName), po);
   p.fsdp = estimate_memory(p.plan, fo);
   p.optimizer_state = optimizer_state_bytes(p.plan, optimizer_kind_from_name(recipe.optimizer.optimizer),
                                             dtype_from_name(recipe.optimizer.moments_dtype));

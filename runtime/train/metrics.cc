@@ -1,5 +1,6 @@
 #include "runtime/train/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -106,21 +107,14 @@ StepMetrics parse_metrics_line(const std::string& line) {
   m.moe_z_loss = read_optional(obj, "moe_z_loss");
   m.moe_max_load = read_optional(obj, "moe_max_load");
   if (obj.contains("moe_expert_tokens")) {
+    auto integers = [](const Json& row) {
+      return row.is_array() && std::all_of(row.begin(), row.end(),
+                                           [](const Json& c) { return c.is_number_integer(); });
+    };
     const Json& layers = obj["moe_expert_tokens"];
-    bool ok = layers.is_array();
-    for (const Json& counts : layers) {
-      ok = ok && counts.is_array();
-      if (!ok) break;
-      std::vector<int64_t> row;
-      for (const Json& c : counts) {
-        ok = ok && c.is_number_integer();
-        if (!ok) break;
-        row.push_back(c.get<int64_t>());
-      }
-      m.moe_expert_tokens.push_back(std::move(row));
-    }
-    FSDP_CHECK(ok, DataError,
-               "metrics field 'moe_expert_tokens' is not a list of lists of integers");
+    FSDP_CHECK(layers.is_array() && std::all_of(layers.begin(), layers.end(), integers),
+               DataError, "metrics field 'moe_expert_tokens' is not a list of lists of integers");
+    for (const Json& row : layers) m.moe_expert_tokens.push_back(row.get<std::vector<int64_t>>());
   }
   if (obj.contains("update_norms")) {
     const Json& norms = obj["update_norms"];

@@ -41,7 +41,7 @@ void set_activation_recompute(LanguageModel& model, Recompute mode) {
   for (nn::Module* block : model.blocks()) {
     if (mode == Recompute::full) block->set_recompute(true);
     if (mode == Recompute::selective)
-      for (nn::Module* m : block->modules_of_kind("mlp"))
+      for (nn::Module* m : block->modules())  // dense MLPs, MoE layers and shared experts
         if (auto* mlp = dynamic_cast<nn::MLP*>(m)) mlp->recompute_activation = true;
   }
 }

@@ -65,6 +65,21 @@ GPT2::GPT2(const ModelConfig& config)
   add_module("ln_f", ln_f);
 }
 
+nn::LayerTable GPT2::layer_table() const {
+  using S = nn::LayerStyle;
+  std::vector<nn::LayerRow> rows = {
+      {"h.*", S::block, "", 1, {}},
+      {"h.*.ln_1", S::norm, "", 1, {}},
+      {"h.*.attn", S::attention, "", 1, {}},
+      {"h.*.attn.qkv", S::column_heads, "", 1, attention_heads(config_)},
+      {"h.*.attn.proj", S::row, "", 1, {}},
+      {"h.*.ln_2", S::norm, "", 1, {}},
+      {"ln_f", S::final_norm, "", 1, {}},
+  };
+  add_mlp_rows(rows, "h.*.mlp", nn::MlpActivation::Gelu);
+  return nn::LayerTable(std::move(rows));
+}
+
 Tensor GPT2::compute_hidden(Graph& g, const Tensor& idx) {
   FSDP_CHECK(idx.dim() == 2 && idx.size(1) <= config_.seq_len, ShapeError, "GPT-2: idx ",
              idx.str(), " must be (B, T) with T <= ", config_.seq_len);

@@ -43,6 +43,7 @@ class GPT2 : public LanguageModel {
   nn::VocabularyTables vocabulary_tables() override {
     return {&wte.weight(), &wte.weight(), &wpe.weight()};
   }
+  nn::LayerTable layer_table() const override;
 
  protected:
   Tensor compute_hidden(Graph& g, const Tensor& idx) override;

@@ -58,6 +58,22 @@ std::unique_ptr<nn::MLP> build_mlp(const ModelConfig& c, int64_t layer, nn::MlpA
   return std::make_unique<nn::SwiGLUMLP>(c.d_model, c.d_ff, bias, init, proj_init);
 }
 
+void add_mlp_rows(std::vector<nn::LayerRow>& rows, const std::string& mlp, nn::MlpActivation act) {
+  using S = nn::LayerStyle;
+  const bool gelu = act == nn::MlpActivation::Gelu;
+  const std::string fc = gelu ? ".fc" : ".gate_up";  // gate_up: [gate | up], split each
+  const int parts = gelu ? 1 : 2;
+  for (const std::string& dense : {mlp, mlp + ".shared_expert"}) {
+    rows.push_back({dense + fc, S::column, "", parts, {}});
+    rows.push_back({dense + ".proj", S::row, "", 1, {}});
+  }
+  rows.push_back({mlp, S::experts, "moe", 1, {}});
+}
+
+nn::AttentionHeads attention_heads(const ModelConfig& c) {
+  return {c.n_head, c.n_kv_head, c.head_dim()};
+}
+
 Tensor LanguageModel::compute_logits(Graph& g, const Tensor& idx) {
   return nn::linear(g, compute_hidden(g, idx), head_weight());  // (B, T, Vp)
 }

@@ -11,6 +11,7 @@
 
 #include "models/config.h"
 #include "models/kv_cache.h"
+#include "runtime/nn/layer_table.h"
 #include "runtime/nn/layers.h"
 #include "runtime/nn/module.h"
 #include "runtime/nn/moe.h"
@@ -55,6 +56,9 @@ class LanguageModel : public nn::Module {
   // The token embedding, the head and the learned positions (what a tensor-parallel plan
   // splits along the vocabulary).
   virtual nn::VocabularyTables vocabulary_tables() = 0;
+  // Which layer plays which part for the plans applied from outside (tensor, context and
+  // expert parallelism, FP8), by name: the model's own table (runtime/nn/layer_table.h).
+  virtual nn::LayerTable layer_table() const = 0;
 
  protected:
   explicit LanguageModel(const ModelConfig& config) : config_(config.resolved()) {}
@@ -81,5 +85,11 @@ nn::MoeOptions moe_options(const ModelConfig& c);
 // config.is_moe_layer(layer), an MoE layer of the same activation (no biases).
 std::unique_ptr<nn::MLP> build_mlp(const ModelConfig& c, int64_t layer, nn::MlpActivation act,
                                    bool bias, nn::InitRule init, nn::InitRule proj_init);
+// The layer-table rows of what build_mlp builds at `mlp` ("h.*.mlp"): a dense MLP's fc (or
+// gate_up) column-parallel and proj row-parallel; an MoE layer's experts, and its shared
+// expert's rows as a dense MLP's.
+void add_mlp_rows(std::vector<nn::LayerRow>& rows, const std::string& mlp, nn::MlpActivation act);
+// The heads of c's attention, for a column_heads row.
+nn::AttentionHeads attention_heads(const ModelConfig& c);
 
 }  // namespace fsdp::models

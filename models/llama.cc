@@ -36,6 +36,21 @@ Tensor LlamaBlock::compute(Graph& g, const Tensor& x) {
   return nn::add(g, h.sum, (*mlp)(g, h.out));                                      // (B, T, C)
 }
 
+nn::LayerTable Llama::layer_table() const {
+  using S = nn::LayerStyle;
+  std::vector<nn::LayerRow> rows = {
+      {"layers.*", S::block, "", 1, {}},
+      {"layers.*.attn_norm", S::norm, "", 1, {}},
+      {"layers.*.attn", S::attention, "", 1, {}},
+      {"layers.*.attn.qkv", S::column_heads, "", 1, attention_heads(config_)},
+      {"layers.*.attn.proj", S::row, "", 1, {}},
+      {"layers.*.mlp_norm", S::norm, "", 1, {}},
+      {"norm", S::final_norm, "", 1, {}},
+  };
+  add_mlp_rows(rows, "layers.*.mlp", nn::MlpActivation::SwiGLU);
+  return nn::LayerTable(std::move(rows));
+}
+
 Tensor LlamaBlock::decode(Graph& g, const Tensor& x, nn::AttentionCache& cache,
                           int64_t position) {
   return run_forward(g, [&] {

@@ -47,6 +47,7 @@ class Llama : public LanguageModel {
   nn::VocabularyTables vocabulary_tables() override {
     return {&embed.weight(), &head_weight(), nullptr};
   }
+  nn::LayerTable layer_table() const override;
 
  protected:
   Tensor compute_hidden(Graph& g, const Tensor& idx) override;

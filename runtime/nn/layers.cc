@@ -140,21 +140,24 @@ CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config, InitRule
           config.bias, init),
       proj(resolved(config).n_head * resolved(config).head_dim, config.dim, config.bias,
            proj_init),
-      config_(resolved(config)),
-      local_heads_(config_.n_head),
-      local_kv_heads_(config_.n_kv_head) {
+      config_(resolved(config)) {
   add_module("qkv", qkv);
   add_module("proj", proj);
 }
 
-void CausalSelfAttention::set_local_heads(int64_t n_head, int64_t n_kv_head) {
-  FSDP_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0 &&
-                 n_head <= config_.n_head && n_kv_head <= config_.n_kv_head,
-             ShapeError, "attention ", name(), ": ", n_head, " query heads sharing ", n_kv_head,
-             " key/value heads cannot be a part of ", config_.n_head, " and ", config_.n_kv_head);
-  local_heads_ = n_head;
-  local_kv_heads_ = n_kv_head;
+int64_t CausalSelfAttention::heads_in_range(size_t i, int64_t whole) {
+  const std::optional<ParallelSlice>& slice = qkv.weight().parallel_slice();
+  if (!slice) return whole;
+  FSDP_CHECK(slice->dim == 0 && slice->ranges.size() == 3, ShapeError, "attention ", name(),
+             ": qkv's slice ", slice->str(), " is not three row ranges [q | k | v]");
+  const int64_t rows = slice->ranges[i].second - slice->ranges[i].first;
+  FSDP_CHECK(rows % config_.head_dim == 0, ShapeError, "attention ", name(), ": qkv's slice ",
+             slice->str(), " does not hold whole heads of ", config_.head_dim);
+  return rows / config_.head_dim;
 }
+
+int64_t CausalSelfAttention::local_heads() { return heads_in_range(0, config_.n_head); }
+int64_t CausalSelfAttention::local_kv_heads() { return heads_in_range(1, config_.n_kv_head); }
 
 void CausalSelfAttention::set_context_parallel(const ContextParallelLayout& layout,
                                                ParallelGroup* group,
@@ -167,12 +170,11 @@ void CausalSelfAttention::set_context_parallel(const ContextParallelLayout& layo
 Tensor CausalSelfAttention::compute(Graph& g, const Tensor& x) {
   // H and Hkv are this rank's heads under tensor parallelism (all of them otherwise); T is
   // this rank's part of the sequence under context parallelism.
+  const int64_t h = local_heads(), hkv = local_kv_heads();
   const Tensor fused = qkv(g, x);  // (B, T, (H + 2 Hkv) D)
-  const Tensor y = cp_group_ ? context_parallel_attention(g, fused, local_heads_, local_kv_heads_,
-                                                          config_.rope_theta, cp_layout_, *cp_group_,
-                                                          cp_comm_)
-                             : causal_attention(g, fused, local_heads_, local_kv_heads_,
-                                                config_.rope_theta);  // (B, T, H D)
+  const Tensor y = cp_group_ ? context_parallel_attention(g, fused, h, hkv, config_.rope_theta,
+                                                          cp_layout_, *cp_group_, cp_comm_)
+                             : causal_attention(g, fused, h, hkv, config_.rope_theta);  // (B, T, H D)
   return proj(g, y);  // (B, T, C)
 }
 
@@ -183,7 +185,7 @@ Tensor CausalSelfAttention::decode(Graph& g, const Tensor& x, AttentionCache& ca
   return run_forward(g, [&] {
     const Tensor fused = qkv(g, x);  // (B, Tn, (H + 2 Hkv) D)
     const Tensor y = cached_attention(g.ctx(), fused, cache.keys, cache.values, position,
-                                      local_heads_, local_kv_heads_,
+                                      local_heads(), local_kv_heads(),
                                       config_.rope_theta);  // (B, Tn, H D)
     return proj(g, y);  // (B, Tn, C)
   });

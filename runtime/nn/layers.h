@@ -184,11 +184,11 @@ class CausalSelfAttention : public UnaryModule {
   CausalSelfAttention(const AttentionConfig& config, InitRule init, InitRule proj_init);
   std::string kind() const override { return "attention"; }
   const AttentionConfig& config() const { return config_; }
-  // Tensor parallelism: this rank computes `n_head` query heads sharing `n_kv_head` key/value
-  // heads, the ones its slice of qkv holds (set by the plan that slices qkv and proj).
-  void set_local_heads(int64_t n_head, int64_t n_kv_head);
-  int64_t local_heads() const { return local_heads_; }
-  int64_t local_kv_heads() const { return local_kv_heads_; }
+  // The query heads and the key/value heads this rank computes: the ones its slice of qkv
+  // holds under tensor parallelism (ranges [q | k | v] of whole heads), all of them
+  // otherwise.
+  int64_t local_heads();
+  int64_t local_kv_heads();
   // Context parallelism: this rank holds the tokens `layout` says of each sequence, and the
   // attention runs over the whole sequence through `group` (context_parallel_attention).
   void set_context_parallel(const ContextParallelLayout& layout, ParallelGroup* group,
@@ -204,8 +204,10 @@ class CausalSelfAttention : public UnaryModule {
   Tensor compute(Graph& g, const Tensor& x) override;
 
  private:
+  // Heads in rows [begin, end) of qkv's range `i` of this rank's slice.
+  int64_t heads_in_range(size_t i, int64_t whole);
+
   AttentionConfig config_;
-  int64_t local_heads_, local_kv_heads_;
   ContextParallelLayout cp_layout_;
   ParallelGroup* cp_group_ = nullptr;
   ContextParallelComm cp_comm_ = ContextParallelComm::all_gather;

@@ -108,10 +108,11 @@ class ExpertWeights : public Module {
   Parameter* proj_;
 };
 
-// The MoE layer. kind() is "mlp" (an nn::MLP): selective recompute recomputes the experts'
-// activation in backward.
+// The MoE layer, of kind "moe". It is an nn::MLP: selective recompute recomputes the
+// experts' activation in backward.
 class MoELayer : public MLP {
  public:
+  std::string kind() const override { return "moe"; }
   // `shared_hidden` > 0 adds a shared expert of that hidden size.
   MoELayer(int64_t dim, const MoeOptions& options, int64_t shared_hidden,
            MlpActivation activation, InitRule init, InitRule proj_init);

@@ -1,6 +1,7 @@
 #include "runtime/parallel/context_parallel.h"
 
 #include "runtime/core/error.h"
+#include "runtime/nn/layer_table.h"
 #include "runtime/nn/layers.h"
 #include "runtime/nn/moe.h"
 
@@ -15,20 +16,23 @@ nn::ContextParallelComm context_parallel_comm(const std::string& name) {
 
 std::vector<std::string> apply_context_parallel(nn::Module& model,
                                                 const nn::VocabularyTables& vocabulary,
+                                                const nn::LayerTable& table,
                                                 nn::ParallelGroup& group, int64_t seq_len,
                                                 nn::ContextParallelComm comm) {
   std::vector<std::string> report;
   if (group.size() == 1) return report;
   const auto layout = nn::ContextParallelLayout::make(seq_len, group.size(), group.rank());
-  for (nn::Module* m : model.modules()) {
-    if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
-      a->set_context_parallel(layout, &group, comm);
-      report.push_back(a->name() + (comm == nn::ContextParallelComm::ring
-                                        ? ": context-parallel (keys and values around a ring)"
-                                        : ": context-parallel (keys and values all-gathered)"));
-    } else if (auto* moe = dynamic_cast<nn::MoELayer*>(m)) {
-      moe->set_context_parallel(&group);
-      report.push_back(moe->name() + ": balancing loss over the whole sequences");
+  for (const nn::StyledLayer& l : table.resolve(model)) {
+    if (l.row->style == nn::LayerStyle::attention) {
+      auto& a = nn::styled_as<nn::CausalSelfAttention>(l, "CausalSelfAttention");
+      a.set_context_parallel(layout, &group, comm);
+      report.push_back(a.name() + (comm == nn::ContextParallelComm::ring
+                                       ? ": context-parallel (keys and values around a ring)"
+                                       : ": context-parallel (keys and values all-gathered)"));
+    } else if (l.row->style == nn::LayerStyle::experts) {
+      auto& moe = nn::styled_as<nn::MoELayer>(l, "MoELayer");
+      moe.set_context_parallel(&group);
+      report.push_back(moe.name() + ": balancing loss over the whole sequences");
     }
   }
   if (vocabulary.positions) {

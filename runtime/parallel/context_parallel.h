@@ -15,18 +15,21 @@
 #include <vector>
 
 #include "runtime/nn/context_parallel.h"
+#include "runtime/nn/layer_table.h"
 #include "runtime/nn/module.h"
 #include "runtime/nn/tensor_parallel.h"
 
 namespace fsdp {
 
-// Sets every attention layer of `model` (specs or materialized) to run context-parallel over
+// Sets every attention layer `table` names in `model` (specs or materialized) to run
+// context-parallel over
 // `group` for sequences of `seq_len` tokens, and the learned position table (if any) to be
 // read at this rank's positions. Returns one line per layer. A group of size 1 leaves the
 // model as it is. ShapeError unless seq_len splits into 2 x group.size() chunks.
 std::vector<std::string> apply_context_parallel(
-    nn::Module& model, const nn::VocabularyTables& vocabulary, nn::ParallelGroup& group,
-    int64_t seq_len, nn::ContextParallelComm comm = nn::ContextParallelComm::all_gather);
+    nn::Module& model, const nn::VocabularyTables& vocabulary, const nn::LayerTable& table,
+    nn::ParallelGroup& group, int64_t seq_len,
+    nn::ContextParallelComm comm = nn::ContextParallelComm::all_gather);
 // "p2p" (the ring) or "all_gather" (Megatron's names); ConfigError otherwise.
 nn::ContextParallelComm context_parallel_comm(const std::string& name);
 

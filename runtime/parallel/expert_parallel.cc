@@ -64,12 +64,12 @@ void PlanningExpertParallelGroup::exchange_rows(Context&, const Tensor&, const s
   FSDP_THROW(ValueError, "a planning expert-parallel group exchanges nothing");
 }
 
-std::vector<std::string> apply_expert_parallel(nn::Module& model, nn::ExpertParallelGroup& group) {
+std::vector<std::string> apply_expert_parallel(nn::Module& model, const nn::LayerTable& table,
+                                               nn::ExpertParallelGroup& group) {
   std::vector<std::string> report;
   if (group.size() == 1) return report;
-  for (nn::Module* m : model.modules()) {
-    auto* layer = dynamic_cast<nn::MoELayer*>(m);
-    if (!layer) continue;
+  for (const nn::StyledLayer& l : table.layers(model, nn::LayerStyle::experts)) {
+    nn::MoELayer* layer = &nn::styled_as<nn::MoELayer>(l, "MoELayer");
     const int64_t E = layer->options().experts;
     FSDP_CHECK(E % group.size() == 0, ConfigError, layer->name(), ": its ", E, " experts do not ",
                "split over 'model.expert_model_parallel_size' ", group.size(), " ranks");

@@ -10,6 +10,7 @@
 
 #include "collectives/communicator.h"
 #include "runtime/nn/expert_parallel.h"
+#include "runtime/nn/layer_table.h"
 #include "runtime/nn/module.h"
 #include "runtime/parallel/transfer_stream.h"
 
@@ -60,14 +61,16 @@ class PlanningExpertParallelGroup : public nn::ExpertParallelGroup {
   int size_, rank_;
 };
 
-// Expert parallelism applied from outside the model: every MoE layer of `model` (specs,
-// before FSDP or materialization) keeps experts [r E/ep, (r + 1) E/ep) of group rank r
+// Expert parallelism applied from outside the model: every MoE layer `table` names in
+// `model` (style experts; specs, before FSDP or materialization) keeps experts [r E/ep, (r + 1) E/ep) of group rank r
 // (ExpertParallelLayout): its experts' weights are sliced along dim 0 (ParallelSlice, so
 // they initialize, save and load as those experts of the full tensor) and placed split
 // over the expert-parallel group (nn::Placement::SplitOver::expert_parallel: FSDP shards
 // them over the expert-data-parallel group), and the layer exchanges its rows with `group`.
-// Returns one line per layer ("layers.1.mlp: experts 4..7 of 16"). A group of one leaves the model as it is. Throws
-// ConfigError naming the layer when its experts do not split into equal parts.
-std::vector<std::string> apply_expert_parallel(nn::Module& model, nn::ExpertParallelGroup& group);
+// Returns one line per layer ("layers.1.mlp: experts 4..7 of 16"). A group of one leaves
+// the model as it is. Throws ConfigError naming the layer when its experts do not split
+// into equal parts.
+std::vector<std::string> apply_expert_parallel(nn::Module& model, const nn::LayerTable& table,
+                                               nn::ExpertParallelGroup& group);
 
 }  // namespace fsdp

@@ -1,10 +1,7 @@
 #include "runtime/parallel/fp8_plan.h"
 
 #include "runtime/core/error.h"
-#include <set>
-
 #include "runtime/nn/layers.h"
-#include "runtime/nn/moe.h"
 
 namespace fsdp {
 
@@ -37,35 +34,42 @@ void mark_split_operands(nn::Linear& linear, nn::Fp8Recipe& r) {
 
 }  // namespace
 
-Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
+Fp8Report apply_fp8(nn::Module& model, const nn::LayerTable& table, const Fp8Plan& plan,
                     nn::Parameter* head) {
   FSDP_CHECK(plan.bf16_first_blocks >= 0 && plan.bf16_last_blocks >= 0, ConfigError,
              "fp8: the numbers of blocks kept in bf16 must not be negative");
   Fp8Report report;
+  const std::vector<nn::StyledLayer> layers = table.resolve(model);
+  std::vector<const nn::Module*> blocks;
+  for (const nn::StyledLayer& l : layers)
+    if (l.row->style == nn::LayerStyle::block) blocks.push_back(l.module);
   const int n = int(blocks.size());
-  for (int i = 0; i < n; ++i) {
-    nn::Module& block = *blocks[size_t(i)];
-    if (i < plan.bf16_first_blocks || i >= n - plan.bf16_last_blocks) {
-      report.bf16_blocks.push_back(block.name());
+  // The block a layer lies in: the one whose name prefixes its own.
+  auto block_of = [&](const nn::Module& m) {
+    for (int i = 0; i < n; ++i)
+      if (m.name().rfind(blocks[size_t(i)]->name() + ".", 0) == 0) return i;
+    return -1;
+  };
+  for (int i = 0; i < n; ++i)
+    if (i < plan.bf16_first_blocks || i >= n - plan.bf16_last_blocks)
+      report.bf16_blocks.push_back(blocks[size_t(i)]->name());
+  for (const nn::StyledLayer& l : layers) {
+    const nn::LayerStyle style = l.row->style;
+    if (style != nn::LayerStyle::column && style != nn::LayerStyle::column_heads &&
+        style != nn::LayerStyle::row)
+      continue;
+    const int b = block_of(*l.module);
+    if (b < 0 || b < plan.bf16_first_blocks || b >= n - plan.bf16_last_blocks) continue;
+    auto& linear = nn::styled_as<nn::Linear>(l, "Linear");
+    if (replicates_rows(linear)) {
+      report.bf16_layers.push_back(linear.name() + " (replicated key/value heads)");
       continue;
     }
-    // An MoE layer's router is a Linear whose product the layer computes itself (in bf16).
-    std::set<nn::Module*> routers;
-    for (nn::Module* m : block.modules())
-      if (auto* moe = dynamic_cast<nn::MoELayer*>(m)) routers.insert(&moe->router);
-    for (nn::Module* m : block.modules()) {
-      auto* linear = dynamic_cast<nn::Linear*>(m);
-      if (!linear || routers.count(linear)) continue;
-      if (replicates_rows(*linear)) {
-        report.bf16_layers.push_back(linear->name() + " (replicated key/value heads)");
-        continue;
-      }
-      nn::Fp8Recipe& r = linear->weight().fp8.emplace(nn::Fp8Weight{plan.recipe}).recipe;
-      r.token_group = plan.token_group;
-      mark_split_operands(*linear, r);
-      report.fp8_layers.push_back(linear->name());
-      report.fp8_weights.push_back(&linear->weight());
-    }
+    nn::Fp8Recipe& r = linear.weight().fp8.emplace(nn::Fp8Weight{plan.recipe}).recipe;
+    r.token_group = plan.token_group;
+    mark_split_operands(linear, r);
+    report.fp8_layers.push_back(linear.name());
+    report.fp8_weights.push_back(&linear.weight());
   }
   if (plan.classifier) {
     FSDP_CHECK(head != nullptr, ConfigError, "fp8: the plan puts the classifier in FP8 but no "

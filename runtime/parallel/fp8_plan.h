@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/nn/fp8_recipe.h"
+#include "runtime/nn/layer_table.h"
 #include "runtime/nn/module.h"
 
 namespace fsdp {
@@ -46,10 +47,11 @@ struct Fp8Report {
   std::string classifier;
 };
 
-// Marks the linear layers of `blocks` (a model's transformer blocks in forward order) but
-// the first and last ones the plan keeps in bf16, and with plan.classifier the output head's
-// weight `head` (nn::classifier_loss; a vocabulary-parallel head stays in bf16, reported).
-Fp8Report apply_fp8(const std::vector<nn::Module*>& blocks, const Fp8Plan& plan,
+// Marks the products `table` names in `model` (its column, column_heads and row Linears)
+// inside its blocks (style block, in forward order) but the first and last ones the plan
+// keeps in bf16, and with plan.classifier the output head's weight `head`
+// (nn::classifier_loss; a vocabulary-parallel head stays in bf16, reported).
+Fp8Report apply_fp8(nn::Module& model, const nn::LayerTable& table, const Fp8Plan& plan,
                     nn::Parameter* head = nullptr);
 
 }  // namespace fsdp

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/nn/layer_table.h"
 #include "runtime/nn/layers.h"
 #include "runtime/nn/moe.h"
 
@@ -128,68 +129,83 @@ std::string line(const nn::Linear& layer, nn::ParallelStyle style) {
   return layer.name() + ": " + nn::parallel_style_name(style);
 }
 
-void split_attention(nn::CausalSelfAttention& a, nn::ParallelGroup& group, bool sequence,
-                     std::vector<std::string>& report) {
+// A fused [q heads | k heads | v heads] layer, column-parallel by heads: rank r's query
+// heads, and the key/value heads they share.
+void split_heads(nn::Linear& qkv, const nn::AttentionHeads& heads, nn::ParallelGroup& group,
+                 bool sequence, std::vector<std::string>& report) {
   const int r = group.rank(), tp = group.size();
-  const nn::AttentionConfig& c = a.config();
-  const int64_t d = c.head_dim, h = c.n_head, hkv = c.n_kv_head;
-  const auto q = nn::equal_part(0, h * d, r, tp, a.name() + " query heads");
+  const int64_t d = heads.head_dim, h = heads.n_head, hkv = heads.n_kv_head;
+  FSDP_CHECK(d > 0 && h > 0 && hkv > 0 && qkv.weight().shape()[0] == (h + 2 * hkv) * d,
+             ShapeError, qkv.name(), ": the layer table's heads (", h, " query, ", hkv,
+             " key/value of ", d, ") do not make its ", qkv.weight().shape()[0], " rows");
+  const auto q = nn::equal_part(0, h * d, r, tp, qkv.name() + " query heads");
+  FSDP_CHECK(h % tp == 0, ShapeError, qkv.name(), ": ", h, " query heads do not split over ", tp,
+             " ranks");
   // Fewer key/value heads than ranks (grouped-query attention): each rank holds the one
   // head its query heads share, replicated on the tp / hkv ranks of that group.
   const int replicas = hkv < tp ? tp / int(hkv) : 1;
-  FSDP_CHECK(tp % replicas == 0 && (hkv >= tp || tp % hkv == 0), ShapeError, a.name(), ": ",
+  FSDP_CHECK(tp % replicas == 0 && (hkv >= tp || tp % hkv == 0), ShapeError, qkv.name(), ": ",
              hkv, " key/value heads can be neither split over nor replicated on ", tp, " ranks");
   const int kv_rank = r / replicas, kv_parts = tp / replicas;
-  const auto k = nn::equal_part(h * d, (h + hkv) * d, kv_rank, kv_parts, a.name() + " key heads");
+  FSDP_CHECK(hkv % kv_parts == 0, ShapeError, qkv.name(), ": ", hkv, " key/value heads do not "
+             "split over ", kv_parts, " ranks");
+  const auto k = nn::equal_part(h * d, (h + hkv) * d, kv_rank, kv_parts, qkv.name() + " key heads");
   const auto v = nn::equal_part((h + hkv) * d, (h + 2 * hkv) * d, kv_rank, kv_parts,
-                                a.name() + " value heads");
-  slice_linear(a.qkv, 0, {q, k, v}, {1, replicas, replicas});
-  a.qkv.set_parallel_style(nn::ParallelStyle::column, &group, sequence);
-  slice_linear(a.proj, 1, {q});
-  a.proj.set_parallel_style(nn::ParallelStyle::row, &group, sequence);
-  a.set_local_heads(h / tp, hkv / kv_parts);
-  report.push_back(line(a.qkv, nn::ParallelStyle::column));
-  report.push_back(line(a.proj, nn::ParallelStyle::row));
+                                qkv.name() + " value heads");
+  slice_linear(qkv, 0, {q, k, v}, {1, replicas, replicas});
+  qkv.set_parallel_style(nn::ParallelStyle::column, &group, sequence);
+  report.push_back(line(qkv, nn::ParallelStyle::column));
 }
 
-// fc (hidden rows, made of `parts` equal parts such as [gate | up]) column-parallel, proj
-// (C, F) row-parallel over the same F/tp features.
-void split_mlp(nn::Linear& fc, int parts, nn::Linear& proj, nn::ParallelGroup& group,
-               bool sequence, std::vector<std::string>& report) {
+// Output rows made of `parts` equal parts (such as [gate | up]), each split over the group.
+void split_columns(nn::Linear& layer, int parts, nn::ParallelGroup& group, bool sequence,
+                   std::vector<std::string>& report) {
   const int r = group.rank(), tp = group.size();
-  const int64_t f = proj.weight().shape()[1];
-  Ranges rows;
+  const int64_t rows = layer.weight().shape()[0];
+  FSDP_CHECK(parts >= 1 && rows % parts == 0, ShapeError, layer.name(), ": ", rows,
+             " rows do not make ", parts, " equal parts");
+  const int64_t f = rows / parts;
+  Ranges ranges;
   for (int p = 0; p < parts; ++p)
-    rows.push_back(nn::equal_part(p * f, (p + 1) * f, r, tp, fc.name() + " features"));
-  slice_linear(fc, 0, rows);
-  fc.set_parallel_style(nn::ParallelStyle::column, &group, sequence);
-  slice_linear(proj, 1, {nn::equal_part(0, f, r, tp, proj.name() + " features")});
-  proj.set_parallel_style(nn::ParallelStyle::row, &group, sequence);
-  report.push_back(line(fc, nn::ParallelStyle::column));
-  report.push_back(line(proj, nn::ParallelStyle::row));
+    ranges.push_back(nn::equal_part(p * f, (p + 1) * f, r, tp, layer.name() + " features"));
+  slice_linear(layer, 0, ranges);
+  layer.set_parallel_style(nn::ParallelStyle::column, &group, sequence);
+  report.push_back(line(layer, nn::ParallelStyle::column));
+}
+
+// Input features split over the group.
+void split_rows(nn::Linear& layer, nn::ParallelGroup& group, bool sequence,
+                std::vector<std::string>& report) {
+  const int64_t in = layer.weight().shape()[1];
+  slice_linear(layer, 1,
+               {nn::equal_part(0, in, group.rank(), group.size(), layer.name() + " features")});
+  layer.set_parallel_style(nn::ParallelStyle::row, &group, sequence);
+  report.push_back(line(layer, nn::ParallelStyle::row));
 }
 
 // Sequence parallelism: what sees only this rank's tokens gets its gradient summed over
-// the group: every norm inside the blocks, the final norm, and the row-parallel biases.
-void mark_sequence_parallel_grads(nn::Module& model, std::vector<std::string>& report) {
-  for (nn::Module* m : model.modules()) {
-    const std::string kind = m->kind();
-    const bool norm = kind == "layernorm" || kind == "rmsnorm";
-    auto* linear = dynamic_cast<nn::Linear*>(m);
-    const bool row_bias = linear && linear->parallel_style() == nn::ParallelStyle::row && linear->bias();
-    if (!norm && !row_bias) continue;
-    for (const auto& p : m->own_parameters())
-      if (norm || p.get() == linear->bias()) {
-        mark_partial_grad(*p);
-        report.push_back(p->name() + ": gradient summed over tp");
-      }
+// the group: every norm the table names and the row-parallel biases.
+void mark_sequence_parallel_grads(const std::vector<nn::StyledLayer>& layers,
+                                  std::vector<std::string>& report) {
+  for (const nn::StyledLayer& l : layers) {
+    std::vector<nn::Parameter*> partial;
+    if (l.row->style == nn::LayerStyle::norm || l.row->style == nn::LayerStyle::final_norm) {
+      for (const auto& p : l.module->own_parameters()) partial.push_back(p.get());
+    } else if (l.row->style == nn::LayerStyle::row) {
+      auto& linear = nn::styled_as<nn::Linear>(l, "Linear");
+      if (linear.bias()) partial.push_back(linear.bias());
+    }
+    for (nn::Parameter* p : partial) {
+      mark_partial_grad(*p);
+      report.push_back(p->name() + ": gradient summed over tp");
+    }
   }
 }
 
 // A mixture-of-experts layer runs whole on every rank, on the rank's part of the sequence
-// (its shared expert, a dense MLP, is split as the others are): the router's and the
-// experts' gradients are then partial sums over the group, and the balancing loss counts
-// every part's choices.
+// (its shared expert, a dense MLP, is split as the others are, by its own rows): the
+// router's and the experts' gradients are then partial sums over the group, and the
+// balancing loss counts every part's choices.
 void run_moe_on_sequence_parts(nn::MoELayer& moe, nn::ParallelGroup& group, bool sequence,
                                std::vector<std::string>& report) {
   FSDP_CHECK(sequence, ConfigError, moe.name(), ": a mixture-of-experts layer under tensor "
@@ -215,10 +231,26 @@ void split_vocabulary(nn::Parameter& table, nn::ParallelGroup& group,
   report.push_back(table.name() + ": vocabulary-parallel");
 }
 
+// The one module of `style` the table names (ConfigError naming `why` otherwise).
+nn::UnaryModule& single(const std::vector<nn::StyledLayer>& layers, nn::LayerStyle style,
+                        const char* why) {
+  nn::UnaryModule* found = nullptr;
+  for (const nn::StyledLayer& l : layers)
+    if (l.row->style == style) {
+      FSDP_CHECK(found == nullptr || style == nn::LayerStyle::block, ConfigError, why, ": the "
+                 "layer table names more than one ", nn::layer_style_name(style), " layer");
+      if (!found) found = &nn::styled_as<nn::UnaryModule>(l, "one-tensor module");
+    }
+  FSDP_CHECK(found, ConfigError, why, ": the layer table names no ",
+             nn::layer_style_name(style), " layer");
+  return *found;
+}
+
 }  // namespace
 
 std::vector<std::string> apply_tensor_parallel(nn::Module& model,
                                                const nn::VocabularyTables& vocabulary,
+                                               const nn::LayerTable& table,
                                                nn::ParallelGroup& group,
                                                bool sequence_parallel) {
   std::vector<std::string> report;
@@ -229,59 +261,63 @@ std::vector<std::string> apply_tensor_parallel(nn::Module& model,
     mark_partial_grad(*vocabulary.positions);
     report.push_back(vocabulary.positions->name() + ": added on rank 0, gradient summed over tp");
   }
-  nn::UnaryModule* first_block = nullptr;
-  for (nn::Module* m : model.modules()) {
-    if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
-      split_attention(*a, group, sequence_parallel, report);
-    } else if (auto* g = dynamic_cast<nn::GeluMLP*>(m)) {
-      split_mlp(g->fc, 1, g->proj, group, sequence_parallel, report);
-    } else if (auto* s = dynamic_cast<nn::SwiGLUMLP*>(m)) {
-      split_mlp(s->gate_up, 2, s->proj, group, sequence_parallel, report);
-    } else if (auto* moe = dynamic_cast<nn::MoELayer*>(m)) {
-      run_moe_on_sequence_parts(*moe, group, sequence_parallel, report);
+  const std::vector<nn::StyledLayer> layers = table.resolve(model);
+  for (const nn::StyledLayer& l : layers) {
+    switch (l.row->style) {
+      case nn::LayerStyle::column_heads:
+        split_heads(nn::styled_as<nn::Linear>(l, "Linear"), l.row->heads, group,
+                    sequence_parallel, report);
+        break;
+      case nn::LayerStyle::column:
+        split_columns(nn::styled_as<nn::Linear>(l, "Linear"), l.row->parts, group,
+                      sequence_parallel, report);
+        break;
+      case nn::LayerStyle::row:
+        split_rows(nn::styled_as<nn::Linear>(l, "Linear"), group, sequence_parallel, report);
+        break;
+      case nn::LayerStyle::experts:
+        run_moe_on_sequence_parts(nn::styled_as<nn::MoELayer>(l, "MoELayer"), group,
+                                  sequence_parallel, report);
+        break;
+      default:
+        break;
     }
-    if (!first_block && m->kind() == "block") first_block = dynamic_cast<nn::UnaryModule*>(m);
   }
   const bool vocabulary_head = vocabulary.head != nullptr;
   if (!sequence_parallel && !vocabulary_head) return report;
-  // The final norm (the model's direct child of a norm kind) feeds the head.
-  nn::UnaryModule* final_norm = nullptr;
-  for (nn::Module* m : model.children())
-    if (m->kind() == "layernorm" || m->kind() == "rmsnorm") final_norm = dynamic_cast<nn::UnaryModule*>(m);
-  FSDP_CHECK(final_norm, ConfigError, "tensor parallelism of the head or the sequence needs a "
-             "final norm (a direct child of the model of kind \"layernorm\" or \"rmsnorm\")");
+  nn::UnaryModule& final_norm =
+      single(layers, nn::LayerStyle::final_norm, "tensor parallelism of the head or the sequence");
   nn::ParallelGroup* grp = &group;
   if (vocabulary_head) {
     // The head's input enters the tensor-parallel region: each rank's head gives a part of
     // its gradient (summed; with sequence parallelism the sequence is gathered first and
     // the gradient reduce-scattered).
-    final_norm->set_output_transform([grp, sequence_parallel](autograd::Graph& g, const Tensor& x) {
+    final_norm.set_output_transform([grp, sequence_parallel](autograd::Graph& g, const Tensor& x) {
       return nn::tensor_parallel_enter(g, x, *grp, sequence_parallel);
     });
-    report.push_back(final_norm->name() + ": output enters the vocabulary-parallel head" +
+    report.push_back(final_norm.name() + ": output enters the vocabulary-parallel head" +
                      (sequence_parallel ? " (gathered along the sequence)" : ""));
   }
   if (!sequence_parallel) return report;
   // The stream is split before the first block: a vocabulary-parallel embedding sums its
   // ranks' rows by a reduce-scatter along the sequence; another one's output is split.
-  FSDP_CHECK(first_block, ConfigError, "sequence parallelism needs a model of blocks (modules "
-             "of kind \"block\") followed by a final norm");
+  nn::UnaryModule& first_block = single(layers, nn::LayerStyle::block, "sequence parallelism");
   if (vocabulary.tokens) {
     nn::Placement scattered = vocabulary.tokens->placement();
     scattered.scatter_sequence = true;
     vocabulary.tokens->set_placement(std::move(scattered));
     report.push_back(vocabulary.tokens->name() + ": rows summed by a reduce-scatter along the sequence");
   } else {
-    first_block->set_input_transform(
+    first_block.set_input_transform(
         [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_split(g, x, *grp); });
-    report.push_back(first_block->name() + ": input split along the sequence");
+    report.push_back(first_block.name() + ": input split along the sequence");
   }
   if (!vocabulary_head) {
-    final_norm->set_output_transform(
+    final_norm.set_output_transform(
         [grp](autograd::Graph& g, const Tensor& x) { return nn::sequence_gather(g, x, *grp); });
-    report.push_back(final_norm->name() + ": output gathered along the sequence");
+    report.push_back(final_norm.name() + ": output gathered along the sequence");
   }
-  mark_sequence_parallel_grads(model, report);
+  mark_sequence_parallel_grads(layers, report);
   return report;
 }
 

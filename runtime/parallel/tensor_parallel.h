@@ -1,15 +1,18 @@
 // Tensor parallelism applied from outside a model (Megatron's layout, as torchtitan's
 // parallelize step applies it): the model is built as specs, then apply_tensor_parallel()
 // slices its parameters for one rank of the tensor-parallel group and tells its layers how
-// they are split; FSDP then shards each rank's slices over the data-parallel group.
+// they are split, by the styles of the model's layer table (nn::LayerTable);
+// FSDP then shards each rank's slices over the data-parallel group.
 //
-// Per transformer block, for tp ranks (rank r):
-//   attention qkv   column-parallel: rank r's query heads, key heads and value heads (three
+// Per transformer block, for tp ranks (rank r), as the GPT-2 and Llama tables style them:
+//   attention qkv   column_heads: rank r's query heads, key heads and value heads (three
 //                   row ranges of the fused weight and bias); H/tp and Hkv/tp heads each
-//   attention proj  row-parallel: the input columns of those query heads; bias whole
-//   MLP fc          column-parallel (GELU: rows [r F/tp, (r+1) F/tp); SwiGLU's gate_up:
-//                   those rows of gate and of up)
-//   MLP proj        row-parallel: the same F/tp input columns; bias whole
+//                   (the attention reads its heads from that slice)
+//   attention proj  row: the input columns of those query heads; bias whole
+//   MLP fc          column (GELU: rows [r F/tp, (r+1) F/tp); SwiGLU's gate_up, of two
+//                   parts: those rows of gate and of up)
+//   MLP proj        row: the same F/tp input columns; bias whole
+//   MoE layer       experts: run whole on each rank's part of the sequence
 // The vocabulary (given by the model's VocabularyTables) is split too, as Megatron splits it:
 //   token embedding rows [r Vp/tp, (r+1) Vp/tp): each rank looks up the ids it holds (zero
 //                   rows for the others) and the ranks' rows are summed; learned positions
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "runtime/nn/layer_table.h"
 #include "runtime/nn/module.h"
 #include "runtime/nn/tensor_parallel.h"
 #include "runtime/parallel/transfer_stream.h"
@@ -90,12 +94,14 @@ class PlanningParallelGroup : public nn::ParallelGroup {
 };
 
 // Slices `model`'s parameters (specs, before FSDP or materialization) for `group`'s rank
-// and sets its layers' styles; `vocabulary` (its tables may be null) says what to split
-// along the vocabulary. Returns one line per split layer ("h.0.attn.qkv: column").
+// and sets its layers' styles, as `table` names them (column, column_heads, row, experts;
+// norm, final_norm and block under sequence parallelism); `vocabulary` (its tables may be
+// null) says what to split along the vocabulary. Returns one line per split layer ("h.0.attn.qkv: column").
 // A group of size 1 leaves the model as it is. Throws ShapeError naming the layer when its
 // heads, features or vocabulary rows do not split into equal parts.
 std::vector<std::string> apply_tensor_parallel(nn::Module& model,
                                                const nn::VocabularyTables& vocabulary,
+                                               const nn::LayerTable& table,
                                                nn::ParallelGroup& group,
                                                bool sequence_parallel = false);
 

@@ -64,17 +64,19 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
   const int64_t n_params = model->num_parameters();  // the whole model's
   // The estimate is rank 0's: its slices under tensor parallelism (every rank's are equal).
   PlanningParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
-  apply_tensor_parallel(*model, model->vocabulary_tables(), tp_plan, recipe.model.sequence_parallel);
+  const nn::LayerTable table = model->layer_table();
+  apply_tensor_parallel(*model, model->vocabulary_tables(), table, tp_plan,
+                        recipe.model.sequence_parallel);
   PlanningParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
-  apply_context_parallel(*model, model->vocabulary_tables(), cp_plan, recipe.model.seq_length,
-                         context_parallel_comm(recipe.model.cp_comm_type));
+  apply_context_parallel(*model, model->vocabulary_tables(), table, cp_plan,
+                         recipe.model.seq_length, context_parallel_comm(recipe.model.cp_comm_type));
   PlanningExpertParallelGroup ep_plan(mesh.size(MeshAxis::ep), 0);
-  apply_expert_parallel(*model, ep_plan);
+  apply_expert_parallel(*model, table, ep_plan);
   // FP8 layers keep other activations, and fp8_param gathers their weights in units of
   // their own.
   Fp8Report fp8;
-  if (recipe.mixed_precision.fp8) fp8 = apply_fp8(model->blocks(), fp8_plan_of(recipe),
-                                                     model->vocabulary_tables().head);
+  if (recipe.mixed_precision.fp8)
+    fp8 = apply_fp8(*model, table, fp8_plan_of(recipe), model->vocabulary_tables().head);
   const FsdpOptions fo = fsdp_options_of(recipe);
   check_offload_device(recipe);
   const MemoryPrediction p = predict_memory(recipe, *model, mesh);

@@ -101,7 +101,8 @@ void Trainer::State::apply_fp8_plan() {
   }
   Fp8Plan plan = fp8_plan_of(recipe);
   plan.token_group = cp_group.get();
-  const Fp8Report fp8 = apply_fp8(model->blocks(), plan, model->vocabulary_tables().head);
+  const Fp8Report fp8 = apply_fp8(*model, model->layer_table(), plan,
+                                   model->vocabulary_tables().head);
   if (mp.fp8_recipe == "delayed") {
     Fp8DelayedOptions delayed;
     delayed.history_len = mp.fp8_amax_history_len;
@@ -121,13 +122,13 @@ void Trainer::State::setup_model_and_sharding() {
   if (mesh->size(MeshAxis::tp) > 1) {
     // Tensor parallelism slices the specs first; FSDP then shards this rank's slices.
     tp_group = std::make_unique<CommunicatorParallelGroup>(comms->axis(MeshAxis::tp));
-    apply_tensor_parallel(*model, model->vocabulary_tables(), *tp_group,
+    apply_tensor_parallel(*model, model->vocabulary_tables(), model->layer_table(), *tp_group,
                           recipe.model.sequence_parallel);
   }
   if (mesh->size(MeshAxis::cp) > 1) {
     cp_group = std::make_unique<CommunicatorParallelGroup>(comms->axis(MeshAxis::cp));
-    apply_context_parallel(*model, model->vocabulary_tables(), *cp_group, recipe.model.seq_length,
-                           context_parallel_comm(recipe.model.cp_comm_type));
+    apply_context_parallel(*model, model->vocabulary_tables(), model->layer_table(), *cp_group,
+                           recipe.model.seq_length, context_parallel_comm(recipe.model.cp_comm_type));
     cp_layout = nn::ContextParallelLayout::make(recipe.model.seq_length, cp_group->size(),
                                                 cp_group->rank());
   }
@@ -136,7 +137,7 @@ void Trainer::State::setup_model_and_sharding() {
     // them over the ranks that hold the same ones.
     ep_group = std::make_unique<CommunicatorExpertParallelGroup>(
         comms->axis(MeshAxis::ep), recipe.model.moe_shared_expert_overlap);
-    apply_expert_parallel(*model, *ep_group);
+    apply_expert_parallel(*model, model->layer_table(), *ep_group);
   }
   for (nn::MoELayer* layer : model->moe_layers())
     layer->set_shared_expert_overlap(recipe.model.moe_shared_expert_overlap);

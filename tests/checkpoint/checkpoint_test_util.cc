@@ -118,7 +118,7 @@ TinyTraining::TinyTraining(const models::ModelConfig& config, ShardingStrategy s
   model = models::build_model(config);
   if (expert_parallel && expert_parallel->size() > 1) {
     experts = std::make_unique<CommunicatorExpertParallelGroup>(*expert_parallel);
-    apply_expert_parallel(*model, *experts);
+    apply_expert_parallel(*model, model->layer_table(), *experts);
   }
   FsdpOptions fo;
   fo.strategy = strategy;

@@ -76,7 +76,8 @@ TEST_CASE("context-parallel attention equals the whole sequence's (f64)", "[para
                                        << (ring ? ", ring" : ", all-gather"));
       auto whole = models::build_model(tiny(family));
       auto split = models::build_model(tiny(family));
-      const auto report = apply_context_parallel(*split, split->vocabulary_tables(), group, T, comm);
+      const auto report = apply_context_parallel(*split, split->vocabulary_tables(),
+                                                 split->layer_table(), group, T, comm);
       // Two attention layers, and GPT-2's learned positions.
       CHECK(report.size() == (cp > 1 ? (family == models::Family::GPT2 ? 3u : 2u) : 0u));
       for (auto* m : {whole.get(), split.get()}) {

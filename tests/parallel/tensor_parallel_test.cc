@@ -140,7 +140,7 @@ TEST_CASE("tensor-parallel layers equal the whole model (f64)", "[parallel][mpi]
       auto whole = models::build_model(tiny(family, kv_heads));
       auto split = models::build_model(tiny(family, kv_heads));
       const std::vector<std::string> report =
-          apply_tensor_parallel(*split, split->vocabulary_tables(), group, sp);
+          apply_tensor_parallel(*split, split->vocabulary_tables(), split->layer_table(), group, sp);
       // qkv, proj, fc, proj per block; the vocabulary: GPT-2's tied wte and its positions,
       // Llama's embedding and head; the final norm's output entering the head.
       if (!sp) CHECK(report.size() == (tp > 1 ? 4u * 2u + 3u : 0u));

@@ -54,10 +54,10 @@ int64_t step_gather_bytes(const Recipe& recipe) {
   const std::unique_ptr<models::LanguageModel> model = models::build_model(model_config_of(recipe));
   const int tp = recipe.model.tensor_model_parallel_size;
   PlanningParallelGroup tp_group(tp, testing::world_rank() % tp);
-  apply_tensor_parallel(*model, model->vocabulary_tables(), tp_group);
+  apply_tensor_parallel(*model, model->vocabulary_tables(), model->layer_table(), tp_group);
   Fp8Plan fp8;
   fp8.bf16_first_blocks = fp8.bf16_last_blocks = 0;
-  apply_fp8(model->blocks(), fp8);
+  apply_fp8(*model, model->layer_table(), fp8);
   const FsdpOptions fo = fsdp_options_of(recipe);
   PlanOptions po;
   po.dp_size = testing::world_size() / tp;

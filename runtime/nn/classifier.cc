@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "kernels/ops.h"
+#include "runtime/nn/dense_product.h"
 #include "runtime/nn/fp8_linear.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/op_support.h"
@@ -81,11 +82,9 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
     // FP8 where the head is marked and the chunk's sizes fit (not under vocabulary
     // parallelism, which the plan leaves in bf16).
     const bool chunk_fp8 = !group && fp8::applies(weight, m);
-    ops::Fp8Matrix x_columns;                      // (C, m) FP8, for dW
-    if (chunk_fp8)                                 // logits = x_c W^T
-      x_columns = fp8::forward(ctx, lg, xc, weight, Tensor(), ops::Epilogue::None, Tensor(), record);
-    else
-      ops::matmul(ctx, lg, xc, w, false, true);
+    // logits = x_c W^T; in FP8 with x_c's transposed FP8 copy (C, m) for dW
+    const ops::Fp8Matrix x_columns = detail::product(ctx, lg, xc, weight, chunk_fp8, Tensor(),
+                                                     ops::Epilogue::None, Tensor(), record);
     if (group) {
       // The rows' losses from every rank's statistics (one all-gather), then this rank's
       // columns of d loss / d logits. x's gradient below is this rank's part of it: the
@@ -106,16 +105,17 @@ Tensor classifier_loss(Graph& g, const Tensor& x, Parameter& weight, const Tenso
                                           inv_valid, record);
     }
     if (!record) continue;
-    if (chunk_fp8) {
-      const ops::Fp8Quantized q = fp8::quantize_output_grad(ctx, lg, weight, nullptr);
-      if (want_dx) fp8::input_grad(ctx, dx.narrow(0, start, m), q, weight, 0.0);
-      fp8::weight_grad_into(ctx, dw, q, x_columns, start == 0 ? 0.0 : 1.0);
-      continue;
-    }
+    std::optional<ops::Fp8Quantized> q;  // dlogits_c quantized once for both products
+    if (chunk_fp8) q = fp8::quantize_output_grad(ctx, lg, weight, nullptr);
     if (want_dx)  // dx_c (m, C) = dlogits_c (m, Vp) @ W (Vp, C)
-      ops::matmul(ctx, dx.narrow(0, start, m), lg, w, false, false);
-    // dW (Vp, C) (+)= dlogits_c^T (Vp, m) @ x_c (m, C); the first chunk overwrites.
-    ops::matmul(ctx, dw, lg, xc, true, false, 1.0, start == 0 ? 0.0 : 1.0);
+      detail::input_product(ctx, dx.narrow(0, start, m), lg, q, weight, 0.0);
+    // dW (Vp, C) (+)= dlogits_c^T (Vp, m) @ x_c (m, C); the first chunk overwrites. Into the
+    // forward's own f32 buffer, not the parameter's gradient (see above).
+    const double beta = start == 0 ? 0.0 : 1.0;
+    if (q)
+      fp8::weight_grad_into(ctx, dw, *q, x_columns, beta);
+    else
+      ops::matmul(ctx, dw, lg, xc, true, false, 1.0, beta);
   }
   if (record && n == 0) ops::fill(ctx, dw, 0.0);
   Tensor loss = ops::sum(ctx, losses);  // one element

@@ -1,7 +1,10 @@
-// What the dense layers' products share (nn::linear and nn::mlp; not a public header): the
-// column-parallel input under sequence parallelism, and one product in FP8 or in the compute
-// dtype.
+// The products of the dense layers, one helper each, shared by nn::linear, nn::mlp,
+// nn::classifier_loss and the MoE router (not a public header): the column-parallel input
+// under sequence parallelism, and the forward, input-gradient and weight-gradient products,
+// each in FP8 (where the FP8 plan marked the weight) or in the compute dtype.
 #pragma once
+
+#include <optional>
 
 #include "kernels/ops.h"
 #include "runtime/nn/fp8_linear.h"
@@ -40,6 +43,30 @@ inline ops::Fp8Matrix product(Context& ctx, const Tensor& out, const fp8::Source
   if (in_fp8) return fp8::forward(ctx, out, in, w, b, ep, aux, keep_input);
   ops::matmul(ctx, out, in.x, w.checked_data(), false, true, 1.0, 0.0, b, ep, aux);
   return ops::Fp8Matrix();
+}
+
+// dx (N, in) = dy (N, out) @ W (out, in) + beta dx [DGelu: times gelu'(aux), beta 0], from
+// dy's FP8 copy q when the layer runs in FP8 (q given), else in the compute dtype.
+inline void input_product(Context& ctx, const Tensor& dx, const Tensor& dy,
+                          const std::optional<ops::Fp8Quantized>& q, const Parameter& w,
+                          double beta, ops::Epilogue ep = ops::Epilogue::None,
+                          const Tensor& aux = Tensor()) {
+  if (q)
+    fp8::input_grad(ctx, dx, *q, w, beta, ep, aux);
+  else
+    ops::matmul(ctx, dx, dy, w.checked_data(), false, false, 1.0, beta, Tensor(), ep, aux);
+}
+
+// dW (out, in) += dy^T (out, N) @ x (N, in) [db (out) += column sums of dy]: in FP8 (q
+// given) from x's transposed FP8 copy (the forward's, or quantized again from x now), else
+// in the compute dtype.
+inline void weight_product(Context& ctx, Parameter& w, Parameter* bias, const Tensor& dy,
+                           const std::optional<ops::Fp8Quantized>& q,
+                           const ops::Fp8Matrix& x_columns, const Tensor& x) {
+  if (q)
+    fp8::weight_grad(ctx, w, *q, x_columns.defined() ? x_columns : fp8::input_columns(ctx, x, w));
+  else
+    weight_and_bias_grad(ctx, w, bias, dy, x);
 }
 
 }  // namespace fsdp::nn::detail

@@ -75,10 +75,7 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
              if (use_fp8) q = fp8::quantize_output_grad(ctx, dy, *wp, bias);
              // dx (N, in) (+)= dy (N, out) @ W (out, in)
              auto input_grad = [&](const Tensor& dx, double beta) {
-               if (q)
-                 fp8::input_grad(ctx, dx, *q, *wp, beta);
-               else
-                 ops::matmul(ctx, dx, dy, wp->checked_data(), false, false, 1.0, beta);
+               detail::input_product(ctx, dx, dy, q, *wp, beta);
              };
              // Column-parallel: this rank's part of dx, summed over the group while the
              // weight gradient is computed.
@@ -86,11 +83,7 @@ Tensor linear(Graph& g, const Tensor& x, Parameter& weight, Parameter* bias,
                  ColumnInputGrad::compute(g, tx, column, whole_shape, in_f, dy.dtype(), input_grad);
              // dW (out, in) += dy^T (out, N) @ x (N, in) [db (out) += column sums of dy]
              const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), in_f) : saved;
-             if (q)
-               fp8::weight_grad(ctx, *wp, *q,
-                                x_columns.defined() ? x_columns : fp8::input_columns(ctx, x2, *wp));
-             else
-               detail::weight_and_bias_grad(ctx, *wp, bias, dy, x2);
+             detail::weight_product(ctx, *wp, bias, dy, q, x_columns, x2);
              if (dx) g.accumulate(tx, dx->finish(ctx));
            });
   return y;

@@ -16,7 +16,6 @@
 namespace fsdp::nn {
 
 using detail::rows;
-using detail::weight_and_bias_grad;
 using detail::with_last;
 
 void detail::mlp_activation(Context& ctx, MlpActivation act, const Tensor& out, const Tensor& h) {
@@ -116,20 +115,12 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              }
              // dW_proj (C, F) += dy^T (C, N) @ a (N, F); db_proj (C) += column sums of dy
              std::optional<ops::Fp8Quantized> qdy;
-             if (proj_fp8) {
-               qdy = fp8::quantize_output_grad(ctx, dy, proj_weight, proj_bias);
-               fp8::weight_grad(ctx, proj_weight, *qdy, a_columns);
-             } else {
-               weight_and_bias_grad(ctx, proj_weight, proj_bias, dy, a);
-             }
+             if (proj_fp8) qdy = fp8::quantize_output_grad(ctx, dy, proj_weight, proj_bias);
+             detail::weight_product(ctx, proj_weight, proj_bias, dy, qdy, a_columns, a);
              a = Tensor();  // freed before the (N, F or 2F) gradient is allocated
              // da (N, F) = dy @ W_proj [times gelu'(h): the GELU gradient in the same matmul]
              auto input_grad = [&](const Tensor& out, ops::Epilogue ep, const Tensor& aux) {
-               if (qdy)
-                 fp8::input_grad(ctx, out, *qdy, proj_weight, 0.0, ep, aux);
-               else
-                 ops::matmul(ctx, out, dy, proj_weight.checked_data(), false, false, 1.0, 0.0,
-                             Tensor(), ep, aux);
+               detail::input_product(ctx, out, dy, qdy, proj_weight, 0.0, ep, aux);
              };
              // dh (N, F or 2F): the gradient at the activation's input. In FP8, dh quantized
              // once for both of fc's products (db_fc from the same read), by a cast that
@@ -158,10 +149,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
              }
              // dx (N, C) (+)= dh @ W_fc (F or 2F, C)
              auto fc_input_grad = [&](const Tensor& dx, double beta) {
-               if (qdh)
-                 fp8::input_grad(ctx, dx, *qdh, fc_weight, beta);
-               else
-                 ops::matmul(ctx, dx, dh, fc_weight.checked_data(), false, false, 1.0, beta);
+               detail::input_product(ctx, dx, dh, qdh, fc_weight, beta);
              };
              // Column-parallel: this rank's part of dx, summed over the group while fc's
              // weight gradient is computed.
@@ -169,12 +157,7 @@ Tensor mlp(Graph& g, const Tensor& x, Parameter& fc_weight, Parameter* fc_bias,
                  ColumnInputGrad::compute(g, tx, column, whole_shape, c, dy.dtype(), fc_input_grad);
              // dW_fc (F or 2F, C) += dh^T @ x (N, C); db_fc += column sums of dh
              const Tensor x2 = gathered ? rows(ctx, regather->finish(ctx), c) : saved_x;
-             if (qdh)
-               fp8::weight_grad(ctx, fc_weight, *qdh,
-                                x_columns.defined() ? x_columns
-                                                    : fp8::input_columns(ctx, x2, fc_weight));
-             else
-               weight_and_bias_grad(ctx, fc_weight, fc_bias, dh, x2);
+             detail::weight_product(ctx, fc_weight, fc_bias, dh, qdh, x_columns, x2);
              if (dx) g.accumulate(tx, dx->finish(ctx));
            });
   return y;

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "kernels/ops.h"
+#include "runtime/nn/dense_product.h"
 #include "runtime/nn/expert_parallel.h"
 #include "runtime/nn/functional.h"
 #include "runtime/nn/op_support.h"
@@ -21,14 +22,14 @@ namespace {
 // The routed path's input gradient: dx (N, C) (+)= the sum of each token's k rows of dxs
 // (R, C), + dlogits (N, E) @ W_router (E, C). dest (N, k): the row of each (token, expert).
 void write_input_grad(Graph& g, const autograd::GradTarget& tx, const Tensor& dxs,
-                      const Tensor& dlogits, const Tensor& dest, const Tensor& w_router) {
+                      const Tensor& dlogits, const Tensor& dest, const Parameter& router) {
   Context& ctx = g.ctx();
   const autograd::GradSink sx = g.grad_sink(tx);
   if (!sx.defined()) return;
-  const int64_t N = dlogits.size(0), C = w_router.size(1);
+  const int64_t N = dlogits.size(0), C = router.shape()[1];
   const Tensor dx = sx.buffer.view(Shape{N, C});
   ops::moe_permute_backward(ctx, dx, dxs, dest, sx.accumulate);
-  ops::matmul(ctx, dx, dlogits, w_router, false, false, 1.0, 1.0);
+  detail::input_product(ctx, dx, dlogits, std::nullopt, router, 1.0);  // in bf16
 }
 
 // With the shared expert beside the dispatch, its backward runs while the inputs' gradients
@@ -77,7 +78,8 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
 
   // Routing: logits (N, E) -> the k experts of each token and their weights.
   Tensor logits = ctx.empty(Shape{N, E}, cd);
-  ops::matmul(ctx, logits, x2, w_router, false, true);
+  detail::product(ctx, logits, x2, router, false, Tensor(), ops::Epilogue::None, Tensor(),
+                  false);  // the router is never FP8
   const Tensor indices = ctx.empty(Shape{N, k}, DType::i32);  // (N, k)
   const Tensor weights = ctx.empty(Shape{N, k}, sd);          // (N, k)
   const Tensor scores = ctx.empty(Shape{N, E}, sd);           // (N, E)
@@ -112,7 +114,7 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
                if (!w.dlogits.defined()) return;  // the routed op's backward did not run
                const Tensor dxs = w.rows ? w.rows->finish(g.ctx()) : w.dxs;
                w.rows.reset();
-               write_input_grad(g, tx, dxs, w.dlogits, dest, router.checked_data());
+               write_input_grad(g, tx, dxs, w.dlogits, dest, router);
                w.dxs = w.dlogits = Tensor();
              });
   }
@@ -190,8 +192,8 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
              ops::moe_router_backward(ctx, dlogits, dweights, scores, indices, ro, dscores);
              if (dlogits_z.defined()) ops::axpby(ctx, dlogits, 1.0, dlogits_z, 1.0);
              // drouter (E, C) += dlogits^T @ x
-             ops::matmul(ctx, router.grad_for_accumulation(ctx), dlogits, x2, true, false, 1.0,
-                         1.0);
+             detail::weight_product(ctx, router, nullptr, dlogits, std::nullopt,
+                                    ops::Fp8Matrix(), x2);
              const Tensor dye = to_experts ? to_experts->finish(ctx) : dys;  // (R', C)
              // proj: da (R', F) = dye_e @ proj_e; dproj_e (C, F) += dye_e^T @ a_e
              const Tensor da = ctx.empty(Shape{Re, f}, cd);
@@ -218,7 +220,7 @@ Tensor moe(Graph& g, const Tensor& x, Parameter& router, Parameter& fc, Paramete
                return;
              }
              const Tensor dxs = ep ? rows_from_experts(ctx, *ep, *exchange, dxe) : dxe;
-             write_input_grad(g, tx, dxs, dlogits, dest, router.checked_data());
+             write_input_grad(g, tx, dxs, dlogits, dest, router);
            });
   return y;
 }

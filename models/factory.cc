@@ -33,13 +33,18 @@ Recompute recompute_from_name(const std::string& name) {
   FSDP_THROW(ConfigError, "activation recompute '", name, "' is not one of: none, full, selective");
 }
 
-void set_activation_recompute(LanguageModel& model, Recompute mode) {
+void set_activation_recompute(LanguageModel& model, Recompute mode, int64_t full_blocks) {
   for (nn::Module* m : model.modules()) {
     m->set_recompute(false);
     if (auto* mlp = dynamic_cast<nn::MLP*>(m)) mlp->recompute_activation = false;
   }
-  for (nn::Module* block : model.blocks()) {
-    if (mode == Recompute::full) block->set_recompute(true);
+  const std::vector<nn::Module*> blocks = model.blocks();
+  FSDP_CHECK(full_blocks <= int64_t(blocks.size()), ConfigError, "activation recompute: ",
+             full_blocks, " blocks to recompute, but the model has ", blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    nn::Module* block = blocks[i];
+    if (mode == Recompute::full && (full_blocks < 0 || int64_t(i) < full_blocks))
+      block->set_recompute(true);
     if (mode == Recompute::selective)
       for (nn::Module* m : block->modules())  // dense MLPs, MoE layers and shared experts
         if (auto* mlp = dynamic_cast<nn::MLP*>(m)) mlp->recompute_activation = true;

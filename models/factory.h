@@ -24,6 +24,9 @@ enum class Recompute : uint8_t { none, full, selective };
 const char* recompute_name(Recompute mode);  // "none", "full", "selective"
 // Accepts those names; throws ConfigError naming the value otherwise.
 Recompute recompute_from_name(const std::string& name);
-void set_activation_recompute(LanguageModel& model, Recompute mode);
+// `full_blocks` >= 0 recomputes only the first that many blocks under full (Megatron's
+// recompute_method "block" with recompute_num_layers); -1: every block. ConfigError when
+// it exceeds the model's blocks.
+void set_activation_recompute(LanguageModel& model, Recompute mode, int64_t full_blocks = -1);
 
 }  // namespace fsdp::models

@@ -50,14 +50,43 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   p.activations = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
                                             recipe.model.seq_length / cp, fo.compute_dtype,
                                             recompute_of(recipe), tp,
-                                            recipe.model.sequence_parallel, fp8_block_count(model));
+                                            recipe.model.sequence_parallel, fp8_block_mask(model),
+                                            recipe.model.recompute_num_layers);
   p.fp8_weight_casts = fp8_weight_cast_bytes(model);
+
+  int64_t cp_keys_values = 0;
   if (cp > 1) {
     const int64_t kv_heads = std::max<int64_t>(1, (mc.n_kv_head ? mc.n_kv_head : mc.n_head) / tp);
-    p.activations += mc.n_layer * 2 * recipe.train.micro_batch_size * recipe.model.seq_length *
+    cp_keys_values = mc.n_layer * 2 * recipe.train.micro_batch_size * recipe.model.seq_length *
                      kv_heads * mc.head_dim() * int64_t(dtype_size(fo.compute_dtype));
   }
+  p.activations += cp_keys_values;
+  const std::vector<bool> fp8_blocks = fp8_block_mask(model);
+  for (int64_t blocks = 0; blocks <= mc.n_layer; ++blocks)
+    p.activations_recomputing.push_back(
+        cp_keys_values + activation_bytes_estimate(mc, recipe.train.micro_batch_size,
+                                                   recipe.model.seq_length / cp, fo.compute_dtype,
+                                                   models::Recompute::full, tp,
+                                                   recipe.model.sequence_parallel, fp8_blocks, blocks));
   return p;
+}
+
+std::string MemoryPrediction::largest_part() const {
+  const std::pair<const char*, int64_t> parts[] = {
+      {"compute weights", int64_t(fsdp.compute_weights)},
+      {"master weights", int64_t(fsdp.main_weights)},
+      {"gradient accumulation", int64_t(fsdp.grad_accumulation)},
+      {"full-size gradients", int64_t(fsdp.full_grads)},
+      {"the gathered-weight pool", int64_t(fsdp.gather_pool)},
+      {"the gradient pool", int64_t(fsdp.grad_pool)},
+      {"the optimizer's device state", int64_t(optimizer)},
+      {"activations", activations},
+      {"FP8 weight casts", fp8_weight_casts},
+  };
+  const auto* largest = &parts[0];
+  for (const auto& part : parts)
+    if (part.second > largest->second) largest = &part;
+  return str_cat(largest->first, " (", format_bytes(largest->second), ")");
 }
 
 int64_t runtime_address_space() {
@@ -84,17 +113,30 @@ void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ran
                              (p.fsdp.host_main_weights > 0 ? int64_t(p.optimizer_state) : 0) +
                              p.offload_staging;
   const int64_t need = sharers * (p.device_peak() + (device.is_cpu() ? host_extra : 0));
-  FSDP_CHECK(need <= capacity, ConfigError, "this run needs about ", format_bytes(need),
-             device.is_cpu() ? str_cat(" of host memory (", sharers, " rank(s) on this host, ",
-                                       format_bytes(p.device_peak() + host_extra), " each)")
-                             : sharers > 1 ? str_cat(" on the GPU (", sharers,
-                                                     " ranks share it, ",
-                                                     format_bytes(p.device_peak()), " each)")
-                                           : std::string(" on the GPU"),
-             " but ", device.str(), " has ", format_bytes(capacity),
-             ": lower model.n_layer, model.d_model or train.micro_batch_size, shard more "
-             "(ddp.data_parallel_sharding_strategy, more ranks), or recompute activations "
-             "(model.activation_recompute); `train --dry-run` prints the prediction");
+  if (need > capacity) {
+    // The fewest blocks recomputed whole that would fit, when some number does.
+    std::string fix;
+    for (size_t blocks = 0; blocks < p.activations_recomputing.size() && fix.empty(); ++blocks) {
+      const int64_t peak = p.device_peak() - p.activations + p.activations_recomputing[blocks];
+      if (sharers * (peak + (device.is_cpu() ? host_extra : 0)) <= capacity &&
+          p.activations_recomputing[blocks] < p.activations)
+        fix = str_cat("set model.activation_recompute=full model.recompute_num_layers=", blocks,
+                      " (predicted ", format_bytes(peak), " each)");
+    }
+    if (fix.empty())
+      fix = "lower model.n_layer, model.d_model or train.micro_batch_size, shard more "
+            "(ddp.data_parallel_sharding_strategy, more ranks), offload the optimizer "
+            "(optimizer.cpu_offload), or recompute activations (model.activation_recompute)";
+    FSDP_THROW(ConfigError, "this run needs about ", format_bytes(need),
+               device.is_cpu() ? str_cat(" of host memory (", sharers, " rank(s) on this host, ",
+                                         format_bytes(p.device_peak() + host_extra), " each)")
+                               : sharers > 1 ? str_cat(" on the GPU (", sharers,
+                                                       " ranks share it, ",
+                                                       format_bytes(p.device_peak()), " each)")
+                                             : std::string(" on the GPU"),
+               " but ", device.str(), " has ", format_bytes(capacity), "; the largest part is ",
+               p.largest_part(), ": ", fix, "; `train --dry-run` prints the prediction");
+  }
   // This process's own address space: on the CPU its predicted memory and host buffers; on
   // a GPU its host buffers and CUDA's mapping of the device's memory.
   const int64_t mapped = device.is_cpu() ? p.device_peak() + host_extra : capacity + host_extra;

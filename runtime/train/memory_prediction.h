@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "collectives/mesh.h"
 #include "models/language_model.h"
@@ -22,10 +24,15 @@ struct MemoryPrediction {
   int64_t activations = 0;      // one micro-batch's, estimated
   int64_t offload_staging = 0;  // CPU offload: the pinned gradient and weight staging
   int64_t fp8_weight_casts = 0; // FP8 weights cast once per step: both layouts, held for it
+  // The activations with the first N blocks recomputed whole (full recompute of N blocks),
+  // for N = 0 .. the number of blocks: what a run that does not fit can trade.
+  std::vector<int64_t> activations_recomputing;
 
   int64_t device_peak() const {
     return int64_t(fsdp.total() + optimizer) + activations + fp8_weight_casts;
   }
+  // The largest part of device_peak(), as "activations (12.0 GiB)".
+  std::string largest_part() const;
 };
 
 // For a recipe with its device and world resolved, and the model it builds (specs).
@@ -47,7 +54,8 @@ void check_address_space(int64_t need, const std::string& what);
 // ConfigError when `prediction` does not fit `device`: the predicted peaks of the
 // `sharing_ranks` that use it (on a GPU, those the staged backend puts on it; on the CPU,
 // this host's ranks) above its memory.
-// The message names the prediction, the capacity and the keys that size the run.
+// The message names the prediction, the capacity, the largest part, and the full-recompute
+// setting that would fit when one does (else the keys that size the run).
 void check_memory_fits(const MemoryPrediction& prediction, Device device, int sharing_ranks);
 
 }  // namespace fsdp::train

@@ -33,6 +33,7 @@ struct ModelSection {
   double init_std = 0;
   bool fp32_residual_connection = false;
   std::string activation_recompute;  // "none" | "full" | "selective"
+  int64_t recompute_num_layers = -1;  // full: the first N blocks (-1: all)
   int classifier_chunk_rows = 0;     // tokens per chunk of the fused head + loss; 0 = one chunk
   // Parallelisms inside a layer (Megatron-Bridge's names); data parallelism takes the rest
   // of the world: world / (tensor_model_parallel_size * context_parallel_size).

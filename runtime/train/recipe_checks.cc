@@ -22,6 +22,13 @@ void check_model(const ModelSection& m) {
              "'model.n_head' = ", m.d_model / m.n_head);
   FSDP_CHECK(m.padded_vocab_size >= m.vocab_size, ConfigError, "'model.padded_vocab_size' (",
              m.padded_vocab_size, ") must be at least 'model.vocab_size' (", m.vocab_size, ")");
+  FSDP_CHECK(m.recompute_num_layers < 0 || m.activation_recompute == "full", ConfigError,
+             "'model.recompute_num_layers' (", m.recompute_num_layers, ") picks the blocks "
+             "that 'model.activation_recompute' \"full\" recomputes, but it is \"",
+             m.activation_recompute, "\"");
+  FSDP_CHECK(m.recompute_num_layers <= m.n_layer, ConfigError, "'model.recompute_num_layers' (",
+             m.recompute_num_layers, ") is more than the model's 'model.n_layer' (", m.n_layer,
+             ") blocks");
 }
 
 // Tensor and context parallelism: what can be told from the recipe alone.

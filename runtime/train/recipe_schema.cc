@@ -44,6 +44,11 @@ std::vector<FieldSpec> build_schema() {
                      "recomputed from its saved input: an elementwise pass, no matmul; before an FP8 "
                      "projection its one-byte FP8 copy is kept instead, cheaper than the "
                      "recompute and half the bf16 activation)."),
+      KEY(model.recompute_num_layers).default_to(-1).at_least(-1).help_text(
+          "With activation_recompute \"full\": recompute only the first N blocks and keep "
+          "the others' activations (Megatron's recompute_method \"block\" with "
+          "recompute_num_layers); the fewest blocks that fit are the fastest, and a run that "
+          "does not fit names the N that would. -1: every block."),
       // 8192 = models::kDefaultClassifierChunkRows (this library does not depend on models).
       KEY(model.classifier_chunk_rows).default_to(8192).at_least(0).help_text(
           "Tokens per chunk of the output head fused with the loss: only a (chunk, "
@@ -396,6 +401,7 @@ const std::vector<std::pair<std::string, std::string>>& recipe_key_aliases() {
       {"sequence_length", "model.seq_length"},
       {"untie_embeddings_and_output_weights", "model.tie_embeddings"},
       {"recompute_granularity", "model.activation_recompute"},
+      {"recompute_num_layers", "model.recompute_num_layers"},
       {"tensor_model_parallel_size", "model.tensor_model_parallel_size"},
       {"context_parallel_size", "model.context_parallel_size"},
       {"data_path", "dataset.train_path"},

@@ -174,14 +174,14 @@ std::string fp8_summary(const Recipe& r, const Fp8Report& report) {
                  mp.fp8_param ? "; weights gathered in FP8" : "");
 }
 
-int fp8_block_count(models::LanguageModel& model) {
-  int n = 0;
+std::vector<bool> fp8_block_mask(models::LanguageModel& model) {
+  std::vector<bool> mask;
   for (nn::Module* block : model.blocks()) {
     bool fp8 = false;
     for (nn::Parameter* p : block->named_parameters()) fp8 = fp8 || p->fp8.has_value();
-    n += fp8;
+    mask.push_back(fp8);
   }
-  return n;
+  return mask;
 }
 
 int64_t fp8_weight_cast_bytes(models::LanguageModel& model) {
@@ -193,7 +193,8 @@ int64_t fp8_weight_cast_bytes(models::LanguageModel& model) {
 
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
-                                  int tp, bool sequence_parallel, int fp8_blocks) {
+                                  int tp, bool sequence_parallel,
+                                  const std::vector<bool>& fp8_blocks, int64_t recomputed_blocks) {
   const int64_t n = micro_batch * seq_len;  // tokens
   const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
   const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
@@ -244,12 +245,18 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   const int64_t fp8_attention_linears = n * (norm_output + C / tp);
   const int64_t fp8_mlp_linears =
       n * (norm_output + (recompute == models::Recompute::selective ? F / tp : -F / tp * (e - 1)));
-  const int64_t moe_layers = c.num_moe_layers();
-  const int64_t fp8_dense_blocks = std::min<int64_t>(fp8_blocks, L - moe_layers);
-  int64_t fp8_change = fp8_blocks * fp8_attention_linears + fp8_dense_blocks * fp8_mlp_linears;
-  if (recompute == models::Recompute::full) {
-    layer_bytes = moe_layer_bytes = n * C * r / stream_parts;  // the block input
-    fp8_change = 0;
+  // Per block: a recomputed one keeps only its input; another what its kind keeps.
+  const bool full = recompute == models::Recompute::full;
+  const int64_t recomputed = !full ? 0 : recomputed_blocks < 0 ? L : std::min(recomputed_blocks, L);
+  int64_t blocks = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    if (i < recomputed) {
+      blocks += n * C * r / stream_parts;  // the block input
+      continue;
+    }
+    const bool moe = c.is_moe_layer(i), fp8 = size_t(i) < fp8_blocks.size() && fp8_blocks[size_t(i)];
+    blocks += moe ? moe_layer_bytes : layer_bytes;
+    if (fp8) blocks += fp8_attention_linears + (moe ? 0 : fp8_mlp_linears);
   }
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
@@ -260,7 +267,7 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   const int64_t vocab_rows = c.padded_vocab_size / tp;
   const int64_t head = chunk * vocab_rows * e + n * C * e + vocab_rows * C * stat + n * stat +
                        n * C * r;
-  return (L - moe_layers) * layer_bytes + moe_layers * moe_layer_bytes + fp8_change + head;
+  return blocks + head;
 }
 
 }  // namespace fsdp::train

@@ -39,8 +39,8 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val);
 Fp8Plan fp8_plan_of(const Recipe& r);
 // The start-up report's line on FP8: recipe, how many layers run in FP8, what stays in bf16.
 std::string fp8_summary(const Recipe& r, const Fp8Report& report);
-// How many of the model's blocks have linear layers an FP8 plan marked.
-int fp8_block_count(models::LanguageModel& model);
+// Per block, in forward order: whether it has linear layers an FP8 plan marked.
+std::vector<bool> fp8_block_mask(models::LanguageModel& model);
 // Bytes of the FP8 weight casts held for a step (nn::Fp8Recipe::cache_weight): one byte per
 // element of each such weight in each of its two layouts.
 int64_t fp8_weight_cast_bytes(models::LanguageModel& model);
@@ -49,10 +49,14 @@ int64_t fp8_weight_cast_bytes(models::LanguageModel& model);
 // tensors the model's ops save, and the chunked classifier's logits buffer). Under tensor
 // parallelism over `tp` ranks each keeps its share of the heads' and the MLP's tensors,
 // and with sequence parallelism its share of the residual stream and the norms' outputs.
-// In `fp8_blocks` blocks the linear layers keep FP8 copies of their inputs (one byte per
-// element) for their weight gradients instead of the inputs themselves.
+// In the blocks `fp8_blocks` marks (one flag per block; empty: none) the linear layers keep
+// FP8 copies of their inputs (one byte per element) for their weight gradients instead of
+// the inputs themselves. Under full recompute, `recomputed_blocks` >= 0 recomputes only the
+// first that many blocks (the others keep what they keep without recompute); -1: all.
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
-                                  int tp = 1, bool sequence_parallel = false, int fp8_blocks = 0);
+                                  int tp = 1, bool sequence_parallel = false,
+                                  const std::vector<bool>& fp8_blocks = {},
+                                  int64_t recomputed_blocks = -1);
 
 }  // namespace fsdp::train

@@ -142,7 +142,7 @@ void Trainer::State::setup_model_and_sharding() {
   for (nn::MoELayer* layer : model->moe_layers())
     layer->set_shared_expert_overlap(recipe.model.moe_shared_expert_overlap);
   if (recipe.mixed_precision.fp8) apply_fp8_plan();
-  models::set_activation_recompute(*model, recompute_of(recipe));
+  models::set_activation_recompute(*model, recompute_of(recipe), recipe.model.recompute_num_layers);
   // A token runs through k of each MoE layer's E experts: the FLOPs count active parameters.
   flops_per_token = train::flops_per_token(
       n_params - int64_t(model_config.inactive_parameters_per_token()),
@@ -247,7 +247,8 @@ void Trainer::State::print_startup_report() const {
                                                 recompute_of(recipe),
                                                 recipe.model.tensor_model_parallel_size,
                                                 recipe.model.sequence_parallel,
-                                                fp8_block_count(*model));
+                                                fp8_block_mask(*model),
+                                                recipe.model.recompute_num_layers);
   const int64_t casts = fp8_weight_cast_bytes(*model);
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),

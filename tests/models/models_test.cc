@@ -154,11 +154,15 @@ TEST_CASE("activation recompute changes no loss and no gradient (bitwise, CPU f3
   for (Family f : {Family::GPT2, Family::Llama}) {
     std::vector<std::vector<float>> reference;
     double reference_loss = 0;
-    for (const char* mode : {"none", "full", "selective"}) {
+    // "full1": full recompute of the first block only (recompute_num_layers = 1).
+    for (std::string mode : {"none", "full", "selective", "full1"}) {
       INFO(family_name(f) << " " << mode);
       auto model = build_model(tiny(f));
       nn::materialize(ctx, *model, DType::f32, 21);
-      set_activation_recompute(*model, recompute_from_name(mode));
+      if (mode == "full1")
+        set_activation_recompute(*model, Recompute::full, 1);
+      else
+        set_activation_recompute(*model, recompute_from_name(mode));
       Graph g(ctx);
       const Tensor loss = model->forward(g, ids(ctx, pattern(16, 7, 1, 30), 2, 8),
                                          ids(ctx, pattern(16, 3, 5, 30), 2, 8));
@@ -168,7 +172,7 @@ TEST_CASE("activation recompute changes no loss and no gradient (bitwise, CPU f3
       std::vector<std::vector<float>> gr;
       for (nn::Parameter* p : model->named_parameters())
         gr.push_back(ops::to_vector<float>(ctx, p->grad));
-      if (std::string(mode) == "none") {
+      if (mode == "none") {
         reference = gr;
         reference_loss = value;
         // Every op recorded: per block norm, qkv, attention, proj, add, norm, the MLP (one
@@ -179,13 +183,22 @@ TEST_CASE("activation recompute changes no loss and no gradient (bitwise, CPU f3
         CHECK(value == reference_loss);
         CHECK(gr == reference);
       }
-      if (std::string(mode) == "full") {
+      if (mode == "full1") {
+        CHECK(model->blocks()[0]->recompute());
+        CHECK_FALSE(model->blocks()[1]->recompute());
+        // The second block's 8 nodes stay; the first one's are one recompute node.
+        CHECK(nodes == 1 + 8 + 3);
+      }
+      if (mode == "full") {
         CHECK(model->blocks()[0]->recompute());
         CHECK(nodes < 12);  // embedding, 2 recompute nodes, norm, head and loss
       }
     }
   }
   CHECK_THROWS_AS(recompute_from_name("some"), ConfigError);
+  auto model = build_model(tiny(Family::GPT2));
+  CHECK_THROWS_WITH(set_activation_recompute(*model, Recompute::full, 3),
+                    Catch::Contains("3 blocks to recompute, but the model has 2"));
 }
 
 TEST_CASE("sample_token: greedy, top-k and temperature", "[models][generate]") {

@@ -4,7 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/device.h"
 #include "runtime/train/dry_run.h"
+#include "runtime/train/memory_prediction.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer_setup.h"
@@ -67,8 +69,11 @@ TEST_CASE("the activation estimate counts the FP8 layers' copies", "[train][fp8]
   const Recipe r = load_recipe("configs/gpt-1.3b.json");
   const models::ModelConfig c = model_config_of(r);
   const int64_t n = 16 * 2048, C = c.d_model, F = c.d_ff;
+  // The blocks 1 .. fp8_blocks in FP8 (the plan keeps the first and the last in bf16).
   auto estimate = [&](models::Recompute recompute, int tp, bool sp, int fp8_blocks) {
-    return activation_bytes_estimate(c, 16, 2048, DType::bf16, recompute, tp, sp, fp8_blocks);
+    std::vector<bool> mask(size_t(c.n_layer), false);
+    for (int i = 1; i <= fp8_blocks; ++i) mask[size_t(i)] = true;
+    return activation_bytes_estimate(c, 16, 2048, DType::bf16, recompute, tp, sp, mask);
   };
   const auto selective = models::Recompute::selective, none = models::Recompute::none;
   // Per FP8 block and token: the two norm outputs (2 bytes each per channel) replaced by
@@ -81,6 +86,52 @@ TEST_CASE("the activation estimate counts the FP8 layers' copies", "[train][fp8]
   CHECK(estimate(selective, 2, true, 22) - estimate(selective, 2, true, 0) == 22 * n * (C + F) / 2);
   // Full recompute keeps only the block inputs.
   CHECK(estimate(models::Recompute::full, 1, false, 22) == estimate(models::Recompute::full, 1, false, 0));
+}
+
+TEST_CASE("recomputing the first N blocks keeps their inputs and the others' activations",
+          "[train]") {
+  const Recipe r = load_recipe("configs/gpt-1.3b.json");
+  const models::ModelConfig c = model_config_of(r);
+  const int64_t L = c.n_layer, n = 4 * 2048, C = c.d_model, F = c.d_ff;
+  std::vector<bool> fp8(size_t(L), true);  // the first and last blocks in bf16
+  fp8.front() = fp8.back() = false;
+  auto estimate = [&](models::Recompute mode, int64_t blocks) {
+    return activation_bytes_estimate(c, 4, 2048, DType::bf16, mode, 1, false, fp8, blocks);
+  };
+  const auto full = models::Recompute::full, none = models::Recompute::none;
+  CHECK(estimate(full, L) == estimate(full, -1));
+  CHECK(estimate(full, 0) == estimate(none, -1));
+  // Each block recomputed trades what it keeps without recompute for its input (n C bf16);
+  // an FP8 block keeps one-byte copies of its norm outputs and MLP activation (C + F fewer
+  // bytes a token).
+  const int64_t bf16_block = estimate(full, 0) - estimate(full, 1);
+  const int64_t fp8_block = estimate(full, 1) - estimate(full, 2);
+  CHECK(bf16_block - fp8_block == n * (C + F));
+  CHECK(estimate(full, L - 1) - estimate(full, L) == bf16_block);
+  for (int64_t b = 0; b < L; ++b) CHECK(estimate(full, b) > estimate(full, b + 1));
+}
+
+TEST_CASE("a run that does not fit names its largest part and the recompute that would fit",
+          "[train]") {
+  const int64_t capacity = int64_t(device_memory_bytes(Device::cpu()));
+  MemoryPrediction p;
+  p.activations = capacity + capacity / 4;  // the rest (weights, optimizer) is empty
+  for (int64_t blocks = 0; blocks <= 8; ++blocks)
+    p.activations_recomputing.push_back(capacity + capacity / 4 - blocks * capacity / 10);
+  // 0 blocks: 1.25 capacity; 2 blocks: 1.05; 3 blocks: 0.95, the first that fits.
+  try {
+    check_memory_fits(p, Device::cpu(), 1);
+    FAIL("the prediction was not refused");
+  } catch (const ConfigError& e) {
+    INFO(e.what());
+    CHECK_THAT(e.what(), Contains("the largest part is activations") &&
+                             Contains("model.activation_recompute=full model.recompute_num_layers=3") &&
+                             Contains("--dry-run"));
+  }
+  // Nothing recompute frees makes it fit: the keys that size the run.
+  p.activations_recomputing.assign(9, 2 * capacity);
+  CHECK_THROWS_WITH(check_memory_fits(p, Device::cpu(), 1),
+                    Contains("lower model.n_layer") && Contains("optimizer.cpu_offload"));
 }
 
 }  // namespace

@@ -122,6 +122,16 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
                      ? str_cat("  on one GPU        ", format_bytes(ranks_per_device * p.device_peak()),
                                " (", ranks_per_device, " ranks share it: dist.backend=staged)\n")
                      : std::string());
+  // What full recompute of the first N blocks would make the peak (model.recompute_num_layers).
+  const int64_t blocks = int64_t(p.activations_recomputing.size()) - 1;
+  if (blocks > 0) {
+    out += "  peak recomputing the first N blocks:";
+    const int64_t step = std::max<int64_t>(1, blocks / 4);
+    for (int64_t b = 0; b <= blocks; b = b == blocks ? blocks + 1 : std::min(b + step, blocks))
+      out += str_cat(" N=", b, " ",
+                     format_bytes(p.device_peak() - p.activations + p.activations_recomputing[size_t(b)]),
+                     b < blocks ? "," : "\n");
+  }
   if (fo.offload_main) {
     // Beside the master weights and moments: the staging buffers the shard streams through.
     out += str_cat("host memory per rank (cpu offload, page-locked): main weights ",

@@ -75,9 +75,9 @@ OffloadedAdamW::OffloadedAdamW(Context& ctx, const std::vector<OptimizerRange>& 
   chunk_uploaded_.resize(chunks_.size());
   if (overlap_ && total > 0) {
     // The gradients the background update reads, copied out of the buffers the next step's
-    // backward writes into.
-    snapshot_ = ctx.empty(Shape{total}, grad_dtype);
-    snapshot_bytes_ = allocation_size_class(snapshot_.nbytes());
+    // backward writes into: in host memory, where the update reads them anyway.
+    snapshot_ = ctx.empty_pinned(Shape{total}, grad_dtype);
+    snapshot_bytes_ = snapshot_.nbytes();
     int64_t at = 0;
     for (const OptimizerRange& r : ranges) {
       snapshot_views_.push_back(snapshot_.narrow(0, at, r.main.numel()));
@@ -176,13 +176,17 @@ void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
     ctx_.stream().wait(uploads_done);
     return;
   }
-  // Overlapped: snapshot the gradients on the compute stream (the next step zeroes and
-  // rewrites the originals there, after this copy), then update in the background.
+  // Overlapped: copy the final gradients down to the host snapshot, then update from it in
+  // the background. The next step zeroes and rewrites the originals on the compute stream,
+  // so that stream waits for the copy.
+  Event grads_final;
+  grads_final.record(ctx_.stream());
+  down_.wait(grads_final);
   for (size_t i = 0; i < ranges.size(); ++i)
-    ops::copy(ctx_, snapshot_views_[i], flat(ranges[i].grad));
+    copy_bytes_async(snapshot_views_[i], flat(ranges[i].grad), down_);
   Event snapshot_taken;
-  snapshot_taken.record(ctx_.stream());
-  down_.wait(snapshot_taken);
+  snapshot_taken.record(down_);
+  ctx_.stream().wait(snapshot_taken);
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_ = true;

@@ -15,9 +15,10 @@
 // Two ways to run a step:
 // - in step (default): step() returns when the host's part is done, and the compute stream
 //   waits for the last upload before the next step's kernels;
-// - overlapped (OffloadOptions::overlap): step() copies the gradients to a device snapshot
-//   (so the next step may reuse the gradient buffers at once) and returns; a background
-//   thread runs the pipeline while the device runs the next forward. range_ready() tells
+// - overlapped (OffloadOptions::overlap): step() copies the gradients down to a page-locked
+//   host snapshot (the next step's backward rewrites their buffers, so the device waits for
+//   that one copy; it holds no second copy of the shard) and returns; a background thread
+//   runs the pipeline from the snapshot while the device runs the next forward. range_ready() tells
 //   when a range's new compute weights are queued for upload and the event after which they
 //   are on the device: ZeRO-3 waits for it per unit before gathering the unit's weights, so
 //   the forward of the first units runs while the host still updates the later ones.
@@ -74,7 +75,7 @@ class OffloadedAdamW {
   void finish();
 
   size_t staging_bytes() const { return staging_bytes_; }    // page-locked staging slots
-  size_t snapshot_bytes() const { return snapshot_bytes_; }  // overlap: device gradient copy
+  size_t snapshot_bytes() const { return snapshot_bytes_; }  // overlap: host gradient copy
   unsigned threads() const { return pool_.size(); }
   size_t chunks() const { return chunks_.size(); }
 
@@ -99,7 +100,7 @@ class OffloadedAdamW {
   size_t staging_bytes_ = 0;
 
   // Overlap: the gradient snapshot, the background thread and its progress.
-  Tensor snapshot_;                     // flat, the gradients' dtype
+  Tensor snapshot_;                     // flat, the gradients' dtype, page-locked host memory
   std::vector<Tensor> snapshot_views_;  // per range
   size_t snapshot_bytes_ = 0;
   std::thread worker_;

@@ -44,7 +44,7 @@ Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const Opt
   }
   if (offload) {
     offload_ = std::make_unique<OffloadedAdamW>(ctx, ranges_, config.offload);
-    host_bytes_ += offload_->staging_bytes();
+    host_bytes_ += offload_->staging_bytes() + offload_->snapshot_bytes();
   }
 }
 
@@ -79,8 +79,7 @@ void Optimizer::step(double lr, double grad_scale) {
 }
 
 size_t Optimizer::state_bytes() const {
-  // With the overlapped offload, the device also holds the update's gradient snapshot.
-  return arena_bytes_ + (offload_ ? offload_->snapshot_bytes() : 0);
+  return arena_bytes_;
 }
 
 double clip_coefficient(double norm, double max_norm) {

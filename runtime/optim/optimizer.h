@@ -61,10 +61,10 @@ class Optimizer {
   // Adam's first and second moments of range i (undefined for SGD).
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
-  // What the optimizer's allocations cost on the device: the moments (none with CPU offload),
-  // and the overlapped offload's gradient snapshot.
+  // What the optimizer's allocations cost on the device: the moments (none with CPU offload).
   size_t state_bytes() const;
-  size_t host_state_bytes() const { return host_bytes_; }  // CPU offload: moments and staging
+  // CPU offload: the moments, the staging and the overlapped update's gradient snapshot.
+  size_t host_state_bytes() const { return host_bytes_; }
   bool offloaded() const { return offload_ != nullptr; }
   const OffloadedAdamW* offload() const { return offload_.get(); }
   // CPU offload overlapped with the next forward (OffloadOptions::overlap): waits for the

@@ -110,9 +110,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
                  "  full gradients    ", format_bytes(int64_t(mem.full_grads)), "\n",
                  "  gather buffers    ", format_bytes(int64_t(mem.gather_pool)), "\n",
                  "  gradient buffers  ", format_bytes(int64_t(mem.grad_pool)), "\n",
-                 "  optimizer state   ", format_bytes(int64_t(opt)),
-                 fo.offload_main && recipe.optimizer.overlap_cpu_offload ? " (gradient snapshot)" : "",
-                 "\n",
+                 "  optimizer state   ", format_bytes(int64_t(opt)), "\n",
                  "  activations       ", format_bytes(act), " (estimate)\n",
                  p.fp8_weight_casts ? str_cat("  fp8 weight casts  ", format_bytes(p.fp8_weight_casts),
                                               " (both layouts, once per step)\n")
@@ -137,7 +135,9 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
     out += str_cat("host memory per rank (cpu offload, page-locked): main weights ",
                    format_bytes(int64_t(mem.host_main_weights)), ", optimizer state ",
                    format_bytes(int64_t(p.optimizer_state)), ", gradient and weight staging ",
-                   format_bytes(p.offload_staging), "\n");
+                   format_bytes(p.offload_staging),
+                   recipe.optimizer.overlap_cpu_offload ? " (with the overlapped update's gradient copy)" : "",
+                   "\n");
   }
   return out;
 }

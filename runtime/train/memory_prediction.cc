@@ -31,10 +31,6 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   // With CPU offload the moments (and the master weights) are in host memory.
   p.optimizer = fo.offload_main ? 0 : p.optimizer_state;
   const int64_t shard = int64_t(p.fsdp.host_main_weights / dtype_size(fo.main_dtype));
-  if (fo.offload_main && recipe.optimizer.overlap_cpu_offload) {
-    // The overlapped update reads a device snapshot of the gradient shards.
-    p.optimizer = allocation_size_class(size_t(std::max<int64_t>(shard, 1)) * dtype_size(fo.reduce_dtype));
-  }
   if (fo.offload_main) {
     // The staging buffers the shard streams through: gradients down, compute weights up
     // (runtime/optim/offload_step.h).
@@ -42,6 +38,9 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
     const OffloadStaging st = offload_staging(shard, oo.chunk_numel, oo.slots);
     p.offload_staging = int64_t(st.slots) * st.slot_numel *
                         int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
+    // The overlapped update reads a page-locked host copy of the gradient shards.
+    if (recipe.optimizer.overlap_cpu_offload)
+      p.offload_staging += shard * int64_t(dtype_size(fo.reduce_dtype));
   }
   // Context parallelism: each rank's T / cp tokens, and per layer the whole sequence's
   // keys and values it all-gathered (kept for backward).

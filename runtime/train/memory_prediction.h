@@ -18,11 +18,11 @@ namespace fsdp::train {
 struct MemoryPrediction {
   ShardingPlan plan;
   MemoryBreakdown fsdp;         // the sharded model's buffers
-  size_t optimizer = 0;         // on the device: Adam's moments, or (overlapped CPU offload)
-                                // the gradient snapshot
+  size_t optimizer = 0;         // on the device: Adam's moments (none with CPU offload)
   size_t optimizer_state = 0;   // Adam's moments wherever they live
   int64_t activations = 0;      // one micro-batch's, estimated
-  int64_t offload_staging = 0;  // CPU offload: the pinned gradient and weight staging
+  int64_t offload_staging = 0;  // CPU offload: the pinned gradient and weight staging and
+                                // (overlapped) the host copy of the gradients
   int64_t fp8_weight_casts = 0; // FP8 weights cast once per step: both layouts, held for it
   // The activations with the first N blocks recomputed whole (full recompute of N blocks),
   // for N = 0 .. the number of blocks: what a run that does not fit can trade.

@@ -201,8 +201,9 @@ std::vector<FieldSpec> build_schema() {
           "With cpu_offload at ZeRO-3 (optim_grads_params): run the host's update in the "
           "background while the next step's forward runs, unit by unit in forward order (the "
           "root first): each unit's all-gather waits only for that unit's new weights. The "
-          "gradients are first copied to a device snapshot (2 bytes per parameter of the "
-          "shard with bf16 gradients), so the next backward can reuse their buffers."),
+          "gradients are first copied down to page-locked host memory (2 bytes per parameter "
+          "of the shard with bf16 gradients), so the next backward can reuse their buffers; "
+          "the device holds no second copy."),
 
       // scheduler
       KEY(scheduler.lr_decay_style).one_of({"constant", "linear", "cosine", "WSD"})

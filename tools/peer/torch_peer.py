@@ -7,9 +7,17 @@ call.
 
   python3 tools/peer/torch_peer.py --workload gpt2-124m [--steps 8] [--warmup 2]
                                    [--micro-batch B] [--global-batch G] [--no-compile]
+                                   [--fsdp2-cpu-offload] [--recompute]
 
 Workloads: gpt2-124m (64 x 1024, 8 micro-batches per step), gpt-1.3b (16 x 2048, selective
-recompute is not modelled: PyTorch keeps every activation), llama-1b (8 x 2048).
+recompute is not modelled: PyTorch keeps every activation), llama-1b (8 x 2048), llama3-8b
+(Llama3-8B's shape, 1 x 8192, 16 per step: with --fsdp2-cpu-offload --recompute, the way
+a PyTorch user fits it on one GPU).
+
+--fsdp2-cpu-offload: FSDP2 (fully_shard on every block, then the root, a world of one) with
+CPUOffloadPolicy (parameters, gradients and AdamW on the host) and MixedPrecisionPolicy
+(bf16 compute, f32 reduction) instead of autocast; torch.compile per block, as torchtitan
+applies it. --recompute: activation checkpointing of every block (non-reentrant).
 MFU counts 6 N + 12 layers d_model seq FLOP per token against 989 TFLOP/s, as bench does.
 """
 import argparse
@@ -25,6 +33,7 @@ WORKLOADS = {
     "gpt2-124m": ("gpt2", 12, 768, 12, 12, 3072, 1024, 50304, 64, 512),
     "gpt-1.3b": ("gpt2", 24, 2048, 16, 16, 8192, 2048, 50304, 16, 32),
     "llama-1b": ("llama", 16, 2048, 32, 8, 8192, 2048, 50304, 8, 32),
+    "llama3-8b": ("llama", 32, 4096, 32, 8, 14336, 8192, 128256, 1, 16),
 }
 PEAK_FLOPS = 989e12
 
@@ -97,15 +106,45 @@ class Model(nn.Module):
             if p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
 
+    recompute = False  # activation checkpointing of every block
+
     def forward(self, idx, targets):
         T = idx.shape[1]
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
+        # On the tokens' device: under CPU offload FSDP2 may leave buffers on the host.
+        cos, sin = self.cos[:T].to(idx.device), self.sin[:T].to(idx.device)
         for b in self.blocks:
-            x = b(x, self.cos[:T], self.sin[:T])
+            if self.recompute:
+                x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False)
+            else:
+                x = b(x, cos, sin)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def fsdp2_cpu_offload(model, compile_blocks):
+    """FSDP2 over a world of one with the parameters offloaded to the host, torchtitan's way:
+    each block compiled, then sharded; the root last."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy()
+    for i, block in enumerate(model.blocks):
+        if compile_blocks:
+            block = torch.compile(block)
+            model.blocks.register_module(str(i), block)
+        fully_shard(block, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+    return model
 
 
 def main():
@@ -116,6 +155,8 @@ def main():
     ap.add_argument("--micro-batch", type=int)
     ap.add_argument("--global-batch", type=int)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--fsdp2-cpu-offload", action="store_true")
+    ap.add_argument("--recompute", action="store_true")
     a = ap.parse_args()
     family, layers, d, heads, kv, d_ff, seq, vocab, micro, glob = WORKLOADS[a.workload]
     micro = a.micro_batch or micro
@@ -124,10 +165,20 @@ def main():
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     dev = torch.device("cuda")
-    model = Model(family, layers, d, heads, kv, d_ff, seq, vocab).to(dev)
-    n_params = sum(p.numel() for p in model.parameters())  # every parameter, as bench counts
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
-    step_fn = model if a.no_compile else torch.compile(model)
+    if a.fsdp2_cpu_offload:
+        model = Model(family, layers, d, heads, kv, d_ff, seq, vocab)  # on the host
+        n_params = sum(p.numel() for p in model.parameters())
+        model.recompute = a.recompute
+        step_fn = fsdp2_cpu_offload(model, compile_blocks=not a.no_compile)
+        # The parameters and their gradients are host tensors: AdamW runs on the host.
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
+    else:
+        model = Model(family, layers, d, heads, kv, d_ff, seq, vocab).to(dev)
+        n_params = sum(p.numel() for p in model.parameters())  # every parameter, as bench counts
+        model.recompute = a.recompute
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+        step_fn = model if a.no_compile else torch.compile(model)
+    autocast = not a.fsdp2_cpu_offload  # FSDP2's MixedPrecisionPolicy casts instead
     gen = torch.Generator(device=dev).manual_seed(1)
 
     def batch():
@@ -140,7 +191,7 @@ def main():
         t0 = time.perf_counter()
         for _ in range(accum):
             x, y = batch()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 loss = step_fn(x, y) / accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -154,7 +205,9 @@ def main():
     tps = tokens / step_s
     flop_per_token = 6 * n_params + 12 * layers * d * seq
     print(f"# torch peer: {a.workload}, torch {torch.__version__}, "
-          f"{'eager' if a.no_compile else 'torch.compile'}, micro-batch {micro} x {seq}, "
+          f"{'eager' if a.no_compile else 'torch.compile'}"
+          f"{', FSDP2 + CPUOffloadPolicy' if a.fsdp2_cpu_offload else ''}"
+          f"{', every block recomputed' if a.recompute else ''}, micro-batch {micro} x {seq}, "
           f"{accum} per step, {a.steps} timed steps after {a.warmup} warm-up")
     print(f"tokens/s total     {tps / 1e3:.1f}K")
     print(f"MFU                {100 * tps * flop_per_token / PEAK_FLOPS:.1f}%")

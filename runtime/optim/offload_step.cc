@@ -14,12 +14,19 @@ Tensor flat(const Tensor& t) { return t.view(Shape{t.numel()}); }
 // The host update splits a chunk into parts of this many elements, one per pool task.
 constexpr int64_t kPartNumel = int64_t(1) << 20;
 
+// The update's threads. Overlapped, it runs beside the thread that queues the next step's
+// device work, which should not have to wait for a core: one fewer.
+unsigned update_threads(const OffloadOptions& options) {
+  const unsigned n = options.threads > 0 ? options.threads : host_threads_per_process(1);
+  return options.overlap && n > 1 ? n - 1 : n;
+}
+
 }  // namespace
 
 OffloadedAdamW::OffloadedAdamW(Context& ctx, const std::vector<OptimizerRange>& ranges,
                                const OffloadOptions& options)
     : ctx_(ctx),
-      pool_(options.threads > 0 ? options.threads : host_threads_per_process(1)),
+      pool_(update_threads(options)),
       overlap_(options.overlap),
       down_(ctx.is_cuda() ? Stream::create_cuda(ctx.device().index) : Stream::cpu()),
       up_(ctx.is_cuda() ? Stream::create_cuda(ctx.device().index) : Stream::cpu()) {

@@ -108,9 +108,10 @@ void OffloadedAdamW::download(size_t chunk, const std::vector<Tensor>& grads) {
 void OffloadedAdamW::run(const std::vector<OptimizerRange>& ranges,
                          const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
                          const std::vector<Tensor>& exp_avg_sq, double weight_decay,
-                         const ops::AdamWParams& common) {
+                         const ops::AdamWParams& common, bool grads_on_host) {
   const size_t slots = grad_slot_.size();
-  for (size_t c = 0; c < std::min(slots, chunks_.size()); ++c) download(c, grads);
+  if (!grads_on_host)
+    for (size_t c = 0; c < std::min(slots, chunks_.size()); ++c) download(c, grads);
 
   struct Part {
     const OffloadPiece* piece;
@@ -119,7 +120,7 @@ void OffloadedAdamW::run(const std::vector<OptimizerRange>& ranges,
   std::vector<Part> parts;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const size_t slot = c % slots;
-    downloaded_[slot].synchronize();  // this chunk's gradients are here
+    if (!grads_on_host) downloaded_[slot].synchronize();  // this chunk's gradients are here
     uploaded_[slot].synchronize();    // the slot's previous weights have left
     parts.clear();
     for (const OffloadPiece& p : chunks_[c].pieces)
@@ -134,8 +135,10 @@ void OffloadedAdamW::run(const std::vector<OptimizerRange>& ranges,
       ops::AdamWParams a = common;
       a.weight_decay = r.weight_decay ? weight_decay : 0.0;
       auto slice = [&](const Tensor& t) { return flat(t).narrow(0, begin, part.numel); };
+      // Gradients in host memory (the overlapped update's snapshot) are read where they are.
       ops::adamw_step_host_f32(
-          host_, slice(r.main), grad_slot_[slot].narrow(0, slot_at, part.numel),
+          host_, slice(r.main),
+          grads_on_host ? slice(grads[i]) : grad_slot_[slot].narrow(0, slot_at, part.numel),
           slice(exp_avg[i]), slice(exp_avg_sq[i]), a,
           r.param_copy.defined() ? copy_slot_[slot].narrow(0, slot_at, part.numel) : Tensor());
     });
@@ -150,7 +153,7 @@ void OffloadedAdamW::run(const std::vector<OptimizerRange>& ranges,
       chunk_uploaded_[c].record(up_);
       publish(c + 1);
     }
-    if (c + slots < chunks_.size()) download(c + slots, grads);
+    if (!grads_on_host && c + slots < chunks_.size()) download(c + slots, grads);
   }
 }
 
@@ -176,7 +179,7 @@ void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
     Event grads_final;
     grads_final.record(ctx_.stream());
     down_.wait(grads_final);
-    run(ranges, grads, exp_avg, exp_avg_sq, weight_decay, common);
+    run(ranges, grads, exp_avg, exp_avg_sq, weight_decay, common, false);
     // The next kernels on the compute stream see the new weights.
     Event uploads_done;
     uploads_done.record(up_);
@@ -203,7 +206,7 @@ void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
   worker_ = std::thread([this, &ranges, &exp_avg, &exp_avg_sq, weight_decay, common] {
     try {
       DeviceGuard device(ctx_.device());  // CUDA calls from this thread target ctx's device
-      run(ranges, snapshot_views_, exp_avg, exp_avg_sq, weight_decay, common);
+      run(ranges, snapshot_views_, exp_avg, exp_avg_sq, weight_decay, common, true);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       error_ = std::current_exception();

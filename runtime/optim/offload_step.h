@@ -80,10 +80,11 @@ class OffloadedAdamW {
   size_t chunks() const { return chunks_.size(); }
 
  private:
-  // The pipeline over every chunk; gradients read from `grads` (one per range).
+  // The pipeline over every chunk; gradients read from `grads` (one per range): through
+  // the staging slots from device memory, or where they lie when `grads_on_host`.
   void run(const std::vector<OptimizerRange>& ranges, const std::vector<Tensor>& grads,
            const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-           double weight_decay, const ops::AdamWParams& common);
+           double weight_decay, const ops::AdamWParams& common, bool grads_on_host);
   void download(size_t chunk, const std::vector<Tensor>& grads);
   void publish(size_t chunks_done);  // overlap: chunks [0, chunks_done) are queued up
 

@@ -42,17 +42,17 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
     if (recipe.optimizer.overlap_cpu_offload)
       p.offload_staging += shard * int64_t(dtype_size(fo.reduce_dtype));
   }
-  // Context parallelism: each rank's T / cp tokens, and per layer the whole sequence's
-  // keys and values it all-gathered (kept for backward).
   const models::ModelConfig mc = model_config_of(recipe);
   const int cp = recipe.model.context_parallel_size, tp = recipe.model.tensor_model_parallel_size;
+  const std::vector<bool> fp8_blocks = fp8_block_mask(model);
   p.activations = activation_bytes_estimate(mc, recipe.train.micro_batch_size,
                                             recipe.model.seq_length / cp, fo.compute_dtype,
                                             recompute_of(recipe), tp,
-                                            recipe.model.sequence_parallel, fp8_block_mask(model),
+                                            recipe.model.sequence_parallel, fp8_blocks,
                                             recipe.model.recompute_num_layers);
   p.fp8_weight_casts = fp8_weight_cast_bytes(model);
-
+  // Context parallelism: beside each rank's T / cp tokens (counted above), per layer the
+  // whole sequence's keys and values it all-gathered (kept for backward).
   int64_t cp_keys_values = 0;
   if (cp > 1) {
     const int64_t kv_heads = std::max<int64_t>(1, (mc.n_kv_head ? mc.n_kv_head : mc.n_head) / tp);
@@ -60,7 +60,7 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
                      kv_heads * mc.head_dim() * int64_t(dtype_size(fo.compute_dtype));
   }
   p.activations += cp_keys_values;
-  const std::vector<bool> fp8_blocks = fp8_block_mask(model);
+  // The same with the first N blocks recomputed, for every N (the refusal names one).
   for (int64_t blocks = 0; blocks <= mc.n_layer; ++blocks)
     p.activations_recomputing.push_back(
         cp_keys_values + activation_bytes_estimate(mc, recipe.train.micro_batch_size,

@@ -8,32 +8,13 @@
 #include "runtime/nn/layer_table.h"
 #include "runtime/nn/layers.h"
 #include "runtime/nn/moe.h"
+#include "tests/models/tiny_configs.h"
 #include "tests/test_support.h"
 
 namespace fsdp::models {
 namespace {
 
 using nn::LayerStyle;
-
-// Three layers, MoE at 0 and 2 with a shared expert, a dense MLP at 1: every row's part.
-ModelConfig mixed(Family family) {
-  ModelConfig c;
-  c.family = family;
-  c.n_layer = 3;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = family == Family::Llama ? 2 : 0;
-  c.vocab_size = 30;
-  c.padded_vocab_size = 32;
-  c.seq_len = 8;
-  c.tie_embeddings = family == Family::GPT2;
-  c.num_moe_experts = 4;
-  c.moe_router_topk = 2;
-  c.moe_ffn_hidden_size = 6;
-  c.moe_shared_expert_intermediate_size = 5;
-  c.moe_layer_freq = 2;
-  return c;
-}
 
 TEST_CASE("layer patterns match dotted names component by component", "[models][layer_table]") {
   CHECK(nn::matches_layer_pattern("h.*.attn.qkv", "h.0.attn.qkv"));
@@ -52,7 +33,7 @@ TEST_CASE("each model's table names its layers, and every product in its blocks"
           "[models][layer_table]") {
   for (Family f : {Family::GPT2, Family::Llama}) {
     CAPTURE(family_name(f));
-    auto model = build_model(mixed(f));
+    auto model = build_model(tiny_moe(f));
     const nn::LayerTable table = model->layer_table();
     const std::vector<nn::StyledLayer> layers = table.resolve(*model);
     // Every row names at least one module of a model with every part.
@@ -102,7 +83,7 @@ TEST_CASE("each model's table names its layers, and every product in its blocks"
 
 TEST_CASE("a table naming one layer twice, or a style on the wrong type, is refused by name",
           "[models][layer_table]") {
-  auto model = build_model(mixed(Family::GPT2));
+  auto model = build_model(tiny_moe(Family::GPT2));
   const nn::LayerTable twice({{"h.*.attn.qkv", LayerStyle::column, "", 1, {}},
                               {"h.0.attn.*", LayerStyle::row, "", 1, {}}});
   CHECK_THROWS_WITH(twice.resolve(*model), Catch::Contains(

@@ -8,24 +8,11 @@
 #include "models/factory.h"
 #include "models/generate.h"
 #include "runtime/nn/init.h"
+#include "tests/models/tiny_configs.h"
 #include "tests/test_support.h"
 
 namespace fsdp::models {
 namespace {
-
-ModelConfig tiny(Family family) {
-  ModelConfig c;
-  c.family = family;
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = family == Family::Llama ? 2 : 0;
-  c.vocab_size = 30;
-  c.padded_vocab_size = 32;
-  c.seq_len = 8;
-  c.tie_embeddings = family == Family::GPT2;
-  return c;
-}
 
 Tensor ids(Context& ctx, const std::vector<int32_t>& v, int64_t b, int64_t t) {
   return ops::from_host<int32_t>(ctx, v, Shape{b, t});
@@ -312,17 +299,6 @@ TEST_CASE("tiny models on CUDA match the CPU reference", "[models][gpu]") {
       }
     }
   }
-}
-
-ModelConfig tiny_moe(Family family) {
-  ModelConfig c = tiny(family);
-  c.n_layer = 3;
-  c.num_moe_experts = 4;
-  c.moe_router_topk = 2;
-  c.moe_ffn_hidden_size = 6;
-  c.moe_shared_expert_intermediate_size = 5;
-  c.moe_layer_freq = 2;  // layers 0 and 2
-  return c;
 }
 
 TEST_CASE("MoE layers: where the frequency says, named and counted as documented", "[models][moe]") {

@@ -10,20 +10,16 @@
 #include "kernels/ops.h"
 #include "models/factory.h"
 #include "runtime/nn/init.h"
+#include "tests/models/tiny_configs.h"
 #include "tests/test_support.h"
 
 namespace fsdp::models {
 namespace {
 
+// tiny(), with a vocabulary of 29 (so 3 padded rows) and sequences of 7.
 ModelConfig small(Family family, bool tied, int64_t chunk_rows) {
-  ModelConfig c;
-  c.family = family;
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = family == Family::Llama ? 2 : 0;
+  ModelConfig c = tiny(family);
   c.vocab_size = 29;
-  c.padded_vocab_size = 32;
   c.seq_len = 7;
   c.tie_embeddings = tied;
   c.classifier_chunk_rows = chunk_rows;

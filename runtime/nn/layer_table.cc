@@ -1,7 +1,5 @@
 #include "runtime/nn/layer_table.h"
 
-#include <unordered_map>
-
 namespace fsdp::nn {
 
 const char* layer_style_name(LayerStyle style) {

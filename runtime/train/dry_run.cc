@@ -123,12 +123,15 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
   // What full recompute of the first N blocks would make the peak (model.recompute_num_layers).
   const int64_t blocks = int64_t(p.activations_recomputing.size()) - 1;
   if (blocks > 0) {
+    std::vector<int64_t> shown;  // about five values of N, the last one every block
+    for (int64_t b = 0; b < blocks; b += std::max<int64_t>(1, blocks / 4)) shown.push_back(b);
+    shown.push_back(blocks);
     out += "  peak recomputing the first N blocks:";
-    const int64_t step = std::max<int64_t>(1, blocks / 4);
-    for (int64_t b = 0; b <= blocks; b = b == blocks ? blocks + 1 : std::min(b + step, blocks))
-      out += str_cat(" N=", b, " ",
-                     format_bytes(p.device_peak() - p.activations + p.activations_recomputing[size_t(b)]),
-                     b < blocks ? "," : "\n");
+    for (const int64_t b : shown) {
+      const int64_t peak = p.device_peak() - p.activations + p.activations_recomputing[size_t(b)];
+      out += str_cat(b ? ", N=" : " N=", b, " ", format_bytes(peak));
+    }
+    out += "\n";
   }
   if (fo.offload_main) {
     // Beside the master weights and moments: the staging buffers the shard streams through.

@@ -70,8 +70,11 @@ OffloadedAdamW::OffloadedAdamW(Context& ctx, const std::vector<OptimizerRange>& 
   last_chunk_.assign(ranges.size(), -1);
   for (size_t k = 0; k < order_.size(); ++k) last_chunk_[order_[k]] = last[k];
   for (int s = 0; s < staging.slots; ++s) {
-    grad_slot_.push_back(ctx.empty_pinned(Shape{staging.slot_numel}, grad_dtype));
-    staging_bytes_ += grad_slot_.back().nbytes();
+    // Overlapped, the update reads the gradients from the host snapshot: no slots for them.
+    if (!overlap_) {
+      grad_slot_.push_back(ctx.empty_pinned(Shape{staging.slot_numel}, grad_dtype));
+      staging_bytes_ += grad_slot_.back().nbytes();
+    }
     if (any_copy) {
       copy_slot_.push_back(ctx.empty_pinned(Shape{staging.slot_numel}, copy_dtype));
       staging_bytes_ += copy_slot_.back().nbytes();
@@ -109,7 +112,7 @@ void OffloadedAdamW::run(const std::vector<OptimizerRange>& ranges,
                          const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
                          const std::vector<Tensor>& exp_avg_sq, double weight_decay,
                          const ops::AdamWParams& common, bool grads_on_host) {
-  const size_t slots = grad_slot_.size();
+  const size_t slots = uploaded_.size();
   if (!grads_on_host)
     for (size_t c = 0; c < std::min(slots, chunks_.size()); ++c) download(c, grads);
 

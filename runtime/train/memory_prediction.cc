@@ -36,11 +36,12 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
     // (runtime/optim/offload_step.h).
     const OffloadOptions oo;
     const OffloadStaging st = offload_staging(shard, oo.chunk_numel, oo.slots);
-    p.offload_staging = int64_t(st.slots) * st.slot_numel *
-                        int64_t(dtype_size(fo.reduce_dtype) + dtype_size(fo.compute_dtype));
-    // The overlapped update reads a page-locked host copy of the gradient shards.
-    if (recipe.optimizer.overlap_cpu_offload)
-      p.offload_staging += shard * int64_t(dtype_size(fo.reduce_dtype));
+    // Overlapped, the update reads a page-locked host copy of the gradient shards instead
+    // of gradient slots.
+    const bool overlap = recipe.optimizer.overlap_cpu_offload;
+    p.offload_staging = int64_t(st.slots) * st.slot_numel * int64_t(dtype_size(fo.compute_dtype));
+    p.offload_staging += overlap ? shard * int64_t(dtype_size(fo.reduce_dtype))
+                                 : int64_t(st.slots) * st.slot_numel * int64_t(dtype_size(fo.reduce_dtype));
   }
   const models::ModelConfig mc = model_config_of(recipe);
   const int cp = recipe.model.context_parallel_size, tp = recipe.model.tensor_model_parallel_size;

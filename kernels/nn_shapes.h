@@ -154,4 +154,20 @@ struct AdamWBuffers {
   DType copy_dtype = DType::bf16;
 };
 
+// Muon's orthogonalization of `batch` matrices of (rows, cols), one after another: each is
+// divided by its Frobenius norm (at least eps), then `steps` quintic Newton-Schulz iterations
+// X <- a X + (b A + c A^2) X with A = X X^T run on its wide orientation (the transpose of a
+// tall matrix), which leaves it near U V^T of its singular value decomposition.
+struct NewtonSchulzDims {
+  int64_t batch = 1, rows = 0, cols = 0;
+  FSDP_HD bool tall() const { return rows > cols; }
+  FSDP_HD int64_t short_side() const { return rows > cols ? cols : rows; }  // m
+  FSDP_HD int64_t long_side() const { return rows > cols ? rows : cols; }   // n
+};
+struct NewtonSchulzScalars {
+  int steps = 5;
+  double a = 3.4445, b = -4.7750, c = 2.0315;
+  double eps = 1e-7;
+};
+
 }  // namespace fsdp::kernels

@@ -40,5 +40,6 @@
 #include "kernels/init.h"
 #include "kernels/matmul.h"
 #include "kernels/moe.h"
+#include "kernels/newton_schulz.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"

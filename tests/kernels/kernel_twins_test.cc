@@ -19,7 +19,7 @@ const char* const kKernelFamilies[] = {
     "activation",  "adamw",  "attention",  "attention_gemm", "basic",  "block_reduce",
     "column_sum",  "cross_entropy", "cudnn_attention", "embedding", "fp8",
     "fp8_blocks", "fp8_rows", "init", "matmul", "moe",
-    "norm",
+    "newton_schulz", "norm",
 };
 
 }  // namespace

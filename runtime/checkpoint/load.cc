@@ -19,7 +19,7 @@ std::vector<std::string> kinds_to_read(const CheckpointMetadata& m, const Optimi
   if (!optimizer) return {kMainWeights};
   const std::string ours = optimizer_kind_name(optimizer->config().kind);
   if (m.optimizer == "none" || m.optimizer_steps == 0) {
-    if (m.optimizer == ours && ours == "adamw") return m.state_kinds();
+    if (m.optimizer == ours && ours != "sgd") return m.state_kinds();
     return {kMainWeights};  // nothing learned yet: fresh optimizer state
   }
   FSDP_CHECK(m.optimizer == ours, CheckpointError, dir, ": the checkpoint's optimizer is ",

@@ -454,13 +454,13 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
   const Json& state = f.member(j, "", "state");
   m.main_dtype = f.dtype(f.member(state, "state", "main_dtype"), "state.main_dtype");
   m.optimizer = f.text(f.member(state, "state", "optimizer"), "state.optimizer");
-  if (m.optimizer != "adamw" && m.optimizer != "sgd" && m.optimizer != "none")
-    f.fail("state.optimizer", "expected adamw, sgd or none, got \"" + m.optimizer + "\"");
+  if (m.optimizer != "adamw" && m.optimizer != "muon" && m.optimizer != "sgd" && m.optimizer != "none")
+    f.fail("state.optimizer", "expected adamw, muon, sgd or none, got \"" + m.optimizer + "\"");
   m.optimizer_steps = f.count(f.member(state, "state", "optimizer_steps"), "state.optimizer_steps");
   const Json& moments = f.member(state, "state", "moments_dtype");
   if (!moments.is_null()) m.moments_dtype = f.dtype(moments, "state.moments_dtype");
-  if (m.optimizer == "adamw" && !m.moments_dtype)
-    f.fail("state.moments_dtype", "an adamw checkpoint must hold Adam's moments");
+  if ((m.optimizer == "adamw" || m.optimizer == "muon") && !m.moments_dtype)
+    f.fail("state.moments_dtype", "an " + m.optimizer + " checkpoint must hold its moments");
 
   const Json& files = f.array(f.member(j, "", "files"), "files");
   std::set<std::string> file_names;

@@ -234,7 +234,7 @@ CheckpointMetadata build_metadata(const ShardedModel& model, const Optimizer* op
   if (optimizer) {
     m.optimizer = optimizer_kind_name(optimizer->config().kind);
     m.optimizer_steps = optimizer->steps_taken();
-    if (m.optimizer == "adamw") m.moments_dtype = state.dtype(kExpAvg);
+    if (m.optimizer != "sgd") m.moments_dtype = state.dtype(kExpAvg);
   }
   auto position = [](const FileRecord& r) {
     return std::make_tuple(r.tp_rank, r.shard_rank, r.ep_rank, r.expert_shard_rank);

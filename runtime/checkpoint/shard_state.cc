@@ -62,7 +62,12 @@ Tensor ShardState::to_host(Context& ctx, int unit, const std::string& kind) cons
   Tensor host = ctx.empty_host(Shape{main.numel()}, dtype(kind));
   for (const Piece& p : pieces_[size_t(unit)]) {
     const Tensor& m = kind == kExpAvg ? optimizer_->exp_avg(p.range) : optimizer_->exp_avg_sq(p.range);
-    ops::copy(ctx, host.narrow(0, p.shard_offset, p.numel), m.flatten());
+    const Tensor into = host.narrow(0, p.shard_offset, p.numel);
+    // Muon's matrices keep no second moment: zeros.
+    if (m.defined())
+      ops::copy(ctx, into, m.flatten());
+    else
+      ops::fill(ctx, into, 0.0);
   }
   return host;
 }
@@ -79,7 +84,7 @@ void ShardState::from_host(Context& ctx, int unit, const std::string& kind, cons
   FSDP_ASSERT(optimizer_ && (kind == kExpAvg || kind == kExpAvgSq), "unknown state \"", kind, "\"");
   for (const Piece& p : pieces_[size_t(unit)]) {
     const Tensor& m = kind == kExpAvg ? optimizer_->exp_avg(p.range) : optimizer_->exp_avg_sq(p.range);
-    ops::copy(ctx, m.flatten(), flat.narrow(0, p.shard_offset, p.numel));
+    if (m.defined()) ops::copy(ctx, m.flatten(), flat.narrow(0, p.shard_offset, p.numel));
   }
 }
 

@@ -242,6 +242,8 @@ void ShardedModel::lay_out_unit(FsdpUnit& u, const Arenas& a) {
     range.grad = u.grad_shard.narrow(0, r.shard_offset, r.numel);
     range.param_copy = u.compute_shard.narrow(0, r.shard_offset, r.numel);
     range.weight_decay = r.weight_decay;
+    range.unit = u.index();
+    range.shard_offset = r.shard_offset;
     optimizer_ranges_.push_back(range);
   }
   u.end_range = optimizer_ranges_.size();

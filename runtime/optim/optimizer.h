@@ -1,4 +1,4 @@
-// Optimizers over flat shards: AdamW (decoupled weight decay) and SGD.
+// Optimizers over flat shards: AdamW (decoupled weight decay), SGD, and Muon with AdamW.
 //
 // An optimizer is given, once, the list of ranges it owns (OptimizerRange: master weights,
 // the gradient to read, the compute weights to refresh, and whether to decay), typically the
@@ -6,6 +6,12 @@
 // or bf16) and updates only those ranges: a sharded optimizer is the same code given
 // shards. State is created at construction with zeros and the step count 0; the first step
 // is step 1 (no fake step: bias correction starts right, so the first update has full size).
+//
+// Muon (OptimizerKind::muon) is given the layout of its matrices (a MuonOrthogonalizer): the
+// ranges are split where Muon's parameters begin and end; Muon's ranges (matrix) keep one
+// momentum buffer (exp_avg; no exp_avg_sq) and are updated unit by unit with their whole
+// matrices orthogonalized (muon.h), the others by AdamW at config.adamw_lr_ratio times the
+// learning rate.
 //
 // CPU offload: when the ranges' master weights are in host memory and the context is a
 // CUDA one (FsdpOptions::offload_main), the moments live in page-locked host memory too and
@@ -22,6 +28,7 @@
 #include "kernels/ops.h"
 #include "runtime/core/context.h"
 #include "runtime/core/tensor.h"
+#include "runtime/optim/muon.h"
 #include "runtime/optim/offload_step.h"
 #include "runtime/optim/optimizer_kind.h"
 
@@ -33,6 +40,11 @@ struct OptimizerRange {
   Tensor grad;        // gradient (any floating dtype), scaled by grad_scale at the step
   Tensor param_copy;  // compute weights rewritten from main after the update (may be undefined)
   bool weight_decay = false;
+  // Where it lies: the unit (index in the sharding plan) and the first element of the
+  // unit's shard it covers (-1: not a shard's; Muon needs it).
+  int unit = -1;
+  int64_t shard_offset = 0;
+  bool matrix = false;  // Muon: part of a matrix Muon updates (set by the Optimizer)
 };
 
 struct OptimizerConfig {
@@ -40,6 +52,8 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.0;
   DType moments_dtype = DType::f32;
+  MuonOptions muon;             // OptimizerKind::muon
+  double adamw_lr_ratio = 1.0;  // Muon: AdamW's learning rate over the matrices'
   OffloadOptions offload;  // CPU offload only: staging and host threads
   // Tests only: run the offloaded AdamW on a CPU context too (its copies synchronous), so
   // layouts that need a GPU per rank can prove its numbers on CPU ranks.
@@ -48,7 +62,9 @@ struct OptimizerConfig {
 
 class Optimizer {
  public:
-  Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const OptimizerConfig& config);
+  // `muon`: the layout of Muon's matrices, required by OptimizerKind::muon (else ignored).
+  Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const OptimizerConfig& config,
+            std::unique_ptr<MuonOrthogonalizer> muon = nullptr);
 
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
   // (the mean over micro-batches and the clipping factor, folded into one number).
@@ -58,10 +74,12 @@ class Optimizer {
   void set_steps_taken(int64_t step) { step_ = step; }  // restoring from a checkpoint
   const OptimizerConfig& config() const { return config_; }
   const std::vector<OptimizerRange>& ranges() const { return ranges_; }
-  // Adam's first and second moments of range i (undefined for SGD).
+  // Adam's first and second moments of range i (undefined for SGD; Muon's momentum and an
+  // undefined second moment for its matrix ranges).
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
-  // What the optimizer's allocations cost on the device: the moments (none with CPU offload).
+  // What the optimizer's allocations cost on the device: the moments (none with CPU offload)
+  // and Muon's exchange buffers.
   size_t state_bytes() const;
   // CPU offload: the moments, the staging and the overlapped update's gradient snapshot.
   size_t host_state_bytes() const { return host_bytes_; }
@@ -85,12 +103,21 @@ class Optimizer {
   Context& ctx_;
   std::vector<OptimizerRange> ranges_;
   OptimizerConfig config_;
+  // Muon: splits the ranges at its matrices' pieces (matrix) and lists each Muon unit's.
+  void split_for_muon();
+  void muon_step(double lr, double grad_scale);
+
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // views into one allocation per moment
   size_t arena_bytes_ = 0;
   int64_t step_ = 0;
   // CPU offload: the host's update and its staging, and the host memory it all takes.
   std::unique_ptr<OffloadedAdamW> offload_;
   size_t host_bytes_ = 0;
+  // Muon: the layout and exchange, each Muon unit's matrix ranges, and the shard-sized
+  // update and result buffers (the largest Muon unit's shard).
+  std::unique_ptr<MuonOrthogonalizer> muon_;
+  std::vector<std::vector<size_t>> muon_ranges_;
+  Tensor muon_update_, muon_out_;
 };
 
 // Scale that brings a gradient of norm `norm` down to `max_norm` (1 when already within it,

@@ -86,7 +86,7 @@ struct TrainSection {
 };
 
 struct OptimizerSection {
-  std::string optimizer;             // "adamw" | "sgd"
+  std::string optimizer;             // "adamw" | "muon" | "sgd"
   double lr = 0;
   double min_lr = 0;
   double weight_decay = 0;
@@ -97,6 +97,13 @@ struct OptimizerSection {
   std::string moments_dtype;         // "f32" | "bf16" | "f64"
   bool cpu_offload = false;
   bool overlap_cpu_offload = false;  // ZeRO-3: the host update runs beside the next forward
+  // Muon (optimizer "muon"): Megatron's keys.
+  double muon_momentum = 0;
+  bool muon_use_nesterov = true;
+  int muon_num_ns_steps = 0;
+  std::string muon_scale_mode;       // "match_rms_adamw" | "original"
+  bool muon_split_qkv = true;
+  double muon_adamw_lr = 0;          // the AdamW part's peak learning rate; 0 = lr
 };
 
 struct SchedulerSection {

@@ -174,8 +174,10 @@ std::vector<FieldSpec> build_schema() {
           "the same in every run. No effect on the CPU."),
 
       // optimizer
-      KEY(optimizer.optimizer).one_of({"adamw", "sgd"}).default_to("adamw").help_text(
-          "Update rule."),
+      KEY(optimizer.optimizer).one_of({"adamw", "muon", "sgd"}).default_to("adamw").help_text(
+          "Update rule. muon: Muon on the blocks' weight matrices (momentum orthogonalized by "
+          "Newton-Schulz, each matrix whole even when sharded), AdamW on embeddings, head, "
+          "norms, biases and MoE routers."),
       KEY(optimizer.lr).default_to(3e-4).at_least(0).help_text("Peak learning rate."),
       KEY(optimizer.min_lr).default_to(0.0).at_least(0).help_text(
           "Learning rate at the end of decay."),
@@ -204,6 +206,23 @@ std::vector<FieldSpec> build_schema() {
           "gradients are first copied down to page-locked host memory (2 bytes per parameter "
           "of the shard with bf16 gradients), so the next backward can reuse their buffers; "
           "the device holds no second copy."),
+      KEY(optimizer.muon_momentum).default_to(0.95).at_least(0).less_than(1).help_text(
+          "Muon: momentum of the matrices' update (an average: m = beta m + (1 - beta) g)."),
+      KEY(optimizer.muon_use_nesterov).default_to(true).help_text(
+          "Muon: orthogonalize the Nesterov update beta m + (1 - beta) g instead of m."),
+      KEY(optimizer.muon_num_ns_steps).default_to(5).at_least(1).help_text(
+          "Muon: quintic Newton-Schulz iterations (coefficients 3.4445, -4.7750, 2.0315)."),
+      KEY(optimizer.muon_scale_mode).one_of({"match_rms_adamw", "original"})
+          .default_to("match_rms_adamw").help_text(
+              "Muon: the update's scale by its matrix's shape. match_rms_adamw: 0.2 * "
+              "sqrt(max(rows, cols)), so the update's RMS is AdamW's and AdamW's lr and weight "
+              "decay carry over; original: sqrt(max(1, rows / cols)) (lr about 0.02)."),
+      KEY(optimizer.muon_split_qkv).default_to(true).help_text(
+          "Muon: orthogonalize the fused attention projection's q, k and v as separate "
+          "matrices (false: as one)."),
+      KEY(optimizer.muon_adamw_lr).default_to(0.0).at_least(0).help_text(
+          "Muon: peak learning rate of the parameters AdamW updates (same schedule); "
+          "0 = optimizer.lr."),
 
       // scheduler
       KEY(scheduler.lr_decay_style).one_of({"constant", "linear", "cosine", "WSD"})

@@ -171,7 +171,15 @@ void Trainer::State::setup_model_and_sharding() {
     optimizer_config.offload.overlap = true;
     optimizer_config.offload.order = sharded->forward_range_order();
   }
-  optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config);
+  std::unique_ptr<MuonOrthogonalizer> muon;
+  if (optimizer_config.kind == OptimizerKind::muon) {
+    muon_matrices = std::make_unique<MuonMatrices>(*model, model->layer_table(),
+                                                   tp_group ? &comms->axis(MeshAxis::tp) : nullptr,
+                                                   recipe.optimizer.muon_split_qkv);
+    muon = muon_orthogonalizer(*ctx, *sharded, muon_matrices->specs(), optimizer_config);
+  }
+  optimizer = std::make_unique<Optimizer>(*ctx, sharded->optimizer_ranges(), optimizer_config,
+                                          std::move(muon));
   if (recipe.optimizer.overlap_cpu_offload) {
     Optimizer* opt = optimizer.get();
     // A unit's ranges are consecutive in the update order: the last one's event covers all.

@@ -24,6 +24,7 @@
 #include "runtime/parallel/fp8_delayed_scaling.h"
 #include "runtime/parallel/fp8_plan.h"
 #include "runtime/parallel/grad_sync.h"
+#include "runtime/parallel/muon_matrices.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/cuda_graph.h"
@@ -71,6 +72,7 @@ struct Trainer::State {
   std::unique_ptr<models::LanguageModel> model;
   FsdpOptions fsdp_options;
   std::unique_ptr<ShardedModel> sharded;
+  std::unique_ptr<MuonMatrices> muon_matrices;  // optimizer "muon": what it orthogonalizes
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;
   int64_t n_params = 0;

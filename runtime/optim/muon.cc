@@ -1,0 +1,75 @@
+#include "runtime/optim/muon.h"
+
+#include <algorithm>
+
+#include "runtime/core/arena.h"
+
+namespace fsdp {
+
+MuonOrthogonalizer::MuonOrthogonalizer(Context& ctx, const ShardingPlan& plan,
+                                       std::vector<MuonUnit> units, std::vector<MuonGroup> groups,
+                                       DType dtype, const MuonOptions& options)
+    : ctx_(ctx), plan_(plan), units_(std::move(units)), groups_(std::move(groups)), dtype_(dtype),
+      options_(options) {
+  FSDP_CHECK(groups_.size() == plan.units().size(), ValueError, "muon: ", groups_.size(),
+             " groups for ", plan.units().size(), " units");
+  int64_t largest = 0;
+  for (const MuonUnit& mu : units_) {
+    if (groups_[size_t(mu.unit)].size > 1) largest = std::max(largest, unit_plan(mu).padded_numel);
+  }
+  if (largest > 0) {
+    full_update_ = ops::zeros(ctx, Shape{largest}, dtype);
+    full_out_ = ops::zeros(ctx, Shape{largest}, dtype);
+    buffer_bytes_ = 2 * allocation_size_class(full_update_.nbytes());
+  }
+}
+
+void MuonOrthogonalizer::orthogonalize_item(const MuonItem& item, const Tensor& update,
+                                            const Tensor& out) {
+  // The whole parameter: this rank's elements, or assembled over its tensor-parallel group.
+  Tensor whole_update = update, whole_out = out;
+  if (item.whole) {
+    const Shape shape = item.whole->whole_shape();
+    whole_update = ops::empty(ctx_, shape, dtype_);
+    whole_out = ops::empty(ctx_, shape, dtype_);
+    item.whole->assemble(ctx_, update.view(item.local_shape), whole_update);
+  }
+  const Tensor flat_update = whole_update.flatten(), flat_out = whole_out.flatten();
+  for (const MuonMatrix& m : item.matrices) {
+    const Shape shape{m.rows, m.cols};
+    const Tensor o = flat_out.narrow(0, m.first, m.rows * m.cols).view(shape);
+    ops::newton_schulz(ctx_, flat_update.narrow(0, m.first, m.rows * m.cols).view(shape), o,
+                       options_.newton_schulz);
+    ops::scale(ctx_, o, o, muon_scale(options_.scale, m.rows, m.cols));
+  }
+  if (item.whole) item.whole->slice(ctx_, whole_out, out.view(item.local_shape));
+}
+
+void MuonOrthogonalizer::orthogonalize(const MuonUnit& mu, const Tensor& update_shard,
+                                       const Tensor& out_shard) {
+  const UnitPlan& p = unit_plan(mu);
+  const MuonGroup& g = groups_.at(size_t(mu.unit));
+  const bool exchange = g.size > 1;
+  Tensor update = update_shard, out = out_shard;
+  if (exchange) {
+    update = full_update_.narrow(0, 0, p.padded_numel);
+    out = full_out_.narrow(0, 0, p.padded_numel);
+    g.gather->all_gather(update_shard.data_ptr(), update.data_ptr(), size_t(p.shard_numel), dtype_,
+                        ctx_.stream())
+        .wait(ctx_.stream());
+    ops::fill(ctx_, out, 0.0);
+  }
+  for (const MuonItem& item : mu.items) {
+    if (exchange && item.owner != g.rank) continue;
+    const int64_t n = item.local_shape.numel();
+    orthogonalize_item(item, update.narrow(0, item.offset - (exchange ? 0 : p.shard_begin(g.rank)), n),
+                       out.narrow(0, item.offset - (exchange ? 0 : p.shard_begin(g.rank)), n));
+  }
+  if (exchange) {
+    g.reduce->reduce_scatter(out.data_ptr(), out_shard.data_ptr(), size_t(p.shard_numel), dtype_,
+                            ReduceOp::Sum, ctx_.stream())
+        .wait(ctx_.stream());
+  }
+}
+
+}  // namespace fsdp

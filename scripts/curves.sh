@@ -7,7 +7,12 @@
 # the first 3 batches of the validation file every 50 steps). Parts, chosen by PARTS:
 #
 #   golden  the golden curves of tests/train/golden: fsdp.cpp's initial weights and batches
-#           of the two tiny recipes, replayed by PyTorch in f64 on the CPU (LOG_DIR/golden/)
+#           of the two tiny recipes, replayed by PyTorch in f64 on the CPU (LOG_DIR/golden/),
+#           with AdamW and with Muon (optimizer.optimizer=muon: *_muon_curve.json)
+#   muon    Muon against PyTorch's Muon (torch.optim's update, q/k/v and gate/up split as
+#           fsdp.cpp splits them), GPT-2 d12 and the Llama: fsdp.cpp with 3 seeds, PyTorch
+#           with 3 of its own (curve.py independent), one replay from the same weights and
+#           batches; the table of validation losses (MUON_MODELS="gpt2 llama" by default)
 #   seeds   GPT-2 d12 with the recipe's defaults: fsdp.cpp with 3 seeds on the llm.c shards
 #           and 3 on the text itself (dataset.type=text), PyTorch with 3 seeds of its own
 #           initialization and sampler (curve.py independent)
@@ -98,14 +103,15 @@ tokens = np.frombuffer(open("third_party/text/austen.txt", "rb").read(), np.uint
 header = np.zeros(256, np.int32); header[:3] = (20240520, 1, len(tokens))
 open(sys.argv[1], "wb").write(header.tobytes() + tokens.tobytes())
 PY
-  for m in gpt2_tiny llama_tiny; do
-    R=(--config tests/train/golden/$m.json dataset.train_path="$work/austen_bytes.bin")
-    waited timeout 120 "$B/tools/train" "${R[@]}" run.output_dir="$L/golden/$m" > "$L/golden/$m.log" 2>&1
-    "$B/tools/convert" init "$L/golden/$m/init.safetensors" "${R[@]}" > /dev/null
-    CUDA_VISIBLE_DEVICES= waited timeout 300 python3 tools/parity/curve.py replay "$L/golden/$m" \
-      --weights "$L/golden/$m/init.safetensors" --device cpu --out "$L/golden/$m/curve.json" \
-      --golden "$L/golden/${m}_curve.json" > "$L/golden/$m.replay.log" 2>&1
-    say "golden $m rc=$?"; tail -1 "$L/golden/$m.replay.log"
+  for run in ${GOLDEN_RUNS:-gpt2_tiny llama_tiny gpt2_tiny_muon llama_tiny_muon}; do
+    m=${run%_muon}; opt=(); [ "$run" != "$m" ] && opt=(optimizer.optimizer=muon)
+    R=(--config tests/train/golden/$m.json dataset.train_path="$work/austen_bytes.bin" "${opt[@]}")
+    waited timeout 120 "$B/tools/train" "${R[@]}" run.output_dir="$L/golden/$run" > "$L/golden/$run.log" 2>&1
+    "$B/tools/convert" init "$L/golden/$run/init.safetensors" "${R[@]}" > /dev/null
+    CUDA_VISIBLE_DEVICES= waited timeout 300 python3 tools/parity/curve.py replay "$L/golden/$run" \
+      --weights "$L/golden/$run/init.safetensors" --device cpu --out "$L/golden/$run/curve.json" \
+      --golden "$L/golden/${run}_curve.json" > "$L/golden/$run.replay.log" 2>&1
+    say "golden $run rc=$?"; tail -1 "$L/golden/$run.replay.log"
   done
 fi
 
@@ -122,6 +128,22 @@ if want seeds; then
     text="$L/text_seed1" text="$L/text_seed2" text="$L/text_seed3" \
     pytorch="$L/torch_seed1.json" pytorch="$L/torch_seed2.json" pytorch="$L/torch_seed3.json" \
     | tee "$L/seeds_table.txt"
+fi
+
+if want muon; then
+  for model in ${MUON_MODELS:-gpt2 llama}; do
+    extra=(optimizer.optimizer=muon); [ "$model" = llama ] && extra+=("${LLAMA[@]}")
+    table=()
+    for s in 1 2 3; do
+      train "muon_${model}_seed$s" "${GPT2[@]}" "${extra[@]}" run.seed=$s dataset.seed=$s
+      waited timeout 580 python3 tools/parity/curve.py independent "$L/muon_${model}_seed$s" --seed $s \
+        --precision bf16 --out "$L/muon_${model}_torch$s.json" > "$L/muon_${model}_torch$s.log" 2>&1
+      say "pytorch muon $model seed $s rc=$?"; tail -1 "$L/muon_${model}_torch$s.log"
+      table+=(fsdp.cpp="$L/muon_${model}_seed$s" pytorch="$L/muon_${model}_torch$s.json")
+    done
+    curve table --steps 50,100,150,200,300 "${table[@]}" | tee "$L/muon_${model}_table.txt"
+    replay "muon_${model}_bf16" bf16 "${GPT2[@]}" "${extra[@]}"
+  done
 fi
 
 if want gpt2; then

@@ -83,14 +83,16 @@ std::string describe(const Layout& l) {
 // Trains model `name` with `layout` on this world (plus `extra` recipe overrides),
 // compares every step it ran (all 200, or those after the checkpoint it resumed from)
 // against the golden curve, and returns the run's curve.
+// `curve` names the golden curve (default: the recipe's, name + "_curve.json").
 TrainResult check_golden(const std::string& name, const Layout& layout,
-                         const std::vector<std::string>& extra = {}) {
-  const Json golden = read_json("tests/train/golden/" + name + "_curve.json");
+                         const std::vector<std::string>& extra = {}, std::string curve = "") {
+  if (curve.empty()) curve = name;
+  const Json golden = read_json("tests/train/golden/" + curve + "_curve.json");
   const std::string out = testing::scratch_dir(
-      name + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) + "_tp" +
+      curve + "_" + layout.strategy + "_mb" + std::to_string(layout.micro_batch) + "_tp" +
       std::to_string(layout.tp) + (layout.sp ? "_sp" : "") + "_cp" + std::to_string(layout.cp) +
       (layout.ring ? "_ring" : "") +
-      (extra.empty() ? "" : "_resumed") + "_rank" +
+      (extra.empty() ? "" : "_overridden") + "_rank" +
       std::to_string(testing::world_rank()));
   std::vector<std::string> overrides = {
       "dataset.train_path=" + testing::byte_tokens_shard("golden"), "run.output_dir=" + out,
@@ -105,7 +107,7 @@ TrainResult check_golden(const std::string& name, const Layout& layout,
   Trainer trainer(recipe, testing::quiet_options());
   const TrainResult r = trainer.run();
 
-  INFO(name << ", " << testing::world_size() << " rank(s), " << describe(layout) << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
+  INFO(curve << ", " << testing::world_size() << " rank(s), " << describe(layout) << (r.first_step ? ", resumed after step " + std::to_string(r.first_step) : ""));
   const std::vector<double> loss = golden["loss"], grad_norm = golden["grad_norm"];
   const size_t first = size_t(r.first_step);
   REQUIRE(r.losses.size() == loss.size() - first);
@@ -277,6 +279,24 @@ TEST_CASE("recomputing the first block reproduces PyTorch's f64 curve", "[train]
   for (const std::string name : {"gpt2_tiny", "llama_tiny"})
     check_golden(name, {"no_shard", 4},
                  {"model.activation_recompute=full", "model.recompute_num_layers=1"});
+}
+
+// Muon (optimizer.optimizer=muon) against PyTorch's Muon replayed in f64 from the same weights
+// on the same batches (tools/parity/curve.py's MuonTwin: torch.optim.Muon's update, q/k/v and
+// gate/up orthogonalized apart, AdamW on the rest), on one rank and sharded: ZeRO-3 and TP2
+// on 2 ranks, ZeRO-1 on 4 (each matrix gathered whole to its owner).
+TEST_CASE("the tiny models reproduce PyTorch's Muon f64 curve over 200 steps",
+          "[train][golden][mpi][muon]") {
+  std::vector<Layout> cases;
+  switch (testing::world_size()) {
+    case 1: cases = {{"no_shard", 4}}; break;
+    case 2: cases = {{"optim_grads_params", 4}, {"optim", 4, 2}}; break;
+    case 4: cases = {{"optim", 2}}; break;
+    default: break;
+  }
+  for (const std::string name : {"gpt2_tiny", "llama_tiny"}) {
+    for (const Layout& layout : cases) check_golden(name, layout, {"optimizer.optimizer=muon"}, name + "_muon");
+  }
 }
 
 // Checkpoints by global coordinates: a tensor- and sequence-parallel run saves at step 100,

@@ -172,6 +172,75 @@ def precision_of(recipe, requested):
     return p
 
 
+def newton_schulz_exact(grad, coefficients, steps, eps):
+    """PyTorch's Muon iteration (torch.optim._muon) in the gradient's own dtype: the f64
+    replays of the golden curves, which PyTorch's bfloat16 cast would round."""
+    a, b, c = coefficients
+    x = grad.clone()
+    if grad.size(0) > grad.size(1):
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, poly, x, beta=a)
+    if grad.size(0) > grad.size(1):
+        x = x.T
+    return x
+
+
+class MuonTwin:
+    """torch.optim.Muon's update on the blocks' weight matrices, as fsdp.cpp's optimizer
+    "muon" chooses them: the fused qkv's q, k and v and SwiGLU's gate and up orthogonalized
+    as separate matrices (each a slice of its parameter, which torch.optim.Muon cannot take
+    as parameters, so its step is written out here with its own functions: the momentum's
+    lerps, _zeropower_via_newtonschulz and _adjust_lr)."""
+
+    COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+    EPS = 1e-7
+
+    def __init__(self, params, cfg, o):
+        from torch.optim import _muon
+        self.zeropower = _muon._zeropower_via_newtonschulz
+        self.adjust_lr = _muon._adjust_lr
+        self.params = params
+        self.momentum, self.nesterov = o["muon_momentum"], o["muon_use_nesterov"]
+        self.steps, self.weight_decay = o["muon_num_ns_steps"], o["weight_decay"]
+        self.adjust_fn = o["muon_scale_mode"]
+        d = cfg["d_model"] // cfg["n_head"]
+        qkv = [cfg["n_head"] * d, cfg["n_kv_head"] * d, cfg["n_kv_head"] * d]
+        if not o.get("muon_split_qkv", True):
+            qkv = [sum(qkv)]
+        self.parts = {}  # name -> the row counts of its matrices
+        for n, p in params.items():
+            if p.dim() != 2 or not n.endswith(".weight") or not (".attn." in n or ".mlp." in n):
+                continue
+            if n.endswith("attn.qkv.weight"):
+                self.parts[n] = qkv
+            elif n.endswith("mlp.gate_up.weight"):
+                self.parts[n] = [p.size(0) // 2] * 2
+            else:
+                self.parts[n] = [p.size(0)]
+        self.buffers = {n: torch.zeros_like(params[n]) for n in self.parts}
+
+    @torch.no_grad()
+    def step(self, lr):
+        for n, rows in self.parts.items():
+            p, g, buf = self.params[n], self.params[n].grad, self.buffers[n]
+            buf.lerp_(g, 1 - self.momentum)
+            update = g.lerp(buf, self.momentum) if self.nesterov else buf
+            p.mul_(1 - lr * self.weight_decay)
+            row = 0
+            for r in rows:
+                part = update[row:row + r]
+                if part.dtype == torch.float64:
+                    ortho = newton_schulz_exact(part, self.COEFFICIENTS, self.steps, self.EPS)
+                else:
+                    ortho = self.zeropower(part, self.COEFFICIENTS, self.steps, self.EPS)
+                p[row:row + r].add_(ortho.to(p.dtype), alpha=-self.adjust_lr(lr, self.adjust_fn, part.shape))
+                row += r
+
+
 class Twin:
     """The PyTorch twin and its optimizer, trained step by step as the recipe says."""
 
@@ -183,11 +252,17 @@ class Twin:
         self.model = build(cfg, sdpa=device.type == "cuda").to(device, dtype)
         self.params = dict(self.model.named_parameters())
         o = recipe["optimizer"]
-        if o["optimizer"] != "adamw":
-            sys.exit("curve.py: only optimizer.optimizer=adamw is replayed")
+        if o["optimizer"] not in ("adamw", "muon"):
+            sys.exit("curve.py: only optimizer.optimizer=adamw or muon is replayed")
+        self.muon = MuonTwin(self.params, cfg, o) if o["optimizer"] == "muon" else None
+        adam_params = {n: p for n, p in self.params.items()
+                       if self.muon is None or n not in self.muon.parts}
         # Decoupled weight decay on matrices and embeddings only, as fsdp.cpp does.
-        decay = [p for p in self.params.values() if p.dim() == 2]
-        rest = [p for p in self.params.values() if p.dim() != 2]
+        decay = [p for p in adam_params.values() if p.dim() == 2]
+        rest = [p for p in adam_params.values() if p.dim() != 2]
+        self.adam_lr_ratio = 1.0
+        if self.muon is not None and o.get("muon_adamw_lr", 0) > 0 and o["lr"] > 0:
+            self.adam_lr_ratio = o["muon_adamw_lr"] / o["lr"]
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o["weight_decay"]},
              {"params": rest, "weight_decay": 0.0}],
@@ -215,6 +290,8 @@ class Twin:
         x, y = batch
         chunks = [(x[i:i + micro], y[i:i + micro]) for i in range(0, len(x), micro)]
         self.opt.zero_grad(set_to_none=True)
+        for p in self.params.values():
+            p.grad = None
         total = 0.0
         for cx, cy in chunks:
             loss = self.loss(cx, cy)
@@ -229,10 +306,12 @@ class Twin:
                 g.mul_(clip / (norm + 1e-6))
         lr = lr_at(self.recipe, it)
         for group in self.opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * self.adam_lr_ratio
         before = ({n: p.detach().clone() for n, p in self.params.items()}
                   if want_update_norms else None)
         self.opt.step()
+        if self.muon is not None:
+            self.muon.step(lr)
         record = {"loss": total / len(chunks), "grad_norm": norm, "lr": lr}
         if before is not None:
             squares = {}

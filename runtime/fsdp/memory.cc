@@ -50,6 +50,18 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
   return b;
 }
 
+namespace {
+
+// Whether Muon takes a parameter, as the models' layer tables choose (runtime/parallel/
+// muon_matrices.h): the blocks' weight matrices and experts' weights, not their routers.
+bool muon_matrix(const ParamPlacement& p) {
+  const bool weight = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
+  return (p.shape.rank() == 2 && weight && p.name.find(".router.") == std::string::npos) ||
+         p.shape.rank() == 3;
+}
+
+}  // namespace
+
 size_t optimizer_state_bytes(const ShardingPlan& plan, OptimizerKind optimizer,
                              DType moments_dtype, int rank) {
   if (!has_moments(optimizer)) return 0;
@@ -58,7 +70,23 @@ size_t optimizer_state_bytes(const ShardingPlan& plan, OptimizerKind optimizer,
   ArenaLayout moments;
   for (const UnitPlan& u : plan.units())
     for (const DecayRange& r : u.decay_ranges(rank)) moments.add(r.numel);
-  return moments.empty() ? 0 : 2 * buffer_cost(moments.numel, moments_dtype);
+  if (moments.empty()) return 0;
+  if (optimizer != OptimizerKind::muon) return 2 * buffer_cost(moments.numel, moments_dtype);
+  // Muon: no second moment for its matrices; a shard-sized update and result, and, where a
+  // unit is sharded, its gathered update and the owners' results (the largest block's).
+  int64_t matrix = 0, shard = 0, padded = 0;
+  for (const UnitPlan& u : plan.units()) {
+    if (u.name == "root") continue;
+    for (const ShardSegment& s : u.segments(rank))
+      if (muon_matrix(u.params[size_t(s.param)])) matrix += s.numel;
+    shard = std::max(shard, u.shard_numel);
+    if (u.dp_size > 1) padded = std::max(padded, u.padded_numel);
+  }
+  const DType exchange = moments_dtype == DType::f64 ? DType::f64 : DType::f32;
+  size_t bytes = buffer_cost(moments.numel, moments_dtype) + buffer_cost(moments.numel - matrix, moments_dtype);
+  if (shard > 0) bytes += 2 * buffer_cost(shard, exchange);
+  if (padded > 0) bytes += 2 * buffer_cost(padded, exchange);
+  return bytes;
 }
 
 }  // namespace fsdp

@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "runtime/fsdp/sharded_model.h"
 #include "runtime/nn/layer_table.h"
 #include "runtime/nn/module.h"
 #include "runtime/optim/muon_layout.h"
+#include "runtime/optim/optimizer.h"
 
 namespace fsdp {
 
@@ -38,5 +40,11 @@ class MuonMatrices {
   std::vector<MuonParamSpec> specs_;
   std::vector<std::unique_ptr<WholeMatrix>> wholes_;
 };
+
+// Muon's layout over `sharded`'s units (its matrices `specs`), each unit's shard group the one
+// it is sharded over, exchanging in the momentum's precision (f64 moments: f64, else f32).
+std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, const ShardedModel& sharded,
+                                                        const std::vector<MuonParamSpec>& specs,
+                                                        const OptimizerConfig& config);
 
 }  // namespace fsdp

@@ -100,29 +100,6 @@ OptimizerConfig optimizer_config_of(const Recipe& r) {
   return c;
 }
 
-std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, const ShardedModel& sharded,
-                                                        const std::vector<MuonParamSpec>& specs,
-                                                        const OptimizerConfig& config) {
-  const ShardingPlan& plan = sharded.plan();
-  std::vector<MuonGroup> groups;
-  std::vector<int> sizes;
-  for (int u = 0; u < sharded.num_units(); ++u) {
-    const DataParallelGroups& g = sharded.unit_groups(u);
-    MuonGroup mg;
-    if (plan.units()[size_t(u)].dp_size > 1) {
-      mg = {g.shard_gather, g.shard_reduce, g.shard_rank(), g.shard_size()};
-      FSDP_ASSERT(mg.size == plan.units()[size_t(u)].dp_size, "muon: unit ", u, " is sharded over ",
-                  plan.units()[size_t(u)].dp_size, " ranks but its group has ", mg.size);
-    }
-    groups.push_back(mg);
-    sizes.push_back(mg.size);
-  }
-  std::vector<MuonUnit> units = muon_units(plan, specs, sizes, config.muon.newton_schulz.steps);
-  const DType dtype = config.moments_dtype == DType::f64 ? DType::f64 : DType::f32;
-  return std::make_unique<MuonOrthogonalizer>(ctx, plan, std::move(units), std::move(groups), dtype,
-                                              config.muon);
-}
-
 MeshSizes mesh_sizes_of(const Recipe& r) {
   return {r.dist.dp_outer, r.dist.dp_shard, r.model.context_parallel_size,
           r.model.expert_model_parallel_size, r.model.tensor_model_parallel_size};

@@ -24,11 +24,7 @@ FsdpOptions fsdp_options_of(const Recipe& r);
 // unless offload_on_cpu (tests only: TrainerOptions::offload_on_cpu).
 void check_offload_device(const Recipe& r, bool offload_on_cpu = false);
 OptimizerConfig optimizer_config_of(const Recipe& r);
-// Muon's layout over `sharded`'s units (its matrices `specs`), each unit's shard group the one
-// it is sharded over, exchanging in the momentum's precision (f64 moments: f64, else f32).
-std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, const ShardedModel& sharded,
-                                                        const std::vector<MuonParamSpec>& specs,
-                                                        const OptimizerConfig& config);
+
 models::Recompute recompute_of(const Recipe& r);
 // The device a recipe runs on, once resolved (dist.device "cpu" or "cuda", not "auto").
 DeviceType device_type_of(const Recipe& r);

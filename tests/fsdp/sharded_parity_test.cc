@@ -13,6 +13,7 @@
 #include "runtime/fsdp/memory.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/muon_matrices.h"
 #include "runtime/parallel/data_parallel_groups.h"
 #include "tests/mpi_world.h"
 #include "tests/test_support.h"
@@ -333,6 +334,20 @@ TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[
     const size_t before = ctx.allocator()->stats().in_use;
     Optimizer opt(ctx, sharded->optimizer_ranges(), oc);
     const size_t est = optimizer_state_bytes(sharded->plan(), OptimizerKind::adamw, moments, w.rank());
+    CHECK(opt.state_bytes() == est);
+    CHECK(ctx.allocator()->stats().in_use - before == est);
+  }
+  // Muon: one momentum for every element, a second moment only for AdamW's, and the exchange
+  // buffers.
+  const MuonMatrices matrices(*model, model->layer_table(), nullptr);
+  for (DType moments : {DType::f32, DType::bf16}) {
+    OptimizerConfig oc;
+    oc.kind = OptimizerKind::muon;
+    oc.moments_dtype = moments;
+    const size_t before = ctx.allocator()->stats().in_use;
+    Optimizer opt(ctx, sharded->optimizer_ranges(), oc,
+                  muon_orthogonalizer(ctx, *sharded, matrices.specs(), oc));
+    const size_t est = optimizer_state_bytes(sharded->plan(), OptimizerKind::muon, moments, w.rank());
     CHECK(opt.state_bytes() == est);
     CHECK(ctx.allocator()->stats().in_use - before == est);
   }

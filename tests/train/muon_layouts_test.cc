@@ -91,9 +91,9 @@ TEST_CASE("Muon on sharded weights follows the single process at every layout", 
   check_model("gpt2_tiny", {}, layouts());
   check_model("llama_tiny", {}, layouts());
   check_model("llama_tiny", kMoe,
-              {{"EP2 at ZeRO-3", {"model.expert_model_parallel_size=2",
+              {{"EP2 at ZeRO-3", {"model.expert_model_parallel_size=2", "train.micro_batch_size=2",
                                   "ddp.data_parallel_sharding_strategy=optim_grads_params"}},
-               {"ZeRO-1", {"ddp.data_parallel_sharding_strategy=optim"}}});
+               {"ZeRO-1", {"ddp.data_parallel_sharding_strategy=optim", "train.micro_batch_size=2"}}});
 }
 
 }  // namespace

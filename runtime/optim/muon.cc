@@ -6,16 +6,21 @@
 
 namespace fsdp {
 
-MuonOrthogonalizer::MuonOrthogonalizer(Context& ctx, const ShardingPlan& plan,
-                                       std::vector<MuonUnit> units, std::vector<MuonGroup> groups,
-                                       DType dtype, const MuonOptions& options)
-    : ctx_(ctx), plan_(plan), units_(std::move(units)), groups_(std::move(groups)), dtype_(dtype),
+MuonOrthogonalizer::MuonOrthogonalizer(Context& ctx, std::vector<MuonUnit> units,
+                                       std::vector<MuonGroup> groups, DType dtype,
+                                       const MuonOptions& options)
+    : ctx_(ctx), units_(std::move(units)), groups_(std::move(groups)), dtype_(dtype),
       options_(options) {
-  FSDP_CHECK(groups_.size() == plan.units().size(), ValueError, "muon: ", groups_.size(),
-             " groups for ", plan.units().size(), " units");
+  FSDP_CHECK(groups_.size() == units_.size(), ValueError, "muon: ", groups_.size(), " groups for ",
+             units_.size(), " units");
   int64_t largest = 0;
-  for (const MuonUnit& mu : units_) {
-    if (groups_[size_t(mu.unit)].size > 1) largest = std::max(largest, unit_plan(mu).padded_numel);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const MuonUnitGeometry& g = units_[i].geometry;
+    if (g.shard_size > 1) {
+      FSDP_CHECK(groups_[i].gather && groups_[i].reduce, ValueError, "muon: unit ", g.name,
+                 " is sharded over ", g.shard_size, " ranks but has no group");
+      largest = std::max(largest, g.padded_numel);
+    }
   }
   if (largest > 0) {
     full_update_ = ops::zeros(ctx, Shape{largest}, dtype);
@@ -45,11 +50,11 @@ void MuonOrthogonalizer::orthogonalize_item(const MuonItem& item, const Tensor& 
   if (item.whole) item.whole->slice(ctx_, whole_out, out.view(item.local_shape));
 }
 
-void MuonOrthogonalizer::orthogonalize(const MuonUnit& mu, const Tensor& update_shard,
-                                       const Tensor& out_shard) {
-  const UnitPlan& p = unit_plan(mu);
-  const MuonGroup& g = groups_.at(size_t(mu.unit));
-  const bool exchange = g.size > 1;
+void MuonOrthogonalizer::orthogonalize(size_t i, const Tensor& update_shard, const Tensor& out_shard) {
+  const MuonUnit& mu = units_.at(i);
+  const MuonUnitGeometry& p = mu.geometry;
+  const MuonGroup& g = groups_[i];
+  const bool exchange = p.shard_size > 1;
   Tensor update = update_shard, out = out_shard;
   if (exchange) {
     update = full_update_.narrow(0, 0, p.padded_numel);
@@ -60,10 +65,10 @@ void MuonOrthogonalizer::orthogonalize(const MuonUnit& mu, const Tensor& update_
     ops::fill(ctx_, out, 0.0);
   }
   for (const MuonItem& item : mu.items) {
-    if (exchange && item.owner != g.rank) continue;
+    if (exchange && item.owner != p.shard_rank) continue;
     const int64_t n = item.local_shape.numel();
-    orthogonalize_item(item, update.narrow(0, item.offset - (exchange ? 0 : p.shard_begin(g.rank)), n),
-                       out.narrow(0, item.offset - (exchange ? 0 : p.shard_begin(g.rank)), n));
+    // Unsharded: the shard is the whole buffer (shard_begin() is 0).
+    orthogonalize_item(item, update.narrow(0, item.offset, n), out.narrow(0, item.offset, n));
   }
   if (exchange) {
     g.reduce->reduce_scatter(out.data_ptr(), out_shard.data_ptr(), size_t(p.shard_numel), dtype_,

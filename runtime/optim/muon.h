@@ -28,29 +28,24 @@ struct MuonOptions {
   MuonScale scale = MuonScale::match_rms_adamw;
 };
 
-// A unit's shard group as Muon sees it (its all-gather and reduce-scatter communicators);
-// null for one rank.
+// A unit's shard group (its all-gather and reduce-scatter communicators); null for one rank.
 struct MuonGroup {
   Communicator* gather = nullptr;
   Communicator* reduce = nullptr;
-  int rank = 0;
-  int size = 1;
 };
 
 class MuonOrthogonalizer {
  public:
-  // groups[u] for every unit of `plan`; exchanges in `dtype` (the momentum's, f32 or f64).
-  MuonOrthogonalizer(Context& ctx, const ShardingPlan& plan, std::vector<MuonUnit> units,
-                     std::vector<MuonGroup> groups, DType dtype, const MuonOptions& options);
+  // groups[i] is units[i]'s; exchanges in `dtype` (the momentum's, f32 or f64).
+  MuonOrthogonalizer(Context& ctx, std::vector<MuonUnit> units, std::vector<MuonGroup> groups,
+                     DType dtype, const MuonOptions& options);
 
   const std::vector<MuonUnit>& units() const { return units_; }
-  const UnitPlan& unit_plan(const MuonUnit& mu) const { return plan_.units().at(size_t(mu.unit)); }
-  int shard_rank(const MuonUnit& mu) const { return groups_.at(size_t(mu.unit)).rank; }
   // Device bytes of the exchange buffers (the largest unit's gathered update and result).
   size_t buffer_bytes() const { return buffer_bytes_; }
 
-  // update_shard, out_shard: (shard_numel) of unit mu.unit, of the exchange dtype.
-  void orthogonalize(const MuonUnit& mu, const Tensor& update_shard, const Tensor& out_shard);
+  // update_shard, out_shard: (shard_numel) of units()[i], of the exchange dtype.
+  void orthogonalize(size_t i, const Tensor& update_shard, const Tensor& out_shard);
 
  private:
   // Orthogonalizes item's matrices from `update` (its elements in the unit's full buffer)
@@ -58,7 +53,6 @@ class MuonOrthogonalizer {
   void orthogonalize_item(const MuonItem& item, const Tensor& update, const Tensor& out);
 
   Context& ctx_;
-  const ShardingPlan& plan_;
   std::vector<MuonUnit> units_;
   std::vector<MuonGroup> groups_;
   DType dtype_;

@@ -45,18 +45,16 @@ std::vector<MuonMatrix> matrices_of(const MuonParamSpec& spec, const Shape& shap
 
 }  // namespace
 
-std::vector<MuonUnit> muon_units(const ShardingPlan& plan, const std::vector<MuonParamSpec>& specs,
-                                 const std::vector<int>& shard_sizes, int ns_steps) {
-  const std::vector<UnitPlan>& units = plan.units();
-  FSDP_CHECK(shard_sizes.size() == units.size(), ValueError, "muon: ", shard_sizes.size(),
-             " shard sizes for ", units.size(), " units");
+std::vector<MuonUnit> muon_units(const std::vector<MuonUnitGeometry>& units,
+                                 const std::vector<MuonParamSpec>& specs, int ns_steps) {
   std::vector<int> found(specs.size(), 0);
   std::vector<MuonUnit> out;
   std::vector<double> total_work;  // per shard rank, over all units so far
   for (size_t u = 0; u < units.size(); ++u) {
     MuonUnit mu;
     mu.unit = int(u);
-    for (const ParamPlacement& p : units[u].params) {
+    mu.geometry = units[u];
+    for (const MuonUnitGeometry::Param& p : units[u].params) {
       for (size_t s = 0; s < specs.size(); ++s) {
         if (specs[s].name != p.name) continue;
         ++found[s];
@@ -72,7 +70,7 @@ std::vector<MuonUnit> muon_units(const ShardingPlan& plan, const std::vector<Muo
     }
     if (mu.items.empty()) continue;
     // Longest first, each to the rank with the least work in this unit (then overall).
-    const int ranks = std::max(1, shard_sizes[u]);
+    const int ranks = std::max(1, units[u].shard_size);
     if (int(total_work.size()) < ranks) total_work.resize(size_t(ranks), 0.0);
     std::vector<size_t> order(mu.items.size());
     std::iota(order.begin(), order.end(), size_t(0));
@@ -98,8 +96,8 @@ std::vector<MuonUnit> muon_units(const ShardingPlan& plan, const std::vector<Muo
   return out;
 }
 
-std::vector<ShardPiece> muon_shard_pieces(const UnitPlan& unit, const MuonUnit& muon, int rank) {
-  const int64_t lo = unit.shard_begin(rank), hi = lo + unit.shard_numel;
+std::vector<ShardPiece> muon_shard_pieces(const MuonUnit& muon) {
+  const int64_t lo = muon.geometry.shard_begin(), hi = lo + muon.geometry.shard_numel;
   std::vector<ShardPiece> out;
   for (const MuonItem& item : muon.items) {
     const int64_t b = std::max(lo, item.offset), e = std::min(hi, item.offset + item.local_shape.numel());

@@ -1,5 +1,6 @@
 // Where Muon's matrices lie in a sharded model's flat buffers and which rank orthogonalizes
-// each: plain values, computed identically on every rank from the sharding plan.
+// each: plain values, computed identically on every rank from the units' geometry (which
+// runtime/parallel/muon_matrices.h reads from the sharding plan).
 //
 // Muon updates a matrix with its whole momentum orthogonalized, but a ZeRO shard is a flat
 // slice that cuts matrices anywhere. So each unit's step gathers the unit's momentum update
@@ -21,7 +22,6 @@
 #include "runtime/core/context.h"
 #include "runtime/core/shape.h"
 #include "runtime/core/tensor.h"
-#include "runtime/fsdp/plan.h"
 
 namespace fsdp {
 
@@ -54,6 +54,22 @@ enum class MuonScale : uint8_t {
 };
 double muon_scale(MuonScale scale, int64_t rows, int64_t cols);
 
+// A unit of a sharded model as Muon needs it: its flat buffer's size, this rank's shard of
+// it, and where its parameters lie (as runtime/fsdp/plan.h's UnitPlan says).
+struct MuonUnitGeometry {
+  struct Param {
+    std::string name;
+    Shape shape;         // as this rank holds it
+    int64_t offset = 0;  // first element in the unit's flat buffer
+  };
+  std::string name;
+  std::vector<Param> params;
+  int64_t padded_numel = 0;
+  int64_t shard_numel = 0;  // padded_numel / shard ranks
+  int shard_rank = 0, shard_size = 1;
+  int64_t shard_begin() const { return int64_t(shard_rank) * shard_numel; }
+};
+
 // One matrix of a parameter, in the whole parameter's coordinates.
 struct MuonMatrix {
   int64_t first = 0;  // first element in the whole parameter
@@ -72,25 +88,26 @@ struct MuonItem {
 };
 
 struct MuonUnit {
-  int unit = 0;  // index in the plan
+  int unit = 0;  // index among the geometries (the plan's units)
+  MuonUnitGeometry geometry;
   std::vector<MuonItem> items;
 };
 
 // Newton-Schulz FLOPs of one (rows, cols) matrix over `steps` iterations.
 double newton_schulz_flops(int64_t rows, int64_t cols, int steps);
 
-// The Muon items of every unit of `plan` (units without any are left out), owners balanced
-// over each unit's `shard_sizes[u]` ranks by longest-first assignment (ties to the rank
-// with the least work over all units so far). Throws ConfigError for a spec that names no
-// parameter of the plan or whose parts do not fit its shape.
-std::vector<MuonUnit> muon_units(const ShardingPlan& plan, const std::vector<MuonParamSpec>& specs,
-                                 const std::vector<int>& shard_sizes, int ns_steps);
+// The Muon items of every unit (units without any are left out), owners balanced over each
+// unit's shard ranks by longest-first assignment (ties to the rank with the least work over
+// all units so far). Throws ConfigError for a spec that names no parameter of the units or
+// whose parts do not fit its shape.
+std::vector<MuonUnit> muon_units(const std::vector<MuonUnitGeometry>& units,
+                                 const std::vector<MuonParamSpec>& specs, int ns_steps);
 
-// The pieces of rank `rank`'s shard of unit `u` (shard offsets) that belong to Muon items.
+// The pieces of this rank's shard of `muon`'s unit (shard offsets) that belong to its items.
 struct ShardPiece {
   int64_t shard_offset = 0;
   int64_t numel = 0;
 };
-std::vector<ShardPiece> muon_shard_pieces(const UnitPlan& unit, const MuonUnit& muon, int rank);
+std::vector<ShardPiece> muon_shard_pieces(const MuonUnit& muon);
 
 }  // namespace fsdp

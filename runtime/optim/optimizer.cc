@@ -58,7 +58,7 @@ Optimizer::Optimizer(Context& ctx, std::vector<OptimizerRange> ranges, const Opt
   }
   if (muon_) {
     int64_t largest = 0;
-    for (const MuonUnit& mu : muon_->units()) largest = std::max(largest, muon_->unit_plan(mu).shard_numel);
+    for (const MuonUnit& mu : muon_->units()) largest = std::max(largest, mu.geometry.shard_numel);
     const DType dtype = config.moments_dtype == DType::f64 ? DType::f64 : DType::f32;
     muon_update_ = ops::zeros(ctx, Shape{largest}, dtype);
     muon_out_ = ops::zeros(ctx, Shape{largest}, dtype);
@@ -105,39 +105,42 @@ void Optimizer::step(double lr, double grad_scale) {
 }
 
 void Optimizer::split_for_muon() {
-  std::vector<const MuonUnit*> of_unit;
-  for (const MuonUnit& mu : muon_->units()) {
-    if (int(of_unit.size()) <= mu.unit) of_unit.resize(size_t(mu.unit) + 1, nullptr);
-    of_unit[size_t(mu.unit)] = &mu;
+  // The Muon unit (index in muon_->units()) of each plan unit, -1: none.
+  std::vector<int> of_unit;
+  for (size_t i = 0; i < muon_->units().size(); ++i) {
+    const int u = muon_->units()[i].unit;
+    if (int(of_unit.size()) <= u) of_unit.resize(size_t(u) + 1, -1);
+    of_unit[size_t(u)] = int(i);
   }
   std::vector<OptimizerRange> split;
-  muon_ranges_.assign(of_unit.size(), {});
+  muon_ranges_.assign(muon_->units().size(), {});
   for (const OptimizerRange& r : ranges_) {
-    const MuonUnit* mu = r.unit >= 0 && r.unit < int(of_unit.size()) ? of_unit[size_t(r.unit)] : nullptr;
-    if (!mu) {
+    const int m = r.unit >= 0 && r.unit < int(of_unit.size()) ? of_unit[size_t(r.unit)] : -1;
+    if (m < 0) {
       split.push_back(r);
       continue;
     }
     FSDP_CHECK(r.main.dim() == 1, ShapeError, "optimizer range ", r.name, " is not flat");
-    const UnitPlan& p = muon_->unit_plan(*mu);
+    const MuonUnit& mu = muon_->units()[size_t(m)];
+    const MuonUnitGeometry& p = mu.geometry;
     const int64_t begin = r.shard_offset, end = r.shard_offset + r.main.numel();
     // [begin, end) cut at the Muon pieces inside it.
     auto add = [&](int64_t b, int64_t e, bool matrix) {
       if (b >= e) return;
       OptimizerRange piece = r;
-      const int64_t at = p.shard_begin(muon_->shard_rank(*mu));
+      const int64_t at = p.shard_begin();
       piece.name = str_cat(p.name, "[", at + b, ":", at + e, "]", matrix ? " muon" : "");
       piece.main = r.main.narrow(0, b - begin, e - b);
       piece.grad = r.grad.narrow(0, b - begin, e - b);
       if (r.param_copy.defined()) piece.param_copy = r.param_copy.narrow(0, b - begin, e - b);
       piece.shard_offset = b;
       piece.matrix = matrix;
-      if (matrix) muon_ranges_[size_t(r.unit)].push_back(split.size());
+      if (matrix) muon_ranges_[size_t(m)].push_back(split.size());
       split.push_back(piece);
     };
     int64_t at = begin;
-    for (const ShardPiece& m : muon_shard_pieces(p, *mu, muon_->shard_rank(*mu))) {
-      const int64_t b = std::max(begin, m.shard_offset), e = std::min(end, m.shard_offset + m.numel);
+    for (const ShardPiece& piece : muon_shard_pieces(mu)) {
+      const int64_t b = std::max(begin, piece.shard_offset), e = std::min(end, piece.shard_offset + piece.numel);
       if (b >= e) continue;
       add(at, b, false);
       add(b, e, true);
@@ -151,21 +154,21 @@ void Optimizer::split_for_muon() {
 void Optimizer::muon_step(double lr, double grad_scale) {
   const MuonOptions& o = config_.muon;
   const double beta = o.momentum;
-  for (const MuonUnit& mu : muon_->units()) {
-    const int64_t n = muon_->unit_plan(mu).shard_numel;
+  for (size_t m = 0; m < muon_->units().size(); ++m) {
+    const int64_t n = muon_->units()[m].geometry.shard_numel;
     const Tensor update = muon_update_.narrow(0, 0, n), out = muon_out_.narrow(0, 0, n);
     // momentum = beta momentum + (1 - beta) g; the update: Nesterov's beta momentum +
     // (1 - beta) g, else the momentum (PyTorch's Muon, its lerps written out).
-    for (size_t i : muon_ranges_[size_t(mu.unit)]) {
+    for (size_t i : muon_ranges_[m]) {
       const OptimizerRange& r = ranges_[i];
       const Tensor u = update.narrow(0, r.shard_offset, r.main.numel());
       ops::axpby(ctx_, exp_avg_[i], (1 - beta) * grad_scale, r.grad, beta);
       ops::copy(ctx_, u, exp_avg_[i]);
       if (o.nesterov) ops::axpby(ctx_, u, (1 - beta) * grad_scale, r.grad, beta);
     }
-    muon_->orthogonalize(mu, update, out);
+    muon_->orthogonalize(m, update, out);
     // param = (1 - lr wd) param - lr * (the scaled, orthogonalized update).
-    for (size_t i : muon_ranges_[size_t(mu.unit)]) {
+    for (size_t i : muon_ranges_[m]) {
       const OptimizerRange& r = ranges_[i];
       const double wd = r.weight_decay ? config_.weight_decay : 0.0;
       ops::axpby(ctx_, r.main, -lr, out.narrow(0, r.shard_offset, r.main.numel()), 1.0 - lr * wd);

@@ -116,7 +116,7 @@ class Optimizer {
   // Muon: the layout and exchange, each Muon unit's matrix ranges, and the shard-sized
   // update and result buffers (the largest Muon unit's shard).
   std::unique_ptr<MuonOrthogonalizer> muon_;
-  std::vector<std::vector<size_t>> muon_ranges_;
+  std::vector<std::vector<size_t>> muon_ranges_;  // per Muon unit
   Tensor muon_update_, muon_out_;
 };
 

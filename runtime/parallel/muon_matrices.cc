@@ -84,23 +84,30 @@ std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, const Shar
                                                         const std::vector<MuonParamSpec>& specs,
                                                         const OptimizerConfig& config) {
   const ShardingPlan& plan = sharded.plan();
-  std::vector<MuonGroup> groups;
-  std::vector<int> sizes;
+  std::vector<MuonUnitGeometry> geometry;
   for (int u = 0; u < sharded.num_units(); ++u) {
-    const DataParallelGroups& g = sharded.unit_groups(u);
-    MuonGroup mg;
-    if (plan.units()[size_t(u)].dp_size > 1) {
-      mg = {g.shard_gather, g.shard_reduce, g.shard_rank(), g.shard_size()};
-      FSDP_ASSERT(mg.size == plan.units()[size_t(u)].dp_size, "muon: unit ", u, " is sharded over ",
-                  plan.units()[size_t(u)].dp_size, " ranks but its group has ", mg.size);
+    const UnitPlan& p = plan.units()[size_t(u)];
+    MuonUnitGeometry g;
+    g.name = p.name;
+    for (const ParamPlacement& param : p.params) g.params.push_back({param.name, param.shape, param.offset});
+    g.padded_numel = p.padded_numel;
+    g.shard_numel = p.shard_numel;
+    if (p.dp_size > 1) {
+      g.shard_rank = sharded.unit_groups(u).shard_rank();
+      g.shard_size = sharded.unit_groups(u).shard_size();
+      FSDP_ASSERT(g.shard_size == p.dp_size, "muon: unit ", p.name, " is sharded over ", p.dp_size,
+                  " ranks but its group has ", g.shard_size);
     }
-    groups.push_back(mg);
-    sizes.push_back(mg.size);
+    geometry.push_back(std::move(g));
   }
-  std::vector<MuonUnit> units = muon_units(plan, specs, sizes, config.muon.newton_schulz.steps);
+  std::vector<MuonUnit> units = muon_units(geometry, specs, config.muon.newton_schulz.steps);
+  std::vector<MuonGroup> groups;
+  for (const MuonUnit& mu : units) {
+    const DataParallelGroups& g = sharded.unit_groups(mu.unit);
+    groups.push_back(mu.geometry.shard_size > 1 ? MuonGroup{g.shard_gather, g.shard_reduce} : MuonGroup{});
+  }
   const DType dtype = config.moments_dtype == DType::f64 ? DType::f64 : DType::f32;
-  return std::make_unique<MuonOrthogonalizer>(ctx, plan, std::move(units), std::move(groups), dtype,
-                                              config.muon);
+  return std::make_unique<MuonOrthogonalizer>(ctx, std::move(units), std::move(groups), dtype, config.muon);
 }
 
 }  // namespace fsdp

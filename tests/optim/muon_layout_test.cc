@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "runtime/fsdp/plan.h"
 #include "runtime/optim/muon_layout.h"
 #include "tests/test_support.h"
 
@@ -28,6 +29,22 @@ ShardingPlan block_plan(int dp_size) {
   return ShardingPlan::build(units, o);
 }
 
+// The plan's units as Muon sees them, on shard rank `rank`.
+std::vector<MuonUnitGeometry> geometry(const ShardingPlan& plan, int rank = 0) {
+  std::vector<MuonUnitGeometry> out;
+  for (const UnitPlan& u : plan.units()) {
+    MuonUnitGeometry g;
+    g.name = u.name;
+    for (const ParamPlacement& p : u.params) g.params.push_back({p.name, p.shape, p.offset});
+    g.padded_numel = u.padded_numel;
+    g.shard_numel = u.shard_numel;
+    g.shard_rank = rank;
+    g.shard_size = u.dp_size;
+    out.push_back(g);
+  }
+  return out;
+}
+
 std::vector<MuonParamSpec> block_specs() {
   return {{"h.0.attn.qkv.weight", {32, 16, 16}, false, nullptr},
           {"h.0.attn.proj.weight", {}, false, nullptr},
@@ -39,7 +56,7 @@ std::vector<MuonParamSpec> block_specs() {
 
 TEST_CASE("muon_units splits parameters into their matrices and balances the owners", "[optim][muon]") {
   const ShardingPlan plan = block_plan(4);
-  const std::vector<MuonUnit> units = muon_units(plan, block_specs(), {4, 4}, 5);
+  const std::vector<MuonUnit> units = muon_units(geometry(plan), block_specs(), 5);
   REQUIRE(units.size() == 1);  // the root has no matrix
   const MuonUnit& mu = units[0];
   CHECK(mu.unit == 0);
@@ -66,11 +83,11 @@ TEST_CASE("muon shard pieces cover the Muon parameters' elements exactly once", 
   for (int dp : {1, 2, 4}) {
     INFO(dp << " ranks");
     const ShardingPlan plan = block_plan(dp);
-    const std::vector<MuonUnit> units = muon_units(plan, block_specs(), {dp, dp}, 5);
     const UnitPlan& unit = plan.units()[0];
     int64_t covered = 0;
     for (int r = 0; r < dp; ++r) {
-      for (const ShardPiece& p : muon_shard_pieces(unit, units[0], r)) {
+      const std::vector<MuonUnit> units = muon_units(geometry(plan, r), block_specs(), 5);
+      for (const ShardPiece& p : muon_shard_pieces(units[0])) {
         CHECK(p.shard_offset >= 0);
         CHECK(p.shard_offset + p.numel <= unit.shard_numel);
         covered += p.numel;
@@ -82,11 +99,11 @@ TEST_CASE("muon shard pieces cover the Muon parameters' elements exactly once", 
 
 TEST_CASE("muon_units refuses specs that do not fit the plan", "[optim][muon]") {
   const ShardingPlan plan = block_plan(1);
-  CHECK_THROWS_WITH(muon_units(plan, {{"h.9.attn.qkv.weight", {}, false, nullptr}}, {1, 1}, 5),
+  CHECK_THROWS_WITH(muon_units(geometry(plan), {{"h.9.attn.qkv.weight", {}, false, nullptr}}, 5),
                     Catch::Matchers::Contains("not in the sharded model"));
-  CHECK_THROWS_WITH(muon_units(plan, {{"h.0.attn.qkv.weight", {32, 16}, false, nullptr}}, {1, 1}, 5),
+  CHECK_THROWS_WITH(muon_units(geometry(plan), {{"h.0.attn.qkv.weight", {32, 16}, false, nullptr}}, 5),
                     Catch::Matchers::Contains("do not split"));
-  CHECK_THROWS_WITH(muon_units(plan, {{"h.0.attn.qkv.weight", {}, true, nullptr}}, {1, 1}, 5),
+  CHECK_THROWS_WITH(muon_units(geometry(plan), {{"h.0.attn.qkv.weight", {}, true, nullptr}}, 5),
                     Catch::Matchers::Contains("(experts, rows, cols) expected"));
 }
 

@@ -2,7 +2,9 @@
 // Llama and a tiny Llama MoE train 100 steps at every sharding strategy on 2 and 4 ranks (and
 // micro-batches of 1 and 2), under tensor parallelism (TP2, and TP2 x ZeRO-3 x DP2 on 4 ranks)
 // and expert parallelism (EP2 at ZeRO-3), and each curve must equal the single process's
-// within 1e-12 relative, loss by loss and gradient norm by gradient norm.
+// within 1e-12 relative, loss by loss and gradient norm by gradient norm. On 4 ranks a ZeRO-3
+// run's checkpoint (Muon's momentum as exp_avg, in global coordinates) resumes under
+// TP2 x ZeRO-3 x DP2 on the saving run's curve.
 //
 // Why the layouts agree: every matrix is orthogonalized whole, once, by its owner, with the
 // same operations as on one rank (the gather and the owners' sum with zeros are exact), so the
@@ -17,6 +19,7 @@
 #include "runtime/train/recipe.h"
 #include "runtime/train/trainer.h"
 #include "tests/test_support.h"
+#include "tests/train/scratch_dir.h"
 #include "tests/train/short_run.h"
 
 namespace fsdp::train {
@@ -95,6 +98,26 @@ TEST_CASE("Muon on sharded weights follows the single process at every layout", 
               {{"EP2 at ZeRO-3", {"model.expert_model_parallel_size=2",
                                   "ddp.data_parallel_sharding_strategy=optim_grads_params"}},
                {"ZeRO-1", {"ddp.data_parallel_sharding_strategy=optim"}}});
+}
+
+TEST_CASE("a Muon checkpoint resumes under another layout on the same curve", "[train][mpi][muon]") {
+  if (testing::world_size() != 4) return;
+  const std::string save =
+      testing::shared_dir("muon_checkpoint", testing::world_rank(), testing::world_size());
+  const TrainResult whole =
+      train("llama_tiny", "muon_saver", {"ddp.data_parallel_sharding_strategy=optim_grads_params",
+                                         "train.micro_batch_size=2", "checkpoint.save=" + save,
+                                         "checkpoint.save_interval=50"});
+  const TrainResult resumed =
+      train("llama_tiny", "muon_resumer", {"model.tensor_model_parallel_size=2",
+                                           "ddp.data_parallel_sharding_strategy=optim_grads_params",
+                                           "checkpoint.load=" + save + "/step_000050", "checkpoint.save=null"});
+  REQUIRE(resumed.first_step == 50);
+  REQUIRE(resumed.losses.size() == size_t(kSteps - 50));
+  for (size_t i = 0; i < resumed.losses.size(); ++i) {
+    INFO("step " << 51 + i << ": " << resumed.losses[i] << " against " << whole.losses[50 + i]);
+    CHECK(std::abs(resumed.losses[i] - whole.losses[50 + i]) <= kTolerance * whole.losses[50 + i]);
+  }
 }
 
 }  // namespace

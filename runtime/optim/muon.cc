@@ -40,12 +40,21 @@ void MuonOrthogonalizer::orthogonalize_item(const MuonItem& item, const Tensor& 
     item.whole->assemble(ctx_, update.view(item.local_shape), whole_update);
   }
   const Tensor flat_update = whole_update.flatten(), flat_out = whole_out.flatten();
-  for (const MuonMatrix& m : item.matrices) {
-    const Shape shape{m.rows, m.cols};
-    const Tensor o = flat_out.narrow(0, m.first, m.rows * m.cols).view(shape);
-    ops::newton_schulz(ctx_, flat_update.narrow(0, m.first, m.rows * m.cols).view(shape), o,
+  // Consecutive matrices of one shape (k and v, gate and up, the experts) in one batched call.
+  const std::vector<MuonMatrix>& ms = item.matrices;
+  for (size_t i = 0; i < ms.size();) {
+    const MuonMatrix& m = ms[i];
+    const int64_t size = m.rows * m.cols;
+    size_t n = 1;
+    while (i + n < ms.size() && ms[i + n].rows == m.rows && ms[i + n].cols == m.cols &&
+           ms[i + n].first == m.first + int64_t(n) * size)
+      ++n;
+    const Shape shape{int64_t(n), m.rows, m.cols};
+    const Tensor o = flat_out.narrow(0, m.first, int64_t(n) * size).view(shape);
+    ops::newton_schulz(ctx_, flat_update.narrow(0, m.first, int64_t(n) * size).view(shape), o,
                        options_.newton_schulz);
     ops::scale(ctx_, o, o, muon_scale(options_.scale, m.rows, m.cols));
+    i += n;
   }
   if (item.whole) item.whole->slice(ctx_, whole_out, out.view(item.local_shape));
 }

@@ -12,7 +12,8 @@
 #   muon    Muon against PyTorch's Muon (torch.optim's update, q/k/v and gate/up split as
 #           fsdp.cpp splits them), GPT-2 d12 and the Llama: fsdp.cpp with 3 seeds, PyTorch
 #           with 3 of its own (curve.py independent), one replay from the same weights and
-#           batches; the table of validation losses (MUON_MODELS="gpt2 llama" by default)
+#           batches; the table of validation losses (MUON_MODELS="gpt2 llama" by default;
+#           MUON_VARIANTS adds seed-1 runs with other keys, MUON_REPLAY= skips the replay)
 #   seeds   GPT-2 d12 with the recipe's defaults: fsdp.cpp with 3 seeds on the llm.c shards
 #           and 3 on the text itself (dataset.type=text), PyTorch with 3 seeds of its own
 #           initialization and sampler (curve.py independent)
@@ -141,8 +142,13 @@ if want muon; then
       say "pytorch muon $model seed $s rc=$?"; tail -1 "$L/muon_${model}_torch$s.log"
       table+=(fsdp.cpp="$L/muon_${model}_seed$s" pytorch="$L/muon_${model}_torch$s.json")
     done
+    # MUON_VARIANTS="NAME=KEY=VALUE[,KEY=VALUE...] ...": seed-1 runs with other settings.
+    for v in ${MUON_VARIANTS:-}; do
+      train "muon_${model}_${v%%=*}" "${GPT2[@]}" "${extra[@]}" ${v#*=} run.seed=1 dataset.seed=1
+      table+=("${v%%=*}=$L/muon_${model}_${v%%=*}")
+    done
     curve table --steps 50,100,150,200,300 "${table[@]}" | tee "$L/muon_${model}_table.txt"
-    replay "muon_${model}_bf16" bf16 "${GPT2[@]}" "${extra[@]}"
+    [ -n "${MUON_REPLAY:-1}" ] && replay "muon_${model}_bf16" bf16 "${GPT2[@]}" "${extra[@]}"
   done
 fi
 

@@ -189,6 +189,14 @@ def newton_schulz_exact(grad, coefficients, steps, eps):
     return x
 
 
+def adjust_lr_like_torch(lr, adjust_lr_fn, param_shape):
+    """torch.optim._muon._adjust_lr: the update's scale by the matrix's shape."""
+    rows, cols = param_shape[:2]
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr * math.sqrt(max(1, rows / cols))
+
+
 class MuonTwin:
     """torch.optim.Muon's update on the blocks' weight matrices, as fsdp.cpp's optimizer
     "muon" chooses them: the fused qkv's q, k and v and SwiGLU's gate and up orthogonalized
@@ -199,10 +207,18 @@ class MuonTwin:
     COEFFICIENTS = (3.4445, -4.7750, 2.0315)
     EPS = 1e-7
 
-    def __init__(self, params, cfg, o):
-        from torch.optim import _muon
-        self.zeropower = _muon._zeropower_via_newtonschulz
-        self.adjust_lr = _muon._adjust_lr
+    def __init__(self, params, cfg, o, exact):
+        try:
+            from torch.optim import _muon
+            self.zeropower, self.adjust_lr = _muon._zeropower_via_newtonschulz, _muon._adjust_lr
+            self.source = "torch.optim._muon"
+        except ImportError:
+            # A torch before 2.9 has no Muon: an f64 replay, which runs its own iteration
+            # anyway, writes out the one formula it would take from it.
+            if not exact:
+                sys.exit(f"curve.py: torch {torch.__version__} has no torch.optim.Muon (2.9 or later)")
+            self.zeropower, self.adjust_lr = None, adjust_lr_like_torch
+            self.source = "torch.optim.Muon's rule written out (torch " + torch.__version__ + " has none)"
         self.params = params
         self.momentum, self.nesterov = o["muon_momentum"], o["muon_use_nesterov"]
         self.steps, self.weight_decay = o["muon_num_ns_steps"], o["weight_decay"]
@@ -254,7 +270,8 @@ class Twin:
         o = recipe["optimizer"]
         if o["optimizer"] not in ("adamw", "muon"):
             sys.exit("curve.py: only optimizer.optimizer=adamw or muon is replayed")
-        self.muon = MuonTwin(self.params, cfg, o) if o["optimizer"] == "muon" else None
+        self.muon = (MuonTwin(self.params, cfg, o, exact=precision == "f64")
+                     if o["optimizer"] == "muon" else None)
         adam_params = {n: p for n, p in self.params.items()
                        if self.muon is None or n not in self.muon.parts}
         # Decoupled weight decay on matrices and embeddings only, as fsdp.cpp does.
@@ -511,6 +528,8 @@ def cmd_replay(args):
                           "initial weights on fsdp.cpp's batches; tests/train/golden_curve_test.cc",
                   "torch_version": torch.__version__, "precision": precision,
                   "device": args.device, "model": cfg}
+        if twin.muon is not None:
+            golden["muon"] = twin.muon.source
         golden.update(ref)
         with open(args.golden, "w") as f:
             json.dump(golden, f, indent=1)

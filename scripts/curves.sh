@@ -13,7 +13,8 @@
 #           fsdp.cpp splits them), GPT-2 d12 and the Llama: fsdp.cpp with 3 seeds, PyTorch
 #           with 3 of its own (curve.py independent), one replay from the same weights and
 #           batches; the table of validation losses (MUON_MODELS="gpt2 llama" by default;
-#           MUON_VARIANTS adds seed-1 runs with other keys, MUON_REPLAY= skips the replay)
+#           MUON_SEEDS="1 2 3" by default; MUON_VARIANTS adds seed-1 runs with other keys;
+#           MUON_REPLAY= skips the replay)
 #   seeds   GPT-2 d12 with the recipe's defaults: fsdp.cpp with 3 seeds on the llm.c shards
 #           and 3 on the text itself (dataset.type=text), PyTorch with 3 seeds of its own
 #           initialization and sampler (curve.py independent)
@@ -135,7 +136,7 @@ if want muon; then
   for model in ${MUON_MODELS:-gpt2 llama}; do
     extra=(optimizer.optimizer=muon); [ "$model" = llama ] && extra+=("${LLAMA[@]}")
     table=()
-    for s in 1 2 3; do
+    for s in ${MUON_SEEDS:-1 2 3}; do
       train "muon_${model}_seed$s" "${GPT2[@]}" "${extra[@]}" run.seed=$s dataset.seed=$s
       waited timeout 580 python3 tools/parity/curve.py independent "$L/muon_${model}_seed$s" --seed $s \
         --precision bf16 --out "$L/muon_${model}_torch$s.json" > "$L/muon_${model}_torch$s.log" 2>&1

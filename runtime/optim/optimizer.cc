@@ -1,7 +1,7 @@
 #include "runtime/optim/optimizer.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/ops.h"

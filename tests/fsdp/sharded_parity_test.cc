@@ -350,5 +350,8 @@ TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[
     const size_t est = optimizer_state_bytes(sharded->plan(), OptimizerKind::muon, moments, w.rank());
     CHECK(opt.state_bytes() == est);
     CHECK(ctx.allocator()->stats().in_use - before == est);
+    // A step runs the exchange (gradients are zero: the weights only decay).
+    opt.step(1e-3, 1.0);
+    CHECK(opt.steps_taken() == 1);
   }
 }

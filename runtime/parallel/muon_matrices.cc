@@ -7,29 +7,42 @@
 namespace fsdp {
 namespace {
 
-// A tensor-parallel slice made whole: every rank writes the runs it owns into a zeroed whole
-// tensor and the group sums them (each element comes from one rank: exact).
+// A tensor-parallel slice made whole: every rank writes the ranges it owns into a zeroed whole
+// tensor and the group sums them (each element comes from one rank: exact). One strided copy
+// per range of the slice (a row-parallel weight's columns, each of q, k and v's rows).
 class TensorParallelWhole : public WholeMatrix {
  public:
   TensorParallelWhole(nn::ParallelSlice slice, Communicator& group)
       : slice_(std::move(slice)), group_(group) {}
   Shape whole_shape() const override { return slice_.full_shape; }
   void assemble(Context& ctx, const Tensor& local, const Tensor& whole) override {
-    const Tensor in = local.flatten(), out = whole.flatten();
-    ops::fill(ctx, out, 0.0);
-    for (const nn::ParallelSlice::Run& r : slice_.owned_runs(0, in.numel(), group_.rank()))
-      ops::copy(ctx, out.narrow(0, r.full, r.numel), in.narrow(0, r.local, r.numel));
-    group_.all_reduce(out.data_ptr(), out.data_ptr(), size_t(out.numel()), out.dtype(), ReduceOp::Sum,
-                      ctx.stream())
+    ops::fill(ctx, whole, 0.0);
+    for_each_range([&](const Tensor& part_of_local, const Tensor& part_of_whole, int replicas) {
+      // A range held by several ranks (a shared key/value head) comes from the first of them.
+      if (group_.rank() % replicas == 0) ops::copy(ctx, part_of_whole, part_of_local);
+    }, local, whole);
+    group_.all_reduce(whole.data_ptr(), whole.data_ptr(), size_t(whole.numel()), whole.dtype(),
+                      ReduceOp::Sum, ctx.stream())
         .wait(ctx.stream());
   }
   void slice(Context& ctx, const Tensor& whole, const Tensor& local) override {
-    const Tensor in = whole.flatten(), out = local.flatten();
-    for (const nn::ParallelSlice::Run& r : slice_.runs(0, out.numel()))
-      ops::copy(ctx, out.narrow(0, r.local, r.numel), in.narrow(0, r.full, r.numel));
+    for_each_range([&](const Tensor& part_of_local, const Tensor& part_of_whole, int) {
+      ops::copy(ctx, part_of_local, part_of_whole);
+    }, local, whole);
   }
 
  private:
+  // f(local's part, whole's part, replicas) for each range of the slice, as views.
+  template <typename F>
+  void for_each_range(F&& f, const Tensor& local, const Tensor& whole) const {
+    int64_t at = 0;  // along the slice's dim, in the local tensor
+    for (size_t i = 0; i < slice_.ranges.size(); ++i) {
+      const auto [b, e] = slice_.ranges[i];
+      f(local.narrow(slice_.dim, at, e - b), whole.narrow(slice_.dim, b, e - b), slice_.replicas_of(i));
+      at += e - b;
+    }
+  }
+
   nn::ParallelSlice slice_;
   Communicator& group_;
 };

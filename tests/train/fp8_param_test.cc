@@ -131,6 +131,18 @@ TEST_CASE("fp8_param gathers FP8 bytes and gives the losses of bf16 gathers", "[
     }
 }
 
+// Muon updates the FP8 units' weights like any others (their matrices gathered whole from
+// the encoded units' shards); the next step's FP8 gathers carry the new weights.
+TEST_CASE("Muon with fp8_param gives the losses of bf16 gathers", "[train][fp8][mpi][muon]") {
+  if (testing::world_size() != 2) return;
+  const std::vector<std::string> fp8 = {"mixed_precision.fp8=hybrid", "optimizer.optimizer=muon"};
+  for (const std::string model : {"gpt2_tiny", "llama_tiny"}) {
+    const TrainResult plain = train(model, "muon_plain", fp8);
+    const TrainResult got = train(model, "muon_param", with(fp8, {"mixed_precision.fp8_param=true"}));
+    check_same_losses(got, plain, model + " with Muon");
+  }
+}
+
 TEST_CASE("fp8_param under tensor parallelism x ZeRO-3 gives the single-process losses",
           "[train][fp8][mpi]") {
   if (testing::world_size() != 4) return;

@@ -1,6 +1,6 @@
 // Muon (optimizer.optimizer=muon) under sharding, in f64 on CPU ranks: a tiny GPT-2, a tiny
 // Llama and a tiny Llama MoE train 100 steps at every sharding strategy on 2 and 4 ranks (and
-// micro-batches of 1 and 2), under tensor parallelism (TP2; TP2 x ZeRO-3 x DP2 and TP4, whose
+// micro-batches of 1 and 2), HSDP on 4 ranks, under tensor parallelism (TP2; TP2 x ZeRO-3 x DP2 and TP4, whose
 // Llama key/value heads are shared by two ranks each, on 4 ranks)
 // and expert parallelism (EP2 at ZeRO-3), and each curve must equal the single process's
 // within 1e-12 relative, loss by loss and gradient norm by gradient norm. On 4 ranks a ZeRO-3
@@ -74,6 +74,8 @@ std::vector<Layout> layouts() {
   out.push_back({"TP2 at ZeRO-1", {"model.tensor_model_parallel_size=2", "ddp.data_parallel_sharding_strategy=optim"}, 2});
   out.push_back({"TP2 x ZeRO-3 x DP2",
                  {"model.tensor_model_parallel_size=2", "ddp.data_parallel_sharding_strategy=optim_grads_params"}, 4});
+  out.push_back({"HSDP: ZeRO-3 over 2 x 2 replicas",
+                 {"dist.dp_outer=2", "train.micro_batch_size=2", "ddp.data_parallel_sharding_strategy=optim_grads_params"}, 4});
   // The Llama's 2 key/value heads on 4 ranks: each held by 2 (made whole from the first).
   out.push_back({"TP4", {"model.tensor_model_parallel_size=4", "train.micro_batch_size=8"}, 4});
   return out;

@@ -1,6 +1,7 @@
 #include "runtime/fsdp/memory.h"
 
 #include <algorithm>
+#include <set>
 
 #include "runtime/fsdp/buffer_layout.h"
 #include "runtime/fsdp/gather_codec.h"
@@ -50,20 +51,9 @@ MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& o) 
   return b;
 }
 
-namespace {
-
-// Whether Muon takes a parameter, as the models' layer tables choose (runtime/parallel/
-// muon_matrices.h): the blocks' weight matrices and experts' weights, not their routers.
-bool muon_matrix(const ParamPlacement& p) {
-  const bool weight = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
-  return (p.shape.rank() == 2 && weight && p.name.find(".router.") == std::string::npos) ||
-         p.shape.rank() == 3;
-}
-
-}  // namespace
-
 size_t optimizer_state_bytes(const ShardingPlan& plan, OptimizerKind optimizer,
-                             DType moments_dtype, int rank) {
+                             DType moments_dtype, int rank,
+                             const std::vector<std::string>& muon_params) {
   if (!has_moments(optimizer)) return 0;
   // Each moment is one arena over the weight-decay ranges of every unit's shard (see
   // runtime/optim/optimizer.cc, which lays them out the same way).
@@ -75,10 +65,13 @@ size_t optimizer_state_bytes(const ShardingPlan& plan, OptimizerKind optimizer,
   // Muon: no second moment for its matrices; a shard-sized update and result, and, where a
   // unit is sharded, its gathered update and the owners' results (the largest block's).
   int64_t matrix = 0, shard = 0, padded = 0;
+  const std::set<std::string> taken(muon_params.begin(), muon_params.end());
   for (const UnitPlan& u : plan.units()) {
-    if (u.name == "root") continue;
+    if (std::none_of(u.params.begin(), u.params.end(),
+                     [&](const ParamPlacement& p) { return taken.count(p.name) > 0; }))
+      continue;  // no Muon unit
     for (const ShardSegment& s : u.segments(rank))
-      if (muon_matrix(u.params[size_t(s.param)])) matrix += s.numel;
+      if (taken.count(u.params[size_t(s.param)].name) > 0) matrix += s.numel;
     shard = std::max(shard, u.shard_numel);
     if (u.dp_size > 1) padded = std::max(padded, u.padded_numel);
   }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "runtime/fsdp/options.h"
 #include "runtime/fsdp/plan.h"
@@ -17,7 +18,10 @@ namespace fsdp {
 MemoryBreakdown estimate_memory(const ShardingPlan& plan, const FsdpOptions& options);
 
 // Adam's two moments over `rank`'s main-weight elements (one pair per weight-decay range).
+// Muon: one moment for every element, a second for those not in `muon_params` (the
+// parameters it takes), and its exchange buffers (runtime/optim/muon.h).
 size_t optimizer_state_bytes(const ShardingPlan& plan, OptimizerKind optimizer,
-                             DType moments_dtype, int rank = 0);
+                             DType moments_dtype, int rank = 0,
+                             const std::vector<std::string>& muon_params = {});
 
 }  // namespace fsdp

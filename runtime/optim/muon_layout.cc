@@ -59,7 +59,6 @@ std::vector<MuonUnit> muon_units(const std::vector<MuonUnitGeometry>& units,
         if (specs[s].name != p.name) continue;
         ++found[s];
         MuonItem item;
-        item.name = p.name;
         item.offset = p.offset;
         item.local_shape = p.shape;
         item.whole = specs[s].whole;

@@ -78,7 +78,6 @@ struct MuonMatrix {
 
 // One parameter of a unit that Muon updates.
 struct MuonItem {
-  std::string name;
   int64_t offset = 0;  // first element in the unit's flat buffer
   Shape local_shape;   // as this rank holds it
   std::vector<MuonMatrix> matrices;

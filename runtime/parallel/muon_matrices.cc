@@ -49,8 +49,9 @@ class TensorParallelWhole : public WholeMatrix {
 
 }  // namespace
 
-MuonMatrices::MuonMatrices(nn::Module& model, const nn::LayerTable& table, Communicator* tensor_parallel,
-                           bool split_qkv) {
+// f(weight, row_parts, batched) for every parameter Muon takes, in the table's order.
+template <typename F>
+void for_each_muon_param(nn::Module& model, const nn::LayerTable& table, bool split_qkv, F&& f) {
   using S = nn::LayerStyle;
   for (const nn::StyledLayer& layer : table.resolve(model)) {
     const nn::LayerRow& row = *layer.row;
@@ -59,22 +60,38 @@ MuonMatrices::MuonMatrices(nn::Module& model, const nn::LayerTable& table, Commu
       const nn::AttentionHeads& h = row.heads;
       std::vector<int64_t> parts;
       if (split_qkv) parts = {h.n_head * h.head_dim, h.n_kv_head * h.head_dim, h.n_kv_head * h.head_dim};
-      add(qkv.weight(), parts, false, tensor_parallel);
+      f(qkv.weight(), parts, false);
     } else if (row.style == S::column || row.style == S::row) {
       nn::Linear& linear = nn::styled_as<nn::Linear>(layer, "Linear");
       const int64_t rows = linear.weight().full_shape()[0];
       std::vector<int64_t> parts;
       if (row.style == S::column && row.parts > 1) parts.assign(size_t(row.parts), rows / row.parts);
-      add(linear.weight(), parts, false, tensor_parallel);
+      f(linear.weight(), parts, false);
     } else if (row.style == S::experts) {
       nn::MoELayer& moe = nn::styled_as<nn::MoELayer>(layer, "MoELayer");
       nn::Parameter& fc = moe.experts.fc();
       std::vector<int64_t> parts;
       if (fc.local_name() == "gate_up") parts.assign(2, fc.shape()[1] / 2);
-      add(fc, parts, true, nullptr);
-      add(moe.experts.proj(), {}, true, nullptr);
+      f(fc, parts, true);
+      f(moe.experts.proj(), std::vector<int64_t>{}, true);
     }
   }
+}
+
+MuonMatrices::MuonMatrices(nn::Module& model, const nn::LayerTable& table, Communicator* tensor_parallel,
+                           bool split_qkv) {
+  for_each_muon_param(model, table, split_qkv,
+                      [&](nn::Parameter& weight, std::vector<int64_t> parts, bool batched) {
+                        add(weight, std::move(parts), batched, tensor_parallel);
+                      });
+}
+
+std::vector<std::string> muon_param_names(nn::Module& model, const nn::LayerTable& table) {
+  std::vector<std::string> names;
+  for_each_muon_param(model, table, true, [&](nn::Parameter& weight, const std::vector<int64_t>&, bool) {
+    names.push_back(weight.name());
+  });
+  return names;
 }
 
 void MuonMatrices::add(nn::Parameter& weight, std::vector<int64_t> row_parts, bool batched,

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -40,6 +41,10 @@ class MuonMatrices {
   std::vector<MuonParamSpec> specs_;
   std::vector<std::unique_ptr<WholeMatrix>> wholes_;
 };
+
+// The names of the parameters Muon takes (those MuonMatrices lists), for memory estimates,
+// which need no group.
+std::vector<std::string> muon_param_names(nn::Module& model, const nn::LayerTable& table);
 
 // Muon's layout over `sharded`'s units (its matrices `specs`), each unit's shard group the one
 // it is sharded over, exchanging in the momentum's precision (f64 moments: f64, else f32).

@@ -7,6 +7,7 @@
 
 #include "runtime/optim/offload_step.h"
 #include "runtime/parallel/data_parallel_groups.h"
+#include "runtime/parallel/muon_matrices.h"
 #include "runtime/train/metrics_line.h"
 #include "runtime/train/trainer_setup.h"
 
@@ -26,8 +27,10 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
   p.plan = ShardingPlan::build(unit_specs(model, unit_module_kind(fo.unit_kind), fo.blocks_per_unit,
                                                 fo.gather_codec.get(), kExpertPartName), po);
   p.fsdp = estimate_memory(p.plan, fo);
-  p.optimizer_state = optimizer_state_bytes(p.plan, optimizer_kind_from_name(recipe.optimizer.optimizer),
-                                            dtype_from_name(recipe.optimizer.moments_dtype));
+  const OptimizerKind kind = optimizer_kind_from_name(recipe.optimizer.optimizer);
+  p.optimizer_state = optimizer_state_bytes(
+      p.plan, kind, dtype_from_name(recipe.optimizer.moments_dtype), 0,
+      kind == OptimizerKind::muon ? muon_param_names(model, model.layer_table()) : std::vector<std::string>{});
   // With CPU offload the moments (and the master weights) are in host memory.
   p.optimizer = fo.offload_main ? 0 : p.optimizer_state;
   const int64_t shard = int64_t(p.fsdp.host_main_weights / dtype_size(fo.main_dtype));

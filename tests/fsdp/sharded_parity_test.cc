@@ -1,6 +1,7 @@
 // Sharding never changes the math: every strategy x data-parallel size x gradient
 // accumulation gives, on the CPU, per-step losses bitwise equal to a single process's
 // no_shard run over the same global batches. Run plainly and under mpirun -np 2 / -np 4.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/muon_matrices.h"
 #include "runtime/parallel/data_parallel_groups.h"
+#include "tests/kernels/nn_test_util.h"
 #include "tests/mpi_world.h"
 #include "tests/test_support.h"
 
@@ -347,11 +349,25 @@ TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[
     const size_t before = ctx.allocator()->stats().in_use;
     Optimizer opt(ctx, sharded->optimizer_ranges(), oc,
                   muon_orthogonalizer(ctx, *sharded, matrices.specs(), oc));
-    const size_t est = optimizer_state_bytes(sharded->plan(), OptimizerKind::muon, moments, w.rank());
+    const size_t est = optimizer_state_bytes(sharded->plan(), OptimizerKind::muon, moments, w.rank(),
+                                             muon_param_names(*model, model->layer_table()));
     CHECK(opt.state_bytes() == est);
     CHECK(ctx.allocator()->stats().in_use - before == est);
-    // A step runs the exchange (gradients are zero: the weights only decay).
+    // A step through the exchange (the sanitizers' run of it): with a gradient everywhere,
+    // every piece of a matrix this rank holds moves, whichever rank orthogonalized it, and
+    // every weight stays finite.
+    std::vector<std::vector<double>> old_weights;
+    for (const OptimizerRange& r : opt.ranges()) {
+      ops::fill(ctx, r.grad, 1e-2);
+      old_weights.push_back(testing::values(ctx, r.main));
+    }
     opt.step(1e-3, 1.0);
-    CHECK(opt.steps_taken() == 1);
+    for (size_t i = 0; i < opt.ranges().size(); ++i) {
+      const OptimizerRange& r = opt.ranges()[i];
+      const std::vector<double> after = testing::values(ctx, r.main);
+      INFO(r.name);
+      for (double v : after) REQUIRE(std::isfinite(v));
+      if (r.matrix) CHECK(after != old_weights[i]);
+    }
   }
 }

@@ -205,6 +205,9 @@ void check_precision(const Recipe& r) {
   FSDP_CHECK(!r.optimizer.cpu_offload || r.optimizer.optimizer == "adamw", ConfigError,
              "'optimizer.cpu_offload' supports 'optimizer.optimizer' \"adamw\" only, not \"",
              r.optimizer.optimizer, "\"");
+  FSDP_CHECK(r.optimizer.muon_adamw_lr == 0 || r.optimizer.lr > 0, ConfigError,
+             "'optimizer.muon_adamw_lr' (", r.optimizer.muon_adamw_lr,
+             ") scales the schedule of 'optimizer.lr', which must then be above 0");
   FSDP_CHECK(r.optimizer.moments_dtype != "f64" || mp.main_params_dtype == "f64", ConfigError,
              "'optimizer.moments_dtype' \"f64\" needs 'mixed_precision.main_params_dtype' "
              "\"f64\", not \"", mp.main_params_dtype, "\"");

@@ -96,7 +96,8 @@ OptimizerConfig optimizer_config_of(const Recipe& r) {
   c.muon.nesterov = r.optimizer.muon_use_nesterov;
   c.muon.newton_schulz.steps = r.optimizer.muon_num_ns_steps;
   c.muon.scale = r.optimizer.muon_scale_mode == "original" ? MuonScale::original : MuonScale::match_rms_adamw;
-  if (r.optimizer.muon_adamw_lr > 0 && r.optimizer.lr > 0) c.adamw_lr_ratio = r.optimizer.muon_adamw_lr / r.optimizer.lr;
+  // The AdamW part follows the schedule scaled (recipe_checks: lr > 0 when it is set).
+  if (r.optimizer.muon_adamw_lr > 0) c.adamw_lr_ratio = r.optimizer.muon_adamw_lr / r.optimizer.lr;
   return c;
 }
 

@@ -148,6 +148,8 @@ TEST_CASE("keys that disagree with each other are named", "[recipe]") {
                              "'train.micro_batch_size' (3)"));
   CHECK_THAT(config_error(R"({"optimizer": {"lr": 1e-4, "min_lr": 1e-3}})"),
              Catch::Contains("'optimizer.min_lr' (0.001) must not exceed 'optimizer.lr'"));
+  CHECK_THAT(config_error(R"({"optimizer": {"optimizer": "muon", "lr": 0, "min_lr": 0, "muon_adamw_lr": 1e-3}})"),
+             Catch::Contains("'optimizer.muon_adamw_lr' (0.001) scales the schedule of 'optimizer.lr'"));
   CHECK_THAT(config_error(R"({"train": {"train_iters": 10}, "scheduler": {"lr_warmup_iters": 20}})"),
              Catch::Contains("'scheduler.lr_warmup_iters' (20) must not exceed"));
   CHECK_THAT(config_error(R"({"scheduler": {"lr_decay_style": "WSD"}})"),

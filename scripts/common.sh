@@ -35,6 +35,28 @@ CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export CUDA_HOME
 CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/fsdp.cpp"
 mkdir -p "$CACHE_DIR"
+
+# Bazel's disk cache never shrinks by itself: keep it under FSDP_DISK_CACHE_GIB (default 12)
+# by deleting its least recently used entries (Bazel refreshes an entry's mtime on each hit),
+# so repeated builds cannot fill the disk.
+prune_disk_cache() {
+  local dir="$1" limit_kib=$(( $2 * 1024 * 1024 ))
+  [ -d "$dir" ] || return 0
+  local used_kib
+  used_kib="$(du -sk "$dir" | cut -f1)"
+  [ "$used_kib" -le "$limit_kib" ] && return 0
+  local target_kib=$(( limit_kib * 3 / 4 )) freed_kib=0 size path
+  echo "notice: Bazel disk cache $dir holds $((used_kib / 1024)) MiB; pruning its oldest entries to $((target_kib / 1024)) MiB."
+  while read -r _ size path; do
+    [ $(( used_kib - freed_kib )) -le "$target_kib" ] && break
+    rm -f -- "$path" && freed_kib=$(( freed_kib + size / 1024 ))
+  done < <(find "$dir" -type f -printf '%T@ %s %p\n' | sort -n)
+}
+prune_disk_cache "$CACHE_DIR/bazel-disk" "${FSDP_DISK_CACHE_GIB:-12}"
+free_mib="$(df -Pm "$CACHE_DIR" | awk 'NR == 2 {print $4}')"
+if [ "${free_mib:-0}" -lt 4096 ]; then
+  echo "warning: only ${free_mib} MiB free on the disk holding $CACHE_DIR; a full build and test run needs about 10 GiB." >&2
+fi
 BAZEL_FLAGS=(--disk_cache="$CACHE_DIR/bazel-disk")
 # The git revision `train --version` reports (Bazel needs the script's absolute path).
 BAZEL_FLAGS+=(--workspace_status_command="$REPO_ROOT/scripts/workspace_status.sh")

@@ -18,7 +18,7 @@
 
 #include "collectives/communicator.h"
 #include "runtime/core/context.h"
-#include "runtime/fsdp/collective_calls.h"
+#include "collectives/collective_calls.h"
 #include "runtime/fsdp/plan.h"
 #include "runtime/nn/parameter.h"
 

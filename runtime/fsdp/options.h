@@ -74,16 +74,6 @@ struct FsdpOptions {
   BufferRegistration nccl_ub_kind = BufferRegistration::symmetric;
 };
 
-// What the collectives of one step took on the device (FsdpOptions::time_collectives).
-struct CollectiveTime {
-  int64_t count = 0;
-  int64_t bytes = 0;  // per rank: the full (gathered or reduced) buffer's size
-  double ms = 0;      // summed over the collectives of the kind
-};
-struct CollectiveTimes {
-  CollectiveTime all_gather, reduce_scatter, all_reduce;
-};
-
 // Bytes per buffer class on this rank (see memory_report()).
 struct MemoryBreakdown {
   size_t compute_weights = 0;   // persistent compute weights (shards, or full copies)
@@ -97,13 +87,6 @@ struct MemoryBreakdown {
     return compute_weights + main_weights + grad_accumulation + full_grads + gather_pool +
            grad_pool;
   }
-};
-
-// Collectives issued since the last reset (for tests of the schedule).
-struct IssuedCollectives {
-  int64_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0;
-  // Bytes per rank of the full (gathered or reduced) buffers, summed by kind.
-  int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0;
 };
 
 }  // namespace fsdp

@@ -136,7 +136,9 @@ class ShardedModel {
   MemoryBreakdown memory() const { return memory_; }
   std::string memory_report() const;
 
-  // Collectives issued since start_step() (for tests of the schedule).
+  // The path every step-time collective takes (the optimizer's exchanges too), counted and
+  // timed; and the collectives issued on it since start_step() (for tests of the schedule).
+  CollectiveCalls& collective_calls() { return shared_.calls; }
   const IssuedCollectives& issued() const { return shared_.calls.issued(); }
   // The timed collectives since the last call (FsdpOptions::time_collectives), summed by
   // kind. Call once the device has finished them (after the step's loss was read).

@@ -33,7 +33,7 @@
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 #include "runtime/fsdp/buffer_pool.h"
-#include "runtime/fsdp/collective_calls.h"
+#include "collectives/collective_calls.h"
 #include "runtime/fsdp/options.h"
 #include "runtime/fsdp/plan.h"
 #include "runtime/nn/module.h"

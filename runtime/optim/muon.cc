@@ -6,10 +6,10 @@
 
 namespace fsdp {
 
-MuonOrthogonalizer::MuonOrthogonalizer(Context& ctx, std::vector<MuonUnit> units,
-                                       std::vector<MuonGroup> groups, DType dtype,
-                                       const MuonOptions& options)
-    : ctx_(ctx), units_(std::move(units)), groups_(std::move(groups)), dtype_(dtype),
+MuonOrthogonalizer::MuonOrthogonalizer(Context& ctx, CollectiveCalls& calls,
+                                       std::vector<MuonUnit> units, std::vector<MuonGroup> groups,
+                                       DType dtype, const MuonOptions& options)
+    : ctx_(ctx), calls_(calls), units_(std::move(units)), groups_(std::move(groups)), dtype_(dtype),
       options_(options) {
   FSDP_CHECK(groups_.size() == units_.size(), ValueError, "muon: ", groups_.size(), " groups for ",
              units_.size(), " units");
@@ -37,7 +37,7 @@ void MuonOrthogonalizer::orthogonalize_item(const MuonItem& item, const Tensor& 
     const Shape shape = item.whole->whole_shape();
     whole_update = ops::empty(ctx_, shape, dtype_);
     whole_out = ops::empty(ctx_, shape, dtype_);
-    item.whole->assemble(ctx_, update.view(item.local_shape), whole_update);
+    item.whole->assemble(ctx_, calls_, update.view(item.local_shape), whole_update);
   }
   const Tensor flat_update = whole_update.flatten(), flat_out = whole_out.flatten();
   // Consecutive matrices of one shape (k and v, gate and up, the experts) in one batched call.
@@ -68,9 +68,7 @@ void MuonOrthogonalizer::orthogonalize(size_t i, const Tensor& update_shard, con
   if (exchange) {
     update = full_update_.narrow(0, 0, p.padded_numel);
     out = full_out_.narrow(0, 0, p.padded_numel);
-    g.gather->all_gather(update_shard.data_ptr(), update.data_ptr(), size_t(p.shard_numel), dtype_,
-                        ctx_.stream())
-        .wait(ctx_.stream());
+    if (calls_.communicates(g.gather)) calls_.all_gather(*g.gather, update, update_shard, ctx_.stream());
     ops::fill(ctx_, out, 0.0);
   }
   for (const MuonItem& item : mu.items) {
@@ -80,9 +78,8 @@ void MuonOrthogonalizer::orthogonalize(size_t i, const Tensor& update_shard, con
     orthogonalize_item(item, update.narrow(0, item.offset, n), out.narrow(0, item.offset, n));
   }
   if (exchange) {
-    g.reduce->reduce_scatter(out.data_ptr(), out_shard.data_ptr(), size_t(p.shard_numel), dtype_,
-                            ReduceOp::Sum, ctx_.stream())
-        .wait(ctx_.stream());
+    if (calls_.communicates(g.reduce))
+      calls_.reduce_scatter(*g.reduce, out_shard, out, ReduceOp::Sum, ctx_.stream(), 1.0);
   }
 }
 

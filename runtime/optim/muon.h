@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/collective_calls.h"
 #include "collectives/communicator.h"
 #include "kernels/ops.h"
 #include "runtime/core/context.h"
@@ -36,9 +37,11 @@ struct MuonGroup {
 
 class MuonOrthogonalizer {
  public:
-  // groups[i] is units[i]'s; exchanges in `dtype` (the momentum's, f32 or f64).
-  MuonOrthogonalizer(Context& ctx, std::vector<MuonUnit> units, std::vector<MuonGroup> groups,
-                     DType dtype, const MuonOptions& options);
+  // groups[i] is units[i]'s; exchanges in `dtype` (the momentum's, f32 or f64) through
+  // `calls` (the sharded model's: counted and timed with the step's other collectives; with
+  // skip_collectives nothing is exchanged and the owners' work still runs).
+  MuonOrthogonalizer(Context& ctx, CollectiveCalls& calls, std::vector<MuonUnit> units,
+                     std::vector<MuonGroup> groups, DType dtype, const MuonOptions& options);
 
   const std::vector<MuonUnit>& units() const { return units_; }
   // Device bytes of the exchange buffers (the largest unit's gathered update and result).
@@ -53,6 +56,7 @@ class MuonOrthogonalizer {
   void orthogonalize_item(const MuonItem& item, const Tensor& update, const Tensor& out);
 
   Context& ctx_;
+  CollectiveCalls& calls_;
   std::vector<MuonUnit> units_;
   std::vector<MuonGroup> groups_;
   DType dtype_;

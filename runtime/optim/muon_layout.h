@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collective_calls.h"
 #include "runtime/core/context.h"
 #include "runtime/core/shape.h"
 #include "runtime/core/tensor.h"
@@ -31,8 +32,10 @@ class WholeMatrix {
  public:
   virtual ~WholeMatrix() = default;
   virtual Shape whole_shape() const = 0;
-  // whole = the whole parameter, from every rank's `local` slice.
-  virtual void assemble(Context& ctx, const Tensor& local, const Tensor& whole) = 0;
+  // whole = the whole parameter, from every rank's `local` slice (its collectives issued
+  // through `calls`, the step's counted path).
+  virtual void assemble(Context& ctx, CollectiveCalls& calls, const Tensor& local,
+                        const Tensor& whole) = 0;
   // local = this rank's slice of `whole`.
   virtual void slice(Context& ctx, const Tensor& whole, const Tensor& local) = 0;
 };

@@ -4,7 +4,7 @@
 #include "kernels/ops.h"
 #include "runtime/core/error.h"
 #include "runtime/fsdp/buffer_layout.h"
-#include "runtime/fsdp/collective_calls.h"
+#include "collectives/collective_calls.h"
 
 namespace fsdp {
 

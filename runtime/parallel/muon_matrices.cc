@@ -15,15 +15,14 @@ class TensorParallelWhole : public WholeMatrix {
   TensorParallelWhole(nn::ParallelSlice slice, Communicator& group)
       : slice_(std::move(slice)), group_(group) {}
   Shape whole_shape() const override { return slice_.full_shape; }
-  void assemble(Context& ctx, const Tensor& local, const Tensor& whole) override {
+  void assemble(Context& ctx, CollectiveCalls& calls, const Tensor& local,
+                const Tensor& whole) override {
     ops::fill(ctx, whole, 0.0);
     for_each_range([&](const Tensor& part_of_local, const Tensor& part_of_whole, int replicas) {
       // A range held by several ranks (a shared key/value head) comes from the first of them.
       if (group_.rank() % replicas == 0) ops::copy(ctx, part_of_whole, part_of_local);
     }, local, whole);
-    group_.all_reduce(whole.data_ptr(), whole.data_ptr(), size_t(whole.numel()), whole.dtype(),
-                      ReduceOp::Sum, ctx.stream())
-        .wait(ctx.stream());
+    if (calls.communicates(&group_)) calls.all_reduce(group_, whole, ReduceOp::Sum, ctx.stream(), 1.0);
   }
   void slice(Context& ctx, const Tensor& whole, const Tensor& local) override {
     for_each_range([&](const Tensor& part_of_local, const Tensor& part_of_whole, int) {
@@ -110,7 +109,7 @@ void MuonMatrices::add(nn::Parameter& weight, std::vector<int64_t> row_parts, bo
   specs_.push_back(std::move(spec));
 }
 
-std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, const ShardedModel& sharded,
+std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, ShardedModel& sharded,
                                                         const std::vector<MuonParamSpec>& specs,
                                                         const OptimizerConfig& config) {
   const ShardingPlan& plan = sharded.plan();
@@ -137,7 +136,8 @@ std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, const Shar
     groups.push_back(mu.geometry.shard_size > 1 ? MuonGroup{g.shard_gather, g.shard_reduce} : MuonGroup{});
   }
   const DType dtype = config.moments_dtype == DType::f64 ? DType::f64 : DType::f32;
-  return std::make_unique<MuonOrthogonalizer>(ctx, std::move(units), std::move(groups), dtype, config.muon);
+  return std::make_unique<MuonOrthogonalizer>(ctx, sharded.collective_calls(), std::move(units),
+                                              std::move(groups), dtype, config.muon);
 }
 
 }  // namespace fsdp

@@ -47,8 +47,9 @@ class MuonMatrices {
 std::vector<std::string> muon_param_names(nn::Module& model, const nn::LayerTable& table);
 
 // Muon's layout over `sharded`'s units (its matrices `specs`), each unit's shard group the one
-// it is sharded over, exchanging in the momentum's precision (f64 moments: f64, else f32).
-std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, const ShardedModel& sharded,
+// it is sharded over, exchanging in the momentum's precision (f64 moments: f64, else f32)
+// through `sharded`'s collective calls (counted and timed with the step's).
+std::unique_ptr<MuonOrthogonalizer> muon_orthogonalizer(Context& ctx, ShardedModel& sharded,
                                                         const std::vector<MuonParamSpec>& specs,
                                                         const OptimizerConfig& config);
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "runtime/core/context.h"
+#include "collectives/collective_calls.h"
 #include "runtime/fsdp/options.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/trainer.h"

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collective_calls.h"
 #include "runtime/fsdp/options.h"
 #include "runtime/train/recipe.h"
 

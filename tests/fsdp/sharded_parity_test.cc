@@ -361,7 +361,18 @@ TEST_CASE("the optimizer state estimate equals what the optimizer allocates", "[
       ops::fill(ctx, r.grad, 1e-2);
       old_weights.push_back(testing::values(ctx, r.main));
     }
+    const IssuedCollectives before_step = sharded->issued();
     opt.step(1e-3, 1.0);
+    // The exchange goes through the step's counted path: one all-gather and one
+    // reduce-scatter per sharded unit with matrices.
+    const IssuedCollectives& issued = sharded->issued();
+    if (sharded->shard_size() > 1) {
+      CHECK(issued.all_gathers > before_step.all_gathers);
+      CHECK(issued.all_gathers - before_step.all_gathers ==
+            issued.reduce_scatters - before_step.reduce_scatters);
+      CHECK(issued.all_gather_bytes - before_step.all_gather_bytes ==
+            issued.reduce_scatter_bytes - before_step.reduce_scatter_bytes);
+    }
     for (size_t i = 0; i < opt.ranges().size(); ++i) {
       const OptimizerRange& r = opt.ranges()[i];
       const std::vector<double> after = testing::values(ctx, r.main);

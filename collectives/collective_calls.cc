@@ -1,4 +1,4 @@
-#include "runtime/fsdp/collective_calls.h"
+#include "collectives/collective_calls.h"
 
 namespace fsdp {
 

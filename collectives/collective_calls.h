@@ -1,5 +1,5 @@
-// The collectives a sharded model issues, each one counted and, with
-// FsdpOptions::time_collectives, timed by CUDA events on its stream (from the moment the
+// The collectives a training step issues (the sharded model's and the optimizer's), each
+// one counted and, when asked, timed by CUDA events on its stream (from the moment the
 // stream reaches it until it ends, waiting for the peers included).
 #pragma once
 
@@ -7,13 +7,30 @@
 
 #include "collectives/communicator.h"
 #include "runtime/core/context.h"
-#include "runtime/fsdp/options.h"
 
 namespace fsdp {
 
+// What the collectives of one step took on the device (FsdpOptions::time_collectives).
+struct CollectiveTime {
+  int64_t count = 0;
+  int64_t bytes = 0;  // per rank: the full (gathered or reduced) buffer's size
+  double ms = 0;      // summed over the collectives of the kind
+};
+struct CollectiveTimes {
+  CollectiveTime all_gather, reduce_scatter, all_reduce;
+};
+
+// Collectives issued since the last reset (for tests of the schedule).
+struct IssuedCollectives {
+  int64_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0;
+  // Bytes per rank of the full (gathered or reduced) buffers, summed by kind.
+  int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0;
+};
+
 class CollectiveCalls {
  public:
-  // skip: FsdpOptions::skip_collectives (nothing is exchanged; see communicates()).
+  // time_them: FsdpOptions::time_collectives; skip: FsdpOptions::skip_collectives (nothing
+  // is exchanged; see communicates()).
   CollectiveCalls(Context& ctx, bool time_them, bool skip = false)
       : ctx_(ctx), time_(time_them && ctx.is_cuda()), skip_(skip) {}
 

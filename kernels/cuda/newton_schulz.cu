@@ -1,5 +1,6 @@
 #include "kernels/cuda/newton_schulz.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
@@ -8,16 +9,36 @@ namespace fsdp::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// The Frobenius norms are summed in two passes, deterministically: each matrix in up to
+// kNormParts parts of at least kNormPartNumel elements (a block each, so a large matrix
+// uses many SMs), then the parts in order.
+constexpr int kNormParts = 256;
+constexpr int64_t kNormPartNumel = 16384;
 
-// norms[b] = the Frobenius norm of matrix b of x, its elements rounded to bf16 first.
+int norm_parts(int64_t size) {
+  return int(std::min<int64_t>(kNormParts, std::max<int64_t>(1, size / kNormPartNumel)));
+}
+
+// partials[b * parts + p] = the sum of squares of part p of matrix b of x (blockIdx.x = b,
+// blockIdx.y = p), its elements rounded to bf16 first.
 template <typename X>
-__global__ void norms_kernel(const X* x, int64_t size, float* norms) {
+__global__ void norm_parts_kernel(const X* x, int64_t size, float* partials) {
+  const int parts = int(gridDim.y), p = int(blockIdx.y);
+  const int64_t begin = size * p / parts, end = size * (p + 1) / parts;
   const X* xb = x + int64_t(blockIdx.x) * size;
   float s = 0;
-  for (int64_t i = threadIdx.x; i < size; i += blockDim.x) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float v = __bfloat162float(__float2bfloat16_rn(to_float(xb[i])));
     s += v * v;
   }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[int64_t(blockIdx.x) * parts + p] = s;
+}
+
+// norms[b] = sqrt of the sum of matrix b's `parts` partial sums (one block per matrix).
+__global__ void norms_kernel(const float* partials, int parts, float* norms) {
+  float s = 0;
+  for (int p = threadIdx.x; p < parts; p += blockDim.x) s += partials[int64_t(blockIdx.x) * parts + p];
   s = block_sum(s);
   if (threadIdx.x == 0) norms[blockIdx.x] = sqrtf(s);
 }
@@ -55,8 +76,10 @@ size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 size_t newton_schulz_workspace(const NewtonSchulzDims& d) {
   const size_t m = size_t(d.short_side()), n = size_t(d.long_side()), b = size_t(d.batch);
-  // Two iterates (m, n) and the Gram matrix and its polynomial (m, m), bf16; the norms.
-  return 2 * aligned(b * m * n * 2) + 2 * aligned(b * m * m * 2) + aligned(b * 4);
+  // Two iterates (m, n) and the Gram matrix and its polynomial (m, m), bf16; the norms and
+  // their partial sums.
+  return 2 * aligned(b * m * n * 2) + 2 * aligned(b * m * m * 2) + aligned(b * 4) +
+         aligned(b * size_t(norm_parts(d.rows * d.cols)) * 4);
 }
 
 void newton_schulz(Blas& blas, const NewtonSchulzDims& d, const void* x, DType x_dtype, void* out,
@@ -74,11 +97,16 @@ void newton_schulz(Blas& blas, const NewtonSchulzDims& d, const void* x, DType x
   bf16_t* gram = reinterpret_cast<bf16_t*>(take(size_t(d.batch * m * m) * 2));
   bf16_t* poly = reinterpret_cast<bf16_t*>(take(size_t(d.batch * m * m) * 2));
   float* norms = reinterpret_cast<float*>(take(size_t(d.batch) * 4));
+  const int parts = norm_parts(d.rows * d.cols);
+  float* partials = reinterpret_cast<float*>(take(size_t(d.batch) * size_t(parts) * 4));
   const unsigned grid = grid_for(d.batch * m * n, kThreads);
   dispatch_device_floating(x_dtype, "newton_schulz input", [&](auto xtag) {
     using X = decltype(xtag);
     const X* xp = static_cast<const X*>(x);
-    norms_kernel<X><<<unsigned(d.batch), kThreads, 0, stream>>>(xp, d.rows * d.cols, norms);
+    norm_parts_kernel<X><<<dim3(unsigned(d.batch), unsigned(parts)), kThreads, 0, stream>>>(
+        xp, d.rows * d.cols, partials);
+    FSDP_CHECK_LAUNCH();
+    norms_kernel<<<unsigned(d.batch), kThreads, 0, stream>>>(partials, parts, norms);
     FSDP_CHECK_LAUNCH();
     load_kernel<X><<<grid, kThreads, 0, stream>>>(xp, d, norms, float(s.eps), cur);
     FSDP_CHECK_LAUNCH();

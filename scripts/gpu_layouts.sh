@@ -7,12 +7,17 @@
 #   ZeRO-3; CP2 ring at ZeRO-1; CP2 all-gather at ZeRO-2; TP2 x ZeRO-3 x DP2 (np 4); HSDP
 #   2 x 2 at ZeRO-3 (np 4), in f32 and in bf16; EP2 on configs/moe-tiny.json at ZeRO-3 (f32
 #   and bf16); FP8 (hybrid) with fp8_param at ZeRO-3 on np 2 against FP8 on one rank;
-#   a TP2 checkpoint saved at step 25 resumed on one rank, and a one-rank one resumed on TP2.
+#   a TP2 checkpoint saved at step 25 resumed on one rank, and a one-rank one resumed on TP2;
+#   Muon (optimizer.optimizer=muon, Llama tiny, f32) at ZeRO-3 on np 2 and TP2 x ZeRO-3 x DP2
+#   on np 4 against Muon on one rank.
 # Bars: f32, every step's loss within 1e-5 relative of the one-rank run; bf16 (and FP8), the
 # validation loss at step 50 within 0.02; the resumed runs, f32, every step as the one-rank
 # run's. MoE in f32: every step within 1e-5 while both runs route every token alike (the
 # tokens per expert of every layer, logger.log_expert_tokens, are equal), at least 10 steps,
-# and the validation loss at step 50 within 0.02. Why: top-k routing is discontinuous. EP2
+# and the validation loss at step 50 within 0.02. Why: top-k routing is discontinuous. Muon,
+# the validation loss at step 50 within 0.02: its Newton-Schulz iteration rounds the momentum
+# to bf16 on the GPU, so last-bit differences of the gradients (reduction order) flip roundings
+# (CPU ranks in f64 agree to 1e-12: tests/train/muon_layouts_test.cc). EP2
 # sums each expert's weight gradient over both ranks' rows in one product where one rank sums
 # micro-batch by micro-batch, so the weights differ in the last bits; once a token's two
 # best scores are that close, it goes to another expert and from then on the two runs train
@@ -96,6 +101,12 @@ run ck_1rank_to_tp2 2 "${GPT[@]}" "${F32[@]}" dist.backend=staged \
 run gpt2_fp8_1rank 1 "${GPT[@]}" "${FP8[@]}"
 run gpt2_fp8_param_z3_np2 2 "${GPT[@]}" "${FP8[@]}" dist.backend=staged \
   mixed_precision.fp8_param=true ddp.data_parallel_sharding_strategy=optim_grads_params
+MUON=("${LLAMA[@]}" "${F32[@]}" optimizer.optimizer=muon)
+run llama_muon_1rank 1 "${MUON[@]}"
+run llama_muon_z3_np2 2 "${MUON[@]}" dist.backend=staged \
+  ddp.data_parallel_sharding_strategy=optim_grads_params
+run llama_muon_tp2_z3_dp2 4 "${MUON[@]}" dist.backend=staged model.tensor_model_parallel_size=2 \
+  ddp.data_parallel_sharding_strategy=optim_grads_params
 layouts gpt2 bf16 "${GPT[@]}"
 layouts llama bf16 "${LLAMA[@]}"
 moe bf16
@@ -156,6 +167,8 @@ for m in ("gpt2", "llama"):
 check("moe_f32_ep2_z3", "moe_f32_1rank", "moe_f32", 2)
 check("moe_bf16_ep2_z3", "moe_bf16_1rank", "bf16", 2)
 check("gpt2_fp8_param_z3_np2", "gpt2_fp8_1rank", "bf16", 2)
+check("llama_muon_z3_np2", "llama_muon_1rank", "bf16", 2)
+check("llama_muon_tp2_z3_dp2", "llama_muon_1rank", "bf16", 4)
 check("ck_tp2_to_1rank", "gpt2_f32_1rank", "f32", 1, first=26)
 check("ck_1rank_to_tp2", "gpt2_f32_1rank", "f32", 2, first=26)
 table = ["| run | ranks on the GPU | against | measured | result |", "|---|---|---|---|---|"] + rows

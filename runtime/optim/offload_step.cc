@@ -206,9 +206,11 @@ void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
     chunks_done_ = 0;
     error_ = nullptr;
   }
-  worker_ = std::thread([this, &ranges, &exp_avg, &exp_avg_sq, weight_decay, common] {
+  worker_ = std::thread([this, &ranges, &exp_avg, &exp_avg_sq, weight_decay, common, snapshot_taken] {
     try {
       DeviceGuard device(ctx_.device());  // CUDA calls from this thread target ctx's device
+      // The host reads the snapshot: it must have arrived (the copies above are queued).
+      snapshot_taken.synchronize();
       run(ranges, snapshot_views_, exp_avg, exp_avg_sq, weight_decay, common, true);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);

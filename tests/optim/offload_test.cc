@@ -239,9 +239,13 @@ TEST_CASE("the optimizer offloaded to the host follows the CUDA optimizer", "[op
   c.offload.overlap = true;
   c.offload.order = {2, 0, 1};
   Optimizer background(gpu, overlapped, c);
+  // Device work queued ahead of the overlapped step (a few ms of fills) delays its gradient
+  // snapshot: a host update that did not wait for the snapshot would read stale gradients.
+  const Tensor busy = ops::zeros(gpu, Shape{int64_t(1) << 26}, DType::f32);
   for (int s = 0; s < 3; ++s) {
     reference.step(1e-3, 0.5);
     host.step(1e-3, 0.5);
+    for (int k = 0; k < 30; ++k) ops::fill(gpu, busy, double(k));
     background.step(1e-3, 0.5);
     for (size_t i : {2, 0, 1}) {
       Event ready;

@@ -43,14 +43,15 @@ prune_disk_cache() {
   local dir="$1" limit_kib=$(( $2 * 1024 * 1024 ))
   [ -d "$dir" ] || return 0
   local used_kib
-  used_kib="$(du -sk "$dir" | cut -f1)"
-  [ "$used_kib" -le "$limit_kib" ] && return 0
+  # (A concurrent build may remove entries while du reads: its complaints are not errors.)
+  used_kib="$(du -sk "$dir" 2>/dev/null | cut -f1 || true)"
+  [ "${used_kib:-0}" -le "$limit_kib" ] && return 0
   local target_kib=$(( limit_kib * 3 / 4 )) freed_kib=0 size path
   echo "notice: Bazel disk cache $dir holds $((used_kib / 1024)) MiB; pruning its oldest entries to $((target_kib / 1024)) MiB."
   while read -r _ size path; do
     [ $(( used_kib - freed_kib )) -le "$target_kib" ] && break
     rm -f -- "$path" && freed_kib=$(( freed_kib + size / 1024 ))
-  done < <(find "$dir" -type f -printf '%T@ %s %p\n' | sort -n)
+  done < <(find "$dir" -type f -printf '%T@ %s %p\n' 2>/dev/null | sort -n)
 }
 prune_disk_cache "$CACHE_DIR/bazel-disk" "${FSDP_DISK_CACHE_GIB:-12}"
 free_mib="$(df -Pm "$CACHE_DIR" | awk 'NR == 2 {print $4}')"

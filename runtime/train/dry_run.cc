@@ -140,7 +140,7 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
                    format_bytes(int64_t(p.optimizer_state)), ", gradient and weight staging ",
                    format_bytes(p.offload_staging),
                    recipe.optimizer.overlap_cpu_offload ? " (with the overlapped update's gradient copy)" : "",
-                   "\n");
+                   ", total ", format_bytes(p.host_offload()), "\n");
   }
   return out;
 }

@@ -108,13 +108,37 @@ void check_address_space(int64_t need, const std::string& what) {
              ") or lift it (ulimit -v unlimited)");
 }
 
-void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ranks) {
+void check_host_memory_fits(const MemoryPrediction& p, int host_ranks, int64_t host_capacity) {
+  const int64_t each = p.host_offload(), ranks = std::max(host_ranks, 1);
+  if (each == 0 || ranks * each <= host_capacity) return;
+  const std::pair<const char*, int64_t> parts[] = {
+      {"master weights", int64_t(p.fsdp.host_main_weights)},
+      {"optimizer moments", int64_t(p.optimizer_state)},
+      {"staging and gradient copies", p.offload_staging}};
+  const auto* largest = &parts[0];
+  for (const auto& part : parts)
+    if (part.second > largest->second) largest = &part;
+  std::string each_parts;
+  for (const auto& part : parts)
+    each_parts += str_cat(each_parts.empty() ? "" : ", ", part.first, " ", format_bytes(part.second));
+  FSDP_THROW(ConfigError, "CPU offload needs about ", format_bytes(ranks * each),
+             " of page-locked host memory (", ranks, " rank(s) on this host, ", format_bytes(each),
+             " each: ", each_parts, ") but the host has ", format_bytes(host_capacity),
+             "; the largest part is ", largest->first, " (", format_bytes(largest->second),
+             "): keep the moments in bf16 (optimizer.moments_dtype=bf16), update in step "
+             "(optimizer.overlap_cpu_offload=false holds no gradient copy), put fewer ranks on "
+             "this host or shard over more hosts (each rank offloads only its shard), or turn "
+             "optimizer.cpu_offload off; `train --dry-run` prints the prediction");
+}
+
+void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ranks,
+                       int host_ranks) {
   const int64_t capacity = int64_t(device_memory_bytes(device));
   const int64_t sharers = std::max(sharing_ranks, 1);
   // The host also holds the offloaded master weights, moments and staging, for every rank.
-  const int64_t host_extra = int64_t(p.fsdp.host_main_weights) +
-                             (p.fsdp.host_main_weights > 0 ? int64_t(p.optimizer_state) : 0) +
-                             p.offload_staging;
+  const int64_t host_extra = p.host_offload();
+  if (!device.is_cpu())
+    check_host_memory_fits(p, host_ranks, int64_t(device_memory_bytes(Device::cpu())));
   const int64_t need = sharers * (p.device_peak() + (device.is_cpu() ? host_extra : 0));
   if (need > capacity) {
     // The fewest blocks recomputed whole that would fit, when some number does.

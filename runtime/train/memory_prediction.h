@@ -31,6 +31,12 @@ struct MemoryPrediction {
   int64_t device_peak() const {
     return int64_t(fsdp.total() + optimizer) + activations + fp8_weight_casts;
   }
+  // What a rank holds in host memory beside it with CPU offload (page-locked on a GPU): the
+  // master weights, the moments and the staging (0 without offload).
+  int64_t host_offload() const {
+    if (fsdp.host_main_weights == 0) return 0;
+    return int64_t(fsdp.host_main_weights) + int64_t(optimizer_state) + offload_staging;
+  }
   // The largest part of device_peak(), as "activations (12.0 GiB)".
   std::string largest_part() const;
 };
@@ -53,9 +59,17 @@ void check_address_space(int64_t need, const std::string& what);
 
 // ConfigError when `prediction` does not fit `device`: the predicted peaks of the
 // `sharing_ranks` that use it (on a GPU, those the staged backend puts on it; on the CPU,
-// this host's ranks) above its memory.
+// this host's ranks) above its memory; on a GPU also when the `host_ranks` ranks on this host
+// offload more than its memory (check_host_memory_fits).
 // The message names the prediction, the capacity, the largest part, and the full-recompute
 // setting that would fit when one does (else the keys that size the run).
-void check_memory_fits(const MemoryPrediction& prediction, Device device, int sharing_ranks);
+void check_memory_fits(const MemoryPrediction& prediction, Device device, int sharing_ranks,
+                       int host_ranks);
+
+// ConfigError when `host_ranks` ranks' CPU offload (MemoryPrediction::host_offload(),
+// page-locked, so it cannot be paged out) exceeds `host_capacity` bytes: names the need, its
+// parts, the largest, and the settings that shrink it.
+void check_host_memory_fits(const MemoryPrediction& prediction, int host_ranks,
+                            int64_t host_capacity);
 
 }  // namespace fsdp::train

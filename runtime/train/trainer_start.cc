@@ -153,7 +153,8 @@ void Trainer::State::setup_model_and_sharding() {
     participants.push_back(std::make_unique<MoeParticipant>(std::move(moe), ep_group ? comms.get() : nullptr));
   // A run whose predicted memory exceeds the device is refused before anything is allocated.
   check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(),
-                    ctx->is_cuda() ? world->ranks_on_device() : world->local_size());
+                    ctx->is_cuda() ? world->ranks_on_device() : world->local_size(),
+                    world->local_size());
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;

@@ -120,7 +120,7 @@ TEST_CASE("a run that does not fit names its largest part and the recompute that
     p.activations_recomputing.push_back(capacity + capacity / 4 - blocks * capacity / 10);
   // 0 blocks: 1.25 capacity; 2 blocks: 1.05; 3 blocks: 0.95, the first that fits.
   try {
-    check_memory_fits(p, Device::cpu(), 1);
+    check_memory_fits(p, Device::cpu(), 1, 1);
     FAIL("the prediction was not refused");
   } catch (const ConfigError& e) {
     INFO(e.what());
@@ -130,8 +130,37 @@ TEST_CASE("a run that does not fit names its largest part and the recompute that
   }
   // Nothing recompute frees makes it fit: the keys that size the run.
   p.activations_recomputing.assign(9, 2 * capacity);
-  CHECK_THROWS_WITH(check_memory_fits(p, Device::cpu(), 1),
+  CHECK_THROWS_WITH(check_memory_fits(p, Device::cpu(), 1, 1),
                     Contains("lower model.n_layer") && Contains("optimizer.cpu_offload"));
+}
+
+TEST_CASE("a GPU run whose CPU offload exceeds the host's memory is refused, naming its parts",
+          "[train]") {
+  constexpr int64_t GiB = int64_t(1) << 30;
+  MemoryPrediction p;
+  p.fsdp.host_main_weights = size_t(30 * GiB);
+  p.optimizer_state = size_t(15 * GiB);
+  p.offload_staging = 17 * GiB;
+  CHECK(p.host_offload() == 62 * GiB);
+  check_host_memory_fits(p, 2, 124 * GiB);  // exactly fits
+  try {
+    check_host_memory_fits(p, 2, 100 * GiB);
+    FAIL("the offload was not refused");
+  } catch (const ConfigError& e) {
+    INFO(e.what());
+    CHECK_THAT(e.what(), Contains("page-locked host memory") && Contains("2 rank(s) on this host") &&
+                             Contains("the largest part is master weights") &&
+                             Contains("optimizer.moments_dtype=bf16") &&
+                             Contains("optimizer.overlap_cpu_offload=false") && Contains("--dry-run"));
+  }
+  // The largest part is named whichever it is.
+  p.offload_staging = 40 * GiB;
+  CHECK_THROWS_WITH(check_host_memory_fits(p, 1, 50 * GiB),
+                    Contains("the largest part is staging and gradient copies"));
+  // Without offload nothing is held on the host.
+  p.fsdp.host_main_weights = 0;
+  CHECK(p.host_offload() == 0);
+  check_host_memory_fits(p, 8, 0);
 }
 
 }  // namespace

@@ -93,6 +93,7 @@ OffloadedAdamW::OffloadedAdamW(Context& ctx, const std::vector<OptimizerRange>& 
       snapshot_views_.push_back(snapshot_.narrow(0, at, r.main.numel()));
       at += r.main.numel();
     }
+    snapshot_arrived_.resize(ranges.size());
   }
 }
 
@@ -124,6 +125,10 @@ void OffloadedAdamW::run(const std::vector<OptimizerRange>& ranges,
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const size_t slot = c % slots;
     if (!grads_on_host) downloaded_[slot].synchronize();  // this chunk's gradients are here
+    // From the snapshot: its ranges' copies have arrived (pieces are in plan order, so the
+    // last piece's range was copied after the others).
+    if (grads_on_host && !chunks_[c].pieces.empty())
+      snapshot_arrived_[chunks_[c].pieces.back().range].synchronize();
     uploaded_[slot].synchronize();    // the slot's previous weights have left
     parts.clear();
     for (const OffloadPiece& p : chunks_[c].pieces)
@@ -195,8 +200,12 @@ void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
   Event grads_final;
   grads_final.record(ctx_.stream());
   down_.wait(grads_final);
-  for (size_t i = 0; i < ranges.size(); ++i)
+  // In the update's order, each range's arrival marked for the chunks that read it.
+  for (size_t k = 0; k < order_.size(); ++k) {
+    const size_t i = order_[k];
     copy_bytes_async(snapshot_views_[i], flat(ranges[i].grad), down_);
+    snapshot_arrived_[k].record(down_);
+  }
   Event snapshot_taken;
   snapshot_taken.record(down_);
   ctx_.stream().wait(snapshot_taken);
@@ -206,11 +215,10 @@ void OffloadedAdamW::step(const std::vector<OptimizerRange>& ranges,
     chunks_done_ = 0;
     error_ = nullptr;
   }
-  worker_ = std::thread([this, &ranges, &exp_avg, &exp_avg_sq, weight_decay, common, snapshot_taken] {
+  worker_ = std::thread([this, &ranges, &exp_avg, &exp_avg_sq, weight_decay, common] {
     try {
       DeviceGuard device(ctx_.device());  // CUDA calls from this thread target ctx's device
-      // The host reads the snapshot: it must have arrived (the copies above are queued).
-      snapshot_taken.synchronize();
+      // run() waits for each chunk's part of the snapshot before the host reads it.
       run(ranges, snapshot_views_, exp_avg, exp_avg_sq, weight_decay, common, true);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);

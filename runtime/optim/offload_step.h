@@ -18,7 +18,9 @@
 // - overlapped (OffloadOptions::overlap): step() copies the gradients down to a page-locked
 //   host snapshot (the next step's backward rewrites their buffers, so the device waits for
 //   that one copy; it holds no second copy of the shard) and returns; a background thread
-//   runs the pipeline from the snapshot while the device runs the next forward. range_ready() tells
+//   runs the pipeline from the snapshot while the device runs the next forward. The copies
+//   go down in the update's order and each chunk waits only for its own ranges' copies, so
+//   the host starts on the first ranges while the later ones are still on their way. range_ready() tells
 //   when a range's new compute weights are queued for upload and the event after which they
 //   are on the device: ZeRO-3 waits for it per unit before gathering the unit's weights, so
 //   the forward of the first units runs while the host still updates the later ones.
@@ -103,6 +105,7 @@ class OffloadedAdamW {
   // Overlap: the gradient snapshot, the background thread and its progress.
   Tensor snapshot_;                     // flat, the gradients' dtype, page-locked host memory
   std::vector<Tensor> snapshot_views_;  // per range
+  std::vector<Event> snapshot_arrived_; // per plan index: recorded on down_ after its copy
   size_t snapshot_bytes_ = 0;
   std::thread worker_;
   std::mutex mu_;

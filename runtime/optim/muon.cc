@@ -13,6 +13,11 @@ MuonOrthogonalizer::MuonOrthogonalizer(Context& ctx, CollectiveCalls& calls,
       options_(options) {
   FSDP_CHECK(groups_.size() == units_.size(), ValueError, "muon: ", groups_.size(), " groups for ",
              units_.size(), " units");
+  // Refused here, before the first step, rather than by the kernel in it.
+  FSDP_CHECK(!(ctx.is_cuda() && dtype == DType::f64), ConfigError,
+             "optimizer.optimizer \"muon\" with optimizer.moments_dtype \"f64\" runs on the CPU "
+             "only (Newton-Schulz runs in bf16 on a GPU): set optimizer.moments_dtype to f32 or "
+             "bf16, or dist.device to cpu");
   int64_t largest = 0;
   for (size_t i = 0; i < units_.size(); ++i) {
     const MuonUnitGeometry& g = units_[i].geometry;

@@ -1,7 +1,7 @@
 // Muon (optimizer.optimizer=muon) under sharding, in f64 on CPU ranks: a tiny GPT-2, a tiny
 // Llama and a tiny Llama MoE train 100 steps at every sharding strategy on 2 and 4 ranks (and
-// micro-batches of 1 and 2), HSDP on 4 ranks, under tensor parallelism (TP2; TP2 x ZeRO-3 x DP2 and TP4, whose
-// Llama key/value heads are shared by two ranks each, on 4 ranks)
+// micro-batches of 1 and 2), HSDP on 4 ranks, under tensor parallelism (TP2; TP2 x ZeRO-3 x
+// DP2 and TP4, whose Llama key/value heads are shared by two ranks each, on 4 ranks)
 // and expert parallelism (EP2 at ZeRO-3), and each curve must equal the single process's
 // within 1e-12 relative, loss by loss and gradient norm by gradient norm. On 4 ranks a ZeRO-3
 // run's checkpoint (Muon's momentum as exp_avg, in global coordinates) resumes under

@@ -149,7 +149,7 @@ if want muon; then
       table+=("${v%%=*}=$L/muon_${model}_${v%%=*}")
     done
     curve table --steps 50,100,150,200,300 "${table[@]}" | tee "$L/muon_${model}_table.txt"
-    [ -n "${MUON_REPLAY:-1}" ] && replay "muon_${model}_bf16" bf16 "${GPT2[@]}" "${extra[@]}"
+    [ -n "${MUON_REPLAY-1}" ] && replay "muon_${model}_bf16" bf16 "${GPT2[@]}" "${extra[@]}"
   done
 fi
 

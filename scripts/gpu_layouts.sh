@@ -32,7 +32,82 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "${1:-.device}"
 L="${2:-${OUT:-/tmp}/gpu-layouts}"
 mkdir -p "$L"
 T="$bundle/tools/train"
-trap 'pkill -TERM -P $$; exit 143' TERM INT
+# report: the table of every layout against its one-rank run (LOG_DIR/layouts.md), ending
+# with "N passed, N failed" (and how many did not run). Also run when the script is stopped,
+# so a call cut short still reports the layouts that finished.
+report() {
+python3 - "$L" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+
+def curve(name):
+    path = os.path.join(d, name, "metrics.jsonl")
+    loss, val, tokens = {}, None, {}
+    if not os.path.exists(path):
+        return loss, val, tokens
+    for line in open(path):
+        r = json.loads(line)
+        if "loss" in r: loss[r["step"]] = r["loss"]
+        if "moe_expert_tokens" in r: tokens[r["step"]] = r["moe_expert_tokens"]
+        if "val_loss" in r and r["step"] == 50: val = r["val_loss"]
+    return loss, val, tokens
+
+rows, passed, failed, unrun = [], 0, 0, 0
+def check(name, base, kind, ranks, first=1):
+    global passed, failed, unrun
+    if not all(os.path.exists(os.path.join(d, n, "metrics.jsonl")) for n in (name, base)):
+        unrun += 1
+        rows.append(f"| {name} | {ranks} | {base} | not run | - |")
+        return
+    got, gval, gtok = curve(name)
+    want, wval, wtok = curve(base)
+    steps = range(first, 51)
+    if kind == "moe_f32":  # see the header: step by step while routed alike, then val@50
+        alike = next((s for s in steps if s not in gtok or gtok.get(s) != wtok.get(s)), 51)
+        prefix = range(first, alike)
+        worst = max((abs(got[s] - want[s]) / abs(want[s]) for s in prefix if s in got and s in want),
+                    default=float("nan"))
+        have = gval is not None and wval is not None
+        diff = gval - wval if have else float("nan")
+        ok = (alike > 10 and all(s in got and s in want for s in prefix) and worst <= 1e-5
+              and have and abs(diff) <= 0.02)
+        measure = (f"max rel. loss diff {worst:.1e} (steps {first}-{alike - 1}, routed alike); "
+                   f"val@50 {gval} vs {wval} ({diff:+.4f})")
+    elif kind == "f32":
+        ok = all(s in got and s in want for s in steps)
+        worst = max((abs(got[s] - want[s]) / abs(want[s]) for s in steps if s in got and s in want),
+                    default=float("nan"))
+        ok = ok and worst <= 1e-5
+        measure = f"max rel. loss diff {worst:.1e} (steps {first}-50)"
+    else:  # bf16, FP8 and Muon ("val50"): the validation loss at step 50
+        have = gval is not None and wval is not None
+        diff = gval - wval if have else float("nan")
+        ok = have and abs(diff) <= 0.02
+        measure = f"val@50 {gval} vs {wval} ({diff:+.4f})"
+    passed += ok; failed += not ok
+    rows.append(f"| {name} | {ranks} | {base} | {measure} | {'pass' if ok else 'FAIL'} |")
+
+layouts = [("tp2", 2), ("tp2_sp_z3", 2), ("cp2_ring_z1", 2), ("cp2_allgather_z2", 2),
+           ("tp2_z3_dp2", 4), ("hsdp_2x2", 4)]
+for m in ("gpt2", "llama"):
+    for p in ("f32", "bf16"):
+        for l, n in layouts:
+            check(f"{m}_{p}_{l}", f"{m}_{p}_1rank", p, n)
+check("moe_f32_ep2_z3", "moe_f32_1rank", "moe_f32", 2)
+check("moe_bf16_ep2_z3", "moe_bf16_1rank", "bf16", 2)
+check("gpt2_fp8_param_z3_np2", "gpt2_fp8_1rank", "bf16", 2)
+check("llama_muon_z3_np2", "llama_muon_1rank", "val50", 2)
+check("llama_muon_tp2_z3_dp2", "llama_muon_1rank", "val50", 4)
+check("ck_tp2_to_1rank", "gpt2_f32_1rank", "f32", 1, first=26)
+check("ck_1rank_to_tp2", "gpt2_f32_1rank", "f32", 2, first=26)
+table = ["| run | ranks on the GPU | against | measured | result |", "|---|---|---|---|---|"] + rows
+open(os.path.join(d, "layouts.md"), "w").write("\n".join(table) + "\n")
+print("\n".join(table))
+if unrun: print(f"{unrun} layouts did not run (the call stopped first)")
+print(f"{passed} passed, {failed} failed")
+PY
+}
+trap 'pkill -TERM -P $$; wait; report; exit 143' TERM INT
 say() { echo "== $* ($(date +%T))"; }
 
 common=(train.train_iters=50 train.eval_interval=50 train.eval_iters=4 logger.log_interval=1
@@ -110,69 +185,4 @@ run llama_muon_tp2_z3_dp2 4 "${MUON[@]}" dist.backend=staged model.tensor_model_
 layouts gpt2 bf16 "${GPT[@]}"
 layouts llama bf16 "${LLAMA[@]}"
 moe bf16
-
-python3 - "$L" <<'PY'
-import json, os, sys
-d = sys.argv[1]
-
-def curve(name):
-    path = os.path.join(d, name, "metrics.jsonl")
-    loss, val, tokens = {}, None, {}
-    if not os.path.exists(path):
-        return loss, val, tokens
-    for line in open(path):
-        r = json.loads(line)
-        if "loss" in r: loss[r["step"]] = r["loss"]
-        if "moe_expert_tokens" in r: tokens[r["step"]] = r["moe_expert_tokens"]
-        if "val_loss" in r and r["step"] == 50: val = r["val_loss"]
-    return loss, val, tokens
-
-rows, passed, failed = [], 0, 0
-def check(name, base, kind, ranks, first=1):
-    global passed, failed
-    got, gval, gtok = curve(name)
-    want, wval, wtok = curve(base)
-    steps = range(first, 51)
-    if kind == "moe_f32":  # see the header: step by step while routed alike, then val@50
-        alike = next((s for s in steps if s not in gtok or gtok.get(s) != wtok.get(s)), 51)
-        prefix = range(first, alike)
-        worst = max((abs(got[s] - want[s]) / abs(want[s]) for s in prefix if s in got and s in want),
-                    default=float("nan"))
-        have = gval is not None and wval is not None
-        diff = gval - wval if have else float("nan")
-        ok = (alike > 10 and all(s in got and s in want for s in prefix) and worst <= 1e-5
-              and have and abs(diff) <= 0.02)
-        measure = (f"max rel. loss diff {worst:.1e} (steps {first}-{alike - 1}, routed alike); "
-                   f"val@50 {gval} vs {wval} ({diff:+.4f})")
-    elif kind == "f32":
-        ok = all(s in got and s in want for s in steps)
-        worst = max((abs(got[s] - want[s]) / abs(want[s]) for s in steps if s in got and s in want),
-                    default=float("nan"))
-        ok = ok and worst <= 1e-5
-        measure = f"max rel. loss diff {worst:.1e} (steps {first}-50)"
-    else:  # bf16, FP8 and Muon ("val50"): the validation loss at step 50
-        have = gval is not None and wval is not None
-        diff = gval - wval if have else float("nan")
-        ok = have and abs(diff) <= 0.02
-        measure = f"val@50 {gval} vs {wval} ({diff:+.4f})"
-    passed += ok; failed += not ok
-    rows.append(f"| {name} | {ranks} | {base} | {measure} | {'pass' if ok else 'FAIL'} |")
-
-layouts = [("tp2", 2), ("tp2_sp_z3", 2), ("cp2_ring_z1", 2), ("cp2_allgather_z2", 2),
-           ("tp2_z3_dp2", 4), ("hsdp_2x2", 4)]
-for m in ("gpt2", "llama"):
-    for p in ("f32", "bf16"):
-        for l, n in layouts:
-            check(f"{m}_{p}_{l}", f"{m}_{p}_1rank", p, n)
-check("moe_f32_ep2_z3", "moe_f32_1rank", "moe_f32", 2)
-check("moe_bf16_ep2_z3", "moe_bf16_1rank", "bf16", 2)
-check("gpt2_fp8_param_z3_np2", "gpt2_fp8_1rank", "bf16", 2)
-check("llama_muon_z3_np2", "llama_muon_1rank", "val50", 2)
-check("llama_muon_tp2_z3_dp2", "llama_muon_1rank", "val50", 4)
-check("ck_tp2_to_1rank", "gpt2_f32_1rank", "f32", 1, first=26)
-check("ck_1rank_to_tp2", "gpt2_f32_1rank", "f32", 2, first=26)
-table = ["| run | ranks on the GPU | against | measured | result |", "|---|---|---|---|---|"] + rows
-open(os.path.join(d, "layouts.md"), "w").write("\n".join(table) + "\n")
-print("\n".join(table))
-print(f"{passed} passed, {failed} failed")
-PY
+report

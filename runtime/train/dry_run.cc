@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "models/factory.h"
-#include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/expert_parallel.h"
 #include "runtime/parallel/tensor_parallel.h"
 #include "runtime/train/memory_prediction.h"
@@ -52,57 +51,14 @@ std::string mesh_groups(const Mesh& mesh) {
   return out + groups_line("data-parallel (replicas)", mesh, {MeshAxis::dp_outer});
 }
 
-}  // namespace
-
-std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int ranks_per_device) {
-  recipe.resolve_device(assume_cuda);
-  recipe.resolve_world(world_size);
-  const MeshSizes sizes = mesh_sizes_of(recipe);
-  const Mesh mesh(sizes, world_size);
-  const models::ModelConfig mc = model_config_of(recipe);
-  auto model = models::build_model(mc);  // specs only: no memory
-  const int64_t n_params = model->num_parameters();  // the whole model's
-  // The estimate is rank 0's: its slices under tensor parallelism (every rank's are equal).
-  PlanningParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
-  const nn::LayerTable table = model->layer_table();
-  apply_tensor_parallel(*model, model->vocabulary_tables(), table, tp_plan,
-                        recipe.model.sequence_parallel);
-  PlanningParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
-  apply_context_parallel(*model, model->vocabulary_tables(), table, cp_plan,
-                         recipe.model.seq_length, context_parallel_comm(recipe.model.cp_comm_type));
-  PlanningExpertParallelGroup ep_plan(mesh.size(MeshAxis::ep), 0);
-  apply_expert_parallel(*model, table, ep_plan);
-  // FP8 layers keep other activations, and fp8_param gathers their weights in units of
-  // their own.
-  Fp8Report fp8;
-  if (recipe.mixed_precision.fp8)
-    fp8 = apply_fp8(*model, table, fp8_plan_of(recipe), model->vocabulary_tables().head);
-  const FsdpOptions fo = fsdp_options_of(recipe);
-  check_offload_device(recipe);
-  const MemoryPrediction p = predict_memory(recipe, *model, mesh);
-  const ShardingPlan& plan = p.plan;
+// The per-rank memory plan's lines: each part of the predicted peak, the peak with the
+// first N blocks recomputed, and the page-locked host memory of CPU offload.
+std::string memory_lines(const Recipe& recipe, const MemoryPrediction& p, const FsdpOptions& fo,
+                         int ranks_per_device) {
   const MemoryBreakdown& mem = p.fsdp;
   const size_t opt = p.optimizer;
   const int64_t act = p.activations;
-  const int64_t tokens = recipe.train.global_batch_size * recipe.model.seq_length;
-  std::string out = recipe.summary();
-  out += str_cat("\nmodel: ", mc.str(), "\nparameters: ", n_params, " (",
-                 format_count(double(n_params)), ")\ntokens per step: ", tokens, " (",
-                 recipe.train.global_batch_size, " sequences of ", recipe.model.seq_length,
-                 "; ", recipe.grad_accum_steps(mesh.dp_size()), " micro-batches of ",
-                 recipe.train.micro_batch_size, " per rank)\nmesh: ", mesh.str(), " on ",
-                 world_size, " rank(s), ", recipe.dist.device, "\n", mesh_groups(mesh),
-                 "training FLOPs per token: ",
-                 format_count(flops_per_token(
-                     n_params - int64_t(mc.inactive_parameters_per_token()), int(mc.n_layer),
-                     int(mc.d_model), int(mc.seq_len))),
-                 mc.is_moe() ? str_cat(" (active parameters: ",
-                                       format_count(double(n_params) -
-                                                    mc.inactive_parameters_per_token()),
-                                       ")")
-                             : std::string(),
-                 "\n", recipe.mixed_precision.fp8 ? fp8_summary(recipe, fp8) + "\n" : "",
-                 plan.describe());
+  std::string out;
   out += str_cat("memory per rank (", strategy_name(fo.strategy), "):\n",
                  "  compute weights   ", format_bytes(int64_t(mem.compute_weights)), "\n",
                  "  main weights      ", format_bytes(int64_t(mem.main_weights)), "\n",
@@ -143,6 +99,53 @@ std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int 
                    ", total ", format_bytes(p.host_offload()), "\n");
   }
   return out;
+}
+
+}  // namespace
+
+std::string dry_run_report(Recipe recipe, int world_size, bool assume_cuda, int ranks_per_device) {
+  recipe.resolve_device(assume_cuda);
+  recipe.resolve_world(world_size);
+  const MeshSizes sizes = mesh_sizes_of(recipe);
+  const Mesh mesh(sizes, world_size);
+  const models::ModelConfig mc = model_config_of(recipe);
+  auto model = models::build_model(mc);  // specs only: no memory
+  const int64_t n_params = model->num_parameters();  // the whole model's
+  // The estimate is rank 0's: its slices under tensor parallelism (every rank's are equal).
+  PlanningParallelGroup tp_plan(mesh.size(MeshAxis::tp), 0);
+  PlanningParallelGroup cp_plan(mesh.size(MeshAxis::cp), 0);
+  PlanningExpertParallelGroup ep_plan(mesh.size(MeshAxis::ep), 0);
+  apply_model_parallel(*model, recipe, {&tp_plan, &cp_plan, &ep_plan});
+  // FP8 layers keep other activations, and fp8_param gathers their weights in units of
+  // their own.
+  Fp8Report fp8;
+  if (recipe.mixed_precision.fp8)
+    fp8 = apply_fp8(*model, model->layer_table(), fp8_plan_of(recipe),
+                    model->vocabulary_tables().head);
+  const FsdpOptions fo = fsdp_options_of(recipe);
+  check_offload_device(recipe);
+  const MemoryPrediction p = predict_memory(recipe, *model, mesh);
+  const ShardingPlan& plan = p.plan;
+  const int64_t tokens = recipe.train.global_batch_size * recipe.model.seq_length;
+  std::string out = recipe.summary();
+  out += str_cat("\nmodel: ", mc.str(), "\nparameters: ", n_params, " (",
+                 format_count(double(n_params)), ")\ntokens per step: ", tokens, " (",
+                 recipe.train.global_batch_size, " sequences of ", recipe.model.seq_length,
+                 "; ", recipe.grad_accum_steps(mesh.dp_size()), " micro-batches of ",
+                 recipe.train.micro_batch_size, " per rank)\nmesh: ", mesh.str(), " on ",
+                 world_size, " rank(s), ", recipe.dist.device, "\n", mesh_groups(mesh),
+                 "training FLOPs per token: ",
+                 format_count(flops_per_token(
+                     n_params - int64_t(mc.inactive_parameters_per_token()), int(mc.n_layer),
+                     int(mc.d_model), int(mc.seq_len))),
+                 mc.is_moe() ? str_cat(" (active parameters: ",
+                                       format_count(double(n_params) -
+                                                    mc.inactive_parameters_per_token()),
+                                       ")")
+                             : std::string(),
+                 "\n", recipe.mixed_precision.fp8 ? fp8_summary(recipe, fp8) + "\n" : "",
+                 plan.describe());
+  return out + memory_lines(recipe, p, fo, ranks_per_device);
 }
 
 }  // namespace fsdp::train

@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "runtime/core/error.h"
+#include "runtime/parallel/context_parallel.h"
 #include "runtime/parallel/fp8_gather.h"
+#include "runtime/parallel/tensor_parallel.h"
 
 namespace fsdp::train {
 
@@ -140,6 +142,18 @@ data::DataSpec val_data_of(const Recipe& r, bool* has_val) {
     *has_val = false;
   }
   return s;
+}
+
+void apply_model_parallel(models::LanguageModel& model, const Recipe& r,
+                          const ModelParallelGroups& groups) {
+  const nn::LayerTable table = model.layer_table();
+  if (groups.tensor)
+    apply_tensor_parallel(model, model.vocabulary_tables(), table, *groups.tensor,
+                          r.model.sequence_parallel);
+  if (groups.context)
+    apply_context_parallel(model, model.vocabulary_tables(), table, *groups.context,
+                           r.model.seq_length, context_parallel_comm(r.model.cp_comm_type));
+  if (groups.expert) apply_expert_parallel(model, table, *groups.expert);
 }
 
 Fp8Plan fp8_plan_of(const Recipe& r) {

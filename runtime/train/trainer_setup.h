@@ -12,6 +12,8 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/fsdp/sharded_model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/nn/tensor_parallel.h"
+#include "runtime/parallel/expert_parallel.h"
 #include "runtime/parallel/fp8_plan.h"
 #include "runtime/train/recipe.h"
 
@@ -33,6 +35,19 @@ MeshSizes mesh_sizes_of(const Recipe& r);
 // of the training data when dataset.val_fraction > 0; `has_val` false when neither).
 data::DataSpec train_data_of(const Recipe& r);
 data::DataSpec val_data_of(const Recipe& r, bool* has_val);
+
+// The groups a model splits over; null where that parallelism is off.
+struct ModelParallelGroups {
+  nn::ParallelGroup* tensor = nullptr;
+  nn::ParallelGroup* context = nullptr;
+  nn::ExpertParallelGroup* expert = nullptr;
+};
+// Applies a recipe's model parallelism to `model`'s specs, the same way for the trainer (its
+// rank's groups) and the dry run (planning groups of the mesh's sizes): tensor parallelism
+// first (it slices the specs that FSDP then shards), then context and expert parallelism.
+// FP8 is a plan of its own (apply_fp8), applied after these.
+void apply_model_parallel(models::LanguageModel& model, const Recipe& r,
+                          const ModelParallelGroups& groups);
 
 // The FP8 plan of a recipe with mixed_precision.fp8 set: formats, scaling and the blocks
 // kept in bf16 (the trainer adds its context-parallel group). Delayed scaling's state is

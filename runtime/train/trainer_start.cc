@@ -119,26 +119,19 @@ void Trainer::State::setup_model_and_sharding() {
   model_config = model_config_of(recipe);
   model = models::build_model(model_config);
   n_params = model->num_parameters();  // the whole model's, before any split
-  if (mesh->size(MeshAxis::tp) > 1) {
-    // Tensor parallelism slices the specs first; FSDP then shards this rank's slices.
+  // Each rank's groups; a parallelism over one rank leaves the model as it is.
+  if (mesh->size(MeshAxis::tp) > 1)
     tp_group = std::make_unique<CommunicatorParallelGroup>(comms->axis(MeshAxis::tp));
-    apply_tensor_parallel(*model, model->vocabulary_tables(), model->layer_table(), *tp_group,
-                          recipe.model.sequence_parallel);
-  }
   if (mesh->size(MeshAxis::cp) > 1) {
     cp_group = std::make_unique<CommunicatorParallelGroup>(comms->axis(MeshAxis::cp));
-    apply_context_parallel(*model, model->vocabulary_tables(), model->layer_table(), *cp_group,
-                           recipe.model.seq_length, context_parallel_comm(recipe.model.cp_comm_type));
     cp_layout = nn::ContextParallelLayout::make(recipe.model.seq_length, cp_group->size(),
                                                 cp_group->rank());
   }
   if (mesh->size(MeshAxis::ep) > 1) {
-    // Each expert-parallel rank keeps its part of every MoE layer's experts; FSDP shards
-    // them over the ranks that hold the same ones.
     ep_group = std::make_unique<CommunicatorExpertParallelGroup>(
         comms->axis(MeshAxis::ep), recipe.model.moe_shared_expert_overlap);
-    apply_expert_parallel(*model, model->layer_table(), *ep_group);
   }
+  apply_model_parallel(*model, recipe, {tp_group.get(), cp_group.get(), ep_group.get()});
   for (nn::MoELayer* layer : model->moe_layers())
     layer->set_shared_expert_overlap(recipe.model.moe_shared_expert_overlap);
   if (recipe.mixed_precision.fp8) apply_fp8_plan();

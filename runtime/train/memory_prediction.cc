@@ -53,7 +53,7 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
                                             recipe.model.seq_length / cp, fo.compute_dtype,
                                             recompute_of(recipe), tp,
                                             recipe.model.sequence_parallel, fp8_blocks,
-                                            recipe.model.recompute_num_layers);
+                                            recipe.model.recompute_num_layers, cp);
   p.fp8_weight_casts = fp8_weight_cast_bytes(model);
   // Context parallelism: beside each rank's T / cp tokens (counted above), per layer the
   // whole sequence's keys and values it all-gathered (kept for backward).
@@ -70,7 +70,7 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
         cp_keys_values + activation_bytes_estimate(mc, recipe.train.micro_batch_size,
                                                    recipe.model.seq_length / cp, fo.compute_dtype,
                                                    models::Recompute::full, tp,
-                                                   recipe.model.sequence_parallel, fp8_blocks, blocks));
+                                                   recipe.model.sequence_parallel, fp8_blocks, blocks, cp));
   return p;
 }
 

@@ -214,17 +214,24 @@ int64_t fp8_weight_cast_bytes(models::LanguageModel& model) {
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
                                   int tp, bool sequence_parallel,
-                                  const std::vector<bool>& fp8_blocks, int64_t recomputed_blocks) {
+                                  const std::vector<bool>& fp8_blocks, int64_t recomputed_blocks,
+                                  int cp) {
   const int64_t n = micro_batch * seq_len;  // tokens
   const int64_t C = c.d_model, F = c.d_ff, L = c.n_layer;
-  const int64_t qkv = (c.n_head + 2 * (c.n_kv_head ? c.n_kv_head : c.n_head)) * c.head_dim();
+  const int64_t kv_heads = c.n_kv_head ? c.n_kv_head : c.n_head;
+  const int64_t qkv = (c.n_head + 2 * kv_heads) * c.head_dim();
+  // Rotary embeddings: attention keeps rotated copies of the queries and keys beside the
+  // fused projection it also reads (nn::causal_attention). Under context parallelism the
+  // packed query and key-value copies are kept instead of the projection (the qkv term).
+  const int64_t rotated =
+      c.family == models::Family::Llama && c.rope_theta > 0 && cp == 1 ? (c.n_head + kv_heads) * c.head_dim() : 0;
   const int64_t e = int64_t(dtype_size(compute));
   // The residual stream's element size (f32 beside bf16 with fp32_residual_connection).
   const int64_t r = c.fp32_residual_connection && compute == DType::bf16 ? 4 : e;
   // Saved per token and layer: the block input and the mid-block sum (the residual stream,
   // each read by a norm's backward), two norm outputs, the qkv projection, the attention
-  // output, the MLP hidden pre- and post-activation (SwiGLU: the fused 2F projection and
-  // the F product).
+  // output (and the rotated queries and keys), the MLP hidden pre- and post-activation
+  // (SwiGLU: the fused 2F projection and the F product).
   // Selective recompute keeps only the activation's input (F, or 2F for SwiGLU).
   const int64_t mlp_input = c.family == models::Family::Llama ? 2 * F : F;
   const int64_t mlp = recompute == models::Recompute::selective ? mlp_input : mlp_input + F;
@@ -232,7 +239,7 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // residual stream and the norms' outputs stay whole on every rank unless sequence
   // parallelism splits them too.
   const int64_t stream_parts = sequence_parallel ? tp : 1;
-  int64_t layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + C + mlp) / tp * e);
+  int64_t layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + rotated + C + mlp) / tp * e);
   // An MoE layer (runtime/nn/moe.cc) keeps, instead of the dense MLP's hidden tensors, each
   // token's k expert rows (the permuted input, the hidden pre- and post-activation, the
   // expert output), a shared expert's hidden tensors, and per token the router's scores and
@@ -247,7 +254,7 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
     const bool selective = recompute == models::Recompute::selective;
     const int64_t expert = (llama ? 2 : 1) * Fe + (selective ? 0 : Fe);
     const int64_t shared = Fs > 0 ? (llama ? 2 : 1) * Fs + (selective ? 0 : Fs) : 0;
-    moe_layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + C) / tp * e +
+    moe_layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + rotated + C) / tp * e +
                            k * (2 * C + expert) * e + shared * e + E * (2 * stat + e) +
                            k * (8 + stat));
   }

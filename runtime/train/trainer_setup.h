@@ -69,10 +69,11 @@ int64_t fp8_weight_cast_bytes(models::LanguageModel& model);
 // FP8 copies of their inputs (one byte per element) for their weight gradients instead of
 // the inputs themselves. Under full recompute, `recomputed_blocks` >= 0 recomputes only the
 // first that many blocks (the others keep what they keep without recompute); -1: all.
+// `cp`: the context-parallel size (`seq_len` is already a rank's share of the sequence).
 int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_batch,
                                   int64_t seq_len, DType compute, models::Recompute recompute,
                                   int tp = 1, bool sequence_parallel = false,
                                   const std::vector<bool>& fp8_blocks = {},
-                                  int64_t recomputed_blocks = -1);
+                                  int64_t recomputed_blocks = -1, int cp = 1);
 
 }  // namespace fsdp::train

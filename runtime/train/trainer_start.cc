@@ -145,9 +145,11 @@ void Trainer::State::setup_model_and_sharding() {
   if (moe->active())
     participants.push_back(std::make_unique<MoeParticipant>(std::move(moe), ep_group ? comms.get() : nullptr));
   // A run whose predicted memory exceeds the device is refused before anything is allocated.
-  check_memory_fits(predict_memory(recipe, *model, *mesh), ctx->device(),
+  const MemoryPrediction prediction = predict_memory(recipe, *model, *mesh);
+  check_memory_fits(prediction, ctx->device(),
                     ctx->is_cuda() ? world->ranks_on_device() : world->local_size(),
                     world->local_size());
+  activation_estimate = prediction.activations;
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;
@@ -245,12 +247,7 @@ void Trainer::State::print_startup_report() const {
                                                                 : "the micro-batches before each step's last"));
   const MemoryBreakdown mem = sharded->memory();
   const size_t opt_bytes = optimizer->state_bytes();
-  const int64_t act = activation_bytes_estimate(model_config, B, T, fsdp_options.compute_dtype,
-                                                recompute_of(recipe),
-                                                recipe.model.tensor_model_parallel_size,
-                                                recipe.model.sequence_parallel,
-                                                fp8_block_mask(*model),
-                                                recipe.model.recompute_num_layers);
+  const int64_t act = activation_estimate;
   const int64_t casts = fp8_weight_cast_bytes(*model);
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),

@@ -77,6 +77,7 @@ struct Trainer::State {
   LrSchedule schedule;
   int64_t n_params = 0;
   double flops_per_token = 0;
+  int64_t activation_estimate = 0;  // one micro-batch's, as the memory plan predicts it
   // Data.
   std::unique_ptr<data::DataLoader> train_data, val_data;
   std::unique_ptr<TokenUploader> tokens;

@@ -198,8 +198,12 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        # One line a step, so that a run stopped by a time limit still says how fast it went.
+        print(f"step {step + 1}/{a.warmup + a.steps}{' (warm-up)' if step < a.warmup else ''}: "
+              f"{1e3 * dt:.1f} ms, {micro * seq * accum / dt / 1e3:.2f}K tokens/s", flush=True)
         if step >= a.warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(dt)
     step_s = sum(times) / len(times)
     tokens = micro * seq * accum
     tps = tokens / step_s

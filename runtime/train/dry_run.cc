@@ -71,6 +71,9 @@ std::string memory_lines(const Recipe& recipe, const MemoryPrediction& p, const 
                  p.fp8_weight_casts ? str_cat("  fp8 weight casts  ", format_bytes(p.fp8_weight_casts),
                                               " (both layouts, once per step)\n")
                                     : std::string(),
+                 p.update_norms ? str_cat("  update norms      ", format_bytes(p.update_norms),
+                                          " (logger.log_update_norms: the master shards' copy)\n")
+                                : std::string(),
                  "  predicted peak    ", format_bytes(p.device_peak()), "\n",
                  ranks_per_device > 1
                      ? str_cat("  on one GPU        ", format_bytes(ranks_per_device * p.device_peak()),

@@ -55,6 +55,10 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
                                             recipe.model.sequence_parallel, fp8_blocks,
                                             recipe.model.recompute_num_layers, cp);
   p.fp8_weight_casts = fp8_weight_cast_bytes(model);
+  // train::UpdateNorms copies the master-weight shards on the device before each step and
+  // keeps the copy (wherever the shards live).
+  if (recipe.logger.log_update_norms)
+    p.update_norms = int64_t(p.fsdp.main_weights + p.fsdp.host_main_weights);
   // Context parallelism: beside each rank's T / cp tokens (counted above), per layer the
   // whole sequence's keys and values it all-gathered (kept for backward).
   int64_t cp_keys_values = 0;
@@ -85,6 +89,7 @@ std::string MemoryPrediction::largest_part() const {
       {"the optimizer's device state", int64_t(optimizer)},
       {"activations", activations},
       {"FP8 weight casts", fp8_weight_casts},
+      {"the update norms' copy of the master weights", update_norms},
   };
   const auto* largest = &parts[0];
   for (const auto& part : parts)

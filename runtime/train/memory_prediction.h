@@ -24,12 +24,13 @@ struct MemoryPrediction {
   int64_t offload_staging = 0;  // CPU offload: the pinned gradient and weight staging and
                                 // (overlapped) the host copy of the gradients
   int64_t fp8_weight_casts = 0; // FP8 weights cast once per step: both layouts, held for it
+  int64_t update_norms = 0;     // logger.log_update_norms: a device copy of the master shards
   // The activations with the first N blocks recomputed whole (full recompute of N blocks),
   // for N = 0 .. the number of blocks: what a run that does not fit can trade.
   std::vector<int64_t> activations_recomputing;
 
   int64_t device_peak() const {
-    return int64_t(fsdp.total() + optimizer) + activations + fp8_weight_casts;
+    return int64_t(fsdp.total() + optimizer) + activations + fp8_weight_casts + update_norms;
   }
   // What a rank holds in host memory beside it with CPU offload (page-locked on a GPU): the
   // master weights, the moments and the staging (0 without offload).

@@ -275,16 +275,33 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // Per block: a recomputed one keeps only its input; another what its kind keeps.
   const bool full = recompute == models::Recompute::full;
   const int64_t recomputed = !full ? 0 : recomputed_blocks < 0 ? L : std::min(recomputed_blocks, L);
-  int64_t blocks = 0;
+  // A block's backward holds, beside what the blocks before it keep and its own
+  // activations, the gradient arriving at the block and, for SwiGLU, the gradient of the
+  // MLP's fused input (2F a token; GELU's backward adds no tensor of that size). Measured on
+  // CPU ranks (tests/train/memory_plan_test.cc). A recomputed block's backward holds its
+  // recomputed activations whole and, beside the arriving gradient, its recomputed output
+  // (autograd::recompute). The peak is the largest of these and of the forward's end
+  // (every kept activation).
+  const int64_t block_input = n * C * r / stream_parts;
+  const bool llama = c.family == models::Family::Llama;
+  int64_t kept = 0, backward_peak = 0;
   for (int64_t i = 0; i < L; ++i) {
-    if (i < recomputed) {
-      blocks += n * C * r / stream_parts;  // the block input
-      continue;
-    }
     const bool moe = c.is_moe_layer(i), fp8 = size_t(i) < fp8_blocks.size() && fp8_blocks[size_t(i)];
-    blocks += moe ? moe_layer_bytes : layer_bytes;
-    if (fp8) blocks += fp8_attention_linears + (moe ? 0 : fp8_mlp_linears);
+    int64_t whole = moe ? moe_layer_bytes : layer_bytes;
+    if (fp8) whole += fp8_attention_linears + (moe ? 0 : fp8_mlp_linears);
+    const int64_t Fe = moe ? (c.moe_ffn_hidden_size ? c.moe_ffn_hidden_size : F) : F;
+    const int64_t rows = moe ? n * c.moe_router_topk : n;
+    const int64_t hidden_grads = llama ? rows * 2 * Fe / (moe ? 1 : tp) * e : 0;
+    const int64_t arriving = n * C * e / stream_parts;
+    if (i < recomputed) {
+      backward_peak = std::max(backward_peak, kept + whole + hidden_grads + 2 * arriving);
+      kept += block_input;
+    } else {
+      kept += whole;
+      backward_peak = std::max(backward_peak, kept + hidden_grads + arriving);
+    }
   }
+  const int64_t blocks = std::max(kept, backward_peak);
   // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
   // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
   // head-weight gradient (Vp, C) (f64 for f64 compute); the per-token losses; the embedding

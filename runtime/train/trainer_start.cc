@@ -150,6 +150,7 @@ void Trainer::State::setup_model_and_sharding() {
                     ctx->is_cuda() ? world->ranks_on_device() : world->local_size(),
                     world->local_size());
   activation_estimate = prediction.activations;
+  update_norms_bytes = prediction.update_norms;
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;
@@ -261,7 +262,11 @@ void Trainer::State::print_startup_report() const {
                 "\n  activations      ", format_bytes(act), " (estimate)",
                 casts ? str_cat("\n  fp8 weight casts ", format_bytes(casts), " (both layouts, once per step)")
                       : std::string(),
-                "\n  predicted peak   ", format_bytes(int64_t(mem.total() + opt_bytes) + act + casts)));
+                update_norms_bytes ? str_cat("\n  update norms     ", format_bytes(update_norms_bytes),
+                                             " (the master shards' copy)")
+                                   : std::string(),
+                "\n  predicted peak   ",
+                format_bytes(int64_t(mem.total() + opt_bytes) + act + casts + update_norms_bytes)));
 }
 
 void Trainer::State::prepare_sample() {

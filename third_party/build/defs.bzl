@@ -14,11 +14,13 @@ def if_cuda(deps, otherwise = []):
     })
 
 def fsdp_test(name, srcs, deps = [], mpi_ranks = [], data = [], size = "small", tags = [],
-              timeout = None, **kwargs):
+              timeout = None, mpi_main = False, **kwargs):
     """A Catch2 test binary, plus one copy of it run under `mpirun -np N` per entry of
     mpi_ranks (named NAME_npN). Tests tagged [gpu] run only where a GPU is present and
-    report themselves as skipped elsewhere; [mpi] tests need the MPI test main."""
-    main = "//tests:catch_main_mpi" if mpi_ranks else "//tests:catch_main"
+    report themselves as skipped elsewhere; [mpi] tests need the MPI test main (also
+    mpi_main = True: one process that runs several trainers, each of which would otherwise
+    finalize MPI)."""
+    main = "//tests:catch_main_mpi" if mpi_ranks or mpi_main else "//tests:catch_main"
     native.cc_test(
         name = name,
         srcs = srcs,

@@ -73,6 +73,21 @@ fi
 # Tests and training runs use every core, as root too (containers, CI).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# OpenBLAS (the CPU matmul) picks its kernels by the CPU's model number and falls back to its
+# oldest ones (Prescott, SSE3) on a model it does not know, as virtual machines often report.
+# Those are slower, and their sums depend on the operands' layout in the last bit, which the
+# exact-equality tests see (two sharding layouts of the same run). Name the kernels by the
+# instruction sets the CPU reports instead; the tests receive it (.bazelrc).
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r /proc/cpuinfo ]; then
+  cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo) "
+  if [[ $cpu_flags == *" avx512f "* && $cpu_flags == *" avx512bw "* && $cpu_flags == *" avx512vl "* &&
+        $cpu_flags == *" avx512dq "* ]]; then
+    export OPENBLAS_CORETYPE=SkylakeX
+  elif [[ $cpu_flags == *" avx2 "* && $cpu_flags == *" fma "* ]]; then
+    export OPENBLAS_CORETYPE=Haswell
+  fi
+fi
+
 # Test cases of the given test labels, from each one's JUnit XML under `testlogs` (written
 # by our test main, or by Bazel itself for a test that crashed): prints "passed failed
 # skipped". A test that did not build or did not run counts as one failure, and is named.

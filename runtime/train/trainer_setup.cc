@@ -223,8 +223,8 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // Rotary embeddings: attention keeps rotated copies of the queries and keys beside the
   // fused projection it also reads (nn::causal_attention). Under context parallelism the
   // packed query and key-value copies are kept instead of the projection (the qkv term).
-  const int64_t rotated =
-      c.family == models::Family::Llama && c.rope_theta > 0 && cp == 1 ? (c.n_head + kv_heads) * c.head_dim() : 0;
+  const bool rotary = c.family == models::Family::Llama && c.rope_theta > 0;
+  const int64_t rotated = rotary && cp == 1 ? (c.n_head + kv_heads) * c.head_dim() : 0;
   const int64_t e = int64_t(dtype_size(compute));
   // The residual stream's element size (f32 beside bf16 with fp32_residual_connection).
   const int64_t r = c.fp32_residual_connection && compute == DType::bf16 ? 4 : e;
@@ -239,7 +239,8 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // residual stream and the norms' outputs stay whole on every rank unless sequence
   // parallelism splits them too.
   const int64_t stream_parts = sequence_parallel ? tp : 1;
-  int64_t layer_bytes = n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + rotated + C + mlp) / tp * e);
+  int64_t layer_bytes =
+      n * ((2 * C * r + 2 * C * e) / stream_parts + (qkv + rotated + C + mlp) / tp * e);
   // An MoE layer (runtime/nn/moe.cc) keeps, instead of the dense MLP's hidden tensors, each
   // token's k expert rows (the permuted input, the hidden pre- and post-activation, the
   // expert output), a shared expert's hidden tensors, and per token the router's scores and

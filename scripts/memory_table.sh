@@ -10,7 +10,8 @@
 # CONFIG (default configs/llama3-8b.json) and BASE (its overrides) choose the model; MODES
 # lists "label:key=value,key=value" rows, one per line (default: the 8B's modes on one GPU:
 # FP8 with CPU offload in step and overlapped, full recompute of the first 8 and 16 blocks
-# and of all 32, selective recompute, and bf16). FP8 weight gathers (fp8_param) are refused
+# and of all 32, selective recompute, and bf16; then recompute of 4 blocks and of none,
+# the plan's limit on an 80 GB GPU). FP8 weight gathers (fp8_param) are refused
 # with CPU offload, so their row needs a model that fits without it: e.g. CONFIG=
 # configs/llama-1b.json BASE="ddp.data_parallel_sharding_strategy=optim_grads_params
 # mixed_precision.fp8=hybrid" MODES="fp8_param:mixed_precision.fp8_param=true". Each row
@@ -30,7 +31,9 @@ overlapped_n8:model.recompute_num_layers=8,optimizer.overlap_cpu_offload=true
 offload_n16:model.recompute_num_layers=16
 offload_all:model.recompute_num_layers=-1
 selective:model.activation_recompute=selective
-bf16_n8:model.recompute_num_layers=8,mixed_precision.fp8=null}"
+bf16_n8:model.recompute_num_layers=8,mixed_precision.fp8=null
+offload_n4:model.recompute_num_layers=4
+offload_n0:model.recompute_num_layers=0}"
 trap 'pkill -TERM -P $$; exit 143' TERM INT
 
 # "64.7 GiB" / "512 MiB" / "12 KiB" / "7 B" -> bytes (awk, as a number)

@@ -55,10 +55,9 @@ MemoryPrediction predict_memory(const Recipe& recipe, models::LanguageModel& mod
                                             recipe.model.sequence_parallel, fp8_blocks,
                                             recipe.model.recompute_num_layers, cp);
   p.fp8_weight_casts = fp8_weight_cast_bytes(model);
-  // train::UpdateNorms copies the master-weight shards on the device before each step and
-  // keeps the copy (wherever the shards live).
-  if (recipe.logger.log_update_norms)
-    p.update_norms = int64_t(p.fsdp.main_weights + p.fsdp.host_main_weights);
+  // train::UpdateNorms keeps a device copy of the master-weight shards (on the device: the
+  // recipe refuses update norms with CPU offload).
+  if (recipe.logger.log_update_norms) p.update_norms = int64_t(p.fsdp.main_weights);
   // Context parallelism: beside each rank's T / cp tokens (counted above), per layer the
   // whole sequence's keys and values it all-gathered (kept for backward).
   int64_t cp_keys_values = 0;

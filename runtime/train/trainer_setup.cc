@@ -284,6 +284,7 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
   // (autograd::recompute). The peak is the largest of these and of the forward's end
   // (every kept activation).
   const int64_t block_input = n * C * r / stream_parts;
+  const int64_t arriving = n * C * e / stream_parts;
   const bool llama = c.family == models::Family::Llama;
   int64_t kept = 0, backward_peak = 0;
   for (int64_t i = 0; i < L; ++i) {
@@ -293,7 +294,6 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
     const int64_t Fe = moe ? (c.moe_ffn_hidden_size ? c.moe_ffn_hidden_size : F) : F;
     const int64_t rows = moe ? n * c.moe_router_topk : n;
     const int64_t hidden_grads = llama ? rows * 2 * Fe / (moe ? 1 : tp) * e : 0;
-    const int64_t arriving = n * C * e / stream_parts;
     if (i < recomputed) {
       backward_peak = std::max(backward_peak, kept + whole + hidden_grads + 2 * arriving);
       kept += block_input;

@@ -145,12 +145,10 @@ void Trainer::State::setup_model_and_sharding() {
   if (moe->active())
     participants.push_back(std::make_unique<MoeParticipant>(std::move(moe), ep_group ? comms.get() : nullptr));
   // A run whose predicted memory exceeds the device is refused before anything is allocated.
-  const MemoryPrediction prediction = predict_memory(recipe, *model, *mesh);
-  check_memory_fits(prediction, ctx->device(),
+  memory_plan = predict_memory(recipe, *model, *mesh);
+  check_memory_fits(memory_plan, ctx->device(),
                     ctx->is_cuda() ? world->ranks_on_device() : world->local_size(),
                     world->local_size());
-  activation_estimate = prediction.activations;
-  update_norms_bytes = prediction.update_norms;
   fsdp_options = fsdp_options_of(recipe);
   fsdp_options.skip_collectives = options.skip_collectives;
   fsdp_options.time_collectives = options.time_collectives;
@@ -248,8 +246,9 @@ void Trainer::State::print_startup_report() const {
                                                                 : "the micro-batches before each step's last"));
   const MemoryBreakdown mem = sharded->memory();
   const size_t opt_bytes = optimizer->state_bytes();
-  const int64_t act = activation_estimate;
-  const int64_t casts = fp8_weight_cast_bytes(*model);
+  // The plan's activations and step-long copies beside the buffers the sharding allocated.
+  const int64_t act = memory_plan.activations, casts = memory_plan.fp8_weight_casts;
+  const int64_t norms = memory_plan.update_norms;
   print(sharded->memory_report());
   print(str_cat("  optimizer state  ", format_bytes(int64_t(opt_bytes)),
                 optimizer->offloaded()
@@ -262,11 +261,9 @@ void Trainer::State::print_startup_report() const {
                 "\n  activations      ", format_bytes(act), " (estimate)",
                 casts ? str_cat("\n  fp8 weight casts ", format_bytes(casts), " (both layouts, once per step)")
                       : std::string(),
-                update_norms_bytes ? str_cat("\n  update norms     ", format_bytes(update_norms_bytes),
-                                             " (the master shards' copy)")
-                                   : std::string(),
-                "\n  predicted peak   ",
-                format_bytes(int64_t(mem.total() + opt_bytes) + act + casts + update_norms_bytes)));
+                norms ? str_cat("\n  update norms     ", format_bytes(norms), " (the master shards' copy)")
+                      : std::string(),
+                "\n  predicted peak   ", format_bytes(int64_t(mem.total() + opt_bytes) + act + casts + norms)));
 }
 
 void Trainer::State::prepare_sample() {

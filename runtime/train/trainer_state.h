@@ -77,8 +77,7 @@ struct Trainer::State {
   LrSchedule schedule;
   int64_t n_params = 0;
   double flops_per_token = 0;
-  int64_t activation_estimate = 0;  // one micro-batch's, as the memory plan predicts it
-  int64_t update_norms_bytes = 0;   // the memory plan's copy for logger.log_update_norms
+  MemoryPrediction memory_plan;  // what the run was predicted to hold (and checked against)
   // Data.
   std::unique_ptr<data::DataLoader> train_data, val_data;
   std::unique_ptr<TokenUploader> tokens;

@@ -4,11 +4,11 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
+#include "runtime/data/assets.h"
+#include "runtime/data/files.h"
 #include "runtime/data/llmc_shards.h"
 #include "tests/test_support.h"  // from the test binary's main (catch_main or catch_main_mpi)
 #include "tests/train/scratch_dir.h"
@@ -16,9 +16,9 @@
 namespace fsdp::testing {
 
 inline std::string byte_tokens_shard(const std::string& name) {
-  std::ifstream in("third_party/text/austen.txt", std::ios::binary);
-  REQUIRE(in.good());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Found as the other data tests find it: from the working directory or the runfiles tree
+  // ($TEST_SRCDIR), with an error that names every place looked at.
+  const std::string text = data::read_file(data::locate_asset(data::kDefaultTextAsset));
   std::vector<int32_t> tokens(text.begin(), text.end());
   for (int32_t& t : tokens) t &= 0xff;  // bytes, not signed chars
   const std::string dir = scratch_dir(name + "_data_rank" + std::to_string(world_rank()));

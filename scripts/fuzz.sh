@@ -36,6 +36,7 @@ install_missing_packages
 
 FUZZ_DIR="$CACHE_DIR/fuzz"
 FUZZ_BAZEL=(bazel --output_base="$CACHE_DIR/bazel-fuzz")
+claim_output_base "$CACHE_DIR/bazel-fuzz" || exit 1
 # No bazel-* links in the checkout (scripts/sanitize.sh says why).
 FUZZ_FLAGS=(--disk_cache="$CACHE_DIR/bazel-disk" --config=fuzz --symlink_prefix=/)
 labels=()

@@ -24,6 +24,7 @@ while [ $# -gt 0 ]; do
 done
 
 SAN_BAZEL=(bazel --output_base="$CACHE_DIR/bazel-sanitize")
+claim_output_base "$CACHE_DIR/bazel-sanitize" || exit 1
 # No bazel-* links in the checkout: they would point into this output base, and the main
 # build's `//...` would then wander into them (scripts/test.sh after this script failed).
 COMMON=(--disk_cache="$CACHE_DIR/bazel-disk" --symlink_prefix=/

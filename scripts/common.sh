@@ -64,15 +64,18 @@ BAZEL_FLAGS=(--disk_cache="$CACHE_DIR/bazel-disk")
 # checkout on this machine shares. Bazel keeps a test's runfiles tree while the files in it
 # are unchanged, and the tree links each source file by its absolute path in the checkout
 # that built it: after another checkout (a CI machine's next clean clone), tests would read
-# data through links into the old one, or into nothing when it is gone. An output base last
-# used from another checkout is cleaned first (its outputs come back from the disk cache).
+# data through links into the old one, or into nothing when it is gone. BASE.checkout names
+# the checkout that last built in BASE; any other (or none recorded) cleans BASE first, and
+# its outputs come back from the disk cache.
 claim_output_base() {
   local base="$1" owner
-  owner="$(cat "$base/DO_NOT_BUILD_HERE" 2>/dev/null || true)"
-  [ -z "$owner" ] || [ "$owner" = "$REPO_ROOT" ] && return 0
-  echo "notice: $base was last used from $owner; cleaning it for $REPO_ROOT."
-  bazel --output_base="$base" clean >/dev/null 2>&1 ||
-    { echo "error: bazel clean of $base failed" >&2; return 1; }
+  owner="$(cat "$base.checkout" 2>/dev/null || true)"
+  if [ -d "$base" ] && [ "$owner" != "$REPO_ROOT" ]; then
+    echo "notice: cleaning $base (last used from ${owner:-an unrecorded checkout}) for $REPO_ROOT."
+    bazel --output_base="$base" clean >/dev/null 2>&1 ||
+      { echo "error: bazel clean of $base failed" >&2; return 1; }
+  fi
+  echo "$REPO_ROOT" > "$base.checkout"
 }
 # The git revision `train --version` reports (Bazel needs the script's absolute path).
 BAZEL_FLAGS+=(--workspace_status_command="$REPO_ROOT/scripts/workspace_status.sh")

@@ -37,6 +37,17 @@
 #      then bf16 again (the machine's drift); fourteen runs of under a minute each
 #  16. one GPU, the kernel benches: bench memory-bound (each workload), bench fp8-matmul and
 #      bench grouped-matmul (docs/PERFORMANCE.md's kernel tables)
+#  17. one GPU, Llama3-8B at seq 8192 (docs/PERFORMANCE.md, "Llama3-8B on one GPU"): FP8
+#      delayed scaling, CPU offload with bf16 moments and gradients, ZeRO-3 over one rank,
+#      full recompute of RECOMPUTE_8B blocks (default 4 on a GPU of at most 80 GB, else 0),
+#      micro-batch 1, global batch GLOBAL_8B (default 128, the Megatron-Bridge anchor's), 3
+#      timed steps after 1, the host's memory sampled; then its PyTorch peer in the same call
+#      (FSDP2 with CPUOffloadPolicy and checkpointing of every block, global batch
+#      PEER_GLOBAL_8B, default 8). About 80 s a step of 128 on an H100: give it 10 minutes, or
+#      GLOBAL_8B=64
+#  18. one GPU, the same 8B in bf16 and in FP8 at global batch GLOBAL_8B_AB (default 32), bf16
+#      first, both with full recompute of RECOMPUTE_8B_AB blocks (default 8 on a GPU of at
+#      most 80 GB, where bf16 with 4 does not fit, else 0): the precisions' ratio in one call
 # One summary line per check; full logs in LOG_DIR (packed into LOG_DIR.tgz after each check,
 # so a run stopped early keeps what finished).
 #
@@ -341,5 +352,54 @@ for w in gpt-1.3b llama-1b; do
 done
 waited timeout 120 "$B/tools/bench" grouped-matmul > "$L/grouped_matmul.txt" 2>&1
 say "grouped-matmul rc=$?"; cat "$L/grouped_matmul.txt"; pack
+fi
+if want 17 || want 18; then
+# The 8B on one GPU: the shape's recipe, its memory settings, and the host's peak memory.
+gpu_mib="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)"
+large_gpu=$([ "${gpu_mib:-0}" -gt 82000 ] && echo 1 || echo 0)
+recompute_8b="${RECOMPUTE_8B:-$([ "$large_gpu" = 1 ] && echo 0 || echo 4)}"
+llama8b=(--config configs/llama3-8b.json model.seq_length=8192 train.micro_batch_size=1
+  optimizer.cpu_offload=true optimizer.moments_dtype=bf16 ddp.grad_reduce_in_fp32=false
+  ddp.data_parallel_sharding_strategy=optim_grads_params model.activation_recompute=full
+  logger.log_interval=1)
+fp8_8b=(mixed_precision.fp8=hybrid mixed_precision.fp8_recipe=delayed)
+# Runs a command and prints the host's peak memory in use (free's "used": the page cache not
+# counted) above what was in use before it, sampled every 2 s: the process's own memory and
+# its page-locked buffers.
+host_peak() {
+  local before peak=0 now
+  before="$(free -b | awk '/^Mem:/ {print $3}')"
+  "$@" & local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    now="$(free -b | awk '/^Mem:/ {print $3}')"
+    [ "$now" -gt "$peak" ] && peak="$now"
+    sleep 2
+  done
+  wait "$pid"; local rc=$?
+  awk -v p="$peak" -v b="$before" 'BEGIN {printf "host memory in use: peak %.1f GiB above the %.1f GiB before\n", (p - b) / 2^30, b / 2^30}'
+  return $rc
+}
+fi
+if want 17; then
+# 17. the 8B on one GPU, FP8, and its PyTorch peer in the same call
+host_peak timeout 560 "$B/tools/bench" train "${llama8b[@]}" "${fp8_8b[@]}" \
+  model.recompute_num_layers="$recompute_8b" train.global_batch_size="${GLOBAL_8B:-128}" --steps 3 --warmup 1 --verbose \
+  > "$L/llama8b_fp8.txt" 2>&1
+say "llama3-8b fp8, recompute $recompute_8b, global ${GLOBAL_8B:-128} rc=$?"
+grep -E "tokens/s|TFLOP|MFU|peak alloc|step time|host|predicted" "$L/llama8b_fp8.txt"; pack
+waited timeout 400 python3 -u tools/peer/torch_peer.py --workload llama3-8b --fsdp2-cpu-offload \
+  --recompute --global-batch "${PEER_GLOBAL_8B:-8}" --steps 2 --warmup 1 > "$L/peer_llama8b.txt" 2>&1
+say "llama3-8b, PyTorch FSDP2 + CPUOffloadPolicy rc=$?"; tail -6 "$L/peer_llama8b.txt"; pack
+fi
+if want 18; then
+# 18. the 8B in bf16 and in FP8, one call
+recompute_ab="${RECOMPUTE_8B_AB:-$([ "$large_gpu" = 1 ] && echo 0 || echo 8)}"
+for precision in bf16 fp8; do
+  extra=(); [ "$precision" = fp8 ] && extra=("${fp8_8b[@]}")
+  host_peak timeout 280 "$B/tools/bench" train "${llama8b[@]}" "${extra[@]}" \
+    model.recompute_num_layers="$recompute_ab" train.global_batch_size="${GLOBAL_8B_AB:-32}" --steps 3 --warmup 1 > "$L/llama8b_ab_$precision.txt" 2>&1
+  say "llama3-8b $precision, recompute $recompute_ab, global ${GLOBAL_8B_AB:-32} rc=$?"
+  grep -E "tokens/s|TFLOP|MFU|peak alloc|step time|host" "$L/llama8b_ab_$precision.txt"
+done; pack
 fi
 rm -rf "$work"

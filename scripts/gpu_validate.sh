@@ -372,7 +372,7 @@ host_peak() {
   "$@" & local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     now="$(free -b | awk '/^Mem:/ {print $3}')"
-    [ "$now" -gt "$peak" ] && peak="$now"
+    [ "${now:-0}" -gt "$peak" ] && peak="$now"
     sleep 2
   done
   wait "$pid"; local rc=$?

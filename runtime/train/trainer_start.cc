@@ -244,9 +244,10 @@ void Trainer::State::print_startup_report() const {
     print(str_cat("cuda graphs: one micro-batch's forward+backward captured after an eager warm-up and "
                   "replayed for ", graphs->plan().graphs_last() ? "every later micro-batch"
                                                                 : "the micro-batches before each step's last"));
-  const MemoryBreakdown mem = sharded->memory();
   const size_t opt_bytes = optimizer->state_bytes();
-  // The plan's activations and step-long copies beside the buffers the sharding allocated.
+  // The buffers the sharding and the optimizer allocated, then the plan's activations and
+  // step-long copies, and the plan's peak: the figure the run was checked against and the dry
+  // run prints.
   const int64_t act = memory_plan.activations, casts = memory_plan.fp8_weight_casts;
   const int64_t norms = memory_plan.update_norms;
   print(sharded->memory_report());
@@ -263,7 +264,7 @@ void Trainer::State::print_startup_report() const {
                       : std::string(),
                 norms ? str_cat("\n  update norms     ", format_bytes(norms), " (the master shards' copy)")
                       : std::string(),
-                "\n  predicted peak   ", format_bytes(int64_t(mem.total() + opt_bytes) + act + casts + norms)));
+                "\n  predicted peak   ", format_bytes(memory_plan.device_peak())));
 }
 
 void Trainer::State::prepare_sample() {

@@ -43,8 +43,9 @@
 #      micro-batch 1, global batch GLOBAL_8B (default 128, the Megatron-Bridge anchor's), 3
 #      timed steps after 1, the host's memory sampled; then its PyTorch peer in the same call
 #      (FSDP2 with CPUOffloadPolicy and checkpointing of every block, global batch
-#      PEER_GLOBAL_8B, default 8). About 80 s a step of 128 on an H100: give it 10 minutes, or
-#      GLOBAL_8B=64
+#      PEER_GLOBAL_8B, default 8; the most blocks the host's memory holds, see torch_peer.py).
+#      About 80 s a step of 128 on an H100: give it 10 minutes, or GLOBAL_8B=64; LIMIT_8B and
+#      PEER_LIMIT_8B (default 560 and 400 s) bound the two runs
 #  18. one GPU, the same 8B in bf16 and in FP8 at global batch GLOBAL_8B_AB (default 32), bf16
 #      first, both with full recompute of RECOMPUTE_8B_AB blocks (default 8 on a GPU of at
 #      most 80 GB, where bf16 with 4 does not fit, else 0): the precisions' ratio in one call
@@ -382,12 +383,12 @@ host_peak() {
 fi
 if want 17; then
 # 17. the 8B on one GPU, FP8, and its PyTorch peer in the same call
-host_peak timeout 560 "$B/tools/bench" train "${llama8b[@]}" "${fp8_8b[@]}" \
+host_peak timeout "${LIMIT_8B:-560}" "$B/tools/bench" train "${llama8b[@]}" "${fp8_8b[@]}" \
   model.recompute_num_layers="$recompute_8b" train.global_batch_size="${GLOBAL_8B:-128}" --steps 3 --warmup 1 --verbose \
   > "$L/llama8b_fp8.txt" 2>&1
 say "llama3-8b fp8, recompute $recompute_8b, global ${GLOBAL_8B:-128} rc=$?"
 grep -E "tokens/s|TFLOP|MFU|peak alloc|step time|host|predicted" "$L/llama8b_fp8.txt"; pack
-waited timeout 400 python3 -u tools/peer/torch_peer.py --workload llama3-8b --fsdp2-cpu-offload \
+waited timeout "${PEER_LIMIT_8B:-400}" python3 -u tools/peer/torch_peer.py --workload llama3-8b --fsdp2-cpu-offload \
   --recompute --global-batch "${PEER_GLOBAL_8B:-8}" --steps 2 --warmup 1 > "$L/peer_llama8b.txt" 2>&1
 say "llama3-8b, PyTorch FSDP2 + CPUOffloadPolicy rc=$?"; tail -6 "$L/peer_llama8b.txt"; pack
 fi

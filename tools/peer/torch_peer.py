@@ -7,7 +7,7 @@ call.
 
   python3 tools/peer/torch_peer.py --workload gpt2-124m [--steps 8] [--warmup 2]
                                    [--micro-batch B] [--global-batch G] [--no-compile]
-                                   [--fsdp2-cpu-offload] [--recompute]
+                                   [--fsdp2-cpu-offload] [--recompute] [--layers N]
 
 Workloads: gpt2-124m (64 x 1024, 8 micro-batches per step), gpt-1.3b (16 x 2048, selective
 recompute is not modelled: PyTorch keeps every activation), llama-1b (8 x 2048), llama3-8b
@@ -17,7 +17,11 @@ a PyTorch user fits it on one GPU).
 --fsdp2-cpu-offload: FSDP2 (fully_shard on every block, then the root, a world of one) with
 CPUOffloadPolicy (parameters, gradients and AdamW on the host) and MixedPrecisionPolicy
 (bf16 compute, f32 reduction) instead of autocast; torch.compile per block, as torchtitan
-applies it. --recompute: activation checkpointing of every block (non-reentrant).
+applies it. The host then holds 16 bytes a parameter (f32 weights, gradients and AdamW's two
+moments), 119 GiB for the 8B: when the host's available memory cannot hold that and 8 GiB
+more, the peer trains the largest number of blocks that fits and says so.
+--recompute: activation checkpointing of every block (non-reentrant). --layers N: N blocks
+instead of the workload's.
 MFU counts 6 N + 12 layers d_model seq FLOP per token against 989 TFLOP/s, as bench does.
 """
 import argparse
@@ -124,6 +128,25 @@ class Model(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def host_available_bytes():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit("torch peer: /proc/meminfo has no MemAvailable line")
+
+
+def layers_fitting_host(family, layers, d, heads, kv_heads, d_ff, vocab):
+    """The most blocks (at most `layers`) whose f32 weights, gradients and two AdamW moments,
+    16 bytes a parameter, fit the host's available memory less 8 GiB for the process."""
+    hd = d // heads
+    mlp = (1 if family == "gpt2" else 2) * d * d_ff + d_ff * d
+    block = d * (d + 2 * kv_heads * hd) + d * d + mlp + 2 * d
+    rest = 2 * vocab * d + d  # embedding, head (untied), final norm
+    budget = host_available_bytes() - 8 * 2**30
+    return max(0, min(layers, (budget // 16 - rest) // block))
+
+
 def fsdp2_cpu_offload(model, compile_blocks):
     """FSDP2 over a world of one with the parameters offloaded to the host, torchtitan's way:
     each block compiled, then sharded; the root last."""
@@ -157,8 +180,21 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--fsdp2-cpu-offload", action="store_true")
     ap.add_argument("--recompute", action="store_true")
+    ap.add_argument("--layers", type=int)
     a = ap.parse_args()
     family, layers, d, heads, kv, d_ff, seq, vocab, micro, glob = WORKLOADS[a.workload]
+    layers = a.layers or layers
+    fit_note = ""
+    if a.fsdp2_cpu_offload:
+        fitting = layers_fitting_host(family, layers, d, heads, kv, d_ff, vocab)
+        if fitting < 1:
+            raise SystemExit("torch peer: the host's available memory holds no block's f32 "
+                             "weights, gradients and AdamW moments")
+        if fitting < layers:
+            fit_note = (f", {fitting} of {layers} blocks (the most whose 16 bytes a parameter "
+                        f"fit the host's {host_available_bytes() / 2**30:.0f} GiB available)")
+            print(f"torch peer: {layers} blocks do not fit the host; training {fitting}", flush=True)
+            layers = fitting
     micro = a.micro_batch or micro
     glob = a.global_batch or glob
     accum = max(1, glob // micro)
@@ -170,8 +206,9 @@ def main():
         n_params = sum(p.numel() for p in model.parameters())
         model.recompute = a.recompute
         step_fn = fsdp2_cpu_offload(model, compile_blocks=not a.no_compile)
-        # The parameters and their gradients are host tensors: AdamW runs on the host.
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
+        # The parameters and their gradients are host tensors: AdamW runs on the host, one
+        # tensor at a time (foreach would add a temporary the size of every moment).
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=False)
     else:
         model = Model(family, layers, d, heads, kv, d_ff, seq, vocab).to(dev)
         n_params = sum(p.numel() for p in model.parameters())  # every parameter, as bench counts
@@ -211,7 +248,8 @@ def main():
     print(f"# torch peer: {a.workload}, torch {torch.__version__}, "
           f"{'eager' if a.no_compile else 'torch.compile'}"
           f"{', FSDP2 + CPUOffloadPolicy' if a.fsdp2_cpu_offload else ''}"
-          f"{', every block recomputed' if a.recompute else ''}, micro-batch {micro} x {seq}, "
+          f"{', every block recomputed' if a.recompute else ''}{fit_note}, "
+          f"{n_params / 1e9:.2f}B parameters, micro-batch {micro} x {seq}, "
           f"{accum} per step, {a.steps} timed steps after {a.warmup} warm-up")
     print(f"tokens/s total     {tps / 1e3:.1f}K")
     print(f"MFU                {100 * tps * flop_per_token / PEAK_FLOPS:.1f}%")

@@ -88,7 +88,8 @@ TEST_CASE("the dry run's prediction holds in the 8B's FP8 and offload modes, wit
   // come from the same allocator as the rest, so the measured peak is compared with the
   // predicted device peak plus the predicted page-locked host memory. FP8 in every block is
   // the nearest to the bar: measured 2.3% above the prediction, all of it from the last
-  // block's FP8 backward (with that block in bf16, as the 8B runs, 0.9% below).
+  // block being in FP8, where the backward begins (with that block in bf16, as the 8B runs,
+  // the prediction is 0.9% above the measured peak).
   const std::vector<std::string> llama_settings = {
       "ddp.data_parallel_sharding_strategy=optim_grads_params",
       "mixed_precision.compute_dtype=f32", "mixed_precision.main_params_dtype=f32",

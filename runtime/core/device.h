@@ -27,5 +27,9 @@ int cuda_device_count();  // 0 when not built with CUDA or when no GPU/driver is
 // Bytes of memory `device` has in all: a GPU's total memory, or the host's physical memory
 // for the CPU.
 size_t device_memory_bytes(Device device);
+// Bytes of `device`'s memory that no one holds now: a GPU's free memory (what the CUDA
+// contexts, libraries and allocations of every process on it leave), or the host's free
+// physical memory for the CPU.
+size_t device_memory_free_bytes(Device device);
 
 }  // namespace fsdp

@@ -21,6 +21,12 @@ size_t host_memory_bytes() {
   return size_t(pages) * size_t(page);
 }
 
+size_t host_free_bytes() {
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  FSDP_CHECK(pages >= 0 && page > 0, DeviceError, "cannot read the host's free memory");
+  return size_t(pages) * size_t(page);
+}
+
 }  // namespace
 
 #if FSDP_WITH_CUDA
@@ -31,6 +37,14 @@ size_t device_memory_bytes(Device device) {
   size_t free_b = 0, total_b = 0;
   FSDP_CALL(cudaMemGetInfo(&free_b, &total_b));
   return total_b;
+}
+
+size_t device_memory_free_bytes(Device device) {
+  if (device.is_cpu()) return host_free_bytes();
+  DeviceGuard guard(device);
+  size_t free_b = 0, total_b = 0;
+  FSDP_CALL(cudaMemGetInfo(&free_b, &total_b));
+  return free_b;
 }
 
 bool cuda_built() { return true; }
@@ -194,6 +208,12 @@ size_t device_memory_bytes(Device device) {
   FSDP_CHECK(device.is_cpu(), DeviceError, "device_memory_bytes(", device.str(),
              "): this build has no CUDA support");
   return host_memory_bytes();
+}
+
+size_t device_memory_free_bytes(Device device) {
+  FSDP_CHECK(device.is_cpu(), DeviceError, "device_memory_free_bytes(", device.str(),
+             "): this build has no CUDA support");
+  return host_free_bytes();
 }
 
 Stream Stream::create_cuda(int, int) {

@@ -137,8 +137,14 @@ void check_host_memory_fits(const MemoryPrediction& p, int host_ranks, int64_t h
 
 void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ranks,
                        int host_ranks) {
-  const int64_t capacity = int64_t(device_memory_bytes(device));
+  const int64_t total = int64_t(device_memory_bytes(device));
   const int64_t sharers = std::max(sharing_ranks, 1);
+  // A rank alone on its GPU has what is free now: the CUDA context, the communicators'
+  // buffers and other processes' memory are already taken (the model is not yet allocated).
+  // Ranks that share a GPU reach this point at different moments, some after others have
+  // allocated: they are held to the whole memory.
+  const bool alone_on_gpu = !device.is_cpu() && sharers == 1;
+  const int64_t capacity = alone_on_gpu ? int64_t(device_memory_free_bytes(device)) : total;
   // The host also holds the offloaded master weights, moments and staging, for every rank.
   const int64_t host_extra = p.host_offload();
   if (!device.is_cpu())
@@ -165,12 +171,14 @@ void check_memory_fits(const MemoryPrediction& p, Device device, int sharing_ran
                                                        " ranks share it, ",
                                                        format_bytes(p.device_peak()), " each)")
                                              : std::string(" on the GPU"),
-               " but ", device.str(), " has ", format_bytes(capacity), "; the largest part is ",
+               " but ", device.str(), " has ", format_bytes(capacity),
+               alone_on_gpu ? str_cat(" free (of ", format_bytes(total), ")") : std::string(),
+               "; the largest part is ",
                p.largest_part(), ": ", fix, "; `train --dry-run` prints the prediction");
   }
   // This process's own address space: on the CPU its predicted memory and host buffers; on
   // a GPU its host buffers and CUDA's mapping of the device's memory.
-  const int64_t mapped = device.is_cpu() ? p.device_peak() + host_extra : capacity + host_extra;
+  const int64_t mapped = device.is_cpu() ? p.device_peak() + host_extra : total + host_extra;
   check_address_space(mapped + runtime_address_space(),
                       str_cat("the predicted ", format_bytes(mapped), device.is_cpu() ? "" :
                               " (the GPU's memory mapped by CUDA and the host buffers)",

@@ -112,6 +112,12 @@ void RunStats::finish(TrainResult& r) {
   const MemoryStats mem = ctx_.allocator()->stats();
   r.peak_allocated_bytes = int64_t(mem.peak_in_use);
   r.peak_reserved_bytes = int64_t(mem.peak_reserved);
+  if (ctx_.is_cuda()) {
+    const Device device = ctx_.device();
+    r.device_bytes_outside_allocator = int64_t(device_memory_bytes(device)) -
+                                       int64_t(device_memory_free_bytes(device)) -
+                                       int64_t(mem.reserved);
+  }
   if (timed_steps_ == 0) return;
   if (profile_) profiler_capture(false);
   const double n = double(timed_steps_);

@@ -122,6 +122,10 @@ struct TrainResult {
   double mfu = 0;                    // model FLOPs utilization (GPU runs)
   int64_t peak_allocated_bytes = 0;  // this rank's device allocator peaks
   int64_t peak_reserved_bytes = 0;
+  // GPU runs: the device's memory in use at the end of the run that this rank's allocator
+  // does not hold (CUDA contexts, libraries' workspaces, communicators' buffers, other
+  // processes): the part of the GPU a memory plan cannot give to the model.
+  int64_t device_bytes_outside_allocator = 0;
 };
 
 class Trainer {

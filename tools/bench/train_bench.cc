@@ -164,6 +164,10 @@ int run_train_bench(const std::vector<std::string>& args) {
     }
     std::printf("peak allocated     %s\n", train::format_bytes(r.peak_allocated_bytes).c_str());
     std::printf("peak reserved      %s\n", train::format_bytes(r.peak_reserved_bytes).c_str());
+    if (r.device_bytes_outside_allocator != 0)  // GPU runs
+      std::printf("outside allocator  %s (the GPU's memory in use at the end that the "
+                  "allocator does not hold: CUDA context, libraries, communicators)\n",
+                  train::format_bytes(r.device_bytes_outside_allocator).c_str());
     if (ub) {
       std::printf("  (nccl_ub: the registered collective buffers come from ncclMemAlloc, outside "
                   "these figures; --verbose prints them)\n");

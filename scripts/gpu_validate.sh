@@ -387,7 +387,7 @@ host_peak timeout "${LIMIT_8B:-560}" "$B/tools/bench" train "${llama8b[@]}" "${f
   model.recompute_num_layers="$recompute_8b" train.global_batch_size="${GLOBAL_8B:-128}" --steps 3 --warmup 1 --verbose \
   > "$L/llama8b_fp8.txt" 2>&1
 say "llama3-8b fp8, recompute $recompute_8b, global ${GLOBAL_8B:-128} rc=$?"
-grep -E "tokens/s|TFLOP|MFU|peak alloc|step time|host|predicted" "$L/llama8b_fp8.txt"; pack
+grep -E "tokens/s|TFLOP|MFU|peak alloc|outside|step time|host|predicted" "$L/llama8b_fp8.txt"; pack
 waited timeout "${PEER_LIMIT_8B:-400}" python3 -u tools/peer/torch_peer.py --workload llama3-8b --fsdp2-cpu-offload \
   --recompute --global-batch "${PEER_GLOBAL_8B:-8}" --steps 2 --warmup 1 > "$L/peer_llama8b.txt" 2>&1
 say "llama3-8b, PyTorch FSDP2 + CPUOffloadPolicy rc=$?"; tail -6 "$L/peer_llama8b.txt"; pack

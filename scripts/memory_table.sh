@@ -2,7 +2,8 @@
 # The memory plan against the device, mode by mode: for each memory mode of one model, the
 # dry run's predicted peak (`train --dry-run`) and the peak `bench train` measures (the
 # caching allocator's high-water mark over a short run), as a Markdown table with the
-# difference, ending with "N passed, N failed" (a row passes within LIMIT_PCT, default 3%).
+# difference and the GPU's memory the allocator does not hold (what the plan cannot give the
+# model), ending with "N passed, N failed" (a row passes within LIMIT_PCT, default 3%).
 # From the repository root of a GPU machine, with the bundle of scripts/gpu_bundle.sh:
 #
 #   scripts/memory_table.sh [BUNDLE_DIR] [LOG_DIR]
@@ -51,23 +52,24 @@ while IFS= read -r mode; do
     > "$L/$label.bench.txt" 2>&1
   rc=$?
   measured="$(grep -m1 "peak allocated" "$L/$label.bench.txt" | awk '{print $3, $4}')"
-  echo "== $label rc=$rc predicted ${predicted:-?} measured ${measured:-?} ($(date +%T))"
+  outside="$(grep -m1 "outside allocator" "$L/$label.bench.txt" | awk '{print $3, $4}')"
+  echo "== $label rc=$rc predicted ${predicted:-?} measured ${measured:-?} outside ${outside:-?} ($(date +%T))"
   if [ -z "$predicted" ] || [ -z "$measured" ]; then
     reason="$(grep -h -m1 -iE "error|out of memory" "$L/$label.bench.txt" "$L/$label.dry.txt" | cut -c1-160)"
-    rows+=("| $label | ${predicted:-?} | ${measured:-no result (rc $rc): ${reason:-see $label.bench.txt}} | | FAIL |")
+    rows+=("| $label | ${predicted:-?} | ${measured:-no result (rc $rc): ${reason:-see $label.bench.txt}} | | FAIL | ${outside:-?} |")
     failed=$((failed + 1))
     continue
   fi
   p="$(echo "$predicted" | bytes)" m="$(echo "$measured" | bytes)"
   diff="$(awk -v p="$p" -v m="$m" 'BEGIN {printf "%+.1f%%", 100 * (p - m) / m}')"
   ok="$(awk -v p="$p" -v m="$m" -v l="$LIMIT_PCT" 'BEGIN {d = 100 * (p - m) / m; print (d <= l && d >= -l) ? "pass" : "FAIL"}')"
-  rows+=("| $label | $predicted | $measured | $diff | $ok |")
+  rows+=("| $label | $predicted | $measured | $diff | $ok | ${outside:-?} |")
   if [ "$ok" = pass ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 done <<< "$MODES"
 
 {
-  echo "| mode | predicted (dry run) | measured peak allocated | predicted − measured | within ${LIMIT_PCT}% |"
-  echo "|---|---|---|---|---|"
+  echo "| mode | predicted (dry run) | measured peak allocated | predicted − measured | within ${LIMIT_PCT}% | GPU memory outside the allocator |"
+  echo "|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$L/memory_table.md"
 echo "$passed passed, $failed failed"

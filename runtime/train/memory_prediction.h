@@ -60,8 +60,9 @@ void check_address_space(int64_t need, const std::string& what);
 
 // ConfigError when `prediction` does not fit `device`: the predicted peaks of the
 // `sharing_ranks` that use it (on a GPU, those the staged backend puts on it; on the CPU,
-// this host's ranks) above its memory (a GPU's free memory when one rank has it alone); on a GPU also when the `host_ranks` ranks on this host
-// offload more than its memory (check_host_memory_fits).
+// this host's ranks) above its memory (a GPU's free memory when one rank has it alone); on
+// a GPU also when the `host_ranks` ranks on this host offload more than its memory
+// (check_host_memory_fits).
 // The message names the prediction, the capacity, the largest part, and the full-recompute
 // setting that would fit when one does (else the keys that size the run).
 void check_memory_fits(const MemoryPrediction& prediction, Device device, int sharing_ranks,

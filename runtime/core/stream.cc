@@ -31,20 +31,27 @@ size_t host_free_bytes() {
 
 #if FSDP_WITH_CUDA
 
-size_t device_memory_bytes(Device device) {
-  if (device.is_cpu()) return host_memory_bytes();
+namespace {
+
+struct GpuMemory {
+  size_t free = 0, total = 0;
+};
+
+GpuMemory gpu_memory(Device device) {
   DeviceGuard guard(device);
-  size_t free_b = 0, total_b = 0;
-  FSDP_CALL(cudaMemGetInfo(&free_b, &total_b));
-  return total_b;
+  GpuMemory m;
+  FSDP_CALL(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
+
+}  // namespace
+
+size_t device_memory_bytes(Device device) {
+  return device.is_cpu() ? host_memory_bytes() : gpu_memory(device).total;
 }
 
 size_t device_memory_free_bytes(Device device) {
-  if (device.is_cpu()) return host_free_bytes();
-  DeviceGuard guard(device);
-  size_t free_b = 0, total_b = 0;
-  FSDP_CALL(cudaMemGetInfo(&free_b, &total_b));
-  return free_b;
+  return device.is_cpu() ? host_free_bytes() : gpu_memory(device).free;
 }
 
 bool cuda_built() { return true; }

@@ -43,6 +43,22 @@ double predicted_host_bytes(const std::string& report) {
   return bytes_after(report.substr(at), "total");
 }
 
+// Two steps of tiny shapes whose activations are most of the memory (so that a tensor the
+// plan misses shows).
+std::vector<std::string> tiny_run() {
+  return with(short_run("memory_plan", "memory_plan", 2),
+              {"scheduler.lr_warmup_iters=1", "model.n_layer=4", "model.d_model=128",
+               "model.n_head=4", "model.d_ff=384", "model.seq_length=512",
+               "train.micro_batch_size=4", "train.global_batch_size=4"});
+}
+
+// The Llama's settings: the 8B's as far as a CPU rank has them (ZeRO-3, bf16 moments; f32
+// master weights and compute where a GPU computes in bf16).
+const std::vector<std::string> kLlamaSettings = {
+    "ddp.data_parallel_sharding_strategy=optim_grads_params",
+    "mixed_precision.compute_dtype=f32", "mixed_precision.main_params_dtype=f32",
+    "mixed_precision.grad_reduce_dtype=f32", "optimizer.moments_dtype=bf16"};
+
 TEST_CASE("the dry run's predicted peak is the peak a run measures, within 3%",
           "[train][memory]") {
   // On a CPU rank, whose allocator holds the same tensors a GPU's does: tiny shapes whose
@@ -51,21 +67,13 @@ TEST_CASE("the dry run's predicted peak is the peak a run measures, within 3%",
   // (scripts/memory_table.sh). GPT-2 runs as its golden recipe does (f64, no_shard); the
   // Llama with the 8B's settings as far as a CPU rank has them: ZeRO-3, f32 master weights
   // and compute (bf16 on a GPU), bf16 moments.
-  const std::vector<std::string> llama_settings = {
-      "ddp.data_parallel_sharding_strategy=optim_grads_params",
-      "mixed_precision.compute_dtype=f32", "mixed_precision.main_params_dtype=f32",
-      "mixed_precision.grad_reduce_dtype=f32", "optimizer.moments_dtype=bf16"};
   for (const char* family : {"llama", "gpt2"}) {
     for (const char* mode : {"none", "selective", "full", "full3"}) {
       const bool some = mode == std::string("full3");  // the first 3 of the 4 blocks
       std::vector<std::string> overrides = with(
-          short_run("memory_plan", "memory_plan", 2),
-          {"scheduler.lr_warmup_iters=1", "model.n_layer=4", "model.d_model=128",
-           "model.n_head=4", "model.d_ff=384", "model.seq_length=512",
-           "train.micro_batch_size=4", "train.global_batch_size=4",
-           std::string("model.activation_recompute=") + (some ? "full" : mode)});
+          tiny_run(), {std::string("model.activation_recompute=") + (some ? "full" : mode)});
       if (some) overrides.push_back("model.recompute_num_layers=3");
-      if (family == std::string("llama")) overrides = with(overrides, llama_settings);
+      if (family == std::string("llama")) overrides = with(overrides, kLlamaSettings);
       const Recipe recipe =
           load_recipe(str_cat("tests/train/golden/", family, "_tiny.json"), overrides);
       const double predicted = predicted_peak_bytes(dry_run_report(recipe, 1, false));
@@ -90,11 +98,6 @@ TEST_CASE("the dry run's prediction holds in the 8B's FP8 and offload modes, wit
   // the nearest to the bar: measured 2.3% above the prediction, all of it from the last
   // block being in FP8, where the backward begins (with that block in bf16, as the 8B runs,
   // the prediction is 0.9% above the measured peak).
-  const std::vector<std::string> llama_settings = {
-      "ddp.data_parallel_sharding_strategy=optim_grads_params",
-      "mixed_precision.compute_dtype=f32", "mixed_precision.main_params_dtype=f32",
-      "mixed_precision.grad_reduce_dtype=f32", "optimizer.moments_dtype=bf16",
-      "mixed_precision.fp8=hybrid"};
   const std::vector<std::vector<std::string>> modes = {
       {"mixed_precision.fp8_recipe=delayed", "mixed_precision.first_last_layers_bf16=false"},
       {"mixed_precision.fp8_param=true"},
@@ -102,11 +105,8 @@ TEST_CASE("the dry run's prediction holds in the 8B's FP8 and offload modes, wit
        "optimizer.overlap_cpu_offload=true", "model.activation_recompute=full",
        "model.recompute_num_layers=2"}};
   for (const std::vector<std::string>& mode : modes) {
-    const std::vector<std::string> overrides = with(with(with(
-        short_run("memory_plan", "memory_plan", 2),
-        {"scheduler.lr_warmup_iters=1", "model.n_layer=4", "model.d_model=128",
-         "model.n_head=4", "model.d_ff=384", "model.seq_length=512",
-         "train.micro_batch_size=4", "train.global_batch_size=4"}), llama_settings), mode);
+    const std::vector<std::string> overrides =
+        with(with(with(tiny_run(), kLlamaSettings), {"mixed_precision.fp8=hybrid"}), mode);
     const Recipe recipe = load_recipe("tests/train/golden/llama_tiny.json", overrides);
     // The dry run as a GPU rank would make it (a CPU rank refuses cpu_offload).
     const std::string report = dry_run_report(

@@ -46,8 +46,10 @@ select_tests() {
   # (finite differences over whole models, the golden curve, the kernel twins at GPU shapes,
   # the FP8 recipes' 2-rank layouts, whose training code fp8_train_test runs on one rank and
   # fp8_param_test_np2 on two; Muon's layouts, whose step and exchange sharded_parity_test_np2
-  # runs), each several minutes under ASan on two cores.
-  local slow="set(//tests/nn:gradcheck_test //tests/train:golden_curve_test //tests/train:golden_curve_test_np2 //tests/kernels:kernel_twins_test //tests/train:fp8_train_test_np2 //tests/train:muon_layouts_test_np2)"
+  # runs), each several minutes under ASan on two cores; and the memory plan's measured
+  # peaks (a minute under ASan), whose FP8, offload and recompute steps the FP8, offload and
+  # recompute tests run.
+  local slow="set(//tests/nn:gradcheck_test //tests/train:golden_curve_test //tests/train:golden_curve_test_np2 //tests/kernels:kernel_twins_test //tests/train:fp8_train_test_np2 //tests/train:muon_layouts_test_np2 //tests/train:memory_plan_test)"
   [ "$ci" -eq 1 ] && query="$query except attr(name, '_np4$', $universe) except kind('sh_test', attr(name, '_test$', $universe)) except $slow"
   "${SAN_BAZEL[@]}" query "$query" 2>/dev/null | sort
 }

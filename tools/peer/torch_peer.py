@@ -117,8 +117,11 @@ class Model(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
-        # On the tokens' device: under CPU offload FSDP2 may leave buffers on the host.
-        cos, sin = self.cos[:T].to(idx.device), self.sin[:T].to(idx.device)
+        # On the tokens' device (under CPU offload FSDP2 may leave buffers on the host) and in
+        # the activations' dtype (FSDP2's MixedPrecisionPolicy casts parameters, not buffers:
+        # f32 angles would turn the rotated queries and keys f32 beside bf16 values).
+        cos = self.cos[:T].to(device=idx.device, dtype=x.dtype)
+        sin = self.sin[:T].to(device=idx.device, dtype=x.dtype)
         for b in self.blocks:
             if self.recompute:
                 x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False)

@@ -17,9 +17,10 @@ a PyTorch user fits it on one GPU).
 --fsdp2-cpu-offload: FSDP2 (fully_shard on every block, then the root, a world of one) with
 CPUOffloadPolicy (parameters, gradients and AdamW on the host) and MixedPrecisionPolicy
 (bf16 compute, f32 reduction) instead of autocast; torch.compile per block, as torchtitan
-applies it. The host then holds 16 bytes a parameter (f32 weights, gradients and AdamW's two
-moments), 119 GiB for the 8B: when the host's available memory cannot hold that and 8 GiB
-more, the peer trains the largest number of blocks that fits and says so.
+applies it. The host then holds about 18 bytes a parameter (f32 weights, gradients and
+AdamW's two moments, 16, and the page-locked tensors' rounding), 135 GiB for the 8B: when the
+host's available memory cannot hold that and 16 GiB more, the peer trains the largest number
+of blocks that fits and says so.
 --recompute: activation checkpointing of every block (non-reentrant). --layers N: N blocks
 instead of the workload's.
 MFU counts 6 N + 12 layers d_model seq FLOP per token against 989 TFLOP/s, as bench does.
@@ -140,14 +141,19 @@ def host_available_bytes():
 
 
 def layers_fitting_host(family, layers, d, heads, kv_heads, d_ff, vocab):
-    """The most blocks (at most `layers`) whose f32 weights, gradients and two AdamW moments,
-    16 bytes a parameter, fit the host's available memory less 8 GiB for the process."""
+    """The most blocks (at most `layers`) whose f32 weights, gradients and two AdamW moments
+    fit the host's available memory less 16 GiB for the process (PyTorch, the CUDA context's
+    host side, torch.compile's worker processes). 18 bytes a parameter, not 16: the weights
+    and gradients are page-locked through PyTorch's caching host allocator, which rounds each
+    tensor to a power of two (an 8B block's f32 tensors by 15%). At 16 bytes and 8 GiB, 31 of
+    the 8B's 32 blocks on a host with 124 GiB available were killed for host memory in their
+    first step."""
     hd = d // heads
     mlp = (1 if family == "gpt2" else 2) * d * d_ff + d_ff * d
     block = d * (d + 2 * kv_heads * hd) + d * d + mlp + 2 * d
     rest = 2 * vocab * d + d  # embedding, head (untied), final norm
-    budget = host_available_bytes() - 8 * 2**30
-    return max(0, min(layers, (budget // 16 - rest) // block))
+    budget = host_available_bytes() - 16 * 2**30
+    return max(0, min(layers, (budget // 18 - rest) // block))
 
 
 def fsdp2_cpu_offload(model, compile_blocks):

@@ -167,9 +167,12 @@ int64_t source_cols(const CastSource& s) { return kernels::fp8_source_cols(s.kin
 
 // On the CPU a computed source is computed (as ops::swiglu_forward, gelu_backward and
 // swiglu_backward store it) and then cast: the reference the CUDA kernels' fused read equals.
+// The values come from an allocator of their own, not the context's: the GPU holds no such
+// buffer, and a CPU rank's peak stands for the GPU's (tests/train/memory_plan_test.cc).
 Tensor cpu_values(Context& ctx, const CastSource& s) {
   if (s.kind == Fp8CastSource::tensor) return s.x;
-  const Tensor v = ctx.empty(Shape{source_rows(s), source_cols(s)}, s.x.dtype());
+  const Tensor v = Tensor::empty(Shape{source_rows(s), source_cols(s)}, s.x.dtype(),
+                                 std::make_shared<HostAllocator>(), ctx.stream());
   if (s.kind == Fp8CastSource::swiglu)
     swiglu_forward(ctx, v, s.x);
   else if (s.kind == Fp8CastSource::gelu_grad)

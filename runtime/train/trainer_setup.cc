@@ -293,7 +293,17 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
     if (fp8) whole += fp8_attention_linears + (moe ? 0 : fp8_mlp_linears);
     const int64_t Fe = moe ? (c.moe_ffn_hidden_size ? c.moe_ffn_hidden_size : F) : F;
     const int64_t rows = moe ? n * c.moe_router_topk : n;
-    const int64_t hidden_grads = llama ? rows * 2 * Fe / (moe ? 1 : tp) * e : 0;
+    // The dense MLP's backward (nn::mlp) holds the gradient at the activation's input (2F
+    // for SwiGLU, F for GELU; in FP8 as the fc layer's two FP8 copies, rows and columns, a
+    // byte an element each) beside first the gradient at the activation's output (F; GELU's
+    // is computed in the matmul's epilogue, except in FP8), then the block's input gradient
+    // (C, whole under tensor parallelism).
+    const int64_t f = F / tp, activation_input = llama ? 2 * f : f;
+    const int64_t dense_hidden_grads =
+        fp8 ? n * (2 * activation_input + std::max(f * e, C * e))
+        : llama ? n * (activation_input * e + std::max(f * e, C * e))
+                : n * (activation_input * e + C * e);
+    const int64_t hidden_grads = moe ? (llama ? rows * 2 * Fe * e : 0) : dense_hidden_grads;
     if (i < recomputed) {
       backward_peak = std::max(backward_peak, kept + whole + hidden_grads + 2 * arriving);
       kept += block_input;
@@ -302,17 +312,17 @@ int64_t activation_bytes_estimate(const models::ModelConfig& c, int64_t micro_ba
       backward_peak = std::max(backward_peak, kept + hidden_grads + arriving);
     }
   }
-  const int64_t blocks = std::max(kept, backward_peak);
-  // The head and loss (nn::classifier_loss): one (chunk, Vp) logits buffer during the
-  // forward, and, kept for backward, the gradient at the head's input (n, C) and the f32
-  // head-weight gradient (Vp, C) (f64 for f64 compute); the per-token losses; the embedding
-  // output. The (n, Vp) logits are never held. Tensor parallelism splits the vocabulary:
-  // Vp / tp rows each.
+  // The head and loss (nn::classifier_loss): kept from its forward into the backward, the
+  // f32 head-weight gradient (Vp, C) (f64 for f64 compute) and the per-token losses; at the
+  // forward's end also one (chunk, Vp) logits buffer and the gradient at the head's input
+  // (n, C), both gone before the blocks' backward (the latter becomes the gradient arriving
+  // at the last block). The (n, Vp) logits are never held; the embedding output is the first
+  // block's input, counted with it. Tensor parallelism splits the vocabulary: Vp / tp rows.
   const int64_t chunk = c.classifier_chunk_rows == 0 ? n : std::min(c.classifier_chunk_rows, n);
   const int64_t vocab_rows = c.padded_vocab_size / tp;
-  const int64_t head = chunk * vocab_rows * e + n * C * e + vocab_rows * C * stat + n * stat +
-                       n * C * r;
-  return blocks + head;
+  const int64_t head_kept = vocab_rows * C * stat + n * stat;
+  const int64_t head_forward = chunk * vocab_rows * e + n * C * e + head_kept;
+  return std::max(kept + head_forward, backward_peak + head_kept);
 }
 
 }  // namespace fsdp::train

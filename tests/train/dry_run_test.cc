@@ -107,11 +107,12 @@ TEST_CASE("recomputing the first N blocks keeps their inputs and the others' act
   const int64_t bf16_block = estimate(full, 0) - estimate(full, 1);
   const int64_t fp8_block = estimate(full, 1) - estimate(full, 2);
   CHECK(bf16_block - fp8_block == n * (C + F));
-  // Recomputing one more block saves memory up to the last: recomputing that one too saves
-  // its activations at the forward's end, but its backward holds them again, beside the
-  // recompute's output and gradients (autograd::recompute), so the peak does not fall.
-  for (int64_t b = 0; b + 1 < L; ++b) CHECK(estimate(full, b) > estimate(full, b + 1));
-  CHECK(estimate(full, L) >= estimate(full, L - 1));
+  // Recomputing one more block saves memory, the last too here: its backward holds its
+  // activations again, beside the recompute's output and gradients (autograd::recompute),
+  // but no longer the head's logits buffer, which the forward's end holds beside them. (On
+  // shapes whose head is small the last block's backward is the peak instead, and
+  // recomputing it does not lower it: the tiny GPT-2 of tests/train/memory_plan_test.cc.)
+  for (int64_t b = 0; b < L; ++b) CHECK(estimate(full, b) > estimate(full, b + 1));
 }
 
 TEST_CASE("the activation estimate counts attention's rotated queries and keys", "[train]") {
@@ -127,9 +128,10 @@ TEST_CASE("the activation estimate counts attention's rotated queries and keys",
     return activation_bytes_estimate(c, 1, n, DType::bf16, mode, 1, false, {}, blocks, cp);
   };
   CHECK(estimate(none, -1, 1) - estimate(none, -1, 2) == L * n * (C + kv) * 2);
-  // A recomputed block keeps only its input; the peak is one recomputed block's backward,
-  // which holds that block's copies.
-  CHECK(estimate(full, -1, 1) - estimate(full, -1, 2) == n * (C + kv) * 2);
+  // A recomputed block keeps only its input. With every block recomputed the 8B's peak is
+  // the forward's end (the blocks' inputs beside the head's logits buffer), where no block
+  // holds its copies; with 8 recomputed, the other 24 keep theirs.
+  CHECK(estimate(full, -1, 1) == estimate(full, -1, 2));
   CHECK(estimate(full, 8, 1) - estimate(full, 8, 2) == (L - 8) * n * (C + kv) * 2);
   // GPT-2 (learned positions) has none.
   const models::ModelConfig g = model_config_of(load_recipe("configs/gpt2-124m.json"));

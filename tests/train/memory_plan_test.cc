@@ -59,12 +59,16 @@ const std::vector<std::string> kLlamaSettings = {
     "mixed_precision.compute_dtype=f32", "mixed_precision.main_params_dtype=f32",
     "mixed_precision.grad_reduce_dtype=f32", "optimizer.moments_dtype=bf16"};
 
-TEST_CASE("the dry run's predicted peak is the peak a run measures, within 3%",
+// The GPU's table is held to 3% (scripts/memory_table.sh). A CPU rank, whose allocations are
+// the same in every run, is held to 1% (every row within 0.7% today), so that a tensor the
+// plan misses shows here first.
+constexpr double kBar = 0.01;
+
+TEST_CASE("the dry run's predicted peak is the peak a run measures, within 1%",
           "[train][memory]") {
   // On a CPU rank, whose allocator holds the same tensors a GPU's does: tiny shapes whose
   // activations are most of the memory (so that a tensor the plan misses shows), for both
-  // families and every recompute mode. The bar is the one the GPU's table meets
-  // (scripts/memory_table.sh). GPT-2 runs as its golden recipe does (f64, no_shard); the
+  // families and every recompute mode. GPT-2 runs as its golden recipe does (f64, no_shard); the
   // Llama with the 8B's settings as far as a CPU rank has them: ZeRO-3, f32 master weights
   // and compute (bf16 on a GPU), bf16 moments.
   for (const char* family : {"llama", "gpt2"}) {
@@ -81,12 +85,12 @@ TEST_CASE("the dry run's predicted peak is the peak a run measures, within 3%",
           double(Trainer(recipe, testing::quiet_options()).run().peak_allocated_bytes);
       INFO(family << ", recompute " << mode << ": predicted " << predicted << " B, measured "
                   << measured << " B");
-      CHECK(std::abs(predicted - measured) <= 0.03 * measured);
+      CHECK(std::abs(predicted - measured) <= kBar * measured);
     }
   }
 }
 
-TEST_CASE("the dry run's prediction holds in the 8B's FP8 and offload modes, within 3%",
+TEST_CASE("the dry run's prediction holds in the 8B's FP8 and offload modes, within 1%",
           "[train][memory]") {
   // The tiny Llama with the settings of the previous case, in the modes a CPU rank runs only
   // as tests do (FP8 simulated with the GPU's bytes and scales, the offloaded optimizer's
@@ -94,10 +98,9 @@ TEST_CASE("the dry run's prediction holds in the 8B's FP8 and offload modes, wit
   // configuration (FP8 delayed scaling with the first and last blocks in bf16, the offloaded
   // update overlapped, 2 of the 4 blocks recomputed). On a CPU rank the offloaded buffers
   // come from the same allocator as the rest, so the measured peak is compared with the
-  // predicted device peak plus the predicted page-locked host memory. FP8 in every block is
-  // the nearest to the bar: measured 2.3% above the prediction, all of it from the last
-  // block being in FP8, where the backward begins (with that block in bf16, as the 8B runs,
-  // the prediction is 0.9% above the measured peak).
+  // predicted device peak plus the predicted page-locked host memory. FP8 simulated on a CPU
+  // rank keeps the GPU's bytes: the values a GPU cast computes as it reads them are computed
+  // on the CPU outside the counted allocator (kernels/fp8.cc).
   const std::vector<std::vector<std::string>> modes = {
       {"mixed_precision.fp8_recipe=delayed", "mixed_precision.first_last_layers_bf16=false"},
       {"mixed_precision.fp8_param=true"},
@@ -122,7 +125,7 @@ TEST_CASE("the dry run's prediction holds in the 8B's FP8 and offload modes, wit
     std::string settings;
     for (const std::string& m : mode) settings += m + " ";
     INFO(settings << ": predicted " << predicted << " B, measured " << measured << " B");
-    CHECK(std::abs(predicted - measured) <= 0.03 * measured);
+    CHECK(std::abs(predicted - measured) <= kBar * measured);
   }
 }
 

@@ -68,9 +68,9 @@ TEST_CASE("the dry run's predicted peak is the peak a run measures, within 1%",
           "[train][memory]") {
   // On a CPU rank, whose allocator holds the same tensors a GPU's does: tiny shapes whose
   // activations are most of the memory (so that a tensor the plan misses shows), for both
-  // families and every recompute mode. GPT-2 runs as its golden recipe does (f64, no_shard); the
-  // Llama with the 8B's settings as far as a CPU rank has them: ZeRO-3, f32 master weights
-  // and compute (bf16 on a GPU), bf16 moments.
+  // families and every recompute mode. GPT-2 runs as its golden recipe does (f64,
+  // no_shard); the Llama with the 8B's settings as far as a CPU rank has them: ZeRO-3, f32
+  // master weights and compute (bf16 on a GPU), bf16 moments.
   for (const char* family : {"llama", "gpt2"}) {
     for (const char* mode : {"none", "selective", "full", "full3"}) {
       const bool some = mode == std::string("full3");  // the first 3 of the 4 blocks
